@@ -1,0 +1,3 @@
+//! transfer-engine: moves bytes between the registered memory of processes
+//! and ships as a C ABI library whose header is a drop-in for Mooncake's
+//! `transfer_engine_c.h`.
