@@ -1,3 +1,9 @@
 //! transfer-engine: moves bytes between the registered memory of processes
 //! and ships as a C ABI library whose header is a drop-in for Mooncake's
 //! `transfer_engine_c.h`.
+
+pub mod config;
+pub mod error;
+pub mod metadata;
+pub mod rpc;
+pub mod topology;

@@ -1,0 +1,412 @@
+//! Every `MC_*` environment variable the engine reads, parsed once with
+//! Mooncake's defaults and bounds. A value that does not parse or is out of
+//! bounds logs a warning that says what was kept, and the default stays.
+
+use once_cell::sync::OnceCell;
+use std::str::FromStr;
+use tracing::warn;
+
+/// Endpoint pool eviction policy (`MC_ENDPOINT_STORE_TYPE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointStoreType {
+    /// Evict the oldest inserted endpoint.
+    Fifo,
+    /// SIEVE eviction (NSDI'24): the default.
+    Sieve,
+}
+
+/// Log verbosity (`MC_LOG_LEVEL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    /// `TRACE`
+    Trace,
+    /// `INFO` (the default)
+    Info,
+    /// `WARNING`
+    Warning,
+    /// `ERROR`
+    Error,
+}
+
+/// The parsed configuration of the process.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `MC_SLICE_SIZE`: bytes per slice of a large request (65536).
+    pub slice_size: u64,
+    /// Derived from `MC_FRAGMENT_RATIO`: a tail up to this size joins the
+    /// previous slice (16384, or `slice_size / ratio`).
+    pub fragment_limit: u64,
+    /// `MC_RETRY_CNT`: attempts per slice before its task fails (9, 1..=127).
+    pub retry_cnt: u32,
+    /// `MC_HANDSHAKE_PORT`: port assumed for a server name without one (12001).
+    pub handshake_port: u16,
+    /// `MC_MIN_RPC_PORT` (15000).
+    pub min_rpc_port: u16,
+    /// `MC_MAX_RPC_PORT` (17000).
+    pub max_rpc_port: u16,
+    /// `MC_HANDSHAKE_LISTEN_BACKLOG` (128).
+    pub handshake_listen_backlog: u32,
+    /// `MC_HANDSHAKE_CONNECT_TIMEOUT` in seconds (5, 1..=3599).
+    pub handshake_connect_timeout_secs: u64,
+    /// `MC_HANDSHAKE_MAX_LENGTH`: largest handshake frame (1 MiB..=128 MiB).
+    pub handshake_max_length: u64,
+    /// `MC_RDMA_RAIL_PAUSE_SECONDS` (30, 1..=3599).
+    pub rail_pause_secs: u64,
+    /// `MC_LOG_LEVEL` (INFO).
+    pub log_level: LogLevel,
+    /// `MC_SLICE_TIMEOUT` in seconds; `None` = off (1..=65535).
+    pub slice_timeout_secs: Option<u64>,
+    /// `MC_USE_IPV6`.
+    pub use_ipv6: bool,
+    /// `MC_DISABLE_METACACHE`: refetch remote descriptors on every use.
+    pub metacache: bool,
+    /// `MC_TE_METADATA_REFRESH_INTERVAL_SECONDS`; 0 = off.
+    pub metadata_refresh_interval_secs: u64,
+    /// `MC_METADATA_CLUSTER_ID`: key prefix `mooncake/<id>/`.
+    pub metadata_cluster_id: Option<String>,
+    /// `MC_LEGACY_RPC_PORT_BINDING`: bind the RPC port named in the server name.
+    pub legacy_rpc_port_binding: bool,
+    /// `MC_TCP_BIND_ADDRESS`: the address advertised in store mode.
+    pub tcp_bind_address: Option<String>,
+    /// `MC_FORCE_TCP`.
+    pub force_tcp: bool,
+    /// `MC_FORCE_HCA`.
+    pub force_hca: bool,
+    /// `MC_CUSTOM_TOPO_JSON`: path of a priority-matrix file.
+    pub custom_topo_json: Option<String>,
+    /// `MC_TE_FILTERS`: comma list of devices to use.
+    pub te_filters: Vec<String>,
+    /// `MC_PATH_ROUNDROBIN`: round-robin instead of random first choice.
+    pub path_roundrobin: bool,
+    /// `MC_MAX_EP_PER_CTX` (65536).
+    pub max_ep_per_ctx: usize,
+    /// `MC_ENDPOINT_STORE_TYPE` (SIEVE).
+    pub endpoint_store_type: EndpointStoreType,
+    /// `MC_TCP_LANES_PER_PEER` (alias `MC_TCP_MAX_CONNECTIONS_PER_PEER`): 4, 1..=16.
+    pub tcp_lanes_per_peer: usize,
+    /// `MC_TCP_SLICE_SIZE`: server-side read/write chunk (65536).
+    pub tcp_slice_size: u64,
+    /// `MC_TCP_PROTO=1` forces the v1 framing towards every peer.
+    pub tcp_force_v1: bool,
+    /// `MC_TCP_STATUS_TIMEOUT_SEC` (30).
+    pub tcp_status_timeout_secs: u64,
+    /// `MC_REDIS_USERNAME`.
+    pub redis_username: Option<String>,
+    /// `MC_REDIS_PASSWORD`.
+    pub redis_password: Option<String>,
+    /// `MC_REDIS_DB_INDEX` (0, 0..=255).
+    pub redis_db_index: u8,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            slice_size: 65536,
+            fragment_limit: 16384,
+            retry_cnt: 9,
+            handshake_port: 12001,
+            min_rpc_port: 15000,
+            max_rpc_port: 17000,
+            handshake_listen_backlog: 128,
+            handshake_connect_timeout_secs: 5,
+            handshake_max_length: 1 << 20,
+            rail_pause_secs: 30,
+            log_level: LogLevel::Info,
+            slice_timeout_secs: None,
+            use_ipv6: false,
+            metacache: true,
+            metadata_refresh_interval_secs: 0,
+            metadata_cluster_id: None,
+            legacy_rpc_port_binding: false,
+            tcp_bind_address: None,
+            force_tcp: false,
+            force_hca: false,
+            custom_topo_json: None,
+            te_filters: Vec::new(),
+            path_roundrobin: false,
+            max_ep_per_ctx: 65536,
+            endpoint_store_type: EndpointStoreType::Sieve,
+            tcp_lanes_per_peer: 4,
+            tcp_slice_size: 65536,
+            tcp_force_v1: false,
+            tcp_status_timeout_secs: 30,
+            redis_username: None,
+            redis_password: None,
+            redis_db_index: 0,
+        }
+    }
+}
+
+/// Reads variables through a lookup function so tests need no process env.
+struct Reader<F: Fn(&str) -> Option<String>> {
+    lookup: F,
+}
+
+impl<F: Fn(&str) -> Option<String>> Reader<F> {
+    fn raw(&self, name: &str) -> Option<String> {
+        (self.lookup)(name).map(|v| v.trim().to_string())
+    }
+
+    fn string(&self, name: &str) -> Option<String> {
+        self.raw(name).filter(|v| !v.is_empty())
+    }
+
+    /// A variable that is on when set to anything but empty, 0, false or no.
+    fn flag(&self, name: &str) -> bool {
+        match self.raw(name) {
+            None => false,
+            Some(v) => !matches!(v.to_ascii_lowercase().as_str(), "" | "0" | "false" | "no" | "off"),
+        }
+    }
+
+    /// A number within `lo..=hi`; anything else warns and keeps `default`.
+    fn number<T>(&self, name: &str, default: T, lo: T, hi: T) -> T
+    where
+        T: FromStr + PartialOrd + Copy + std::fmt::Display,
+    {
+        let Some(v) = self.raw(name) else {
+            return default;
+        };
+        match v.parse::<T>() {
+            Ok(n) if n >= lo && n <= hi => n,
+            Ok(_) => {
+                warn!("{name}={v} is outside {lo}..={hi}; using {default}");
+                default
+            }
+            Err(_) => {
+                warn!("{name}={v} is not a number; using {default}");
+                default
+            }
+        }
+    }
+}
+
+/// Mooncake's port-range rule: both in 1024..=65535, min <= max, and
+/// neither inside the ephemeral range 32768..=60999.
+fn valid_port_range(min: u32, max: u32) -> bool {
+    let ok = |p: u32| (1024..=65535).contains(&p) && !(32768..=60999).contains(&p);
+    ok(min) && ok(max) && min <= max
+}
+
+impl Config {
+    /// Parses the configuration from the process environment.
+    pub fn from_env() -> Config {
+        Config::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Parses the configuration from any variable lookup.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Config {
+        let r = Reader { lookup };
+        let d = Config::default();
+        let slice_size = r.number("MC_SLICE_SIZE", d.slice_size, 1, 1 << 40);
+        let fragment_limit = match r.raw("MC_FRAGMENT_RATIO") {
+            None => d.fragment_limit,
+            Some(v) => match v.parse::<u64>() {
+                Ok(ratio) if ratio > 0 => slice_size / ratio,
+                _ => {
+                    warn!("MC_FRAGMENT_RATIO={v} is not a positive number; using slice_size/4");
+                    slice_size / 4
+                }
+            },
+        };
+        let (mut min_rpc_port, mut max_rpc_port) = (d.min_rpc_port, d.max_rpc_port);
+        let min = r.raw("MC_MIN_RPC_PORT").or_else(|| r.raw("MC_MIN_PRC_PORT"));
+        let max = r.raw("MC_MAX_RPC_PORT").or_else(|| r.raw("MC_MAX_PRC_PORT"));
+        if min.is_some() || max.is_some() {
+            let lo = min.as_deref().map_or(Some(15000), |v| v.parse::<u32>().ok());
+            let hi = max.as_deref().map_or(Some(17000), |v| v.parse::<u32>().ok());
+            match (lo, hi) {
+                (Some(lo), Some(hi)) if valid_port_range(lo, hi) => {
+                    min_rpc_port = lo as u16;
+                    max_rpc_port = hi as u16;
+                }
+                _ => warn!(
+                    "MC_MIN_RPC_PORT={min:?} MC_MAX_RPC_PORT={max:?} is not a valid range \
+                     (1024..=65535, min <= max, outside 32768..=60999); using 15000..=17000"
+                ),
+            }
+        }
+        let log_level = match r.raw("MC_LOG_LEVEL").map(|v| v.to_ascii_uppercase()) {
+            None => LogLevel::Info,
+            Some(v) => match v.as_str() {
+                "TRACE" => LogLevel::Trace,
+                "INFO" => LogLevel::Info,
+                "WARNING" | "WARN" => LogLevel::Warning,
+                "ERROR" => LogLevel::Error,
+                _ => {
+                    warn!("MC_LOG_LEVEL={v} is not TRACE, INFO, WARNING or ERROR; using INFO");
+                    LogLevel::Info
+                }
+            },
+        };
+        let slice_timeout = r.raw("MC_SLICE_TIMEOUT").and_then(|v| match v.parse::<i64>() {
+            Ok(n) if (1..=65535).contains(&n) => Some(n as u64),
+            Ok(-1) => None,
+            _ => {
+                warn!("MC_SLICE_TIMEOUT={v} is outside 1..=65535; slice timeout stays off");
+                None
+            }
+        });
+        let endpoint_store_type = match r.raw("MC_ENDPOINT_STORE_TYPE") {
+            None => EndpointStoreType::Sieve,
+            Some(v) if v.eq_ignore_ascii_case("FIFO") => EndpointStoreType::Fifo,
+            Some(v) if v.eq_ignore_ascii_case("SIEVE") => EndpointStoreType::Sieve,
+            Some(v) => {
+                warn!("MC_ENDPOINT_STORE_TYPE={v} is not FIFO or SIEVE; using SIEVE");
+                EndpointStoreType::Sieve
+            }
+        };
+        let lanes_var = if r.raw("MC_TCP_LANES_PER_PEER").is_some() {
+            "MC_TCP_LANES_PER_PEER"
+        } else {
+            "MC_TCP_MAX_CONNECTIONS_PER_PEER"
+        };
+        let tcp_force_v1 = match r.raw("MC_TCP_PROTO") {
+            None => false,
+            Some(v) if v == "1" => true,
+            Some(v) if v == "2" => false,
+            Some(v) => {
+                warn!("MC_TCP_PROTO={v} is not 1 or 2; using 2 where the peer supports it");
+                false
+            }
+        };
+        Config {
+            slice_size,
+            fragment_limit,
+            retry_cnt: r.number("MC_RETRY_CNT", d.retry_cnt, 1, 127),
+            handshake_port: r.number("MC_HANDSHAKE_PORT", d.handshake_port, 1, 65535),
+            min_rpc_port,
+            max_rpc_port,
+            handshake_listen_backlog: r.number("MC_HANDSHAKE_LISTEN_BACKLOG", 128, 1, 65535),
+            handshake_connect_timeout_secs: r.number("MC_HANDSHAKE_CONNECT_TIMEOUT", 5, 1, 3599),
+            handshake_max_length: r.number(
+                "MC_HANDSHAKE_MAX_LENGTH",
+                d.handshake_max_length,
+                1 << 20,
+                128 << 20,
+            ),
+            rail_pause_secs: r.number("MC_RDMA_RAIL_PAUSE_SECONDS", 30, 1, 3599),
+            log_level,
+            slice_timeout_secs: slice_timeout,
+            use_ipv6: r.flag("MC_USE_IPV6"),
+            metacache: r.raw("MC_DISABLE_METACACHE").is_none(),
+            metadata_refresh_interval_secs: r.number(
+                "MC_TE_METADATA_REFRESH_INTERVAL_SECONDS",
+                0,
+                0,
+                86400,
+            ),
+            metadata_cluster_id: r.string("MC_METADATA_CLUSTER_ID"),
+            legacy_rpc_port_binding: r.raw("MC_LEGACY_RPC_PORT_BINDING").is_some(),
+            tcp_bind_address: r.string("MC_TCP_BIND_ADDRESS"),
+            force_tcp: r.flag("MC_FORCE_TCP"),
+            force_hca: r.flag("MC_FORCE_HCA"),
+            custom_topo_json: r.string("MC_CUSTOM_TOPO_JSON"),
+            te_filters: r
+                .string("MC_TE_FILTERS")
+                .map(|v| {
+                    v.split(',')
+                        .map(|s| s.trim().to_string())
+                        .filter(|s| !s.is_empty())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            path_roundrobin: r.flag("MC_PATH_ROUNDROBIN"),
+            max_ep_per_ctx: r.number("MC_MAX_EP_PER_CTX", 65536, 1, 65536),
+            endpoint_store_type,
+            tcp_lanes_per_peer: r.number(lanes_var, 4, 1, 16),
+            tcp_slice_size: r.number("MC_TCP_SLICE_SIZE", 65536, 4096, 64 << 20),
+            tcp_force_v1,
+            tcp_status_timeout_secs: r.number("MC_TCP_STATUS_TIMEOUT_SEC", 30, 1, 3600),
+            redis_username: r.string("MC_REDIS_USERNAME"),
+            redis_password: r.string("MC_REDIS_PASSWORD"),
+            redis_db_index: r.number("MC_REDIS_DB_INDEX", 0, 0, 255),
+        }
+    }
+}
+
+static GLOBAL: OnceCell<Config> = OnceCell::new();
+
+/// The process configuration, read from the environment on first use.
+pub fn config() -> &'static Config {
+    GLOBAL.get_or_init(Config::from_env)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(vars: &[(&str, &str)]) -> Config {
+        let m: HashMap<String, String> =
+            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_match_mooncake() {
+        let c = parse(&[]);
+        assert_eq!(c.slice_size, 65536);
+        assert_eq!(c.fragment_limit, 16384);
+        assert_eq!(c.retry_cnt, 9);
+        assert_eq!((c.min_rpc_port, c.max_rpc_port), (15000, 17000));
+        assert_eq!(c.handshake_connect_timeout_secs, 5);
+        assert_eq!(c.handshake_max_length, 1 << 20);
+        assert_eq!(c.tcp_lanes_per_peer, 4);
+        assert_eq!(c.tcp_status_timeout_secs, 30);
+        assert!(c.metacache);
+        assert_eq!(c.endpoint_store_type, EndpointStoreType::Sieve);
+    }
+
+    #[test]
+    fn bad_values_keep_defaults() {
+        let c = parse(&[
+            ("MC_SLICE_SIZE", "abc"),
+            ("MC_RETRY_CNT", "0"),
+            ("MC_HANDSHAKE_MAX_LENGTH", "1000"),
+            ("MC_TCP_LANES_PER_PEER", "17"),
+            ("MC_LOG_LEVEL", "LOUD"),
+        ]);
+        assert_eq!(c.slice_size, 65536);
+        assert_eq!(c.retry_cnt, 9);
+        assert_eq!(c.handshake_max_length, 1 << 20);
+        assert_eq!(c.tcp_lanes_per_peer, 4);
+        assert_eq!(c.log_level, LogLevel::Info);
+        assert_eq!(parse(&[("MC_SLICE_SIZE", "-100")]).slice_size, 65536);
+    }
+
+    #[test]
+    fn good_values_are_taken() {
+        let c = parse(&[
+            ("MC_SLICE_SIZE", "131072"),
+            ("MC_FRAGMENT_RATIO", "8"),
+            ("MC_LOG_LEVEL", "trace"),
+            ("MC_TCP_MAX_CONNECTIONS_PER_PEER", "2"),
+            ("MC_DISABLE_METACACHE", "1"),
+            ("MC_TE_FILTERS", "mlx5_0, mlx5_1"),
+            ("MC_TCP_PROTO", "1"),
+        ]);
+        assert_eq!(c.slice_size, 131072);
+        assert_eq!(c.fragment_limit, 16384);
+        assert_eq!(c.log_level, LogLevel::Trace);
+        assert_eq!(c.tcp_lanes_per_peer, 2);
+        assert!(!c.metacache);
+        assert_eq!(c.te_filters, vec!["mlx5_0", "mlx5_1"]);
+        assert!(c.tcp_force_v1);
+    }
+
+    #[test]
+    fn port_ranges_follow_mooncake_rule() {
+        let range = |lo: &str, hi: &str| {
+            let c = parse(&[("MC_MIN_RPC_PORT", lo), ("MC_MAX_RPC_PORT", hi)]);
+            (c.min_rpc_port, c.max_rpc_port)
+        };
+        assert_eq!(range("2000", "3000"), (2000, 3000));
+        assert_eq!(range("80", "443"), (15000, 17000));
+        assert_eq!(range("32768", "40000"), (15000, 17000));
+        assert_eq!(range("3000", "2000"), (15000, 17000));
+        assert_eq!(range("61000", "65536"), (15000, 17000));
+        assert_eq!(range("61000", "65535"), (61000, 65535));
+        assert_eq!(range("1024", "32767"), (1024, 32767));
+    }
+}

@@ -1,0 +1,1 @@
+//! Segment descriptors, metadata keys and the stores that hold them.

@@ -1,0 +1,1 @@
+//! Handshake RPC: typed frames over TCP, listener and client.

@@ -1,0 +1,1 @@
+//! Machine topology: NUMA nodes, NICs, RDMA devices, GPUs, and the priority matrix.
