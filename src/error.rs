@@ -4,7 +4,8 @@
 //! `Status` give positive codes (`submitTransfer`, `getTransferStatus`,
 //! `freeBatchID`, `submitTransferWithNotify`), the others give `0` or a
 //! negative `ERR_*`. [`Error::status_code`] and [`Error::err_code`] map one
-//! error to each family.
+//! error to each family; their values are those of Mooncake's `status.h`
+//! and `error.h`.
 
 use std::fmt;
 
@@ -45,124 +46,48 @@ pub enum Error {
     NotImplemented(String),
 }
 
-/// `ERR_*` values of Mooncake's `error.h`.
-pub mod err {
-    /// `ERR_INVALID_ARGUMENT`
-    pub const INVALID_ARGUMENT: i32 = -1;
-    /// `ERR_TOO_MANY_REQUESTS`
-    pub const TOO_MANY_REQUESTS: i32 = -2;
-    /// `ERR_ADDRESS_NOT_REGISTERED`
-    pub const ADDRESS_NOT_REGISTERED: i32 = -3;
-    /// `ERR_BATCH_BUSY`
-    pub const BATCH_BUSY: i32 = -4;
-    /// `ERR_DEVICE_NOT_FOUND`
-    pub const DEVICE_NOT_FOUND: i32 = -6;
-    /// `ERR_ADDRESS_OVERLAPPED`
-    pub const ADDRESS_OVERLAPPED: i32 = -7;
-    /// `ERR_DNS`
-    pub const DNS: i32 = -101;
-    /// `ERR_SOCKET`
-    pub const SOCKET: i32 = -102;
-    /// `ERR_MALFORMED_JSON`
-    pub const MALFORMED_JSON: i32 = -103;
-    /// `ERR_REJECT_HANDSHAKE`
-    pub const REJECT_HANDSHAKE: i32 = -104;
-    /// `ERR_METADATA`
-    pub const METADATA: i32 = -200;
-    /// `ERR_ENDPOINT`
-    pub const ENDPOINT: i32 = -201;
-    /// `ERR_CONTEXT`
-    pub const CONTEXT: i32 = -202;
-    /// `ERR_NUMA`
-    pub const NUMA: i32 = -300;
-    /// `ERR_CLOCK`
-    pub const CLOCK: i32 = -301;
-    /// `ERR_MEMORY`
-    pub const MEMORY: i32 = -302;
-    /// `ERR_NOT_IMPLEMENTED`
-    pub const NOT_IMPLEMENTED: i32 = -303;
-}
-
-/// Positive `Status` codes of Mooncake's `status.h`.
-pub mod status {
-    /// `kOk`
-    pub const OK: i32 = 0;
-    /// `kInvalidArgument`
-    pub const INVALID_ARGUMENT: i32 = 1;
-    /// `kTooManyRequests`
-    pub const TOO_MANY_REQUESTS: i32 = 2;
-    /// `kAddressNotRegistered`
-    pub const ADDRESS_NOT_REGISTERED: i32 = 3;
-    /// `kBatchBusy`
-    pub const BATCH_BUSY: i32 = 4;
-    /// `kDeviceNotFound`
-    pub const DEVICE_NOT_FOUND: i32 = 6;
-    /// `kAddressOverlapped`
-    pub const ADDRESS_OVERLAPPED: i32 = 7;
-    /// `kNotSupportedTransport`
-    pub const NOT_SUPPORTED_TRANSPORT: i32 = 8;
-    /// `kDns`
-    pub const DNS: i32 = 101;
-    /// `kSocket`
-    pub const SOCKET: i32 = 102;
-    /// `kMalformedJson`
-    pub const MALFORMED_JSON: i32 = 103;
-    /// `kRejectHandshake`
-    pub const REJECT_HANDSHAKE: i32 = 104;
-    /// `kMetadata`
-    pub const METADATA: i32 = 200;
-    /// `kEndpoint`
-    pub const ENDPOINT: i32 = 201;
-    /// `kContext`
-    pub const CONTEXT: i32 = 202;
-    /// `kMemory`
-    pub const MEMORY: i32 = 302;
-    /// `kNotImplemented`
-    pub const NOT_IMPLEMENTED: i32 = 999;
-}
-
 impl Error {
     /// The negative `ERR_*` code for functions that return `0` or `ERR_*`.
     pub fn err_code(&self) -> i32 {
         match self {
-            Error::InvalidArgument(_) => err::INVALID_ARGUMENT,
-            Error::TooManyRequests(_) => err::TOO_MANY_REQUESTS,
-            Error::AddressNotRegistered(_) => err::ADDRESS_NOT_REGISTERED,
-            Error::BatchBusy => err::BATCH_BUSY,
-            Error::DeviceNotFound(_) => err::DEVICE_NOT_FOUND,
-            Error::AddressOverlapped(_) => err::ADDRESS_OVERLAPPED,
-            Error::NotSupportedTransport(_) => err::INVALID_ARGUMENT,
-            Error::Dns(_) => err::DNS,
-            Error::Socket(_) => err::SOCKET,
-            Error::MalformedJson(_) => err::MALFORMED_JSON,
-            Error::RejectHandshake(_) => err::REJECT_HANDSHAKE,
-            Error::Metadata(_) => err::METADATA,
-            Error::Endpoint(_) => err::ENDPOINT,
-            Error::Context(_) => err::CONTEXT,
-            Error::Memory(_) => err::MEMORY,
-            Error::NotImplemented(_) => err::NOT_IMPLEMENTED,
+            Error::InvalidArgument(_) => -1,
+            Error::TooManyRequests(_) => -2,
+            Error::AddressNotRegistered(_) => -3,
+            Error::BatchBusy => -4,
+            Error::DeviceNotFound(_) => -6,
+            Error::AddressOverlapped(_) => -7,
+            Error::NotSupportedTransport(_) => -1,
+            Error::Dns(_) => -101,
+            Error::Socket(_) => -102,
+            Error::MalformedJson(_) => -103,
+            Error::RejectHandshake(_) => -104,
+            Error::Metadata(_) => -200,
+            Error::Endpoint(_) => -201,
+            Error::Context(_) => -202,
+            Error::Memory(_) => -302,
+            Error::NotImplemented(_) => -303,
         }
     }
 
     /// The positive `Status` code for the Status-returning functions.
     pub fn status_code(&self) -> i32 {
         match self {
-            Error::InvalidArgument(_) => status::INVALID_ARGUMENT,
-            Error::TooManyRequests(_) => status::TOO_MANY_REQUESTS,
-            Error::AddressNotRegistered(_) => status::ADDRESS_NOT_REGISTERED,
-            Error::BatchBusy => status::BATCH_BUSY,
-            Error::DeviceNotFound(_) => status::DEVICE_NOT_FOUND,
-            Error::AddressOverlapped(_) => status::ADDRESS_OVERLAPPED,
-            Error::NotSupportedTransport(_) => status::NOT_SUPPORTED_TRANSPORT,
-            Error::Dns(_) => status::DNS,
-            Error::Socket(_) => status::SOCKET,
-            Error::MalformedJson(_) => status::MALFORMED_JSON,
-            Error::RejectHandshake(_) => status::REJECT_HANDSHAKE,
-            Error::Metadata(_) => status::METADATA,
-            Error::Endpoint(_) => status::ENDPOINT,
-            Error::Context(_) => status::CONTEXT,
-            Error::Memory(_) => status::MEMORY,
-            Error::NotImplemented(_) => status::NOT_IMPLEMENTED,
+            Error::InvalidArgument(_) => 1,
+            Error::TooManyRequests(_) => 2,
+            Error::AddressNotRegistered(_) => 3,
+            Error::BatchBusy => 4,
+            Error::DeviceNotFound(_) => 6,
+            Error::AddressOverlapped(_) => 7,
+            Error::NotSupportedTransport(_) => 8,
+            Error::Dns(_) => 101,
+            Error::Socket(_) => 102,
+            Error::MalformedJson(_) => 103,
+            Error::RejectHandshake(_) => 104,
+            Error::Metadata(_) => 200,
+            Error::Endpoint(_) => 201,
+            Error::Context(_) => 202,
+            Error::Memory(_) => 302,
+            Error::NotImplemented(_) => 999,
         }
     }
 }

@@ -7,3 +7,7 @@ pub mod error;
 pub mod metadata;
 pub mod rpc;
 pub mod topology;
+pub mod engine;
+pub mod handle;
+pub mod transport;
+pub mod ffi;

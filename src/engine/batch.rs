@@ -1,0 +1,227 @@
+//! Batches of tasks. A task is one request; it completes through atomic
+//! slice counters that transports bump, and its status is derived from them
+//! exactly as Mooncake does (spec §1.3).
+
+use crate::error::{Error, Result};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+/// Largest `batch_size` accepted by `allocateBatchID`.
+pub const MAX_BATCH_SIZE: usize = 1 << 22;
+
+/// Mooncake's transfer status values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum TaskStatus {
+    /// Not all slices have finished.
+    Waiting = 0,
+    /// Unused by this engine; kept for the C values.
+    Pending = 1,
+    /// Unused by this engine; kept for the C values.
+    Invalid = 2,
+    /// Unused by this engine; kept for the C values.
+    Canceled = 3,
+    /// Every slice succeeded.
+    Completed = 4,
+    /// A slice is older than `MC_SLICE_TIMEOUT`.
+    Timeout = 5,
+    /// Every slice finished and at least one failed.
+    Failed = 6,
+}
+
+/// One request's progress.
+#[derive(Debug, Default)]
+pub struct Task {
+    slice_count: AtomicU64,
+    success: AtomicU64,
+    failed: AtomicU64,
+    transferred: AtomicU64,
+    observed_terminal: AtomicBool,
+}
+
+impl Task {
+    /// Records one finished slice of `len` bytes.
+    pub fn finish_slice(&self, len: u64, ok: bool) {
+        if ok {
+            self.transferred.fetch_add(len, Ordering::Relaxed);
+            self.success.fetch_add(1, Ordering::Release);
+        } else {
+            self.failed.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Adds slices to a task before they are dispatched (a transport that
+    /// splits a slice further announces the extra parts here first).
+    pub fn add_slices(&self, n: u64) {
+        self.slice_count.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// The status and transferred bytes, as `getTransferStatus` reports them.
+    pub fn status(&self) -> (TaskStatus, u64) {
+        let n = self.slice_count.load(Ordering::Acquire);
+        let ok = self.success.load(Ordering::Acquire);
+        let failed = self.failed.load(Ordering::Acquire);
+        let bytes = self.transferred.load(Ordering::Relaxed);
+        let status = if n > 0 && ok + failed >= n {
+            if failed > 0 { TaskStatus::Failed } else { TaskStatus::Completed }
+        } else {
+            TaskStatus::Waiting
+        };
+        (status, bytes)
+    }
+
+    /// Clears a slot before it is filled again.
+    fn reset(&self) {
+        self.slice_count.store(0, Ordering::Relaxed);
+        self.success.store(0, Ordering::Relaxed);
+        self.failed.store(0, Ordering::Relaxed);
+        self.transferred.store(0, Ordering::Relaxed);
+        self.observed_terminal.store(false, Ordering::Relaxed);
+    }
+
+    /// Marks that a caller has seen this task terminal (needed by
+    /// `freeBatchID`).
+    fn observe(&self, status: TaskStatus) {
+        if matches!(status, TaskStatus::Completed | TaskStatus::Failed) {
+            self.observed_terminal.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether every slice has finished.
+    pub fn is_terminal(&self) -> bool {
+        !matches!(self.status().0, TaskStatus::Waiting)
+    }
+}
+
+/// A batch: a fixed number of task slots filled by successive submits.
+#[derive(Debug)]
+pub struct Batch {
+    tasks: Box<[Task]>,
+    len: AtomicUsize,
+    submit_lock: Mutex<()>,
+}
+
+impl Batch {
+    /// A batch with room for `capacity` tasks.
+    pub fn new(capacity: usize) -> Result<Batch> {
+        if capacity > MAX_BATCH_SIZE {
+            return Err(Error::InvalidArgument(format!(
+                "batch_size {capacity} exceeds the maximum of {MAX_BATCH_SIZE}"
+            )));
+        }
+        let tasks = (0..capacity).map(|_| Task::default()).collect();
+        Ok(Batch { tasks, len: AtomicUsize::new(0), submit_lock: Mutex::new(()) })
+    }
+
+    /// Reserves `count` task slots and runs `fill` on them (with their first
+    /// task id) while submits to this batch are serialized. The slots become
+    /// visible to status queries only after `fill` returns.
+    pub fn append<R>(
+        &self,
+        count: usize,
+        fill: impl FnOnce(usize, &[Task]) -> Result<R>,
+    ) -> Result<R> {
+        let _guard = self.submit_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let start = self.len.load(Ordering::Acquire);
+        if start.saturating_add(count) > self.tasks.len() {
+            return Err(Error::TooManyRequests(format!(
+                "batch holds {start} of {} tasks; {count} more do not fit",
+                self.tasks.len()
+            )));
+        }
+        let slots = &self.tasks[start..start + count];
+        slots.iter().for_each(Task::reset);
+        let out = fill(start, slots)?;
+        self.len.store(start + count, Ordering::Release);
+        Ok(out)
+    }
+
+    /// The task slot with this id, published or not (for transports that
+    /// finish slices of a submit still in progress).
+    pub fn slot(&self, id: usize) -> Option<&Task> {
+        self.tasks.get(id)
+    }
+
+    /// The task with this id, if it was submitted.
+    pub fn task(&self, id: usize) -> Option<&Task> {
+        (id < self.len.load(Ordering::Acquire)).then(|| &self.tasks[id])
+    }
+
+    /// Status of task `id`, recording that the caller saw it terminal.
+    pub fn poll(&self, id: usize) -> Result<(TaskStatus, u64)> {
+        let task = self.task(id).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "task id {id} is out of range (batch has {} tasks)",
+                self.len.load(Ordering::Acquire)
+            ))
+        })?;
+        let (status, bytes) = task.status();
+        task.observe(status);
+        Ok((status, bytes))
+    }
+
+    /// Whether every submitted task has been seen terminal by a caller.
+    pub fn all_observed(&self) -> bool {
+        let n = self.len.load(Ordering::Acquire);
+        self.tasks[..n].iter().all(|t| t.observed_terminal.load(Ordering::Acquire))
+    }
+
+    /// Whether every submitted task has completed successfully.
+    pub fn all_completed(&self) -> bool {
+        let n = self.len.load(Ordering::Acquire);
+        self.tasks[..n].iter().all(|t| t.status().0 == TaskStatus::Completed)
+    }
+
+    /// Number of submitted tasks.
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+
+    /// Whether nothing was submitted.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_follows_slice_counters() {
+        let b = Batch::new(2).unwrap();
+        b.append(1, |first, tasks| {
+            assert_eq!(first, 0);
+            tasks[0].add_slices(2);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(b.poll(0).unwrap().0, TaskStatus::Waiting);
+        let t = b.task(0).unwrap();
+        t.finish_slice(10, true);
+        assert_eq!(b.poll(0).unwrap(), (TaskStatus::Waiting, 10));
+        assert!(!b.all_observed());
+        t.finish_slice(5, false);
+        assert_eq!(b.poll(0).unwrap(), (TaskStatus::Failed, 10));
+        assert!(b.all_observed());
+        assert!(!b.all_completed());
+        assert!(matches!(b.poll(1), Err(Error::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn capacity_is_checked_before_filling() {
+        let b = Batch::new(3).unwrap();
+        b.append(2, |_, t| {
+            t.iter().for_each(|t| t.add_slices(1));
+            Ok(())
+        })
+        .unwrap();
+        let r = b.append(2, |_, _| -> Result<()> { panic!("must not fill") });
+        assert!(matches!(r, Err(Error::TooManyRequests(_))));
+        // a failing fill publishes nothing
+        let r = b.append(1, |_, _| -> Result<()> { Err(Error::InvalidArgument("x".into())) });
+        assert!(r.is_err());
+        assert_eq!(b.len(), 2);
+        assert!(Batch::new(MAX_BATCH_SIZE + 1).is_err());
+    }
+}

@@ -1,0 +1,242 @@
+//! The registry of local buffers: an interval map from base address to
+//! length, location and remote accessibility, with Mooncake's overlap rules.
+
+use crate::error::{Error, Result};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Where a buffer's memory lives, as named in Mooncake's location strings.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Location {
+    /// `cpu:N`: host memory on NUMA node N.
+    Cpu(u32),
+    /// `cuda:N`: memory of GPU N.
+    Cuda(u32),
+    /// `*`: let the engine decide (any device).
+    Any,
+}
+
+impl Location {
+    /// Parses `cpu:N`, `cuda:N` or `*`.
+    pub fn parse(s: &str) -> Result<Location> {
+        let s = s.trim();
+        if s == "*" {
+            return Ok(Location::Any);
+        }
+        let bad = || {
+            Error::InvalidArgument(format!(
+                "location {s:?} is not \"cpu:N\", \"cuda:N\" or \"*\""
+            ))
+        };
+        let (kind, n) = s.split_once(':').ok_or_else(bad)?;
+        let n: u32 = n.parse().map_err(|_| bad())?;
+        match kind {
+            "cpu" => Ok(Location::Cpu(n)),
+            "cuda" => Ok(Location::Cuda(n)),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Location::Cpu(n) => write!(f, "cpu:{n}"),
+            Location::Cuda(n) => write!(f, "cuda:{n}"),
+            Location::Any => write!(f, "*"),
+        }
+    }
+}
+
+/// One registered buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Region {
+    /// Base address.
+    pub addr: u64,
+    /// Length in bytes (> 0).
+    pub length: u64,
+    /// Where the memory lives.
+    pub location: Location,
+    /// Whether peers may read and write it.
+    pub remote_accessible: bool,
+}
+
+impl Region {
+    /// One past the last byte.
+    pub fn end(&self) -> u64 {
+        self.addr + self.length
+    }
+
+    /// Whether `[addr, addr + len)` lies inside this region.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        match addr.checked_add(len) {
+            Some(end) => addr >= self.addr && end <= self.end(),
+            None => false,
+        }
+    }
+}
+
+/// Registered buffers keyed by base address; no two overlap.
+#[derive(Debug, Default)]
+pub struct MemoryRegistry {
+    regions: BTreeMap<u64, Region>,
+}
+
+impl MemoryRegistry {
+    /// Whether `[addr, addr + len)` overlaps a registered region.
+    fn overlaps(&self, addr: u64, len: u64) -> bool {
+        let end = addr.saturating_add(len);
+        if let Some((_, r)) = self.regions.range(..=addr).next_back() {
+            if r.end() > addr {
+                return true;
+            }
+        }
+        self.regions.range(addr..end).next().is_some()
+    }
+
+    /// Checks one new region: non-zero length, no address overflow.
+    fn check_new(addr: u64, length: u64) -> Result<()> {
+        if addr == 0 {
+            return Err(Error::InvalidArgument("buffer address is NULL".into()));
+        }
+        if length == 0 {
+            return Err(Error::InvalidArgument(format!("buffer {addr:#x} has length 0")));
+        }
+        if addr.checked_add(length).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "buffer {addr:#x}+{length} wraps the address space"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks that `regions` could all be added: valid, not overlapping each
+    /// other nor anything registered. Nothing is changed.
+    pub fn check_insert(&self, regions: &[Region]) -> Result<()> {
+        for r in regions {
+            Self::check_new(r.addr, r.length)?;
+        }
+        let mut sorted: Vec<&Region> = regions.iter().collect();
+        sorted.sort_by_key(|r| r.addr);
+        for pair in sorted.windows(2) {
+            if pair[0].end() > pair[1].addr {
+                return Err(Error::AddressOverlapped(format!(
+                    "buffers {:#x}+{} and {:#x}+{} overlap each other",
+                    pair[0].addr, pair[0].length, pair[1].addr, pair[1].length
+                )));
+            }
+        }
+        for r in regions {
+            if self.overlaps(r.addr, r.length) {
+                return Err(Error::AddressOverlapped(format!(
+                    "buffer {:#x}+{} overlaps a registered buffer",
+                    r.addr, r.length
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds `regions` atomically: all of them or, on error, none.
+    pub fn insert(&mut self, regions: &[Region]) -> Result<()> {
+        self.check_insert(regions)?;
+        for r in regions {
+            self.regions.insert(r.addr, r.clone());
+        }
+        Ok(())
+    }
+
+    /// The region whose base is exactly `addr`.
+    pub fn get_exact(&self, addr: u64) -> Option<&Region> {
+        self.regions.get(&addr)
+    }
+
+    /// Removes the region whose base is exactly `addr`.
+    pub fn remove(&mut self, addr: u64) -> Result<Region> {
+        self.regions.remove(&addr).ok_or_else(|| {
+            Error::AddressNotRegistered(format!("no buffer is registered at {addr:#x}"))
+        })
+    }
+
+    /// The region that holds all of `[addr, addr + len)`, if one does.
+    pub fn find(&self, addr: u64, len: u64) -> Option<&Region> {
+        let (_, r) = self.regions.range(..=addr).next_back()?;
+        r.contains(addr, len).then_some(r)
+    }
+
+    /// Every registered region, by address.
+    pub fn regions(&self) -> impl Iterator<Item = &Region> {
+        self.regions.values()
+    }
+
+    /// Number of registered regions.
+    pub fn len(&self) -> usize {
+        self.regions.len()
+    }
+
+    /// Whether nothing is registered.
+    pub fn is_empty(&self) -> bool {
+        self.regions.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(addr: u64, length: u64) -> Region {
+        Region { addr, length, location: Location::Any, remote_accessible: true }
+    }
+
+    #[test]
+    fn locations_parse() {
+        assert_eq!(Location::parse("cpu:0").unwrap(), Location::Cpu(0));
+        assert_eq!(Location::parse("cuda:3").unwrap(), Location::Cuda(3));
+        assert_eq!(Location::parse("*").unwrap(), Location::Any);
+        assert!(Location::parse("gpu:0").is_err());
+        assert!(Location::parse("cpu:x").is_err());
+        assert_eq!(Location::Cpu(1).to_string(), "cpu:1");
+    }
+
+    #[test]
+    fn overlap_rules() {
+        let mut m = MemoryRegistry::default();
+        m.insert(&[region(0x1000, 0x1000)]).unwrap();
+        let overlapped = |e: Error| matches!(e, Error::AddressOverlapped(_));
+        assert!(overlapped(m.insert(&[region(0x1000, 0x1000)]).unwrap_err()));
+        assert!(overlapped(m.insert(&[region(0x1800, 0x100)]).unwrap_err()));
+        assert!(overlapped(m.insert(&[region(0x800, 0x900)]).unwrap_err()));
+        assert!(overlapped(m.insert(&[region(0x800, 0x2000)]).unwrap_err()));
+        m.insert(&[region(0x2000, 0x10)]).unwrap();
+        m.insert(&[region(0xff0, 0x10)]).unwrap();
+        assert!(matches!(
+            m.insert(&[region(0x5000, 0)]).unwrap_err(),
+            Error::InvalidArgument(_)
+        ));
+        assert!(matches!(
+            m.insert(&[region(u64::MAX - 1, 4)]).unwrap_err(),
+            Error::InvalidArgument(_)
+        ));
+        // a batch that overlaps itself adds nothing
+        assert!(overlapped(
+            m.insert(&[region(0x9000, 0x100), region(0x90f0, 0x100)]).unwrap_err()
+        ));
+        assert!(m.get_exact(0x9000).is_none());
+        assert_eq!(m.len(), 3);
+    }
+
+    #[test]
+    fn find_needs_one_region() {
+        let mut m = MemoryRegistry::default();
+        m.insert(&[region(0x1000, 0x2000), region(0x3000, 0x1000)]).unwrap();
+        assert!(m.find(0x1000, 0x2000).is_some());
+        assert!(m.find(0x2fff, 1).is_some());
+        assert!(m.find(0x2fff, 2).is_none(), "spanning two adjacent regions");
+        assert!(m.find(0x4000, 1).is_none());
+        assert!(m.find(0xfff, 2).is_none());
+        assert!(m.find(0x1000, u64::MAX).is_none());
+        assert!(matches!(m.remove(0x1001), Err(Error::AddressNotRegistered(_))));
+        m.remove(0x1000).unwrap();
+        assert!(m.find(0x1000, 1).is_none());
+    }
+}

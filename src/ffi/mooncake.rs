@@ -1,0 +1,823 @@
+//! The 27 functions of Mooncake's `transfer_engine_c.h`.
+//!
+//! Every function validates its handles and pointers, runs inside the panic
+//! guard, and writes outputs only on success. `char *` arguments are copied
+//! before return. Two return-code families, as in Mooncake: the functions
+//! that return a Status (`submitTransfer`, `submitTransferWithNotify`,
+//! `getTransferStatus`, `freeBatchID`) give 0 or a positive code, the others
+//! 0 or a negative `ERR_*`.
+
+use super::boundary::{engine, guard, init_logging, insert_engine, remove_engine, string_arg, write_c_string};
+use super::types::*;
+use crate::engine::batch::TaskStatus;
+use crate::engine::memory::{Location, Region};
+use crate::engine::{Engine, Opcode, Request};
+use crate::error::Error;
+use std::ffi::{c_char, c_int, c_void};
+use tracing::{error, warn};
+
+/// `kOk` of the Status family.
+const STATUS_OK: c_int = 0;
+/// `kInvalidArgument` of the Status family.
+const STATUS_INVALID_ARGUMENT: c_int = 1;
+
+fn log_err(func: &str, e: &Error) {
+    error!("{func}: {e}");
+}
+
+/// Creates an engine named `local_server_name` whose peers are found through
+/// `metadata_conn_string`: `"P2PHANDSHAKE"` (no server), `"http://host:port/path"`,
+/// `"etcd://host:port[,host:port]"`, `"redis://host:port"`, or a plain
+/// `"host:port"` list meaning etcd. `ip_or_host_name` and `rpc_port` are
+/// ignored, as in Mooncake. With `auto_discover` non-zero a transport is
+/// installed from the machine's topology.
+///
+/// Returns the engine, or NULL (with an error log) when an argument is NULL,
+/// the connection string is malformed, or its backend is unavailable.
+///
+/// # Safety
+/// The strings must be NULL or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn createTransferEngine(
+    metadata_conn_string: *const c_char,
+    local_server_name: *const c_char,
+    ip_or_host_name: *const c_char,
+    rpc_port: u64,
+    auto_discover: c_int,
+) -> transfer_engine_t {
+    guard!("createTransferEngine", std::ptr::null_mut(), {
+        init_logging();
+        let _ = (ip_or_host_name, rpc_port);
+        const F: &str = "createTransferEngine";
+        let Some(conn) = string_arg(metadata_conn_string, F, "metadata_conn_string") else {
+            return std::ptr::null_mut();
+        };
+        let Some(name) = string_arg(local_server_name, F, "local_server_name") else {
+            return std::ptr::null_mut();
+        };
+        match Engine::new(&conn, &name, auto_discover != 0) {
+            Ok(e) => insert_engine(e),
+            Err(e) => {
+                log_err(F, &e);
+                std::ptr::null_mut()
+            }
+        }
+    })
+}
+
+/// Scans the machine's topology (NUMA nodes, NICs, RDMA devices, GPUs) and
+/// keeps it for transports installed later.
+///
+/// Returns 0, or -1 for a NULL or unknown engine.
+///
+/// # Safety
+/// `engine` must be NULL or a handle from `createTransferEngine`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn discoverTopology(engine: transfer_engine_t) -> c_int {
+    guard!("discoverTopology", -1, {
+        match self::engine(engine, "discoverTopology") {
+            Some(e) => {
+                e.discover_topology();
+                0
+            }
+            None => ERR_INVALID_ARGUMENT,
+        }
+    })
+}
+
+/// Writes `"ip:port"` of the engine's RPC endpoint into `buf_out`
+/// (truncated to `buf_len - 1` bytes and NUL-terminated, like `snprintf`).
+///
+/// Returns 0, or -1 for a NULL or unknown engine, a NULL buffer or a zero
+/// length.
+///
+/// # Safety
+/// `buf_out` must be valid for `buf_len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn getLocalIpAndPort(
+    engine: transfer_engine_t,
+    buf_out: *mut c_char,
+    buf_len: usize,
+) -> c_int {
+    guard!("getLocalIpAndPort", -1, {
+        let Some(e) = self::engine(engine, "getLocalIpAndPort") else {
+            return ERR_INVALID_ARGUMENT;
+        };
+        if buf_out.is_null() || buf_len == 0 {
+            error!("getLocalIpAndPort: buf_out is NULL or buf_len is 0");
+            return ERR_INVALID_ARGUMENT;
+        }
+        write_c_string(&e.local_ip_and_port(), buf_out, buf_len);
+        0
+    })
+}
+
+/// Installs the transport `proto` (`"tcp"`, or `"rdma"` on RDMA hardware).
+/// When `args` and `args[0]` are non-NULL, `args[0]` is a NIC priority
+/// matrix JSON string. Buffers registered earlier are registered with the
+/// new transport. Installing an installed protocol returns the same handle.
+///
+/// Returns an opaque non-NULL handle, or NULL (with an error log) for a
+/// NULL or unknown engine or protocol, a malformed matrix, or a transport
+/// that failed to start.
+///
+/// # Safety
+/// `proto` must be NULL or NUL-terminated; `args` NULL or an array whose
+/// first element is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn installTransport(
+    engine: transfer_engine_t,
+    proto: *const c_char,
+    args: *mut *mut c_void,
+) -> transport_t {
+    guard!("installTransport", std::ptr::null_mut(), {
+        const F: &str = "installTransport";
+        let Some(e) = self::engine(engine, F) else {
+            return std::ptr::null_mut();
+        };
+        let Some(proto) = string_arg(proto, F, "proto") else {
+            return std::ptr::null_mut();
+        };
+        let matrix = if args.is_null() {
+            None
+        } else {
+            // SAFETY: a non-NULL `args` points to at least one element.
+            let first = unsafe { *args };
+            if first.is_null() { None } else { string_arg(first as *const c_char, F, "args[0]") }
+        };
+        match e.install_transport(&proto, matrix.as_deref()) {
+            Ok(id) => id as usize as transport_t,
+            Err(err) => {
+                log_err(F, &err);
+                std::ptr::null_mut()
+            }
+        }
+    })
+}
+
+/// Kept for compatibility: transports stay installed until the engine is
+/// destroyed, as in Mooncake.
+///
+/// Returns 0, or -1 for a NULL or unknown engine or a NULL `proto`.
+///
+/// # Safety
+/// `proto` must be NULL or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn uninstallTransport(engine: transfer_engine_t, proto: *const c_char) -> c_int {
+    guard!("uninstallTransport", -1, {
+        if self::engine(engine, "uninstallTransport").is_none()
+            || string_arg(proto, "uninstallTransport", "proto").is_none()
+        {
+            return ERR_INVALID_ARGUMENT;
+        }
+        0
+    })
+}
+
+fn open_segment(engine: transfer_engine_t, segment_name: *const c_char, func: &str, sync: bool) -> segment_id_t {
+    let Some(e) = self::engine(engine, func) else {
+        return -1;
+    };
+    let Some(name) = string_arg(segment_name, func, "segment_name") else {
+        return -1;
+    };
+    if sync {
+        e.sync_segment(&name);
+    }
+    match e.open_segment(&name) {
+        Ok(id) => id,
+        Err(err) => {
+            log_err(func, &err);
+            -1
+        }
+    }
+}
+
+/// Opens the segment of the engine named `segment_name` (leading `/` ignored)
+/// and returns its id; the engine's own name gives `LOCAL_SEGMENT` (0).
+/// Ids are cached per name and never reused.
+///
+/// Returns the id, or -1 for a NULL or unknown engine, a NULL or empty name,
+/// or a segment whose descriptor cannot be fetched or is invalid.
+///
+/// # Safety
+/// `segment_name` must be NULL or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn openSegment(engine: transfer_engine_t, segment_name: *const c_char) -> segment_id_t {
+    guard!("openSegment", -1, { open_segment(engine, segment_name, "openSegment", false) })
+}
+
+/// Like `openSegment`, but first refetches the descriptor of a segment that
+/// is already cached.
+///
+/// Returns the id, or -1 as `openSegment` does.
+///
+/// # Safety
+/// `segment_name` must be NULL or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn openSegmentNoCache(
+    engine: transfer_engine_t,
+    segment_name: *const c_char,
+) -> segment_id_t {
+    guard!("openSegmentNoCache", -1, { open_segment(engine, segment_name, "openSegmentNoCache", true) })
+}
+
+/// Kept for compatibility: segment ids stay valid until the engine is
+/// destroyed, as in Mooncake.
+///
+/// Returns 0, or -1 for a NULL or unknown engine.
+///
+/// # Safety
+/// `engine` must be NULL or a handle from `createTransferEngine`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn closeSegment(engine: transfer_engine_t, segment_id: segment_id_t) -> c_int {
+    guard!("closeSegment", -1, {
+        let _ = segment_id;
+        if self::engine(engine, "closeSegment").is_none() {
+            return ERR_INVALID_ARGUMENT;
+        }
+        0
+    })
+}
+
+/// Pre-connects EFA endpoints to a segment. This engine has no EFA
+/// transport, so there is nothing to warm up.
+///
+/// Returns 0, or -1 for a NULL or unknown engine.
+///
+/// # Safety
+/// `segment_name` must be NULL or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn warmupEfaSegment(engine: transfer_engine_t, segment_name: *const c_char) -> c_int {
+    guard!("warmupEfaSegment", -1, {
+        let _ = segment_name;
+        if self::engine(engine, "warmupEfaSegment").is_none() {
+            return ERR_INVALID_ARGUMENT;
+        }
+        0
+    })
+}
+
+/// Drops a segment (any name, local or remote) from this engine's cache of
+/// descriptors; the next `openSegment` fetches it again.
+///
+/// Returns 0, or -1 for a NULL or unknown engine or a NULL or empty name.
+///
+/// # Safety
+/// `segment_name` must be NULL or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn removeLocalSegment(engine: transfer_engine_t, segment_name: *const c_char) -> c_int {
+    guard!("removeLocalSegment", -1, {
+        const F: &str = "removeLocalSegment";
+        let Some(e) = self::engine(engine, F) else {
+            return ERR_INVALID_ARGUMENT;
+        };
+        let Some(name) = string_arg(segment_name, F, "segment_name") else {
+            return ERR_INVALID_ARGUMENT;
+        };
+        match e.remove_segment(&name) {
+            Ok(()) => 0,
+            Err(err) => {
+                log_err(F, &err);
+                err.err_code()
+            }
+        }
+    })
+}
+
+/// Destroys an engine: in-flight tasks are driven to a terminal state, its
+/// metadata entries are removed, and every thread it started has exited
+/// when this returns. A NULL, unknown or already destroyed handle is logged
+/// and ignored.
+///
+/// # Safety
+/// `engine` must be NULL or a handle from `createTransferEngine`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn destroyTransferEngine(engine: transfer_engine_t) {
+    guard!("destroyTransferEngine", (), {
+        match remove_engine(engine) {
+            Some(e) => {
+                super::graceful::forget(engine);
+                e.shutdown();
+            }
+            None => error!("destroyTransferEngine: engine handle {engine:p} is NULL, unknown or destroyed"),
+        }
+    })
+}
+
+fn register(engine: transfer_engine_t, func: &str, entries: &[(u64, u64)], location: *const c_char, remote: bool) -> c_int {
+    let Some(e) = self::engine(engine, func) else {
+        return ERR_INVALID_ARGUMENT;
+    };
+    let Some(location) = string_arg(location, func, "location") else {
+        return ERR_INVALID_ARGUMENT;
+    };
+    let location = match Location::parse(&location) {
+        Ok(l) => l,
+        Err(err) => {
+            log_err(func, &err);
+            return err.err_code();
+        }
+    };
+    let regions: Vec<Region> = entries
+        .iter()
+        .map(|&(addr, length)| Region { addr, length, location: location.clone(), remote_accessible: remote })
+        .collect();
+    match e.register(&regions) {
+        Ok(()) => 0,
+        Err(err) => {
+            log_err(func, &err);
+            err.err_code()
+        }
+    }
+}
+
+/// Registers `length` bytes at `addr` as memory peers (and local requests)
+/// may target. `location` is `"cpu:N"`, `"cuda:N"` or `"*"`; with
+/// `remote_accessible` 0 peers cannot reach it.
+///
+/// Returns 0; -1 for a NULL or unknown engine, NULL `addr` or `location`,
+/// zero length or a malformed location; -7 when the range overlaps a
+/// registered buffer (also the same address twice).
+///
+/// # Safety
+/// `location` must be NULL or NUL-terminated; the memory must stay valid
+/// until it is unregistered.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn registerLocalMemory(
+    engine: transfer_engine_t,
+    addr: *mut c_void,
+    length: usize,
+    location: *const c_char,
+    remote_accessible: c_int,
+) -> c_int {
+    guard!("registerLocalMemory", -1, {
+        register(engine, "registerLocalMemory", &[(addr as u64, length as u64)], location, remote_accessible != 0)
+    })
+}
+
+/// Unregisters the buffer whose base address is exactly `addr`.
+///
+/// Returns 0; -1 for a NULL or unknown engine or NULL `addr`; -3 when no
+/// buffer starts at `addr`.
+///
+/// # Safety
+/// `engine` must be NULL or a handle from `createTransferEngine`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn unregisterLocalMemory(engine: transfer_engine_t, addr: *mut c_void) -> c_int {
+    guard!("unregisterLocalMemory", -1, {
+        let Some(e) = self::engine(engine, "unregisterLocalMemory") else {
+            return ERR_INVALID_ARGUMENT;
+        };
+        if addr.is_null() {
+            error!("unregisterLocalMemory: addr is NULL");
+            return ERR_INVALID_ARGUMENT;
+        }
+        match e.unregister(&[addr as u64]) {
+            Ok(()) => 0,
+            Err(err) => err.err_code(),
+        }
+    })
+}
+
+/// Registers `buffer_len` buffers at once, all remote accessible, with one
+/// location. All are registered, or none.
+///
+/// Returns 0 (also for `buffer_len` 0); -1 for a NULL or unknown engine,
+/// NULL `buffer_list` or `location`, a NULL address or zero length; -7 when
+/// buffers overlap each other or a registered buffer.
+///
+/// # Safety
+/// `buffer_list` must be valid for `buffer_len` entries.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn registerLocalMemoryBatch(
+    engine: transfer_engine_t,
+    buffer_list: *mut buffer_entry_t,
+    buffer_len: usize,
+    location: *const c_char,
+) -> c_int {
+    guard!("registerLocalMemoryBatch", -1, {
+        const F: &str = "registerLocalMemoryBatch";
+        if buffer_len == 0 {
+            return if self::engine(engine, F).is_some() { 0 } else { ERR_INVALID_ARGUMENT };
+        }
+        if buffer_list.is_null() {
+            error!("{F}: buffer_list is NULL");
+            return ERR_INVALID_ARGUMENT;
+        }
+        // SAFETY: the caller passes `buffer_len` valid entries.
+        let list = unsafe { std::slice::from_raw_parts(buffer_list, buffer_len) };
+        let entries: Vec<(u64, u64)> = list.iter().map(|b| (b.addr as u64, b.length as u64)).collect();
+        register(engine, F, &entries, location, true)
+    })
+}
+
+/// Unregisters buffers by base address. Every listed buffer that is
+/// registered is removed.
+///
+/// Returns 0 (also for `addr_len` 0); -1 for a NULL or unknown engine or a
+/// NULL `addr_list`; -3 when an address is not a registered base.
+///
+/// # Safety
+/// `addr_list` must be valid for `addr_len` entries.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn unregisterLocalMemoryBatch(
+    engine: transfer_engine_t,
+    addr_list: *mut *mut c_void,
+    addr_len: usize,
+) -> c_int {
+    guard!("unregisterLocalMemoryBatch", -1, {
+        const F: &str = "unregisterLocalMemoryBatch";
+        let Some(e) = self::engine(engine, F) else {
+            return ERR_INVALID_ARGUMENT;
+        };
+        if addr_len == 0 {
+            return 0;
+        }
+        if addr_list.is_null() {
+            error!("{F}: addr_list is NULL");
+            return ERR_INVALID_ARGUMENT;
+        }
+        // SAFETY: the caller passes `addr_len` valid entries.
+        let list = unsafe { std::slice::from_raw_parts(addr_list, addr_len) };
+        let addrs: Vec<u64> = list.iter().map(|&a| a as u64).collect();
+        match e.unregister(&addrs) {
+            Ok(()) => 0,
+            Err(err) => err.err_code(),
+        }
+    })
+}
+
+/// Allocates a batch that holds up to `batch_size` requests.
+///
+/// Returns the batch id, or `INVALID_BATCH` for a NULL or unknown engine or
+/// a `batch_size` above 4194304.
+///
+/// # Safety
+/// `engine` must be NULL or a handle from `createTransferEngine`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn allocateBatchID(engine: transfer_engine_t, batch_size: usize) -> batch_id_t {
+    guard!("allocateBatchID", INVALID_BATCH, {
+        let Some(e) = self::engine(engine, "allocateBatchID") else {
+            return INVALID_BATCH;
+        };
+        match e.allocate_batch(batch_size) {
+            Ok(id) => id,
+            Err(err) => {
+                log_err("allocateBatchID", &err);
+                INVALID_BATCH
+            }
+        }
+    })
+}
+
+/// Converts C requests, rejecting bad opcodes before anything runs.
+fn requests(entries: *const transfer_request, count: usize) -> Result<Vec<Request>, Error> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    if entries.is_null() {
+        return Err(Error::InvalidArgument("entries is NULL".into()));
+    }
+    // SAFETY: the caller passes `count` valid entries.
+    let list = unsafe { std::slice::from_raw_parts(entries, count) };
+    list.iter()
+        .map(|r| {
+            Ok(Request {
+                opcode: Opcode::from_raw(r.opcode)?,
+                source: r.source as u64,
+                target_id: r.target_id,
+                target_offset: r.target_offset,
+                length: r.length,
+            })
+        })
+        .collect()
+}
+
+fn submit(engine: transfer_engine_t, batch_id: batch_id_t, entries: *const transfer_request, count: usize, notify: Option<(String, String)>, func: &str) -> c_int {
+    let Some(e) = self::engine(engine, func) else {
+        return STATUS_INVALID_ARGUMENT;
+    };
+    let result = requests(entries, count).and_then(|reqs| match notify {
+        None => e.submit(batch_id, &reqs),
+        Some((name, msg)) => e.submit_with_notify(batch_id, &reqs, name, msg),
+    });
+    match result {
+        Ok(()) => STATUS_OK,
+        Err(err) => {
+            log_err(func, &err);
+            err.status_code()
+        }
+    }
+}
+
+/// Submits `count` requests to a batch. Every check runs before any task is
+/// created: on error the batch is unchanged. Task ids continue from the
+/// batch's earlier submits. Each request completes asynchronously; poll it
+/// with `getTransferStatus`.
+///
+/// Returns 0; 1 for a NULL or unknown engine, an unknown or freed batch,
+/// NULL `entries`, a bad opcode or a segment id that is not open; 2 when the
+/// batch has no room for `count` more requests; 8 when the segment's
+/// protocol is not installed.
+///
+/// # Safety
+/// `entries` must be valid for `count` entries; every `source` must stay
+/// valid until its task is terminal.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn submitTransfer(
+    engine: transfer_engine_t,
+    batch_id: batch_id_t,
+    entries: *mut transfer_request,
+    count: usize,
+) -> c_int {
+    guard!("submitTransfer", STATUS_INVALID_ARGUMENT, {
+        submit(engine, batch_id, entries, count, None, "submitTransfer")
+    })
+}
+
+/// Like `submitTransfer`, and once every task of the batch has been seen
+/// COMPLETED by `getTransferStatus`, sends `notify_msg` to the owner of
+/// `entries[0].target_id`.
+///
+/// Returns the codes of `submitTransfer`, and 1 when `count` is 0 or a
+/// notify string is NULL.
+///
+/// # Safety
+/// As `submitTransfer`; the notify strings must be NULL or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn submitTransferWithNotify(
+    engine: transfer_engine_t,
+    batch_id: batch_id_t,
+    entries: *mut transfer_request,
+    count: usize,
+    notify_msg: notify_msg_t,
+) -> c_int {
+    guard!("submitTransferWithNotify", STATUS_INVALID_ARGUMENT, {
+        const F: &str = "submitTransferWithNotify";
+        if count == 0 {
+            error!("{F}: count is 0");
+            return STATUS_INVALID_ARGUMENT;
+        }
+        let (Some(name), Some(msg)) =
+            (string_arg(notify_msg.name, F, "notify_msg.name"), string_arg(notify_msg.msg, F, "notify_msg.msg"))
+        else {
+            return STATUS_INVALID_ARGUMENT;
+        };
+        submit(engine, batch_id, entries, count, Some((name, msg)), F)
+    })
+}
+
+/// Takes every notification received so far (oldest first). `*size` is set
+/// to their number.
+///
+/// Returns a `malloc`ed array to release with `freeNotifsMsgBuf`, or NULL
+/// when there are none, on allocation failure, or for a NULL or unknown
+/// engine or NULL `size` (then `*size` is 0 when `size` is not NULL).
+///
+/// # Safety
+/// `size` must be NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn getNotifsFromEngine(engine: transfer_engine_t, size: *mut c_int) -> *mut notify_msg_t {
+    guard!("getNotifsFromEngine", std::ptr::null_mut(), {
+        if size.is_null() {
+            error!("getNotifsFromEngine: size is NULL");
+            return std::ptr::null_mut();
+        }
+        // SAFETY: `size` is non-NULL and valid for writing.
+        unsafe { *size = 0 };
+        let Some(e) = self::engine(engine, "getNotifsFromEngine") else {
+            return std::ptr::null_mut();
+        };
+        let notifies = e.take_notifies();
+        if notifies.is_empty() {
+            return std::ptr::null_mut();
+        }
+        match super::notify::to_c_array(&notifies) {
+            Some(array) => {
+                // SAFETY: as above.
+                unsafe { *size = notifies.len() as c_int };
+                array
+            }
+            None => {
+                error!("getNotifsFromEngine: out of memory; {} notifications lost", notifies.len());
+                std::ptr::null_mut()
+            }
+        }
+    })
+}
+
+/// Releases an array from `getNotifsFromEngine` and its strings.
+///
+/// Returns 0, or -1 for a NULL array with a non-zero `size` or a negative
+/// `size`.
+///
+/// # Safety
+/// `msg` must come from `getNotifsFromEngine` with the `size` it reported,
+/// and must not be used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn freeNotifsMsgBuf(msg: *mut notify_msg_t, size: c_int) -> c_int {
+    guard!("freeNotifsMsgBuf", -1, {
+        if size < 0 || (msg.is_null() && size > 0) {
+            error!("freeNotifsMsgBuf: NULL array or negative size");
+            return ERR_INVALID_ARGUMENT;
+        }
+        // SAFETY: `msg` came from `getNotifsFromEngine` with `size` entries.
+        unsafe { super::notify::free_c_array(msg, size as usize) };
+        0
+    })
+}
+
+/// Sends a notification now to the owner of segment `target_id`.
+///
+/// Returns 0; -1 for a NULL or unknown engine or a NULL string; -200 for a
+/// segment that is not open or a reply without `notify_msg`; -101, -102 or
+/// -103 for name resolution, socket or JSON errors.
+///
+/// # Safety
+/// The notify strings must be NULL or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn genNotifyInEngine(engine: transfer_engine_t, target_id: u64, notify_msg: notify_msg_t) -> c_int {
+    guard!("genNotifyInEngine", -1, {
+        const F: &str = "genNotifyInEngine";
+        let Some(e) = self::engine(engine, F) else {
+            return ERR_INVALID_ARGUMENT;
+        };
+        let (Some(name), Some(msg)) =
+            (string_arg(notify_msg.name, F, "notify_msg.name"), string_arg(notify_msg.msg, F, "notify_msg.msg"))
+        else {
+            return ERR_INVALID_ARGUMENT;
+        };
+        match e.send_notify(target_id, &name, &msg) {
+            Ok(()) => 0,
+            Err(err) => {
+                log_err(F, &err);
+                err.err_code()
+            }
+        }
+    })
+}
+
+/// Reads the status of task `task_id` (its position across the batch's
+/// submits). `*status` is written only when 0 is returned.
+///
+/// Returns 0; 1 for a NULL or unknown engine, an unknown or freed batch, a
+/// NULL `status` or a task id not yet submitted.
+///
+/// # Safety
+/// `status` must be NULL or valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn getTransferStatus(
+    engine: transfer_engine_t,
+    batch_id: batch_id_t,
+    task_id: usize,
+    status: *mut transfer_status,
+) -> c_int {
+    guard!("getTransferStatus", STATUS_INVALID_ARGUMENT, {
+        let Some(e) = self::engine(engine, "getTransferStatus") else {
+            return STATUS_INVALID_ARGUMENT;
+        };
+        if status.is_null() {
+            error!("getTransferStatus: status is NULL");
+            return STATUS_INVALID_ARGUMENT;
+        }
+        match e.status(batch_id, task_id) {
+            Ok((s, bytes)) => {
+                // SAFETY: `status` is non-NULL and valid for writing.
+                unsafe { *status = transfer_status { status: s as c_int, transferred_bytes: bytes } };
+                if s == TaskStatus::Failed {
+                    warn!("getTransferStatus: batch {batch_id:#x} task {task_id} FAILED");
+                }
+                STATUS_OK
+            }
+            Err(err) => {
+                log_err("getTransferStatus", &err);
+                err.status_code()
+            }
+        }
+    })
+}
+
+/// Frees a batch. Every task must have been seen terminal (COMPLETED or
+/// FAILED) through `getTransferStatus` first.
+///
+/// Returns 0; 1 for a NULL or unknown engine or an unknown or already freed
+/// batch; 4 while a task has not been seen terminal (the batch stays valid).
+///
+/// # Safety
+/// `engine` must be NULL or a handle from `createTransferEngine`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn freeBatchID(engine: transfer_engine_t, batch_id: batch_id_t) -> c_int {
+    guard!("freeBatchID", STATUS_INVALID_ARGUMENT, {
+        let Some(e) = self::engine(engine, "freeBatchID") else {
+            return STATUS_INVALID_ARGUMENT;
+        };
+        match e.free_batch(batch_id) {
+            Ok(()) => STATUS_OK,
+            Err(err) => {
+                if err != Error::BatchBusy {
+                    log_err("freeBatchID", &err);
+                }
+                err.status_code()
+            }
+        }
+    })
+}
+
+/// Refetches every cached remote segment descriptor and replaces those that
+/// changed (a restarted peer, new buffers).
+///
+/// Returns 0, or -1 for a NULL or unknown engine.
+///
+/// # Safety
+/// `engine` must be NULL or a handle from `createTransferEngine`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn syncSegmentCache(engine: transfer_engine_t) -> c_int {
+    guard!("syncSegmentCache", -1, {
+        let Some(e) = self::engine(engine, "syncSegmentCache") else {
+            return ERR_INVALID_ARGUMENT;
+        };
+        e.sync_all_segments();
+        0
+    })
+}
+
+/// Fills `stats` with up to `*count` per-device loads (in-flight bytes and
+/// an EWMA bandwidth) and sets `*count` to the number of devices.
+///
+/// Returns 0, or -1 for a NULL or unknown engine or a NULL pointer.
+///
+/// # Safety
+/// `stats` must be valid for `*count` entries; `count` valid for reading
+/// and writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn getNicLoadStats(engine: transfer_engine_t, stats: *mut nic_load_stat_t, count: *mut usize) -> c_int {
+    guard!("getNicLoadStats", -1, {
+        let Some(e) = self::engine(engine, "getNicLoadStats") else {
+            return ERR_INVALID_ARGUMENT;
+        };
+        if stats.is_null() || count.is_null() {
+            error!("getNicLoadStats: stats or count is NULL");
+            return ERR_INVALID_ARGUMENT;
+        }
+        let loads = e.nic_loads();
+        // SAFETY: `count` is non-NULL and valid for reading and writing.
+        let capacity = unsafe { *count };
+        for (i, load) in loads.iter().take(capacity).enumerate() {
+            let mut name = [0 as c_char; 64];
+            write_c_string(&load.device, name.as_mut_ptr(), name.len());
+            // SAFETY: i < *count, and `stats` is valid for *count entries.
+            unsafe {
+                *stats.add(i) = nic_load_stat {
+                    device_name: name,
+                    inflight_bytes: load.inflight_bytes,
+                    ewma_bandwidth_bps: load.ewma_bandwidth_bps,
+                }
+            };
+        }
+        // SAFETY: as above.
+        unsafe { *count = loads.len() };
+        0
+    })
+}
+
+/// On SIGINT or SIGTERM, destroys this engine (removing its metadata) before
+/// the signal's default action runs.
+///
+/// A NULL or unknown engine is logged and ignored.
+///
+/// # Safety
+/// `engine` must be NULL or a handle from `createTransferEngine`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn enableGracefulShutdown(engine: transfer_engine_t) {
+    guard!("enableGracefulShutdown", (), {
+        if self::engine(engine, "enableGracefulShutdown").is_some() {
+            super::graceful::enable(engine);
+        }
+    })
+}
+
+/// Writes a report of the local NICs (RDMA devices and network interfaces,
+/// their NUMA node, speed and addresses) and the NIC priority matrix, as
+/// text, or as JSON when `json` is non-zero. Truncated to `buf_len - 1`
+/// bytes and NUL-terminated.
+///
+/// Returns 0, or -1 for a NULL or unknown engine, a NULL buffer or a zero
+/// length.
+///
+/// # Safety
+/// `buf_out` must be valid for `buf_len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn showLinks(engine: transfer_engine_t, buf_out: *mut c_char, buf_len: usize, json: c_int) -> c_int {
+    guard!("showLinks", -1, {
+        let Some(e) = self::engine(engine, "showLinks") else {
+            return ERR_INVALID_ARGUMENT;
+        };
+        if buf_out.is_null() || buf_len == 0 {
+            error!("showLinks: buf_out is NULL or buf_len is 0");
+            return ERR_INVALID_ARGUMENT;
+        }
+        write_c_string(&e.show_links(json != 0), buf_out, buf_len);
+        0
+    })
+}

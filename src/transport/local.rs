@@ -1,0 +1,129 @@
+//! The local path: copies between buffers of this process. Small requests
+//! are copied by the submitting thread; larger ones are cut into slices that
+//! a pool of copy threads (one per core) and the threads polling for status
+//! share, so a large request runs on more than one core.
+
+use crate::engine::batch::Batch;
+use crossbeam_channel::{Receiver, Sender};
+use once_cell::sync::OnceCell;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use tracing::warn;
+
+/// One slice to copy and the task it belongs to.
+pub struct CopyJob {
+    /// The batch that owns the task (kept alive until the slice is done).
+    pub batch: Arc<Batch>,
+    /// The task id within the batch.
+    pub task: usize,
+    /// Destination address.
+    pub dst: usize,
+    /// Source address.
+    pub src: usize,
+    /// Bytes to copy.
+    pub len: usize,
+}
+
+/// Copies `len` bytes from `src` to `dst` (the ranges may overlap).
+///
+/// # Safety
+/// Both ranges must be valid, mapped memory of this process for `len` bytes
+/// and no other thread may write them during the copy.
+pub unsafe fn copy_bytes(src: u64, dst: u64, len: u64) {
+    // SAFETY: guaranteed by the caller; `copy` tolerates overlap.
+    unsafe { std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, len as usize) };
+}
+
+impl CopyJob {
+    /// Copies the bytes and records the finished slice on its task.
+    pub fn run(self) {
+        // SAFETY: the engine built this job from a destination or source
+        // range it checked against the registry, and from the caller's
+        // source pointer, which the C API requires to stay valid until the
+        // task is terminal.
+        unsafe { copy_bytes(self.src as u64, self.dst as u64, self.len as u64) };
+        if let Some(task) = self.batch.slot(self.task) {
+            task.finish_slice(self.len as u64, true);
+        }
+    }
+}
+
+struct Pool {
+    tx: Mutex<Option<Sender<CopyJob>>>,
+    rx: Receiver<CopyJob>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// The copy-thread pool of one engine, started on first use.
+#[derive(Default)]
+pub struct LocalCopier {
+    pool: OnceCell<Pool>,
+}
+
+fn start_pool() -> Pool {
+    let (tx, rx) = crossbeam_channel::unbounded::<CopyJob>();
+    let n = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 8);
+    let mut threads = Vec::with_capacity(n);
+    for i in 0..n {
+        let rx = rx.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("te-copy-{i}"))
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    job.run();
+                }
+            });
+        match spawned {
+            Ok(h) => threads.push(h),
+            Err(e) => warn!("could not start copy thread {i}: {e}; copies use fewer threads"),
+        }
+    }
+    Pool { tx: Mutex::new(Some(tx)), rx, threads: Mutex::new(threads) }
+}
+
+impl LocalCopier {
+    /// Queues `job` for the copy threads; runs it here if the pool is closed.
+    pub fn dispatch(&self, job: CopyJob) {
+        let pool = self.pool.get_or_init(start_pool);
+        let tx = pool.tx.lock().unwrap_or_else(|e| e.into_inner());
+        match tx.as_ref() {
+            Some(tx) => {
+                if let Err(e) = tx.send(job) {
+                    e.into_inner().run();
+                }
+            }
+            None => {
+                drop(tx);
+                job.run();
+            }
+        }
+    }
+
+    /// Runs one queued slice on the calling thread, if any is waiting.
+    /// Returns whether it did.
+    pub fn help_one(&self) -> bool {
+        match self.pool.get().map(|p| p.rx.try_recv()) {
+            Some(Ok(job)) => {
+                job.run();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Closes the queue, lets the threads finish what was queued, and joins
+    /// them. Later dispatches copy on the caller's thread.
+    pub fn shutdown(&self) {
+        let Some(pool) = self.pool.get() else {
+            return;
+        };
+        pool.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let threads = std::mem::take(&mut *pool.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
+            if t.join().is_err() {
+                warn!("a copy thread panicked");
+            }
+        }
+        while self.help_one() {}
+    }
+}
