@@ -44,7 +44,7 @@ mod tests {
     #[test]
     fn fragment_rule() {
         let v: Vec<_> = slices(100, 40, 10).collect();
-        assert_eq!(v, vec![(0, 40), (40, 60)]);
+        assert_eq!(v, vec![(0, 40), (40, 40), (80, 20)]);
         let v: Vec<_> = slices(100, 40, 30).collect();
         assert_eq!(v, vec![(0, 40), (40, 60)]);
         let v: Vec<_> = slices(130, 40, 10).collect();
