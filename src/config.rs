@@ -155,7 +155,10 @@ impl<F: Fn(&str) -> Option<String>> Reader<F> {
     fn flag(&self, name: &str) -> bool {
         match self.raw(name) {
             None => false,
-            Some(v) => !matches!(v.to_ascii_lowercase().as_str(), "" | "0" | "false" | "no" | "off"),
+            Some(v) => !matches!(
+                v.to_ascii_lowercase().as_str(),
+                "" | "0" | "false" | "no" | "off"
+            ),
         }
     }
 
@@ -210,11 +213,19 @@ impl Config {
             },
         };
         let (mut min_rpc_port, mut max_rpc_port) = (d.min_rpc_port, d.max_rpc_port);
-        let min = r.raw("MC_MIN_RPC_PORT").or_else(|| r.raw("MC_MIN_PRC_PORT"));
-        let max = r.raw("MC_MAX_RPC_PORT").or_else(|| r.raw("MC_MAX_PRC_PORT"));
+        let min = r
+            .raw("MC_MIN_RPC_PORT")
+            .or_else(|| r.raw("MC_MIN_PRC_PORT"));
+        let max = r
+            .raw("MC_MAX_RPC_PORT")
+            .or_else(|| r.raw("MC_MAX_PRC_PORT"));
         if min.is_some() || max.is_some() {
-            let lo = min.as_deref().map_or(Some(15000), |v| v.parse::<u32>().ok());
-            let hi = max.as_deref().map_or(Some(17000), |v| v.parse::<u32>().ok());
+            let lo = min
+                .as_deref()
+                .map_or(Some(15000), |v| v.parse::<u32>().ok());
+            let hi = max
+                .as_deref()
+                .map_or(Some(17000), |v| v.parse::<u32>().ok());
             match (lo, hi) {
                 (Some(lo), Some(hi)) if valid_port_range(lo, hi) => {
                     min_rpc_port = lo as u16;
@@ -239,14 +250,16 @@ impl Config {
                 }
             },
         };
-        let slice_timeout = r.raw("MC_SLICE_TIMEOUT").and_then(|v| match v.parse::<i64>() {
-            Ok(n) if (1..=65535).contains(&n) => Some(n as u64),
-            Ok(-1) => None,
-            _ => {
-                warn!("MC_SLICE_TIMEOUT={v} is outside 1..=65535; slice timeout stays off");
-                None
-            }
-        });
+        let slice_timeout = r
+            .raw("MC_SLICE_TIMEOUT")
+            .and_then(|v| match v.parse::<i64>() {
+                Ok(n) if (1..=65535).contains(&n) => Some(n as u64),
+                Ok(-1) => None,
+                _ => {
+                    warn!("MC_SLICE_TIMEOUT={v} is outside 1..=65535; slice timeout stays off");
+                    None
+                }
+            });
         let endpoint_store_type = match r.raw("MC_ENDPOINT_STORE_TYPE") {
             None => EndpointStoreType::Sieve,
             Some(v) if v.eq_ignore_ascii_case("FIFO") => EndpointStoreType::Fifo,
@@ -338,8 +351,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn parse(vars: &[(&str, &str)]) -> Config {
-        let m: HashMap<String, String> =
-            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Config::from_lookup(|k| m.get(k).cloned())
     }
 

@@ -25,7 +25,12 @@ pub struct HandleTable<T> {
 
 impl<T> Default for HandleTable<T> {
     fn default() -> Self {
-        HandleTable { inner: RwLock::new(Inner { slots: Vec::new(), free: Vec::new() }) }
+        HandleTable {
+            inner: RwLock::new(Inner {
+                slots: Vec::new(),
+                free: Vec::new(),
+            }),
+        }
     }
 }
 
@@ -36,7 +41,12 @@ fn split(handle: u64) -> (u32, usize) {
 impl<T> HandleTable<T> {
     /// A table with no entries (usable in `static` items).
     pub const fn new() -> Self {
-        HandleTable { inner: RwLock::new(Inner { slots: Vec::new(), free: Vec::new() }) }
+        HandleTable {
+            inner: RwLock::new(Inner {
+                slots: Vec::new(),
+                free: Vec::new(),
+            }),
+        }
     }
 
     /// Stores `value` and returns its handle.
@@ -45,7 +55,10 @@ impl<T> HandleTable<T> {
         let slot = match inner.free.pop() {
             Some(s) => s,
             None => {
-                inner.slots.push(Slot { generation: 1, value: None });
+                inner.slots.push(Slot {
+                    generation: 1,
+                    value: None,
+                });
                 (inner.slots.len() - 1) as u32
             }
         };

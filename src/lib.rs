@@ -3,11 +3,11 @@
 //! `transfer_engine_c.h`.
 
 pub mod config;
+pub mod engine;
 pub mod error;
+pub mod ffi;
+pub mod handle;
 pub mod metadata;
 pub mod rpc;
 pub mod topology;
-pub mod engine;
-pub mod handle;
 pub mod transport;
-pub mod ffi;

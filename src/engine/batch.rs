@@ -63,7 +63,11 @@ impl Task {
         let failed = self.failed.load(Ordering::Acquire);
         let bytes = self.transferred.load(Ordering::Relaxed);
         let status = if n > 0 && ok + failed >= n {
-            if failed > 0 { TaskStatus::Failed } else { TaskStatus::Completed }
+            if failed > 0 {
+                TaskStatus::Failed
+            } else {
+                TaskStatus::Completed
+            }
         } else {
             TaskStatus::Waiting
         };
@@ -110,7 +114,11 @@ impl Batch {
             )));
         }
         let tasks = (0..capacity).map(|_| Task::default()).collect();
-        Ok(Batch { tasks, len: AtomicUsize::new(0), submit_lock: Mutex::new(()) })
+        Ok(Batch {
+            tasks,
+            len: AtomicUsize::new(0),
+            submit_lock: Mutex::new(()),
+        })
     }
 
     /// Reserves `count` task slots and runs `fill` on them (with their first
@@ -163,13 +171,17 @@ impl Batch {
     /// Whether every submitted task has been seen terminal by a caller.
     pub fn all_observed(&self) -> bool {
         let n = self.len.load(Ordering::Acquire);
-        self.tasks[..n].iter().all(|t| t.observed_terminal.load(Ordering::Acquire))
+        self.tasks[..n]
+            .iter()
+            .all(|t| t.observed_terminal.load(Ordering::Acquire))
     }
 
     /// Whether every submitted task has completed successfully.
     pub fn all_completed(&self) -> bool {
         let n = self.len.load(Ordering::Acquire);
-        self.tasks[..n].iter().all(|t| t.status().0 == TaskStatus::Completed)
+        self.tasks[..n]
+            .iter()
+            .all(|t| t.status().0 == TaskStatus::Completed)
     }
 
     /// Number of submitted tasks.
@@ -219,7 +231,9 @@ mod tests {
         let r = b.append(2, |_, _| -> Result<()> { panic!("must not fill") });
         assert!(matches!(r, Err(Error::TooManyRequests(_))));
         // a failing fill publishes nothing
-        let r = b.append(1, |_, _| -> Result<()> { Err(Error::InvalidArgument("x".into())) });
+        let r = b.append(1, |_, _| -> Result<()> {
+            Err(Error::InvalidArgument("x".into()))
+        });
         assert!(r.is_err());
         assert_eq!(b.len(), 2);
         assert!(Batch::new(MAX_BATCH_SIZE + 1).is_err());

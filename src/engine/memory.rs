@@ -100,7 +100,9 @@ impl MemoryRegistry {
             return Err(Error::InvalidArgument("buffer address is NULL".into()));
         }
         if length == 0 {
-            return Err(Error::InvalidArgument(format!("buffer {addr:#x} has length 0")));
+            return Err(Error::InvalidArgument(format!(
+                "buffer {addr:#x} has length 0"
+            )));
         }
         if addr.checked_add(length).is_none() {
             return Err(Error::InvalidArgument(format!(
@@ -185,7 +187,12 @@ mod tests {
     use super::*;
 
     fn region(addr: u64, length: u64) -> Region {
-        Region { addr, length, location: Location::Any, remote_accessible: true }
+        Region {
+            addr,
+            length,
+            location: Location::Any,
+            remote_accessible: true,
+        }
     }
 
     #[test]
@@ -219,7 +226,8 @@ mod tests {
         ));
         // a batch that overlaps itself adds nothing
         assert!(overlapped(
-            m.insert(&[region(0x9000, 0x100), region(0x90f0, 0x100)]).unwrap_err()
+            m.insert(&[region(0x9000, 0x100), region(0x90f0, 0x100)])
+                .unwrap_err()
         ));
         assert!(m.get_exact(0x9000).is_none());
         assert_eq!(m.len(), 3);
@@ -228,14 +236,18 @@ mod tests {
     #[test]
     fn find_needs_one_region() {
         let mut m = MemoryRegistry::default();
-        m.insert(&[region(0x1000, 0x2000), region(0x3000, 0x1000)]).unwrap();
+        m.insert(&[region(0x1000, 0x2000), region(0x3000, 0x1000)])
+            .unwrap();
         assert!(m.find(0x1000, 0x2000).is_some());
         assert!(m.find(0x2fff, 1).is_some());
         assert!(m.find(0x2fff, 2).is_none(), "spanning two adjacent regions");
         assert!(m.find(0x4000, 1).is_none());
         assert!(m.find(0xfff, 2).is_none());
         assert!(m.find(0x1000, u64::MAX).is_none());
-        assert!(matches!(m.remove(0x1001), Err(Error::AddressNotRegistered(_))));
+        assert!(matches!(
+            m.remove(0x1001),
+            Err(Error::AddressNotRegistered(_))
+        ));
         m.remove(0x1000).unwrap();
         assert!(m.find(0x1000, 1).is_none());
     }

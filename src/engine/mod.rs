@@ -13,8 +13,8 @@ use crate::metadata::conn::MetadataConn;
 use crate::transport::local::{CopyJob, LocalCopier, copy_bytes};
 use batch::{Batch, TaskStatus};
 use memory::{MemoryRegistry, Region};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use tracing::{info, warn};
 
@@ -36,7 +36,9 @@ impl Opcode {
         match v {
             0 => Ok(Opcode::Read),
             1 => Ok(Opcode::Write),
-            _ => Err(Error::InvalidArgument(format!("opcode {v} is neither READ (0) nor WRITE (1)"))),
+            _ => Err(Error::InvalidArgument(format!(
+                "opcode {v} is neither READ (0) nor WRITE (1)"
+            ))),
         }
     }
 }
@@ -200,7 +202,11 @@ impl Engine {
         if !target_ok || !source_ok {
             warn!(
                 "task {id}: {} of {} bytes at {:#x} fails: {}",
-                if r.opcode == Opcode::Read { "READ" } else { "WRITE" },
+                if r.opcode == Opcode::Read {
+                    "READ"
+                } else {
+                    "WRITE"
+                },
                 r.length,
                 r.target_offset,
                 if target_ok {
@@ -255,9 +261,9 @@ impl Engine {
         match self.batches.remove_if(batch_id, Batch::all_observed) {
             Ok(_) => Ok(()),
             Err(Some(_)) => Err(Error::BatchBusy),
-            Err(None) => {
-                Err(Error::InvalidArgument(format!("batch id {batch_id:#x} is unknown or freed")))
-            }
+            Err(None) => Err(Error::InvalidArgument(format!(
+                "batch id {batch_id:#x} is unknown or freed"
+            ))),
         }
     }
 
@@ -286,20 +292,34 @@ impl Engine {
     }
 
     /// Submits requests and remembers a notification for the batch.
-    pub fn submit_with_notify(&self, batch_id: u64, requests: &[Request], name: String, msg: String) -> Result<()> {
+    pub fn submit_with_notify(
+        &self,
+        batch_id: u64,
+        requests: &[Request],
+        name: String,
+        msg: String,
+    ) -> Result<()> {
         let _ = (batch_id, requests, name, msg);
-        Err(Error::NotImplemented("notifications need a networked transport".into()))
+        Err(Error::NotImplemented(
+            "notifications need a networked transport".into(),
+        ))
     }
 
     /// Sends a notification to the owner of segment `target_id`.
     pub fn send_notify(&self, target_id: u64, name: &str, msg: &str) -> Result<()> {
         let _ = (target_id, name, msg);
-        Err(Error::Metadata("notifications need a networked transport".into()))
+        Err(Error::Metadata(
+            "notifications need a networked transport".into(),
+        ))
     }
 
     /// Takes every notification received so far, oldest first.
     pub fn take_notifies(&self) -> Vec<(String, String)> {
-        self.notifies.lock().unwrap_or_else(|e| e.into_inner()).drain(..).collect()
+        self.notifies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect()
     }
 
     /// Per-device load of the installed transports.
@@ -323,4 +343,12 @@ impl Drop for Engine {
         self.shutdown();
     }
 }
-impl Engine { pub fn discover_topology(&self){} pub fn local_ip_and_port(&self)->String{String::new()} pub fn show_links(&self,_j:bool)->String{String::new()} }
+impl Engine {
+    pub fn discover_topology(&self) {}
+    pub fn local_ip_and_port(&self) -> String {
+        String::new()
+    }
+    pub fn show_links(&self, _j: bool) -> String {
+        String::new()
+    }
+}

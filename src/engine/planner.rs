@@ -3,7 +3,11 @@
 //! joins the slice before it.
 
 /// The slices of a `length`-byte request as `(offset, len)` pairs.
-pub fn slices(length: u64, slice_size: u64, fragment_limit: u64) -> impl Iterator<Item = (u64, u64)> {
+pub fn slices(
+    length: u64,
+    slice_size: u64,
+    fragment_limit: u64,
+) -> impl Iterator<Item = (u64, u64)> {
     let slice_size = slice_size.max(1);
     let mut offset = 0;
     std::iter::from_fn(move || {
@@ -34,7 +38,11 @@ pub fn slice_count(length: u64, slice_size: u64, fragment_limit: u64) -> u64 {
     // All full slices but the last; the last absorbs a short tail.
     let full = length / slice_size;
     let tail = length % slice_size;
-    if tail == 0 || tail <= fragment_limit { full } else { full + 1 }
+    if tail == 0 || tail <= fragment_limit {
+        full
+    } else {
+        full + 1
+    }
 }
 
 #[cfg(test)]
@@ -58,7 +66,11 @@ mod tests {
     fn count_matches_iteration() {
         for len in [0, 1, 63, 64, 65, 79, 80, 81, 127, 128, 129, 1000, 1 << 20] {
             for (s, f) in [(64, 16), (64, 0), (1, 0), (1000, 250)] {
-                assert_eq!(slice_count(len, s, f), slices(len, s, f).count() as u64, "{len} {s} {f}");
+                assert_eq!(
+                    slice_count(len, s, f),
+                    slices(len, s, f).count() as u64,
+                    "{len} {s} {f}"
+                );
                 let total: u64 = slices(len, s, f).map(|(_, l)| l).sum();
                 assert_eq!(total, len);
             }

@@ -14,7 +14,10 @@ macro_rules! guard {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| $body)) {
             Ok(v) => v,
             Err(_) => {
-                tracing::error!(concat!($name, ": internal error (panic caught at the C boundary)"));
+                tracing::error!(concat!(
+                    $name,
+                    ": internal error (panic caught at the C boundary)"
+                ));
                 $err
             }
         }
@@ -33,7 +36,11 @@ pub fn insert_engine(engine: Engine) -> *mut c_void {
 /// The engine behind a handle, or `None` (logged) for NULL, forged or
 /// destroyed handles.
 pub fn engine(handle: *mut c_void, func: &str) -> Option<Arc<Engine>> {
-    let found = if handle.is_null() { None } else { ENGINES.get(handle as usize as u64) };
+    let found = if handle.is_null() {
+        None
+    } else {
+        ENGINES.get(handle as usize as u64)
+    };
     if found.is_none() {
         tracing::error!("{func}: engine handle {handle:p} is NULL, unknown or destroyed");
     }

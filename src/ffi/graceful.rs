@@ -42,7 +42,10 @@ fn start() -> Option<Watcher> {
     let mut fds = [0 as c_int; 2];
     // SAFETY: `fds` has room for the two descriptors.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
-        warn!("enableGracefulShutdown: pipe2 failed: {}", std::io::Error::last_os_error());
+        warn!(
+            "enableGracefulShutdown: pipe2 failed: {}",
+            std::io::Error::last_os_error()
+        );
         return None;
     }
     PIPE_WRITE.store(fds[1], Ordering::Release);
@@ -67,11 +70,21 @@ fn start() -> Option<Watcher> {
         .spawn(move || watch(read_fd))
         .map_err(|e| warn!("enableGracefulShutdown: cannot start watcher: {e}"))
         .ok();
-    Some(Watcher { engines: Vec::new(), thread, stop: &STOP, read_fd, old_actions })
+    Some(Watcher {
+        engines: Vec::new(),
+        thread,
+        stop: &STOP,
+        read_fd,
+        old_actions,
+    })
 }
 
 fn watch(read_fd: c_int) {
-    let mut pfd = libc::pollfd { fd: read_fd, events: libc::POLLIN, revents: 0 };
+    let mut pfd = libc::pollfd {
+        fd: read_fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
     while !STOP.load(Ordering::Acquire) {
         // SAFETY: one valid pollfd.
         let n = unsafe { libc::poll(&mut pfd, 1, 200) };
@@ -88,7 +101,10 @@ fn watch(read_fd: c_int) {
         let (engines, old) = {
             let mut state = STATE.lock().unwrap_or_else(|e| e.into_inner());
             match state.as_mut() {
-                Some(w) => (std::mem::take(&mut w.engines), std::mem::take(&mut w.old_actions)),
+                Some(w) => (
+                    std::mem::take(&mut w.engines),
+                    std::mem::take(&mut w.old_actions),
+                ),
                 None => (Vec::new(), Vec::new()),
             }
         };

@@ -7,7 +7,9 @@
 //! `getTransferStatus`, `freeBatchID`) give 0 or a positive code, the others
 //! 0 or a negative `ERR_*`.
 
-use super::boundary::{engine, guard, init_logging, insert_engine, remove_engine, string_arg, write_c_string};
+use super::boundary::{
+    engine, guard, init_logging, insert_engine, remove_engine, string_arg, write_c_string,
+};
 use super::types::*;
 use crate::engine::batch::TaskStatus;
 use crate::engine::memory::{Location, Region};
@@ -143,7 +145,11 @@ pub unsafe extern "C" fn installTransport(
         } else {
             // SAFETY: a non-NULL `args` points to at least one element.
             let first = unsafe { *args };
-            if first.is_null() { None } else { string_arg(first as *const c_char, F, "args[0]") }
+            if first.is_null() {
+                None
+            } else {
+                string_arg(first as *const c_char, F, "args[0]")
+            }
         };
         match e.install_transport(&proto, matrix.as_deref()) {
             Ok(id) => id as usize as transport_t,
@@ -163,7 +169,10 @@ pub unsafe extern "C" fn installTransport(
 /// # Safety
 /// `proto` must be NULL or NUL-terminated.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn uninstallTransport(engine: transfer_engine_t, proto: *const c_char) -> c_int {
+pub unsafe extern "C" fn uninstallTransport(
+    engine: transfer_engine_t,
+    proto: *const c_char,
+) -> c_int {
     guard!("uninstallTransport", -1, {
         if self::engine(engine, "uninstallTransport").is_none()
             || string_arg(proto, "uninstallTransport", "proto").is_none()
@@ -174,7 +183,12 @@ pub unsafe extern "C" fn uninstallTransport(engine: transfer_engine_t, proto: *c
     })
 }
 
-fn open_segment(engine: transfer_engine_t, segment_name: *const c_char, func: &str, sync: bool) -> segment_id_t {
+fn open_segment(
+    engine: transfer_engine_t,
+    segment_name: *const c_char,
+    func: &str,
+    sync: bool,
+) -> segment_id_t {
     let Some(e) = self::engine(engine, func) else {
         return -1;
     };
@@ -203,8 +217,13 @@ fn open_segment(engine: transfer_engine_t, segment_name: *const c_char, func: &s
 /// # Safety
 /// `segment_name` must be NULL or NUL-terminated.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn openSegment(engine: transfer_engine_t, segment_name: *const c_char) -> segment_id_t {
-    guard!("openSegment", -1, { open_segment(engine, segment_name, "openSegment", false) })
+pub unsafe extern "C" fn openSegment(
+    engine: transfer_engine_t,
+    segment_name: *const c_char,
+) -> segment_id_t {
+    guard!("openSegment", -1, {
+        open_segment(engine, segment_name, "openSegment", false)
+    })
 }
 
 /// Like `openSegment`, but first refetches the descriptor of a segment that
@@ -219,7 +238,9 @@ pub unsafe extern "C" fn openSegmentNoCache(
     engine: transfer_engine_t,
     segment_name: *const c_char,
 ) -> segment_id_t {
-    guard!("openSegmentNoCache", -1, { open_segment(engine, segment_name, "openSegmentNoCache", true) })
+    guard!("openSegmentNoCache", -1, {
+        open_segment(engine, segment_name, "openSegmentNoCache", true)
+    })
 }
 
 /// Kept for compatibility: segment ids stay valid until the engine is
@@ -230,7 +251,10 @@ pub unsafe extern "C" fn openSegmentNoCache(
 /// # Safety
 /// `engine` must be NULL or a handle from `createTransferEngine`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn closeSegment(engine: transfer_engine_t, segment_id: segment_id_t) -> c_int {
+pub unsafe extern "C" fn closeSegment(
+    engine: transfer_engine_t,
+    segment_id: segment_id_t,
+) -> c_int {
     guard!("closeSegment", -1, {
         let _ = segment_id;
         if self::engine(engine, "closeSegment").is_none() {
@@ -248,7 +272,10 @@ pub unsafe extern "C" fn closeSegment(engine: transfer_engine_t, segment_id: seg
 /// # Safety
 /// `segment_name` must be NULL or NUL-terminated.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn warmupEfaSegment(engine: transfer_engine_t, segment_name: *const c_char) -> c_int {
+pub unsafe extern "C" fn warmupEfaSegment(
+    engine: transfer_engine_t,
+    segment_name: *const c_char,
+) -> c_int {
     guard!("warmupEfaSegment", -1, {
         let _ = segment_name;
         if self::engine(engine, "warmupEfaSegment").is_none() {
@@ -266,7 +293,10 @@ pub unsafe extern "C" fn warmupEfaSegment(engine: transfer_engine_t, segment_nam
 /// # Safety
 /// `segment_name` must be NULL or NUL-terminated.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn removeLocalSegment(engine: transfer_engine_t, segment_name: *const c_char) -> c_int {
+pub unsafe extern "C" fn removeLocalSegment(
+    engine: transfer_engine_t,
+    segment_name: *const c_char,
+) -> c_int {
     guard!("removeLocalSegment", -1, {
         const F: &str = "removeLocalSegment";
         let Some(e) = self::engine(engine, F) else {
@@ -300,12 +330,20 @@ pub unsafe extern "C" fn destroyTransferEngine(engine: transfer_engine_t) {
                 super::graceful::forget(engine);
                 e.shutdown();
             }
-            None => error!("destroyTransferEngine: engine handle {engine:p} is NULL, unknown or destroyed"),
+            None => error!(
+                "destroyTransferEngine: engine handle {engine:p} is NULL, unknown or destroyed"
+            ),
         }
     })
 }
 
-fn register(engine: transfer_engine_t, func: &str, entries: &[(u64, u64)], location: *const c_char, remote: bool) -> c_int {
+fn register(
+    engine: transfer_engine_t,
+    func: &str,
+    entries: &[(u64, u64)],
+    location: *const c_char,
+    remote: bool,
+) -> c_int {
     let Some(e) = self::engine(engine, func) else {
         return ERR_INVALID_ARGUMENT;
     };
@@ -321,7 +359,12 @@ fn register(engine: transfer_engine_t, func: &str, entries: &[(u64, u64)], locat
     };
     let regions: Vec<Region> = entries
         .iter()
-        .map(|&(addr, length)| Region { addr, length, location: location.clone(), remote_accessible: remote })
+        .map(|&(addr, length)| Region {
+            addr,
+            length,
+            location: location.clone(),
+            remote_accessible: remote,
+        })
         .collect();
     match e.register(&regions) {
         Ok(()) => 0,
@@ -352,7 +395,13 @@ pub unsafe extern "C" fn registerLocalMemory(
     remote_accessible: c_int,
 ) -> c_int {
     guard!("registerLocalMemory", -1, {
-        register(engine, "registerLocalMemory", &[(addr as u64, length as u64)], location, remote_accessible != 0)
+        register(
+            engine,
+            "registerLocalMemory",
+            &[(addr as u64, length as u64)],
+            location,
+            remote_accessible != 0,
+        )
     })
 }
 
@@ -364,7 +413,10 @@ pub unsafe extern "C" fn registerLocalMemory(
 /// # Safety
 /// `engine` must be NULL or a handle from `createTransferEngine`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn unregisterLocalMemory(engine: transfer_engine_t, addr: *mut c_void) -> c_int {
+pub unsafe extern "C" fn unregisterLocalMemory(
+    engine: transfer_engine_t,
+    addr: *mut c_void,
+) -> c_int {
     guard!("unregisterLocalMemory", -1, {
         let Some(e) = self::engine(engine, "unregisterLocalMemory") else {
             return ERR_INVALID_ARGUMENT;
@@ -399,7 +451,11 @@ pub unsafe extern "C" fn registerLocalMemoryBatch(
     guard!("registerLocalMemoryBatch", -1, {
         const F: &str = "registerLocalMemoryBatch";
         if buffer_len == 0 {
-            return if self::engine(engine, F).is_some() { 0 } else { ERR_INVALID_ARGUMENT };
+            return if self::engine(engine, F).is_some() {
+                0
+            } else {
+                ERR_INVALID_ARGUMENT
+            };
         }
         if buffer_list.is_null() {
             error!("{F}: buffer_list is NULL");
@@ -407,7 +463,10 @@ pub unsafe extern "C" fn registerLocalMemoryBatch(
         }
         // SAFETY: the caller passes `buffer_len` valid entries.
         let list = unsafe { std::slice::from_raw_parts(buffer_list, buffer_len) };
-        let entries: Vec<(u64, u64)> = list.iter().map(|b| (b.addr as u64, b.length as u64)).collect();
+        let entries: Vec<(u64, u64)> = list
+            .iter()
+            .map(|b| (b.addr as u64, b.length as u64))
+            .collect();
         register(engine, F, &entries, location, true)
     })
 }
@@ -456,7 +515,10 @@ pub unsafe extern "C" fn unregisterLocalMemoryBatch(
 /// # Safety
 /// `engine` must be NULL or a handle from `createTransferEngine`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn allocateBatchID(engine: transfer_engine_t, batch_size: usize) -> batch_id_t {
+pub unsafe extern "C" fn allocateBatchID(
+    engine: transfer_engine_t,
+    batch_size: usize,
+) -> batch_id_t {
     guard!("allocateBatchID", INVALID_BATCH, {
         let Some(e) = self::engine(engine, "allocateBatchID") else {
             return INVALID_BATCH;
@@ -494,7 +556,14 @@ fn requests(entries: *const transfer_request, count: usize) -> Result<Vec<Reques
         .collect()
 }
 
-fn submit(engine: transfer_engine_t, batch_id: batch_id_t, entries: *const transfer_request, count: usize, notify: Option<(String, String)>, func: &str) -> c_int {
+fn submit(
+    engine: transfer_engine_t,
+    batch_id: batch_id_t,
+    entries: *const transfer_request,
+    count: usize,
+    notify: Option<(String, String)>,
+    func: &str,
+) -> c_int {
     let Some(e) = self::engine(engine, func) else {
         return STATUS_INVALID_ARGUMENT;
     };
@@ -559,9 +628,10 @@ pub unsafe extern "C" fn submitTransferWithNotify(
             error!("{F}: count is 0");
             return STATUS_INVALID_ARGUMENT;
         }
-        let (Some(name), Some(msg)) =
-            (string_arg(notify_msg.name, F, "notify_msg.name"), string_arg(notify_msg.msg, F, "notify_msg.msg"))
-        else {
+        let (Some(name), Some(msg)) = (
+            string_arg(notify_msg.name, F, "notify_msg.name"),
+            string_arg(notify_msg.msg, F, "notify_msg.msg"),
+        ) else {
             return STATUS_INVALID_ARGUMENT;
         };
         submit(engine, batch_id, entries, count, Some((name, msg)), F)
@@ -578,7 +648,10 @@ pub unsafe extern "C" fn submitTransferWithNotify(
 /// # Safety
 /// `size` must be NULL or valid for writing.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn getNotifsFromEngine(engine: transfer_engine_t, size: *mut c_int) -> *mut notify_msg_t {
+pub unsafe extern "C" fn getNotifsFromEngine(
+    engine: transfer_engine_t,
+    size: *mut c_int,
+) -> *mut notify_msg_t {
     guard!("getNotifsFromEngine", std::ptr::null_mut(), {
         if size.is_null() {
             error!("getNotifsFromEngine: size is NULL");
@@ -600,7 +673,10 @@ pub unsafe extern "C" fn getNotifsFromEngine(engine: transfer_engine_t, size: *m
                 array
             }
             None => {
-                error!("getNotifsFromEngine: out of memory; {} notifications lost", notifies.len());
+                error!(
+                    "getNotifsFromEngine: out of memory; {} notifications lost",
+                    notifies.len()
+                );
                 std::ptr::null_mut()
             }
         }
@@ -637,15 +713,20 @@ pub unsafe extern "C" fn freeNotifsMsgBuf(msg: *mut notify_msg_t, size: c_int) -
 /// # Safety
 /// The notify strings must be NULL or NUL-terminated.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn genNotifyInEngine(engine: transfer_engine_t, target_id: u64, notify_msg: notify_msg_t) -> c_int {
+pub unsafe extern "C" fn genNotifyInEngine(
+    engine: transfer_engine_t,
+    target_id: u64,
+    notify_msg: notify_msg_t,
+) -> c_int {
     guard!("genNotifyInEngine", -1, {
         const F: &str = "genNotifyInEngine";
         let Some(e) = self::engine(engine, F) else {
             return ERR_INVALID_ARGUMENT;
         };
-        let (Some(name), Some(msg)) =
-            (string_arg(notify_msg.name, F, "notify_msg.name"), string_arg(notify_msg.msg, F, "notify_msg.msg"))
-        else {
+        let (Some(name), Some(msg)) = (
+            string_arg(notify_msg.name, F, "notify_msg.name"),
+            string_arg(notify_msg.msg, F, "notify_msg.msg"),
+        ) else {
             return ERR_INVALID_ARGUMENT;
         };
         match e.send_notify(target_id, &name, &msg) {
@@ -684,7 +765,12 @@ pub unsafe extern "C" fn getTransferStatus(
         match e.status(batch_id, task_id) {
             Ok((s, bytes)) => {
                 // SAFETY: `status` is non-NULL and valid for writing.
-                unsafe { *status = transfer_status { status: s as c_int, transferred_bytes: bytes } };
+                unsafe {
+                    *status = transfer_status {
+                        status: s as c_int,
+                        transferred_bytes: bytes,
+                    }
+                };
                 if s == TaskStatus::Failed {
                     warn!("getTransferStatus: batch {batch_id:#x} task {task_id} FAILED");
                 }
@@ -751,7 +837,11 @@ pub unsafe extern "C" fn syncSegmentCache(engine: transfer_engine_t) -> c_int {
 /// `stats` must be valid for `*count` entries; `count` valid for reading
 /// and writing.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn getNicLoadStats(engine: transfer_engine_t, stats: *mut nic_load_stat_t, count: *mut usize) -> c_int {
+pub unsafe extern "C" fn getNicLoadStats(
+    engine: transfer_engine_t,
+    stats: *mut nic_load_stat_t,
+    count: *mut usize,
+) -> c_int {
     guard!("getNicLoadStats", -1, {
         let Some(e) = self::engine(engine, "getNicLoadStats") else {
             return ERR_INVALID_ARGUMENT;
@@ -808,7 +898,12 @@ pub unsafe extern "C" fn enableGracefulShutdown(engine: transfer_engine_t) {
 /// # Safety
 /// `buf_out` must be valid for `buf_len` bytes.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn showLinks(engine: transfer_engine_t, buf_out: *mut c_char, buf_len: usize, json: c_int) -> c_int {
+pub unsafe extern "C" fn showLinks(
+    engine: transfer_engine_t,
+    buf_out: *mut c_char,
+    buf_len: usize,
+    json: c_int,
+) -> c_int {
     guard!("showLinks", -1, {
         let Some(e) = self::engine(engine, "showLinks") else {
             return ERR_INVALID_ARGUMENT;

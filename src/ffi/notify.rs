@@ -75,7 +75,10 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let items = vec![("a".to_string(), "hello".to_string()), (String::new(), "x".into())];
+        let items = vec![
+            ("a".to_string(), "hello".to_string()),
+            (String::new(), "x".into()),
+        ];
         let array = to_c_array(&items).unwrap();
         // SAFETY: two entries just built.
         unsafe {

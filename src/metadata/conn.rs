@@ -22,7 +22,9 @@ impl MetadataConn {
     pub fn parse(conn: &str) -> Result<MetadataConn> {
         let conn = conn.trim();
         if conn.is_empty() {
-            return Err(Error::InvalidArgument("metadata connection string is empty".into()));
+            return Err(Error::InvalidArgument(
+                "metadata connection string is empty".into(),
+            ));
         }
         if conn == "P2PHANDSHAKE" {
             return Ok(MetadataConn::P2p);
@@ -34,7 +36,9 @@ impl MetadataConn {
                 .filter(|s| !s.is_empty())
                 .collect();
             if list.is_empty() {
-                return Err(Error::InvalidArgument(format!("{conn:?} names no etcd endpoint")));
+                return Err(Error::InvalidArgument(format!(
+                    "{conn:?} names no etcd endpoint"
+                )));
             }
             Ok(list)
         };
@@ -78,7 +82,10 @@ mod tests {
 
     #[test]
     fn mooncake_forms() {
-        assert_eq!(MetadataConn::parse("P2PHANDSHAKE").unwrap(), MetadataConn::P2p);
+        assert_eq!(
+            MetadataConn::parse("P2PHANDSHAKE").unwrap(),
+            MetadataConn::P2p
+        );
         assert_eq!(
             MetadataConn::parse("http://127.0.0.1:8080/metadata").unwrap(),
             MetadataConn::Http("http://127.0.0.1:8080/metadata".into())
@@ -98,6 +105,9 @@ mod tests {
         assert!(MetadataConn::parse("").is_err());
         assert!(MetadataConn::parse("ftp://x").is_err());
         assert!(MetadataConn::parse("etcd://").is_err());
-        assert!(MetadataConn::parse("p2phandshake").is_ok(), "no scheme means etcd");
+        assert!(
+            MetadataConn::parse("p2phandshake").is_ok(),
+            "no scheme means etcd"
+        );
     }
 }

@@ -31,7 +31,13 @@ pub struct CopyJob {
 /// and no other thread may write them during the copy.
 pub unsafe fn copy_bytes(src: u64, dst: u64, len: u64) {
     // SAFETY: guaranteed by the caller; `copy` tolerates overlap.
-    unsafe { std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, len as usize) };
+    unsafe {
+        std::ptr::copy(
+            src as usize as *const u8,
+            dst as usize as *mut u8,
+            len as usize,
+        )
+    };
 }
 
 impl CopyJob {
@@ -62,7 +68,9 @@ pub struct LocalCopier {
 
 fn start_pool() -> Pool {
     let (tx, rx) = crossbeam_channel::unbounded::<CopyJob>();
-    let n = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 8);
+    let n = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, 8);
     let mut threads = Vec::with_capacity(n);
     for i in 0..n {
         let rx = rx.clone();
@@ -78,7 +86,11 @@ fn start_pool() -> Pool {
             Err(e) => warn!("could not start copy thread {i}: {e}; copies use fewer threads"),
         }
     }
-    Pool { tx: Mutex::new(Some(tx)), rx, threads: Mutex::new(threads) }
+    Pool {
+        tx: Mutex::new(Some(tx)),
+        rx,
+        threads: Mutex::new(threads),
+    }
 }
 
 impl LocalCopier {

@@ -2,3 +2,4 @@
 //! segment with memory copies, whatever else is installed.
 
 pub mod local;
+pub mod tcp;
