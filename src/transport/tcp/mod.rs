@@ -10,7 +10,6 @@ pub use lane::{LaneTimeouts, PeerAddr, Slice};
 pub use server::request_allowed;
 
 use crate::config::Config;
-use crate::engine::batch::Batch;
 use crate::engine::memory::MemoryRegistry;
 use crate::engine::planner;
 use crate::error::{Error, Result};
