@@ -1,1 +1,10 @@
 //! Segment descriptors, metadata keys and the stores that hold them.
+//!
+//! * [`descriptor`] — segment descriptors in Mooncake's JSON encoding;
+//! * [`keys`] — store keys (`mooncake/[cluster/]ram/<name>`, `rpc_meta/`)
+//!   and the RPC location entry;
+//! * [`store`] — the [`store::MetadataStore`] trait.
+
+pub mod descriptor;
+pub mod keys;
+pub mod store;
