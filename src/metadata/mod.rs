@@ -3,8 +3,10 @@
 //! * [`descriptor`] — segment descriptors in Mooncake's JSON encoding;
 //! * [`keys`] — store keys (`mooncake/[cluster/]ram/<name>`, `rpc_meta/`)
 //!   and the RPC location entry;
-//! * [`store`] — the [`store::MetadataStore`] trait.
+//! * [`store`] — the [`store::MetadataStore`] trait;
+//! * [`http`] — the HTTP store client ([`http::HttpStore`]).
 
 pub mod descriptor;
+pub mod http;
 pub mod keys;
 pub mod store;
