@@ -4,9 +4,11 @@
 //! * [`keys`] — store keys (`mooncake/[cluster/]ram/<name>`, `rpc_meta/`)
 //!   and the RPC location entry;
 //! * [`store`] — the [`store::MetadataStore`] trait;
-//! * [`http`] — the HTTP store client ([`http::HttpStore`]).
+//! * [`http`] — the HTTP store client ([`http::HttpStore`]);
+//! * [`server`] — our persistent HTTP metadata server.
 
 pub mod descriptor;
 pub mod http;
 pub mod keys;
+pub mod server;
 pub mod store;
