@@ -51,6 +51,9 @@ fn parse_args() -> Result<Args, String> {
         if flag == "-h" || flag == "--help" {
             return Err(String::new());
         }
+        if !matches!(flag.as_str(), "--addr" | "--path" | "--data") {
+            return Err(format!("unknown option {flag}"));
+        }
         let value = match inline.or_else(|| it.next()) {
             Some(v) => v,
             None => return Err(format!("{flag} needs a value")),
@@ -58,8 +61,7 @@ fn parse_args() -> Result<Args, String> {
         match flag.as_str() {
             "--addr" => args.addr = value,
             "--path" => args.path = value,
-            "--data" => args.data = Some(PathBuf::from(value)),
-            _ => return Err(format!("unknown option {flag}")),
+            _ => args.data = Some(PathBuf::from(value)),
         }
     }
     Ok(args)
