@@ -1,3 +1,16 @@
 //! Segment descriptors, metadata keys and the stores that hold them.
+//!
+//! * [`conn`] — the metadata connection string of `createTransferEngine`;
+//! * [`descriptor`] — segment descriptors in Mooncake's JSON encoding;
+//! * [`keys`] — store keys (`mooncake/[cluster/]ram/<name>`, `rpc_meta/`)
+//!   and the RPC location entry;
+//! * [`store`] — the [`store::MetadataStore`] trait;
+//! * [`http`] — the HTTP store client ([`http::HttpStore`]);
+//! * [`server`] — our persistent HTTP metadata server.
 
 pub mod conn;
+pub mod descriptor;
+pub mod http;
+pub mod keys;
+pub mod server;
+pub mod store;

@@ -1,0 +1,209 @@
+//! The HTTP metadata store, wire-compatible with Mooncake's
+//! `HTTPStoragePlugin`.
+//!
+//! Every request goes to the whole connection string followed by
+//! `?key=<key>`, the key escaped like `curl_easy_escape`. `GET` returns the
+//! JSON value (404 = absent), `PUT` stores the compact JSON body, `DELETE`
+//! removes the key. As with Mooncake (and curl's options there) a connection
+//! attempt gives up after 1.5 s and a whole request after 3 s. Proxies named
+//! in `http_proxy`/`ALL_PROXY` are honoured, as curl does.
+
+use super::store::MetadataStore;
+use crate::error::{Error, Result};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use serde_json::Value;
+use std::time::Duration;
+use ureq::http::Response;
+
+/// Bytes `curl_easy_escape` leaves alone besides letters and digits.
+const CURL_ESCAPE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Largest value body accepted from the server.
+const MAX_BODY: u64 = 256 << 20;
+
+/// Longest excerpt of an error body quoted in messages.
+const MAX_ERROR_BODY: u64 = 512;
+
+/// A metadata store reached over plain HTTP (`http://host:port/path`).
+pub struct HttpStore {
+    conn: String,
+    agent: ureq::Agent,
+}
+
+/// Escapes `key` like `curl_easy_escape`: every byte except `A-Z a-z 0-9 - .
+/// _ ~` becomes `%XX`.
+fn escape_key(key: &str) -> String {
+    utf8_percent_encode(key, CURL_ESCAPE).to_string()
+}
+
+impl HttpStore {
+    /// A store for the connection string `conn`, e.g.
+    /// `http://10.0.0.1:8080/metadata`. `https://` is
+    /// [`Error::NotImplemented`] (this build has no TLS); anything else that
+    /// is not `http://` is [`Error::InvalidArgument`].
+    pub fn new(conn: &str) -> Result<HttpStore> {
+        let scheme_end = conn.find("://").map(|i| conn[..i].to_ascii_lowercase());
+        match scheme_end.as_deref() {
+            Some("http") if conn.len() > "http://".len() => {}
+            Some("https") => {
+                return Err(Error::NotImplemented(format!(
+                    "metadata server {conn}: https is not supported in this build; \
+                     use an http:// metadata server"
+                )));
+            }
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "{conn:?} is not an http://host:port/path metadata URL"
+                )));
+            }
+        }
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_millis(1500)))
+            .timeout_global(Some(Duration::from_secs(3)))
+            .build()
+            .into();
+        Ok(HttpStore {
+            conn: conn.to_owned(),
+            agent,
+        })
+    }
+
+    fn url(&self, key: &str) -> String {
+        format!("{}?key={}", self.conn, escape_key(key))
+    }
+
+    /// Maps a transport failure of `method url` to an engine error.
+    fn failed(&self, method: &str, url: &str, e: ureq::Error) -> Error {
+        tracing::warn!(%method, %url, error = %e, "metadata request failed");
+        match e {
+            ureq::Error::HostNotFound => Error::Dns(format!(
+                "{method} {url}: cannot resolve the metadata server's host"
+            )),
+            ureq::Error::Timeout(t) => Error::Socket(format!(
+                "{method} {url}: metadata server did not answer in time ({t})"
+            )),
+            ureq::Error::Io(_) | ureq::Error::ConnectionFailed => Error::Socket(format!(
+                "{method} {url}: cannot reach the metadata server: {e}"
+            )),
+            other => Error::Metadata(format!("{method} {url}: {other}")),
+        }
+    }
+
+    /// The error for an unexpected status, quoting the start of the body.
+    fn bad_status(method: &str, url: &str, mut resp: Response<ureq::Body>) -> Error {
+        let status = resp.status().as_u16();
+        let body = resp
+            .body_mut()
+            .with_config()
+            .limit(MAX_ERROR_BODY)
+            .read_to_vec()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+        tracing::warn!(%method, %url, status, %body, "metadata server refused the request");
+        Error::Metadata(format!(
+            "{method} {url}: metadata server answered HTTP {status}: {body}"
+        ))
+    }
+}
+
+impl MetadataStore for HttpStore {
+    fn get(&self, key: &str) -> Result<Option<Value>> {
+        let url = self.url(key);
+        let mut resp = self
+            .agent
+            .get(&url)
+            .call()
+            .map_err(|e| self.failed("GET", &url, e))?;
+        match resp.status().as_u16() {
+            200 => {}
+            404 => return Ok(None),
+            _ => return Err(Self::bad_status("GET", &url, resp)),
+        }
+        let body = resp
+            .body_mut()
+            .with_config()
+            .limit(MAX_BODY)
+            .read_to_vec()
+            .map_err(|e| self.failed("GET", &url, e))?;
+        serde_json::from_slice(&body)
+            .map(Some)
+            .map_err(|e| Error::MalformedJson(format!("GET {url}: body is not JSON: {e}")))
+    }
+
+    fn set(&self, key: &str, value: &Value) -> Result<()> {
+        let url = self.url(key);
+        let body = serde_json::to_vec(value)
+            .map_err(|e| Error::MalformedJson(format!("cannot serialize value of {key}: {e}")))?;
+        let resp = self
+            .agent
+            .put(&url)
+            .header("Content-Type", "application/json")
+            .send(&body[..])
+            .map_err(|e| self.failed("PUT", &url, e))?;
+        match resp.status().as_u16() {
+            200 => Ok(()),
+            _ => Err(Self::bad_status("PUT", &url, resp)),
+        }
+    }
+
+    fn remove(&self, key: &str) -> Result<()> {
+        let url = self.url(key);
+        let resp = self
+            .agent
+            .delete(&url)
+            .call()
+            .map_err(|e| self.failed("DELETE", &url, e))?;
+        match resp.status().as_u16() {
+            200 | 404 => Ok(()),
+            _ => Err(Self::bad_status("DELETE", &url, resp)),
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!("http store at {}", self.conn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_like_curl() {
+        assert_eq!(
+            escape_key("mooncake/ram/10.0.0.5:12345"),
+            "mooncake%2Fram%2F10.0.0.5%3A12345"
+        );
+        assert_eq!(escape_key("a-b.c_d~e f+g"), "a-b.c_d~e%20f%2Bg");
+        assert_eq!(escape_key("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn url_is_conn_plus_key() {
+        let s = HttpStore::new("http://10.0.0.1:8080/metadata").unwrap();
+        assert_eq!(
+            s.url("mooncake/ram/10.0.0.5:12345"),
+            "http://10.0.0.1:8080/metadata?key=mooncake%2Fram%2F10.0.0.5%3A12345"
+        );
+        assert_eq!(s.describe(), "http store at http://10.0.0.1:8080/metadata");
+    }
+
+    #[test]
+    fn rejects_other_schemes() {
+        assert!(matches!(
+            HttpStore::new("https://h:1/metadata"),
+            Err(Error::NotImplemented(_))
+        ));
+        for bad in ["etcd://h:2379", "h:8080", "http://"] {
+            assert!(
+                matches!(HttpStore::new(bad), Err(Error::InvalidArgument(_))),
+                "{bad}"
+            );
+        }
+    }
+}
