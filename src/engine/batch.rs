@@ -97,12 +97,24 @@ impl Task {
     }
 }
 
+/// A notification to send once every task of its batch has completed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingNotify {
+    /// Segment whose owner receives it.
+    pub target_id: i32,
+    /// Name field of the notification.
+    pub name: String,
+    /// Message field of the notification.
+    pub msg: String,
+}
+
 /// A batch: a fixed number of task slots filled by successive submits.
 #[derive(Debug)]
 pub struct Batch {
     tasks: Box<[Task]>,
     len: AtomicUsize,
     submit_lock: Mutex<()>,
+    notify: Mutex<Option<PendingNotify>>,
 }
 
 impl Batch {
@@ -182,6 +194,17 @@ impl Batch {
         self.tasks[..n]
             .iter()
             .all(|t| t.status().0 == TaskStatus::Completed)
+    }
+
+    /// Remembers a notification for this batch (replacing an earlier one).
+    pub fn set_notify(&self, n: PendingNotify) {
+        *self.notify.lock().unwrap_or_else(|e| e.into_inner()) = Some(n);
+    }
+
+    /// Takes the pending notification once every task has completed.
+    pub fn take_notify_if_complete(&self) -> Option<PendingNotify> {
+        let mut slot = self.notify.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_some() && self.all_completed() { slot.take() } else { None }
     }
 
     /// Number of submitted tasks.

@@ -1,0 +1,100 @@
+//! The cache of remote segments: name <-> id <-> descriptor. Ids start at 1
+//! and are never reused; 0 is the engine's own segment.
+
+use crate::metadata::descriptor::SegmentDesc;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+/// A remote segment as this engine knows it.
+#[derive(Debug, Clone)]
+pub struct RemoteSegment {
+    /// The name it was opened by.
+    pub name: String,
+    /// Its descriptor.
+    pub desc: SegmentDesc,
+    /// Host of its data server (the name's host in P2P mode, the peer's
+    /// published RPC address with a store).
+    pub data_host: String,
+}
+
+#[derive(Default)]
+struct Table {
+    by_name: HashMap<String, i32>,
+    by_id: HashMap<i32, Arc<RemoteSegment>>,
+    next_id: i32,
+}
+
+/// Name <-> id <-> descriptor of opened remote segments.
+#[derive(Default)]
+pub struct SegmentCache {
+    table: RwLock<Table>,
+}
+
+impl SegmentCache {
+    /// The id of a cached name.
+    pub fn id_of(&self, name: &str) -> Option<i32> {
+        self.table.read().unwrap_or_else(|e| e.into_inner()).by_name.get(name).copied()
+    }
+
+    /// The segment behind an id.
+    pub fn get(&self, id: i32) -> Option<Arc<RemoteSegment>> {
+        self.table.read().unwrap_or_else(|e| e.into_inner()).by_id.get(&id).cloned()
+    }
+
+    /// Stores a segment: a cached name keeps its id and gets the new
+    /// descriptor; a new name gets the next id.
+    pub fn insert(&self, seg: RemoteSegment) -> i32 {
+        let mut t = self.table.write().unwrap_or_else(|e| e.into_inner());
+        let id = match t.by_name.get(&seg.name) {
+            Some(&id) => id,
+            None => {
+                t.next_id += 1;
+                let id = t.next_id;
+                t.by_name.insert(seg.name.clone(), id);
+                id
+            }
+        };
+        t.by_id.insert(id, Arc::new(seg));
+        id
+    }
+
+    /// Forgets a name and its id.
+    pub fn remove(&self, name: &str) {
+        let mut t = self.table.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(id) = t.by_name.remove(name) {
+            t.by_id.remove(&id);
+        }
+    }
+
+    /// Every cached name.
+    pub fn names(&self) -> Vec<String> {
+        self.table.read().unwrap_or_else(|e| e.into_inner()).by_name.keys().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(name: &str, port: u16) -> RemoteSegment {
+        RemoteSegment {
+            name: name.into(),
+            desc: SegmentDesc { name: name.into(), tcp_data_port: port, ..Default::default() },
+            data_host: "127.0.0.1".into(),
+        }
+    }
+
+    #[test]
+    fn ids_are_stable_and_never_reused() {
+        let c = SegmentCache::default();
+        let a = c.insert(seg("a", 1));
+        let b = c.insert(seg("b", 2));
+        assert_eq!((a, b), (1, 2));
+        assert_eq!(c.insert(seg("a", 3)), 1, "refresh keeps the id");
+        assert_eq!(c.get(1).unwrap().desc.tcp_data_port, 3);
+        c.remove("a");
+        assert!(c.get(1).is_none());
+        assert_eq!(c.id_of("a"), None);
+        assert_eq!(c.insert(seg("a", 4)), 3, "a removed name comes back with a new id");
+    }
+}
