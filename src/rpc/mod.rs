@@ -7,12 +7,51 @@
 //! Server names (`host:port`, `[v6]:port`, …) are parsed here with
 //! Mooncake's `parseHostNameWithPort` rules.
 
+pub mod client;
 pub mod frame;
 
+pub use client::{ClientOptions, call};
 pub use frame::{Frame, FrameError, FrameKind, encode, encode_json, read_frame};
 
-use std::net::Ipv6Addr;
+use std::io::{self, Read};
+use std::net::{Ipv6Addr, TcpStream};
+use std::time::{Duration, Instant};
 use tracing::warn;
+
+/// Reads from a socket with one overall deadline: before each read the
+/// socket's receive timeout is set to the time left, so a peer trickling
+/// bytes cannot stretch a frame read past the deadline.
+struct DeadlineReader<'a> {
+    stream: &'a TcpStream,
+    deadline: Instant,
+}
+
+impl<'a> DeadlineReader<'a> {
+    /// A reader whose reads must all finish within `timeout` from now.
+    fn new(stream: &'a TcpStream, timeout: Duration) -> Self {
+        DeadlineReader {
+            stream,
+            deadline: Instant::now() + timeout,
+        }
+    }
+}
+
+impl Read for DeadlineReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        let timed_out = || io::Error::new(io::ErrorKind::TimedOut, "handshake read timed out");
+        if left.is_zero() {
+            return Err(timed_out());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        let mut stream = self.stream;
+        match stream.read(buf) {
+            // SO_RCVTIMEO expiry surfaces as EAGAIN.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(timed_out()),
+            r => r,
+        }
+    }
+}
 
 /// True when `s` is an IPv6 literal, optionally with a `%scope` suffix
 /// (`fe80::1%eth0`). A `:` after the scope means a port follows, which is
