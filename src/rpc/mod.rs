@@ -9,9 +9,11 @@
 
 pub mod client;
 pub mod frame;
+pub mod server;
 
 pub use client::{ClientOptions, call};
 pub use frame::{Frame, FrameError, FrameKind, encode, encode_json, read_frame};
+pub use server::{RpcHandler, RpcServer, ServerOptions, bind_in_range};
 
 use std::io::{self, Read};
 use std::net::{Ipv6Addr, TcpStream};
