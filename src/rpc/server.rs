@@ -270,7 +270,7 @@ fn accept_loop(
         };
         let id = next_id;
         next_id += 1;
-        let (handler, opts, tx, stop) = (
+        let (handler, opts, tx, shared) = (
             Arc::clone(&handler),
             opts.clone(),
             done_tx.clone(),
@@ -280,7 +280,7 @@ fn accept_loop(
             .name("te-rpc-conn".into())
             .spawn(move || {
                 if let Err(e) = serve_connection(&stream, &*handler, &opts) {
-                    if stop.stop.load(Ordering::Acquire) {
+                    if shared.stop.load(Ordering::Acquire) {
                         debug!("handshake connection from {peer} cut off at shutdown: {e}");
                     } else {
                         warn!("handshake connection from {peer} closed: {e}");
