@@ -1,0 +1,291 @@
+//! The handshake client (spec §3.3): one connection per request.
+
+use super::DeadlineReader;
+use super::frame::{Frame, FrameKind, encode_json, read_frame};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use serde_json::Value;
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+use tracing::debug;
+
+/// Timeouts and limits of [`call`].
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Bound on each TCP connect (`MC_HANDSHAKE_CONNECT_TIMEOUT`, 5 s).
+    pub connect_timeout: Duration,
+    /// Bound on sending the request and on reading the reply (60 s, as
+    /// Mooncake's `SO_RCVTIMEO`).
+    pub io_timeout: Duration,
+    /// Largest accepted reply frame (`MC_HANDSHAKE_MAX_LENGTH`).
+    pub max_frame_len: u64,
+    /// Try IPv6 addresses of the peer first (`MC_USE_IPV6`); otherwise IPv4
+    /// first. Addresses of the other family are still tried after them.
+    pub ipv6: bool,
+}
+
+impl ClientOptions {
+    /// The options for a parsed configuration.
+    pub fn from_config(c: &Config) -> Self {
+        ClientOptions {
+            connect_timeout: Duration::from_secs(c.handshake_connect_timeout_secs),
+            io_timeout: Duration::from_secs(60),
+            max_frame_len: c.handshake_max_length,
+            ipv6: c.use_ipv6,
+        }
+    }
+}
+
+impl Default for ClientOptions {
+    /// The options for the default configuration.
+    fn default() -> Self {
+        ClientOptions::from_config(&Config::default())
+    }
+}
+
+/// Resolves `host` (brackets around an IPv6 literal are accepted), with the
+/// preferred family first.
+fn resolve(host: &str, port: u16, ipv6_first: bool) -> Result<Vec<SocketAddr>> {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let mut addrs: Vec<SocketAddr> = (bare, port)
+        .to_socket_addrs()
+        .map_err(|e| {
+            Error::Dns(format!(
+                "cannot resolve handshake peer {host}:{port}: {e}; check DNS and /etc/hosts, or use an IP address"
+            ))
+        })?
+        .collect();
+    if addrs.is_empty() {
+        return Err(Error::Dns(format!(
+            "handshake peer {host}:{port} resolves to no address"
+        )));
+    }
+    addrs.sort_by_key(|a| a.is_ipv6() != ipv6_first);
+    Ok(addrs)
+}
+
+/// One request/reply exchange with one address.
+fn exchange(
+    addr: SocketAddr,
+    kind: FrameKind,
+    request: &Value,
+    opts: &ClientOptions,
+) -> Result<Value> {
+    let sock_err = |what: &str, e: &dyn std::fmt::Display| {
+        Error::Socket(format!("handshake {kind:?} with {addr}: {what}: {e}"))
+    };
+    let stream = TcpStream::connect_timeout(&addr, opts.connect_timeout)
+        .map_err(|e| sock_err("connect", &e))?;
+    stream
+        .set_write_timeout(Some(opts.io_timeout))
+        .map_err(|e| sock_err("setsockopt", &e))?;
+    let mut writer = &stream;
+    writer
+        .write_all(&encode_json(Some(kind), request))
+        .map_err(|e| sock_err("send", &e))?;
+    let frame = read_frame(
+        &mut DeadlineReader::new(&stream, opts.io_timeout),
+        opts.max_frame_len,
+    )
+    .map_err(|e| sock_err("reply", &e))?;
+    let payload = match frame {
+        Frame::Typed(k, p) if k == kind => p,
+        Frame::Typed(k, _) => {
+            return Err(sock_err(
+                "reply",
+                &format_args!("type {k:?} instead of {kind:?}"),
+            ));
+        }
+        Frame::Legacy(_) => {
+            return Err(sock_err("reply", &"untyped (legacy) frame"));
+        }
+    };
+    serde_json::from_slice(&payload).map_err(|e| {
+        Error::MalformedJson(format!(
+            "handshake {kind:?} reply from {addr} ({} bytes): {e}",
+            payload.len()
+        ))
+    })
+}
+
+/// Sends one `kind` request to the handshake listener at `host:port` and
+/// returns its JSON reply.
+///
+/// Every resolved address is tried in turn (preferred family first, see
+/// [`ClientOptions::ipv6`]) until one answers. Errors: the name does not
+/// resolve → [`Error::Dns`]; connect, send or receive failure, a reply
+/// frame that is invalid or of another type → [`Error::Socket`] (from the
+/// last address tried); a reply that is not JSON → [`Error::MalformedJson`]
+/// at once, without trying further addresses.
+pub fn call(
+    host: &str,
+    port: u16,
+    kind: FrameKind,
+    request: &Value,
+    opts: &ClientOptions,
+) -> Result<Value> {
+    let mut last = None;
+    for addr in resolve(host, port, opts.ipv6)? {
+        match exchange(addr, kind, request, opts) {
+            Ok(v) => return Ok(v),
+            Err(e @ Error::MalformedJson(_)) => return Err(e),
+            Err(e) => {
+                debug!("{e}");
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| Error::Socket(format!("no address to try for {host}:{port}"))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rpc::frame::encode;
+    use serde_json::json;
+    use std::io::Read;
+    use std::net::TcpListener;
+    use std::thread;
+
+    /// A one-shot fake listener: reads one frame, answers with `reply`
+    /// bytes, waits for the client to close.
+    fn fake_server(reply: Vec<u8>) -> (u16, thread::JoinHandle<Option<Frame>>) {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let t = thread::spawn(move || {
+            let (mut s, _) = l.accept().ok()?;
+            s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+            let frame = read_frame(&mut s, 1 << 20).ok()?;
+            s.write_all(&reply).ok()?;
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest);
+            Some(frame)
+        });
+        (port, t)
+    }
+
+    fn opts() -> ClientOptions {
+        ClientOptions {
+            io_timeout: Duration::from_secs(10),
+            ..ClientOptions::default()
+        }
+    }
+
+    #[test]
+    fn sends_a_typed_json_frame_and_parses_the_reply() {
+        let (port, t) = fake_server(encode(Some(FrameKind::Metadata), b"{\"ok\":true}\n"));
+        let reply = call(
+            "127.0.0.1",
+            port,
+            FrameKind::Metadata,
+            &json!({"a": 1}),
+            &opts(),
+        )
+        .expect("call");
+        assert_eq!(reply, json!({"ok": true}));
+        let sent = t.join().expect("server thread");
+        assert_eq!(
+            sent,
+            Some(Frame::Typed(FrameKind::Metadata, b"{\"a\":1}\n".to_vec()))
+        );
+    }
+
+    #[test]
+    fn resolve_strips_brackets_and_puts_the_preferred_family_first() {
+        let addrs = resolve("[::1]", 80, false).expect("resolve");
+        assert_eq!(addrs, vec!["[::1]:80".parse::<SocketAddr>().expect("addr")]);
+        for ipv6_first in [false, true] {
+            let addrs = resolve("localhost", 80, ipv6_first).expect("resolve localhost");
+            let preferred = addrs
+                .iter()
+                .take_while(|a| a.is_ipv6() == ipv6_first)
+                .count();
+            assert!(addrs[preferred..].iter().all(|a| a.is_ipv6() != ipv6_first));
+        }
+    }
+
+    #[test]
+    fn reply_of_another_type_is_a_socket_error() {
+        let (port, t) = fake_server(encode(Some(FrameKind::Notify), b"{}\n"));
+        let err = call("127.0.0.1", port, FrameKind::Metadata, &json!({}), &opts())
+            .expect_err("type mismatch");
+        assert!(matches!(err, Error::Socket(_)), "{err:?}");
+        let _ = t.join();
+    }
+
+    #[test]
+    fn legacy_reply_is_a_socket_error() {
+        let (port, t) = fake_server(encode(None, b"{}\n"));
+        let err = call(
+            "127.0.0.1",
+            port,
+            FrameKind::Connection,
+            &json!({}),
+            &opts(),
+        )
+        .expect_err("untyped reply");
+        assert!(matches!(err, Error::Socket(_)), "{err:?}");
+        let _ = t.join();
+    }
+
+    #[test]
+    fn non_json_reply_is_malformed_json() {
+        let (port, t) = fake_server(encode(Some(FrameKind::Notify), b"{oops"));
+        let err =
+            call("127.0.0.1", port, FrameKind::Notify, &json!({}), &opts()).expect_err("bad json");
+        assert!(matches!(err, Error::MalformedJson(_)), "{err:?}");
+        let _ = t.join();
+    }
+
+    #[test]
+    fn oversized_reply_is_a_socket_error() {
+        let (port, t) = fake_server(((1u64 << 20) + 1).to_ne_bytes().to_vec());
+        let err = call("127.0.0.1", port, FrameKind::Metadata, &json!({}), &opts())
+            .expect_err("oversized");
+        assert!(matches!(err, Error::Socket(_)), "{err:?}");
+        let _ = t.join();
+    }
+
+    #[test]
+    fn closed_port_is_a_socket_error() {
+        let port = {
+            let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr").port()
+        };
+        let err = call("127.0.0.1", port, FrameKind::Probe, &json!({}), &opts())
+            .expect_err("nothing listens");
+        assert!(matches!(err, Error::Socket(_)), "{err:?}");
+    }
+
+    #[test]
+    fn unresolvable_name_is_a_dns_error() {
+        let err = call(
+            "no-such-host.invalid",
+            12001,
+            FrameKind::Probe,
+            &json!({}),
+            &opts(),
+        )
+        .expect_err("does not resolve");
+        assert!(matches!(err, Error::Dns(_)), "{err:?}");
+    }
+
+    #[test]
+    fn options_follow_the_config() {
+        let c = Config {
+            handshake_connect_timeout_secs: 7,
+            handshake_max_length: 2 << 20,
+            use_ipv6: true,
+            ..Config::default()
+        };
+        let o = ClientOptions::from_config(&c);
+        assert_eq!(o.connect_timeout, Duration::from_secs(7));
+        assert_eq!(o.io_timeout, Duration::from_secs(60));
+        assert_eq!(o.max_frame_len, 2 << 20);
+        assert!(o.ipv6);
+    }
+}
