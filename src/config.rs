@@ -54,8 +54,6 @@ pub struct Config {
     pub rail_pause_secs: u64,
     /// `MC_LOG_LEVEL` (INFO).
     pub log_level: LogLevel,
-    /// `MC_SLICE_TIMEOUT` in seconds; `None` = off (1..=65535).
-    pub slice_timeout_secs: Option<u64>,
     /// `MC_USE_IPV6`.
     pub use_ipv6: bool,
     /// `MC_DISABLE_METACACHE`: refetch remote descriptors on every use.
@@ -112,7 +110,6 @@ impl Default for Config {
             handshake_max_length: 1 << 20,
             rail_pause_secs: 30,
             log_level: LogLevel::Info,
-            slice_timeout_secs: None,
             use_ipv6: false,
             metacache: true,
             metadata_refresh_interval_secs: 0,
@@ -250,16 +247,6 @@ impl Config {
                 }
             },
         };
-        let slice_timeout = r
-            .raw("MC_SLICE_TIMEOUT")
-            .and_then(|v| match v.parse::<i64>() {
-                Ok(n) if (1..=65535).contains(&n) => Some(n as u64),
-                Ok(-1) => None,
-                _ => {
-                    warn!("MC_SLICE_TIMEOUT={v} is outside 1..=65535; slice timeout stays off");
-                    None
-                }
-            });
         let endpoint_store_type = match r.raw("MC_ENDPOINT_STORE_TYPE") {
             None => EndpointStoreType::Sieve,
             Some(v) if v.eq_ignore_ascii_case("FIFO") => EndpointStoreType::Fifo,
@@ -300,7 +287,6 @@ impl Config {
             ),
             rail_pause_secs: r.number("MC_RDMA_RAIL_PAUSE_SECONDS", 30, 1, 3599),
             log_level,
-            slice_timeout_secs: slice_timeout,
             use_ipv6: r.flag("MC_USE_IPV6"),
             metacache: r.raw("MC_DISABLE_METACACHE").is_none(),
             metadata_refresh_interval_secs: r.number(

@@ -3,17 +3,26 @@
 //! in `crate::ffi`.
 
 pub mod batch;
+pub mod control;
 pub mod memory;
 pub mod planner;
+mod remote;
+pub mod segment;
 
 use crate::config::{Config, config};
 use crate::error::{Error, Result};
 use crate::handle::HandleTable;
 use crate::metadata::conn::MetadataConn;
+use crate::metadata::store::MetadataStore;
+use crate::rpc::RpcServer;
+use crate::topology::{PriorityMatrix, Topology};
 use crate::transport::local::{CopyJob, LocalCopier, copy_bytes};
-use batch::{Batch, TaskStatus};
+use crate::transport::tcp::{PeerAddr, Slice, TcpTransport};
+use batch::{Batch, PendingNotify, TaskStatus};
+use control::ControlState;
 use memory::{MemoryRegistry, Region};
-use std::collections::VecDeque;
+use once_cell::sync::OnceCell;
+use segment::{RemoteSegment, SegmentCache};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use tracing::{info, warn};
@@ -63,10 +72,16 @@ pub struct Engine {
     local_name: String,
     conn: MetadataConn,
     config: &'static Config,
-    memory: RwLock<MemoryRegistry>,
+    store: Option<Box<dyn MetadataStore>>,
+    rpc: RpcServer,
+    rpc_ip: String,
+    control: Arc<ControlState>,
+    memory: Arc<RwLock<MemoryRegistry>>,
+    segments: SegmentCache,
     batches: HandleTable<Batch>,
     local: LocalCopier,
-    notifies: Mutex<VecDeque<(String, String)>>,
+    tcp: OnceCell<Arc<TcpTransport>>,
+    topology: Mutex<Option<(Topology, PriorityMatrix)>>,
     closed: AtomicBool,
 }
 
@@ -81,78 +96,178 @@ pub struct NicLoad {
     pub ewma_bandwidth_bps: f64,
 }
 
+/// Handle returned for the installed TCP transport.
+const TCP_TRANSPORT_HANDLE: u64 = 1;
+
 impl Engine {
     /// Creates an engine named `local_name` with the metadata backend of
-    /// `conn`.
+    /// `conn`: starts its handshake listener, publishes its RPC address
+    /// (store mode) and, with `auto_discover`, installs a transport.
     pub fn new(conn: &str, local_name: &str, auto_discover: bool) -> Result<Engine> {
+        let config = config();
         let conn = MetadataConn::parse(conn)?;
         let local_name = local_name.trim().trim_start_matches('/').to_string();
         if local_name.is_empty() {
             return Err(Error::InvalidArgument("local server name is empty".into()));
         }
-        if conn != MetadataConn::P2p {
-            return Err(Error::NotImplemented(format!(
-                "the {} metadata backend ({conn}) is not available in this build yet; \
-                 use P2PHANDSHAKE",
-                conn.backend()
-            )));
-        }
-        info!(name = %local_name, metadata = %conn, auto_discover, "transfer engine created");
-        Ok(Engine {
-            local_name,
+        let store = remote::open_store(&conn)?;
+        let binding = remote::bind_rpc(&conn, &local_name, config)?;
+        let control = Arc::new(ControlState::default());
+        let rpc = RpcServer::start(
+            binding.listener,
+            control.clone(),
+            crate::rpc::ServerOptions::from_config(config),
+        )
+        .map_err(|e| Error::Socket(format!("handshake listener could not start: {e}")))?;
+        let engine = Engine {
+            local_name: binding.name,
             conn,
-            config: config(),
-            memory: RwLock::new(MemoryRegistry::default()),
+            config,
+            store,
+            rpc,
+            rpc_ip: binding.ip,
+            control,
+            memory: Arc::new(RwLock::new(MemoryRegistry::default())),
+            segments: SegmentCache::default(),
             batches: HandleTable::new(),
             local: LocalCopier::default(),
-            notifies: Mutex::new(VecDeque::new()),
+            tcp: OnceCell::new(),
+            topology: Mutex::new(None),
             closed: AtomicBool::new(false),
-        })
+        };
+        engine.publish_rpc_meta()?;
+        if auto_discover || config.force_tcp {
+            engine.auto_install()?;
+        }
+        info!(
+            name = %engine.local_name,
+            metadata = %engine.conn,
+            rpc = %engine.local_ip_and_port(),
+            "transfer engine created"
+        );
+        Ok(engine)
     }
 
-    /// The name peers open this engine's segment by.
+    /// The name peers open this engine's segment by (in P2P mode
+    /// `host:port` of the handshake listener).
     pub fn local_name(&self) -> &str {
         &self.local_name
     }
 
-    /// The metadata backend.
-    pub fn metadata(&self) -> &MetadataConn {
-        &self.conn
+    /// `ip:port` of the handshake listener (no brackets, as Mooncake).
+    pub fn local_ip_and_port(&self) -> String {
+        format!("{}:{}", self.rpc_ip, self.rpc.port())
     }
 
-    /// Registers buffers: all of them, or none on error.
+    /// Installs the transport for an auto-discovered machine: RDMA needs
+    /// devices this engine does not drive, so TCP serves, as in Mooncake
+    /// when no HCA is found.
+    fn auto_install(&self) -> Result<()> {
+        let topo = self.discover_topology();
+        if !topo.rdma_devices.is_empty() && !self.config.force_tcp {
+            warn!(
+                "{} RDMA device(s) found, but this build moves data over TCP; installing tcp",
+                topo.rdma_devices.len()
+            );
+        }
+        self.install_transport("tcp", None).map(|_| ())
+    }
+
+    /// Scans the machine's topology and keeps it with its priority matrix
+    /// (unless a matrix was given explicitly); returns the topology.
+    pub fn discover_topology(&self) -> Topology {
+        let topo = Topology::discover(&self.config.te_filters);
+        let mut slot = self.topology.lock().unwrap_or_else(|e| e.into_inner());
+        let matrix = match slot.take() {
+            Some((_, m)) => m,
+            None => PriorityMatrix::from_topology(&topo),
+        };
+        *slot = Some((topo.clone(), matrix));
+        topo
+    }
+
+    /// The NIC report of `showLinks`.
+    pub fn show_links(&self, json: bool) -> String {
+        let mut slot = self.topology.lock().unwrap_or_else(|e| e.into_inner());
+        let (topo, matrix) = slot.get_or_insert_with(|| {
+            let topo = Topology::discover(&self.config.te_filters);
+            let m = PriorityMatrix::from_topology(&topo);
+            (topo, m)
+        });
+        crate::topology::show_links(topo, matrix, json)
+    }
+
+    /// Installs a transport by protocol name and returns its handle.
+    /// `matrix` is a NIC priority matrix JSON for RDMA-style transports.
+    pub fn install_transport(&self, proto: &str, matrix: Option<&str>) -> Result<u64> {
+        if let Some(json) = matrix {
+            let m = PriorityMatrix::parse(json)?;
+            let topo = Topology::discover(&self.config.te_filters);
+            *self.topology.lock().unwrap_or_else(|e| e.into_inner()) = Some((topo, m));
+        }
+        match proto {
+            "tcp" => {
+                if self.tcp.get().is_some() {
+                    warn!("transport tcp is already installed");
+                    return Ok(TCP_TRANSPORT_HANDLE);
+                }
+                let listener = crate::rpc::bind_in_range(
+                    self.config.min_rpc_port,
+                    self.config.max_rpc_port,
+                    true,
+                )
+                .or_else(|_| {
+                    crate::rpc::bind_in_range(self.config.min_rpc_port, self.config.max_rpc_port, false)
+                })
+                .map_err(|e| Error::Socket(format!("no free tcp data port: {e}")))?;
+                let t = TcpTransport::start(listener, self.memory.clone(), self.config)?;
+                if self.tcp.set(Arc::new(t)).is_err() {
+                    return Ok(TCP_TRANSPORT_HANDLE);
+                }
+                self.publish_local_desc()?;
+                Ok(TCP_TRANSPORT_HANDLE)
+            }
+            "rdma" | "efa" | "barex" => Err(Error::DeviceNotFound(format!(
+                "transport {proto:?} needs RDMA devices; none is usable on this machine \
+                 (install \"tcp\" instead)"
+            ))),
+            other => Err(Error::InvalidArgument(format!(
+                "transport {other:?} is unknown; this build provides \"tcp\""
+            ))),
+        }
+    }
+
+    /// Registers buffers: all of them, or none on error. Installed
+    /// transports publish them at once.
     pub fn register(&self, regions: &[Region]) -> Result<()> {
-        let mut memory = self.memory.write().unwrap_or_else(|e| e.into_inner());
-        memory.insert(regions)
+        self.memory.write().unwrap_or_else(|e| e.into_inner()).insert(regions)?;
+        if let Err(e) = self.publish_local_desc() {
+            let mut memory = self.memory.write().unwrap_or_else(|e| e.into_inner());
+            for r in regions {
+                let _ = memory.remove(r.addr);
+            }
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// Unregisters buffers by base address; every known one is removed and
     /// the first error is returned.
     pub fn unregister(&self, addrs: &[u64]) -> Result<()> {
-        let mut memory = self.memory.write().unwrap_or_else(|e| e.into_inner());
         let mut first_err = None;
-        for &addr in addrs {
-            if let Err(e) = memory.remove(addr) {
-                warn!("unregister: {e}");
-                first_err.get_or_insert(e);
+        {
+            let mut memory = self.memory.write().unwrap_or_else(|e| e.into_inner());
+            for &addr in addrs {
+                if let Err(e) = memory.remove(addr) {
+                    warn!("unregister: {e}");
+                    first_err.get_or_insert(e);
+                }
             }
         }
+        if let Err(e) = self.publish_local_desc() {
+            warn!("unregister: the descriptor could not be republished: {e}");
+        }
         first_err.map_or(Ok(()), Err)
-    }
-
-    /// Resolves a segment name to its id: the own name (or `""`) is
-    /// `LOCAL_SEGMENT`.
-    pub fn open_segment(&self, name: &str) -> Result<i32> {
-        let name = name.trim_start_matches('/');
-        if name.is_empty() {
-            return Err(Error::InvalidArgument("segment name is empty".into()));
-        }
-        if name == self.local_name {
-            return Ok(LOCAL_SEGMENT_ID);
-        }
-        Err(Error::NotImplemented(format!(
-            "segment {name:?} is remote; remote segments need a networked transport"
-        )))
     }
 
     /// Creates a batch with room for `capacity` tasks and returns its id.
@@ -170,21 +285,42 @@ impl Engine {
     /// created, so an error leaves the batch unchanged.
     pub fn submit(&self, batch_id: u64, requests: &[Request]) -> Result<()> {
         let batch = self.batch(batch_id)?;
+        let mut targets: Vec<Option<Arc<RemoteSegment>>> = Vec::with_capacity(requests.len());
         for r in requests {
-            if r.target_id != LOCAL_SEGMENT_ID {
-                return Err(Error::InvalidArgument(format!(
-                    "segment id {} is not open",
-                    r.target_id
+            if r.target_id == LOCAL_SEGMENT_ID {
+                targets.push(None);
+                continue;
+            }
+            let seg = self.segments.get(r.target_id).ok_or_else(|| {
+                Error::InvalidArgument(format!("segment id {} is not open", r.target_id))
+            })?;
+            if seg.desc.protocol != "tcp" || self.tcp.get().is_none() {
+                return Err(Error::NotSupportedTransport(format!(
+                    "segment {:?} speaks {:?}, which is not installed here",
+                    seg.name, seg.desc.protocol
                 )));
             }
+            targets.push(Some(seg));
         }
         batch.append(requests.len(), |first, _| {
             let memory = self.memory.read().unwrap_or_else(|e| e.into_inner());
-            for (i, r) in requests.iter().enumerate() {
-                self.submit_local(&batch, first + i, r, &memory);
+            for (i, (r, target)) in requests.iter().zip(&targets).enumerate() {
+                match target {
+                    None => self.submit_local(&batch, first + i, r, &memory),
+                    Some(seg) => self.submit_remote(&batch, first + i, r, seg),
+                }
             }
             Ok(())
         })
+    }
+
+    /// Fails a task that never reached a transport.
+    fn fail_task(batch: &Batch, id: usize, why: std::fmt::Arguments<'_>) {
+        warn!("task {id}: {why}");
+        if let Some(task) = batch.slot(id) {
+            task.add_slices(1);
+            task.finish_slice(0, false);
+        }
     }
 
     /// Runs one request against this process's own registered memory.
@@ -197,27 +333,14 @@ impl Engine {
             task.finish_slice(0, true);
             return;
         }
-        let target_ok = memory.find(r.target_offset, r.length).is_some();
-        let source_ok = r.source != 0 && r.source.checked_add(r.length).is_some();
-        if !target_ok || !source_ok {
-            warn!(
-                "task {id}: {} of {} bytes at {:#x} fails: {}",
-                if r.opcode == Opcode::Read {
-                    "READ"
-                } else {
-                    "WRITE"
-                },
-                r.length,
-                r.target_offset,
-                if target_ok {
-                    "the source pointer is NULL or wraps"
-                } else {
-                    "the target range is not inside one registered buffer"
-                }
-            );
-            task.add_slices(1);
-            task.finish_slice(0, false);
-            return;
+        if memory.find(r.target_offset, r.length).is_none() {
+            return Self::fail_task(batch, id, format_args!(
+                "{} bytes at {:#x} are not inside one registered buffer",
+                r.length, r.target_offset
+            ));
+        }
+        if r.source == 0 || r.source.checked_add(r.length).is_none() {
+            return Self::fail_task(batch, id, format_args!("the source pointer is NULL or wraps"));
         }
         let (src, dst) = match r.opcode {
             Opcode::Write => (r.source, r.target_offset),
@@ -245,53 +368,48 @@ impl Engine {
         }
     }
 
-    /// Status of one task. A caller polling a task that is still running
-    /// first lends its thread to one queued local copy.
-    pub fn status(&self, batch_id: u64, task_id: usize) -> Result<(TaskStatus, u64)> {
-        let batch = self.batch(batch_id)?;
-        let first = batch.poll(task_id)?;
-        if first.0 != TaskStatus::Waiting || !self.local.help_one() {
-            return Ok(first);
+    /// Sends one request to a remote segment over TCP.
+    fn submit_remote(&self, batch: &Arc<Batch>, id: usize, r: &Request, seg: &RemoteSegment) {
+        if r.length == 0 {
+            if let Some(task) = batch.slot(id) {
+                task.add_slices(1);
+                task.finish_slice(0, true);
+            }
+            return;
         }
-        batch.poll(task_id)
-    }
-
-    /// Frees a batch once every task was seen terminal.
-    pub fn free_batch(&self, batch_id: u64) -> Result<()> {
-        match self.batches.remove_if(batch_id, Batch::all_observed) {
-            Ok(_) => Ok(()),
-            Err(Some(_)) => Err(Error::BatchBusy),
-            Err(None) => Err(Error::InvalidArgument(format!(
-                "batch id {batch_id:#x} is unknown or freed"
-            ))),
+        let inside = seg.desc.buffers.iter().any(|b| {
+            r.target_offset >= b.addr
+                && r.target_offset.checked_add(r.length).is_some_and(|end| end <= b.addr + b.length)
+        });
+        if !inside {
+            return Self::fail_task(batch, id, format_args!(
+                "{} bytes at {:#x} are not inside one buffer of segment {:?}",
+                r.length, r.target_offset, seg.name
+            ));
         }
-    }
-
-    /// Installs a transport by protocol name and returns its handle.
-    pub fn install_transport(&self, proto: &str, matrix: Option<&str>) -> Result<u64> {
-        let _ = matrix;
-        Err(Error::NotImplemented(format!(
-            "transport {proto:?} is not available in this build; local transfers need none"
-        )))
-    }
-
-    /// Refetches the descriptor of `name` if it is cached.
-    pub fn sync_segment(&self, name: &str) {
-        let _ = name;
-    }
-
-    /// Refetches every cached remote descriptor.
-    pub fn sync_all_segments(&self) {}
-
-    /// Drops `name` from the descriptor cache.
-    pub fn remove_segment(&self, name: &str) -> Result<()> {
-        if name.trim_start_matches('/').is_empty() {
-            return Err(Error::InvalidArgument("segment name is empty".into()));
+        if r.source == 0 || r.source.checked_add(r.length).is_none() {
+            return Self::fail_task(batch, id, format_args!("the source pointer is NULL or wraps"));
         }
-        Ok(())
+        let Some(tcp) = self.tcp.get() else {
+            return Self::fail_task(batch, id, format_args!("no tcp transport"));
+        };
+        let peer = PeerAddr {
+            host: seg.data_host.clone(),
+            port: seg.desc.tcp_data_port,
+            v2: seg.desc.tcp_proto_version >= 2 && !self.config.tcp_force_v1,
+        };
+        tcp.submit(&peer, Slice {
+            batch: batch.clone(),
+            task: id,
+            local: r.source,
+            remote: r.target_offset,
+            len: r.length,
+            write: r.opcode == Opcode::Write,
+        });
     }
 
-    /// Submits requests and remembers a notification for the batch.
+    /// Submits requests and remembers a notification sent to the owner of
+    /// the first request's segment once the whole batch has completed.
     pub fn submit_with_notify(
         &self,
         batch_id: u64,
@@ -299,27 +417,47 @@ impl Engine {
         name: String,
         msg: String,
     ) -> Result<()> {
-        let _ = (batch_id, requests, name, msg);
-        Err(Error::NotImplemented(
-            "notifications need a networked transport".into(),
-        ))
+        let first = requests
+            .first()
+            .ok_or_else(|| Error::InvalidArgument("no request to attach a notification to".into()))?;
+        self.submit(batch_id, requests)?;
+        self.batch(batch_id)?.set_notify(PendingNotify { target_id: first.target_id, name, msg });
+        Ok(())
     }
 
-    /// Sends a notification to the owner of segment `target_id`.
-    pub fn send_notify(&self, target_id: u64, name: &str, msg: &str) -> Result<()> {
-        let _ = (target_id, name, msg);
-        Err(Error::Metadata(
-            "notifications need a networked transport".into(),
-        ))
+    /// Status of one task. A caller polling a task that is still running
+    /// first lends its thread to one queued local copy. When the batch has
+    /// completed and carries a notification, it is sent from here.
+    pub fn status(&self, batch_id: u64, task_id: usize) -> Result<(TaskStatus, u64)> {
+        let batch = self.batch(batch_id)?;
+        let mut result = batch.poll(task_id)?;
+        if result.0 == TaskStatus::Waiting && self.local.help_one() {
+            result = batch.poll(task_id)?;
+        }
+        if result.0 == TaskStatus::Completed {
+            if let Some(n) = batch.take_notify_if_complete() {
+                if let Err(e) = self.send_notify(n.target_id as u64, &n.name, &n.msg) {
+                    warn!("notification after batch {batch_id:#x} could not be sent: {e}");
+                }
+            }
+        }
+        Ok(result)
+    }
+
+    /// Frees a batch once every task was seen terminal.
+    pub fn free_batch(&self, batch_id: u64) -> Result<()> {
+        match self.batches.remove_if(batch_id, Batch::all_observed) {
+            Ok(_) => Ok(()),
+            Err(Some(_)) => Err(Error::BatchBusy),
+            Err(None) => {
+                Err(Error::InvalidArgument(format!("batch id {batch_id:#x} is unknown or freed")))
+            }
+        }
     }
 
     /// Takes every notification received so far, oldest first.
     pub fn take_notifies(&self) -> Vec<(String, String)> {
-        self.notifies
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-            .collect()
+        self.control.take_notifies()
     }
 
     /// Per-device load of the installed transports.
@@ -327,12 +465,18 @@ impl Engine {
         Vec::new()
     }
 
-    /// Stops every thread the engine started; idempotent.
+    /// Fails in-flight work, removes this engine's metadata, and stops every
+    /// thread it started; idempotent.
     pub fn shutdown(&self) {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
+        if let Some(t) = self.tcp.get() {
+            t.shutdown();
+        }
+        self.rpc.shutdown();
         self.local.shutdown();
+        self.unpublish();
         self.batches.drain();
         info!(name = %self.local_name, "transfer engine destroyed");
     }
@@ -341,14 +485,5 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.shutdown();
-    }
-}
-impl Engine {
-    pub fn discover_topology(&self) {}
-    pub fn local_ip_and_port(&self) -> String {
-        String::new()
-    }
-    pub fn show_links(&self, _j: bool) -> String {
-        String::new()
     }
 }

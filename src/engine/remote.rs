@@ -1,0 +1,276 @@
+//! How an engine meets its peers: its handshake address, the descriptor it
+//! publishes, and the descriptors and RPC addresses of the segments it
+//! opens, through the P2P handshake or a metadata store.
+
+use super::segment::RemoteSegment;
+use super::{Engine, LOCAL_SEGMENT_ID};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::metadata::conn::MetadataConn;
+use crate::metadata::descriptor::{BufferDesc, SegmentDesc, now_timestamp};
+use crate::metadata::http::HttpStore;
+use crate::metadata::keys::{RpcMeta, rpc_meta_key, segment_key};
+use crate::metadata::store::MetadataStore;
+use crate::rpc::{ClientOptions, FrameKind, parse_host_port, wrap_ipv6};
+use serde_json::json;
+use std::net::{IpAddr, TcpListener};
+use tracing::{info, warn};
+
+/// The store behind a connection string (`None` in P2P mode).
+pub(super) fn open_store(conn: &MetadataConn) -> Result<Option<Box<dyn MetadataStore>>> {
+    match conn {
+        MetadataConn::P2p => Ok(None),
+        MetadataConn::Http(url) => Ok(Some(Box::new(HttpStore::new(url)?))),
+        MetadataConn::Etcd(_) | MetadataConn::Redis(_) => Err(Error::NotImplemented(format!(
+            "the {} metadata backend ({conn}) is not available in this build yet; use \
+             P2PHANDSHAKE or http://",
+            conn.backend()
+        ))),
+    }
+}
+
+/// The bound handshake listener and the identity it gives the engine.
+pub(super) struct RpcBinding {
+    pub listener: TcpListener,
+    /// The engine's name: `host:port` in P2P mode, as given otherwise.
+    pub name: String,
+    /// The address peers reach the listener at.
+    pub ip: String,
+}
+
+/// The address advertised in store mode: `MC_TCP_BIND_ADDRESS`, else the
+/// first address of an interface that is up and not loopback (IPv6 only
+/// with `MC_USE_IPV6`), else loopback.
+fn advertised_ip(cfg: &Config) -> String {
+    if let Some(a) = &cfg.tcp_bind_address {
+        return a.clone();
+    }
+    let found = crate::topology::net_interfaces()
+        .into_iter()
+        .filter(|i| i.up && !i.loopback)
+        .flat_map(|i| i.addrs)
+        .find(|a| match a {
+            IpAddr::V4(_) => !cfg.use_ipv6,
+            IpAddr::V6(v6) => cfg.use_ipv6 && (v6.segments()[0] & 0xffc0) != 0xfe80,
+        });
+    match found {
+        Some(a) => a.to_string(),
+        None => {
+            warn!("no interface other than loopback is up; advertising 127.0.0.1");
+            "127.0.0.1".into()
+        }
+    }
+}
+
+/// Binds the handshake listener as Mooncake does: a random free port in
+/// `MC_MIN_RPC_PORT..=MC_MAX_RPC_PORT` (or the name's port with
+/// `MC_LEGACY_RPC_PORT_BINDING`).
+pub(super) fn bind_rpc(conn: &MetadataConn, local_name: &str, cfg: &Config) -> Result<RpcBinding> {
+    let (host, port) = parse_host_port(local_name, cfg.handshake_port);
+    let listener = if cfg.legacy_rpc_port_binding {
+        let any = if cfg.use_ipv6 { "[::]" } else { "0.0.0.0" };
+        TcpListener::bind(format!("{any}:{port}"))
+    } else {
+        crate::rpc::bind_in_range(cfg.min_rpc_port, cfg.max_rpc_port, cfg.use_ipv6)
+    }
+    .map_err(|e| Error::Socket(format!("no handshake port could be bound: {e}")))?;
+    let bound = listener.local_addr().map_err(|e| Error::Socket(e.to_string()))?.port();
+    Ok(match conn {
+        MetadataConn::P2p => {
+            RpcBinding { listener, name: format!("{}:{bound}", wrap_ipv6(&host)), ip: host }
+        }
+        _ => RpcBinding { listener, name: local_name.to_string(), ip: advertised_ip(cfg) },
+    })
+}
+
+impl Engine {
+    fn cluster(&self) -> Option<&str> {
+        self.config.metadata_cluster_id.as_deref()
+    }
+
+    fn rpc_options(&self) -> ClientOptions {
+        ClientOptions::from_config(self.config)
+    }
+
+    /// Publishes `rpc_meta/<name>` (store mode).
+    pub(super) fn publish_rpc_meta(&self) -> Result<()> {
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        let meta = RpcMeta { ip_or_host_name: self.rpc_ip.clone(), rpc_port: self.rpc.port() };
+        store.set(&rpc_meta_key(self.cluster(), &self.local_name), &meta.to_json()).map_err(|e| {
+            Error::Metadata(format!("publishing the RPC address to {}: {e}", store.describe()))
+        })
+    }
+
+    /// This engine's descriptor, once a transport is installed.
+    fn local_desc(&self) -> Option<SegmentDesc> {
+        let tcp = self.tcp.get()?;
+        let memory = self.memory.read().unwrap_or_else(|e| e.into_inner());
+        let buffers = memory
+            .regions()
+            .filter(|r| r.remote_accessible)
+            .map(|r| BufferDesc {
+                name: self.local_name.clone(),
+                addr: r.addr,
+                length: r.length,
+                ..Default::default()
+            })
+            .collect();
+        Some(SegmentDesc {
+            name: self.local_name.clone(),
+            protocol: "tcp".into(),
+            tcp_data_port: tcp.data_port(),
+            tcp_proto_version: 2,
+            timestamp: now_timestamp(),
+            buffers,
+            ..Default::default()
+        })
+    }
+
+    /// Serves the current descriptor to peers and writes it to the store.
+    pub(super) fn publish_local_desc(&self) -> Result<()> {
+        let Some(desc) = self.local_desc() else {
+            return Ok(());
+        };
+        let json = desc.to_json();
+        self.control.set_local_desc(json.clone());
+        if let Some(store) = &self.store {
+            store.set(&segment_key(self.cluster(), &self.local_name), &json).map_err(|e| {
+                Error::Metadata(format!("publishing the segment to {}: {e}", store.describe()))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Removes this engine's entries from the store.
+    pub(super) fn unpublish(&self) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        let mut keys = vec![rpc_meta_key(self.cluster(), &self.local_name)];
+        if self.tcp.get().is_some() {
+            keys.push(segment_key(self.cluster(), &self.local_name));
+        }
+        for key in keys {
+            if let Err(e) = store.remove(&key) {
+                warn!("removing {key} from {}: {e}", store.describe());
+            }
+        }
+    }
+
+    /// Where the handshake listener of segment `name` is.
+    fn rpc_address(&self, name: &str) -> Result<(String, u16)> {
+        if name == self.local_name {
+            return Ok((self.rpc_ip.clone(), self.rpc.port()));
+        }
+        match &self.store {
+            None => Ok(parse_host_port(name, self.config.handshake_port)),
+            Some(store) => {
+                let key = rpc_meta_key(self.cluster(), name);
+                let v = store.get(&key)?.ok_or_else(|| {
+                    Error::Metadata(format!("{} has no entry {key}", store.describe()))
+                })?;
+                let meta = RpcMeta::from_json(&v)?;
+                Ok((meta.ip_or_host_name, meta.rpc_port))
+            }
+        }
+    }
+
+    /// Fetches and validates the descriptor of segment `name`.
+    fn fetch_segment(&self, name: &str) -> Result<RemoteSegment> {
+        let (json, data_host) = match &self.store {
+            None => {
+                let (host, port) = parse_host_port(name, self.config.handshake_port);
+                let mine = self.control.local_desc().unwrap_or(serde_json::Value::Null);
+                let reply = crate::rpc::call(&host, port, FrameKind::Metadata, &mine, &self.rpc_options())?;
+                (reply, host)
+            }
+            Some(store) => {
+                let key = segment_key(self.cluster(), name);
+                let v = store.get(&key)?.ok_or_else(|| {
+                    Error::Metadata(format!("{} has no segment {key}", store.describe()))
+                })?;
+                (v, self.rpc_address(name)?.0)
+            }
+        };
+        if json.is_null() {
+            return Err(Error::Metadata(format!(
+                "segment {name:?} has no descriptor yet (no transport installed there)"
+            )));
+        }
+        let desc = SegmentDesc::from_json(&json)?;
+        Ok(RemoteSegment { name: name.to_string(), desc, data_host })
+    }
+
+    /// Resolves a segment name to its id: the own name is `LOCAL_SEGMENT`;
+    /// other names are fetched once and cached.
+    pub fn open_segment(&self, name: &str) -> Result<i32> {
+        let name = name.trim_start_matches('/');
+        if name.is_empty() {
+            return Err(Error::InvalidArgument("segment name is empty".into()));
+        }
+        if name == self.local_name {
+            return Ok(LOCAL_SEGMENT_ID);
+        }
+        if let Some(id) = self.segments.id_of(name) {
+            return Ok(id);
+        }
+        let seg = self.fetch_segment(name)?;
+        info!("opened segment {name:?} ({} buffers, port {})", seg.desc.buffers.len(), seg.desc.tcp_data_port);
+        Ok(self.segments.insert(seg))
+    }
+
+    /// Refetches the descriptor of `name` if it is cached.
+    pub fn sync_segment(&self, name: &str) {
+        let name = name.trim_start_matches('/');
+        if self.segments.id_of(name).is_none() {
+            return;
+        }
+        match self.fetch_segment(name) {
+            Ok(seg) => {
+                self.segments.insert(seg);
+            }
+            Err(e) => warn!("refreshing segment {name:?}: {e}"),
+        }
+    }
+
+    /// Refetches every cached remote descriptor.
+    pub fn sync_all_segments(&self) {
+        for name in self.segments.names() {
+            self.sync_segment(&name);
+        }
+    }
+
+    /// Drops `name` from the descriptor cache.
+    pub fn remove_segment(&self, name: &str) -> Result<()> {
+        let name = name.trim_start_matches('/');
+        if name.is_empty() {
+            return Err(Error::InvalidArgument("segment name is empty".into()));
+        }
+        self.segments.remove(name);
+        Ok(())
+    }
+
+    /// Sends a notification now to the owner of segment `target_id`.
+    pub fn send_notify(&self, target_id: u64, name: &str, msg: &str) -> Result<()> {
+        let segment = match i32::try_from(target_id) {
+            Ok(LOCAL_SEGMENT_ID) => Some(self.local_name.clone()),
+            Ok(id) => self.segments.get(id).map(|s| s.name.clone()),
+            Err(_) => None,
+        }
+        .ok_or_else(|| Error::Metadata(format!("segment id {target_id} is not open")))?;
+        let (host, port) = self.rpc_address(&segment)?;
+        let reply = crate::rpc::call(
+            &host,
+            port,
+            FrameKind::Notify,
+            &json!({"name": name, "notify_msg": msg}),
+            &self.rpc_options(),
+        )?;
+        if reply.get("notify_msg").is_none() {
+            return Err(Error::Metadata(format!("{segment:?} answered the notification with {reply}")));
+        }
+        Ok(())
+    }
+}
