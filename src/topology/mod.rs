@@ -3,7 +3,8 @@
 //! [`Topology::discover`] reads the machine through hwloc (feature `hwloc`)
 //! and sysfs, and lists RDMA devices through libibverbs (feature `rdma`).
 //! [`PriorityMatrix`] is Mooncake's NIC priority matrix: the JSON the RDMA
-//! transport publishes and selects devices with.
+//! transport publishes and selects devices with. [`show_links`] renders both
+//! as the `showLinks` report.
 //!
 //! Discovery never fails: a source that is missing or broken (no hwloc, no
 //! InfiniBand support in the kernel, an unreadable sysfs file) leaves its
@@ -11,11 +12,13 @@
 
 #[cfg(feature = "hwloc")]
 mod hwloc;
+mod links;
 mod matrix;
 #[cfg(feature = "rdma")]
 mod rdma;
 mod sysfs;
 
+pub use links::show_links;
 pub use matrix::PriorityMatrix;
 
 use std::net::IpAddr;

@@ -80,7 +80,6 @@ pub(super) fn rdma_locality(name: &str) -> Locality {
     )
 }
 
-#[cfg(not(feature = "rdma"))]
 fn ib_ports(sys: &Path, name: &str) -> Vec<std::path::PathBuf> {
     let dir = sys.join("class/infiniband").join(name).join("ports");
     fs::read_dir(dir)
@@ -121,6 +120,16 @@ fn rdma_devices_in(sys: &Path, wanted: &dyn Fn(&str) -> bool) -> Vec<super::Rdma
             }
         })
         .collect()
+}
+
+/// Fastest port rate of RDMA device `name` in Gb/s, from
+/// `/sys/class/infiniband/<name>/ports/*/rate` ("100 Gb/sec (4X EDR)").
+pub(super) fn ib_rate_gbps(name: &str) -> Option<f64> {
+    ib_ports(Path::new(SYS), name)
+        .iter()
+        .filter_map(|p| read_trimmed(&p.join("rate")))
+        .filter_map(|r| r.split_whitespace().next()?.parse::<f64>().ok())
+        .reduce(f64::max)
 }
 
 /// Distance between two PCI functions: the number of sysfs path components
