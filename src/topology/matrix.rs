@@ -6,10 +6,12 @@
 //! JSON form: `{"cpu:0": [["mlx5_0"], ["mlx5_1"]], ...}`.
 //!
 //! Device indexes are the order of first appearance walking the entries in
-//! ascending location order (then preferred before available). Mooncake walks
-//! a `std::unordered_map`, whose order differs; two matrices agree on indexes
-//! when every entry lists its devices in the same relative order, which
-//! [`PriorityMatrix::from_topology`] guarantees.
+//! ascending location order (then preferred before available), so every
+//! process of ours derives the same indexes from the same JSON. Mooncake
+//! walks a `std::unordered_map` instead (spec §9 item 10): a C++ peer agrees
+//! with us only when the first device of every entry's walk is the same,
+//! which a multi-NUMA matrix from [`PriorityMatrix::from_topology`]
+//! (`cpu:0` lists node 0's devices first, `cpu:1` node 1's) does not give.
 
 use std::cell::Cell;
 use std::collections::hash_map::RandomState;
