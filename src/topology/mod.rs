@@ -1,1 +1,233 @@
 //! Machine topology: NUMA nodes, NICs, RDMA devices, GPUs, and the priority matrix.
+//!
+//! [`Topology::discover`] reads the machine through hwloc (feature `hwloc`)
+//! and sysfs, and lists RDMA devices through libibverbs (feature `rdma`).
+//! [`PriorityMatrix`] is Mooncake's NIC priority matrix: the JSON the RDMA
+//! transport publishes and selects devices with. [`show_links`] renders both
+//! as the `showLinks` report.
+//!
+//! Discovery never fails: a source that is missing or broken (no hwloc, no
+//! InfiniBand support in the kernel, an unreadable sysfs file) leaves its
+//! facts unknown and says so in the log.
+
+#[cfg(feature = "hwloc")]
+mod hwloc;
+mod links;
+mod matrix;
+#[cfg(feature = "rdma")]
+mod rdma;
+mod sysfs;
+
+pub use links::show_links;
+pub use matrix::PriorityMatrix;
+
+use std::net::IpAddr;
+
+/// What this process can see of the machine.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Topology {
+    /// NUMA node ids, ascending (at least one: a machine without NUMA
+    /// information is reported as node 0).
+    pub numa_nodes: Vec<u32>,
+    /// RDMA devices (HCAs) that passed the filters.
+    pub rdma_devices: Vec<RdmaDevice>,
+    /// Network interfaces of the process's network namespace, by ifindex.
+    pub net_interfaces: Vec<NetInterface>,
+    /// GPUs with their CUDA index.
+    pub gpus: Vec<Gpu>,
+}
+
+/// One RDMA device (an HCA as libibverbs names it, e.g. `mlx5_0`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RdmaDevice {
+    /// The verbs device name.
+    pub name: String,
+    /// NUMA node of its PCI function, if known.
+    pub numa_node: Option<u32>,
+    /// PCI address `dddd:bb:dd.f`, if the device sits on PCI.
+    pub pci_bus_id: Option<String>,
+    /// Whether at least one port is ACTIVE with a GID table.
+    pub ports_active: bool,
+}
+
+/// One network interface (kernel netdev).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetInterface {
+    /// Interface name, e.g. `eth0`.
+    pub name: String,
+    /// NUMA node of its PCI function, if known.
+    pub numa_node: Option<u32>,
+    /// PCI address `dddd:bb:dd.f`, if the interface sits on PCI.
+    pub pci_bus_id: Option<String>,
+    /// IPv4 and IPv6 addresses assigned to it.
+    pub addrs: Vec<IpAddr>,
+    /// Link speed in Mb/s as the driver reports it, if it does.
+    pub speed_mbps: Option<u32>,
+    /// Operationally up (carrier and administratively up).
+    pub up: bool,
+    /// The loopback interface.
+    pub loopback: bool,
+}
+
+/// One GPU, indexed as CUDA indexes it (`cuda:<index>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    /// CUDA device index.
+    pub index: u32,
+    /// Name as discovered (`cuda0`, `nvml0`, or the PCI address).
+    pub name: String,
+    /// NUMA node of its PCI function, if known.
+    pub numa_node: Option<u32>,
+    /// PCI address `dddd:bb:dd.f`.
+    pub pci_bus_id: Option<String>,
+}
+
+/// Facts a platform source (hwloc or sysfs) reports about one I/O device.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Locality {
+    numa_node: Option<u32>,
+    pci_bus_id: Option<String>,
+}
+
+impl Topology {
+    /// Discovers the machine. `filters`, when non-empty, and `MC_TE_FILTERS`,
+    /// when set, each restrict the RDMA devices to the names they list.
+    ///
+    /// Never fails: with no RDMA support the device list is empty, and if
+    /// hwloc fails the facts come from sysfs (with a warning).
+    pub fn discover(filters: &[String]) -> Topology {
+        Self::discover_with(filters, &crate::config::config().te_filters)
+    }
+
+    fn discover_with(filters: &[String], te_filters: &[String]) -> Topology {
+        #[cfg(feature = "hwloc")]
+        let hw = match hwloc::discover() {
+            Ok(facts) => Some(facts),
+            Err(e) => {
+                tracing::warn!("hwloc topology discovery failed ({e}); using sysfs only");
+                None
+            }
+        };
+
+        let mut numa_nodes = Vec::new();
+        #[cfg(feature = "hwloc")]
+        if let Some(hw) = &hw {
+            numa_nodes.clone_from(&hw.numa_nodes);
+        }
+        if numa_nodes.is_empty() {
+            numa_nodes = sysfs::numa_nodes();
+        }
+        if numa_nodes.is_empty() {
+            tracing::debug!("no NUMA information; assuming a single node 0");
+            numa_nodes.push(0);
+        }
+
+        let wanted = |name: &str| {
+            (filters.is_empty() || filters.iter().any(|f| f == name))
+                && (te_filters.is_empty() || te_filters.iter().any(|f| f == name))
+        };
+
+        #[cfg(feature = "rdma")]
+        let mut rdma_devices = rdma::list_devices(&wanted);
+        #[cfg(not(feature = "rdma"))]
+        let mut rdma_devices = sysfs::rdma_devices(&wanted);
+
+        let mut net_interfaces = sysfs::net_interfaces();
+        let mut gpus = Vec::new();
+
+        for dev in &mut rdma_devices {
+            let loc = sysfs::rdma_locality(&dev.name);
+            merge_known(&mut dev.numa_node, &mut dev.pci_bus_id, &loc);
+        }
+        // hwloc's view wins where it has one; sysfs fills the rest.
+        #[cfg(feature = "hwloc")]
+        if let Some(hw) = &hw {
+            for dev in &mut rdma_devices {
+                if let Some(loc) = hw.openfabrics.get(&dev.name) {
+                    merge_known(&mut dev.numa_node, &mut dev.pci_bus_id, loc);
+                }
+            }
+            for nic in &mut net_interfaces {
+                if let Some(loc) = hw.network.get(&nic.name) {
+                    merge_known(&mut nic.numa_node, &mut nic.pci_bus_id, loc);
+                }
+            }
+            gpus.clone_from(&hw.gpus);
+        }
+        if gpus.is_empty() {
+            gpus = sysfs::nvidia_gpus();
+        }
+
+        // On a single-node machine every device is local to that node, even
+        // when the firmware leaves the PCI NUMA affinity at -1.
+        if let [only] = numa_nodes[..] {
+            for n in rdma_devices.iter_mut().map(|d| &mut d.numa_node) {
+                n.get_or_insert(only);
+            }
+            for n in net_interfaces.iter_mut().map(|d| &mut d.numa_node) {
+                n.get_or_insert(only);
+            }
+            for n in gpus.iter_mut().map(|d| &mut d.numa_node) {
+                n.get_or_insert(only);
+            }
+        }
+
+        let topology = Topology {
+            numa_nodes,
+            rdma_devices,
+            net_interfaces,
+            gpus,
+        };
+        tracing::debug!(?topology, "topology discovered");
+        topology
+    }
+}
+
+/// Takes the facts `loc` knows, keeping the current ones where it does not.
+fn merge_known(numa: &mut Option<u32>, pci: &mut Option<String>, loc: &Locality) {
+    if loc.numa_node.is_some() {
+        *numa = loc.numa_node;
+    }
+    if loc.pci_bus_id.is_some() {
+        pci.clone_from(&loc.pci_bus_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn discover_on_this_machine() {
+        let t = Topology::discover(&[]);
+        assert!(!t.numa_nodes.is_empty(), "{t:?}");
+        assert!(t.numa_nodes.windows(2).all(|w| w[0] < w[1]), "{t:?}");
+        // The test machines have no RDMA hardware.
+        assert!(t.rdma_devices.is_empty(), "{t:?}");
+        let lo = t.net_interfaces.iter().find(|n| n.loopback);
+        let lo = lo.unwrap_or_else(|| panic!("no loopback interface in {t:?}"));
+        assert!(lo.addrs.iter().any(|a| a.is_loopback()), "{lo:?}");
+        assert!(lo.up, "{lo:?}");
+    }
+
+    #[test]
+    fn discover_with_te_filters_still_succeeds() {
+        let t = Topology::discover_with(&[], &["erdma_0".to_string()]);
+        assert!(t.rdma_devices.iter().all(|d| d.name == "erdma_0"));
+        let t = Topology::discover_with(&["mlx5_9".to_string()], &[]);
+        assert!(t.rdma_devices.iter().all(|d| d.name == "mlx5_9"));
+    }
+
+    #[test]
+    fn discovered_topology_round_trips_as_matrix() {
+        let t = Topology::discover(&[]);
+        let m = PriorityMatrix::from_topology(&t);
+        for node in &t.numa_nodes {
+            assert!(m.entry(&format!("cpu:{node}")).is_some(), "{m:?}");
+        }
+        let text = m.to_json().to_string();
+        let again = PriorityMatrix::parse(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert_eq!(again.to_json().to_string(), text);
+        assert_eq!(again.devices(), m.devices());
+    }
+}

@@ -1,0 +1,130 @@
+//! Topology facts from hwloc (feature `hwloc`): NUMA nodes, and the NUMA
+//! locality and PCI address of network, OpenFabrics and GPU OS devices.
+
+use std::collections::HashMap;
+
+use hwlocality::Topology as HwTopology;
+use hwlocality::object::TopologyObject;
+use hwlocality::object::attributes::ObjectAttributes;
+use hwlocality::object::types::{OSDeviceType, ObjectType};
+use hwlocality::topology::builder::TypeFilter;
+
+use super::{Gpu, Locality};
+
+/// What hwloc reported.
+pub(super) struct HwlocFacts {
+    /// OS indexes of the NUMA nodes, ascending.
+    pub(super) numa_nodes: Vec<u32>,
+    /// Network OS devices (netdev names) on PCI.
+    pub(super) network: HashMap<String, Locality>,
+    /// OpenFabrics OS devices (verbs device names).
+    pub(super) openfabrics: HashMap<String, Locality>,
+    /// CUDA devices (`cudaN`, else `nvmlN`).
+    pub(super) gpus: Vec<Gpu>,
+}
+
+/// Builds an hwloc topology with I/O objects kept and reads it.
+pub(super) fn discover() -> Result<HwlocFacts, String> {
+    let topo = HwTopology::builder()
+        .with_io_type_filter(TypeFilter::KeepAll)
+        .map_err(|e| format!("cannot keep I/O objects: {e}"))?
+        .build()
+        .map_err(|e| format!("cannot build the topology: {e}"))?;
+
+    let mut numa_nodes: Vec<u32> = topo
+        .objects_with_type(ObjectType::NUMANode)
+        .filter_map(|n| u32::try_from(n.os_index()?).ok())
+        .collect();
+    numa_nodes.sort_unstable();
+    numa_nodes.dedup();
+
+    let mut facts = HwlocFacts {
+        numa_nodes,
+        network: HashMap::new(),
+        openfabrics: HashMap::new(),
+        gpus: Vec::new(),
+    };
+    let mut cuda = Vec::new();
+    let mut nvml = Vec::new();
+    for dev in topo.os_devices() {
+        let Some(ObjectAttributes::OSDevice(attr)) = dev.attributes() else {
+            continue;
+        };
+        let Some(name) = dev.name().and_then(|n| n.to_str().ok()) else {
+            continue;
+        };
+        let loc = locality(dev);
+        match attr.device_type() {
+            OSDeviceType::Network => {
+                facts.network.insert(name.to_owned(), loc);
+            }
+            OSDeviceType::OpenFabrics => {
+                facts.openfabrics.insert(name.to_owned(), loc);
+            }
+            OSDeviceType::CoProcessor | OSDeviceType::GPU => {
+                let gpu = |index| Gpu {
+                    index,
+                    name: name.to_owned(),
+                    numa_node: loc.numa_node,
+                    pci_bus_id: loc.pci_bus_id.clone(),
+                };
+                if let Some(i) = name.strip_prefix("cuda").and_then(|i| i.parse().ok()) {
+                    cuda.push(gpu(i));
+                } else if let Some(i) = name.strip_prefix("nvml").and_then(|i| i.parse().ok()) {
+                    nvml.push(gpu(i));
+                }
+            }
+            _ => {}
+        }
+    }
+    facts.gpus = if cuda.is_empty() { nvml } else { cuda };
+    facts.gpus.sort_by_key(|g| g.index);
+    tracing::debug!(
+        numa = ?facts.numa_nodes,
+        network = facts.network.len(),
+        openfabrics = facts.openfabrics.len(),
+        gpus = facts.gpus.len(),
+        "hwloc topology read"
+    );
+    Ok(facts)
+}
+
+/// NUMA node (when the device's first non-I/O ancestor covers exactly one)
+/// and PCI address (of the nearest PCI device ancestor) of an I/O object.
+fn locality(dev: &TopologyObject) -> Locality {
+    let numa_node = dev
+        .first_non_io_ancestor()
+        .and_then(|a| a.nodeset())
+        .filter(|set| set.weight() == Some(1))
+        .and_then(|set| set.first_set())
+        .and_then(|i| u32::try_from(usize::from(i)).ok());
+    let pci_bus_id = dev.ancestors().find_map(|a| match a.attributes() {
+        Some(ObjectAttributes::PCIDevice(pci)) => Some(format!(
+            "{:04x}:{:02x}:{:02x}.{:x}",
+            pci.domain(),
+            pci.bus_id(),
+            pci.bus_device(),
+            pci.function()
+        )),
+        _ => None,
+    });
+    Locality {
+        numa_node,
+        pci_bus_id,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hwloc_reads_this_machine() {
+        let facts = discover().unwrap_or_else(|e| panic!("hwloc failed here: {e}"));
+        assert!(!facts.numa_nodes.is_empty());
+        assert!(
+            facts.openfabrics.is_empty(),
+            "no RDMA hardware on the test machines"
+        );
+    }
+}
