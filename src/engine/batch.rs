@@ -130,6 +130,7 @@ impl Batch {
             tasks,
             len: AtomicUsize::new(0),
             submit_lock: Mutex::new(()),
+            notify: Mutex::new(None),
         })
     }
 
@@ -204,7 +205,11 @@ impl Batch {
     /// Takes the pending notification once every task has completed.
     pub fn take_notify_if_complete(&self) -> Option<PendingNotify> {
         let mut slot = self.notify.lock().unwrap_or_else(|e| e.into_inner());
-        if slot.is_some() && self.all_completed() { slot.take() } else { None }
+        if slot.is_some() && self.all_completed() {
+            slot.take()
+        } else {
+            None
+        }
     }
 
     /// Number of submitted tasks.

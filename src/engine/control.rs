@@ -27,7 +27,10 @@ impl ControlState {
 
     /// The descriptor served to peers, once a transport is installed.
     pub fn local_desc(&self) -> Option<Value> {
-        self.local_desc.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.local_desc
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Queues a received notification.
@@ -42,7 +45,11 @@ impl ControlState {
 
     /// Takes every queued notification, oldest first.
     pub fn take_notifies(&self) -> Vec<(String, String)> {
-        self.notifies.lock().unwrap_or_else(|e| e.into_inner()).drain(..).collect()
+        self.notifies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect()
     }
 }
 

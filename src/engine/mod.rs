@@ -217,7 +217,11 @@ impl Engine {
                     true,
                 )
                 .or_else(|_| {
-                    crate::rpc::bind_in_range(self.config.min_rpc_port, self.config.max_rpc_port, false)
+                    crate::rpc::bind_in_range(
+                        self.config.min_rpc_port,
+                        self.config.max_rpc_port,
+                        false,
+                    )
                 })
                 .map_err(|e| Error::Socket(format!("no free tcp data port: {e}")))?;
                 let t = TcpTransport::start(listener, self.memory.clone(), self.config)?;
@@ -240,7 +244,10 @@ impl Engine {
     /// Registers buffers: all of them, or none on error. Installed
     /// transports publish them at once.
     pub fn register(&self, regions: &[Region]) -> Result<()> {
-        self.memory.write().unwrap_or_else(|e| e.into_inner()).insert(regions)?;
+        self.memory
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(regions)?;
         if let Err(e) = self.publish_local_desc() {
             let mut memory = self.memory.write().unwrap_or_else(|e| e.into_inner());
             for r in regions {
@@ -334,13 +341,21 @@ impl Engine {
             return;
         }
         if memory.find(r.target_offset, r.length).is_none() {
-            return Self::fail_task(batch, id, format_args!(
-                "{} bytes at {:#x} are not inside one registered buffer",
-                r.length, r.target_offset
-            ));
+            return Self::fail_task(
+                batch,
+                id,
+                format_args!(
+                    "{} bytes at {:#x} are not inside one registered buffer",
+                    r.length, r.target_offset
+                ),
+            );
         }
         if r.source == 0 || r.source.checked_add(r.length).is_none() {
-            return Self::fail_task(batch, id, format_args!("the source pointer is NULL or wraps"));
+            return Self::fail_task(
+                batch,
+                id,
+                format_args!("the source pointer is NULL or wraps"),
+            );
         }
         let (src, dst) = match r.opcode {
             Opcode::Write => (r.source, r.target_offset),
@@ -379,16 +394,26 @@ impl Engine {
         }
         let inside = seg.desc.buffers.iter().any(|b| {
             r.target_offset >= b.addr
-                && r.target_offset.checked_add(r.length).is_some_and(|end| end <= b.addr + b.length)
+                && r.target_offset
+                    .checked_add(r.length)
+                    .is_some_and(|end| end <= b.addr + b.length)
         });
         if !inside {
-            return Self::fail_task(batch, id, format_args!(
-                "{} bytes at {:#x} are not inside one buffer of segment {:?}",
-                r.length, r.target_offset, seg.name
-            ));
+            return Self::fail_task(
+                batch,
+                id,
+                format_args!(
+                    "{} bytes at {:#x} are not inside one buffer of segment {:?}",
+                    r.length, r.target_offset, seg.name
+                ),
+            );
         }
         if r.source == 0 || r.source.checked_add(r.length).is_none() {
-            return Self::fail_task(batch, id, format_args!("the source pointer is NULL or wraps"));
+            return Self::fail_task(
+                batch,
+                id,
+                format_args!("the source pointer is NULL or wraps"),
+            );
         }
         let Some(tcp) = self.tcp.get() else {
             return Self::fail_task(batch, id, format_args!("no tcp transport"));
@@ -398,14 +423,17 @@ impl Engine {
             port: seg.desc.tcp_data_port,
             v2: seg.desc.tcp_proto_version >= 2 && !self.config.tcp_force_v1,
         };
-        tcp.submit(&peer, Slice {
-            batch: batch.clone(),
-            task: id,
-            local: r.source,
-            remote: r.target_offset,
-            len: r.length,
-            write: r.opcode == Opcode::Write,
-        });
+        tcp.submit(
+            &peer,
+            Slice {
+                batch: batch.clone(),
+                task: id,
+                local: r.source,
+                remote: r.target_offset,
+                len: r.length,
+                write: r.opcode == Opcode::Write,
+            },
+        );
     }
 
     /// Submits requests and remembers a notification sent to the owner of
@@ -417,11 +445,15 @@ impl Engine {
         name: String,
         msg: String,
     ) -> Result<()> {
-        let first = requests
-            .first()
-            .ok_or_else(|| Error::InvalidArgument("no request to attach a notification to".into()))?;
+        let first = requests.first().ok_or_else(|| {
+            Error::InvalidArgument("no request to attach a notification to".into())
+        })?;
         self.submit(batch_id, requests)?;
-        self.batch(batch_id)?.set_notify(PendingNotify { target_id: first.target_id, name, msg });
+        self.batch(batch_id)?.set_notify(PendingNotify {
+            target_id: first.target_id,
+            name,
+            msg,
+        });
         Ok(())
     }
 
@@ -449,9 +481,9 @@ impl Engine {
         match self.batches.remove_if(batch_id, Batch::all_observed) {
             Ok(_) => Ok(()),
             Err(Some(_)) => Err(Error::BatchBusy),
-            Err(None) => {
-                Err(Error::InvalidArgument(format!("batch id {batch_id:#x} is unknown or freed")))
-            }
+            Err(None) => Err(Error::InvalidArgument(format!(
+                "batch id {batch_id:#x} is unknown or freed"
+            ))),
         }
     }
 

@@ -74,12 +74,21 @@ pub(super) fn bind_rpc(conn: &MetadataConn, local_name: &str, cfg: &Config) -> R
         crate::rpc::bind_in_range(cfg.min_rpc_port, cfg.max_rpc_port, cfg.use_ipv6)
     }
     .map_err(|e| Error::Socket(format!("no handshake port could be bound: {e}")))?;
-    let bound = listener.local_addr().map_err(|e| Error::Socket(e.to_string()))?.port();
+    let bound = listener
+        .local_addr()
+        .map_err(|e| Error::Socket(e.to_string()))?
+        .port();
     Ok(match conn {
-        MetadataConn::P2p => {
-            RpcBinding { listener, name: format!("{}:{bound}", wrap_ipv6(&host)), ip: host }
-        }
-        _ => RpcBinding { listener, name: local_name.to_string(), ip: advertised_ip(cfg) },
+        MetadataConn::P2p => RpcBinding {
+            listener,
+            name: format!("{}:{bound}", wrap_ipv6(&host)),
+            ip: host,
+        },
+        _ => RpcBinding {
+            listener,
+            name: local_name.to_string(),
+            ip: advertised_ip(cfg),
+        },
     })
 }
 
@@ -97,10 +106,21 @@ impl Engine {
         let Some(store) = &self.store else {
             return Ok(());
         };
-        let meta = RpcMeta { ip_or_host_name: self.rpc_ip.clone(), rpc_port: self.rpc.port() };
-        store.set(&rpc_meta_key(self.cluster(), &self.local_name), &meta.to_json()).map_err(|e| {
-            Error::Metadata(format!("publishing the RPC address to {}: {e}", store.describe()))
-        })
+        let meta = RpcMeta {
+            ip_or_host_name: self.rpc_ip.clone(),
+            rpc_port: self.rpc.port(),
+        };
+        store
+            .set(
+                &rpc_meta_key(self.cluster(), &self.local_name),
+                &meta.to_json(),
+            )
+            .map_err(|e| {
+                Error::Metadata(format!(
+                    "publishing the RPC address to {}: {e}",
+                    store.describe()
+                ))
+            })
     }
 
     /// This engine's descriptor, once a transport is installed.
@@ -136,9 +156,14 @@ impl Engine {
         let json = desc.to_json();
         self.control.set_local_desc(json.clone());
         if let Some(store) = &self.store {
-            store.set(&segment_key(self.cluster(), &self.local_name), &json).map_err(|e| {
-                Error::Metadata(format!("publishing the segment to {}: {e}", store.describe()))
-            })?;
+            store
+                .set(&segment_key(self.cluster(), &self.local_name), &json)
+                .map_err(|e| {
+                    Error::Metadata(format!(
+                        "publishing the segment to {}: {e}",
+                        store.describe()
+                    ))
+                })?;
         }
         Ok(())
     }
@@ -183,7 +208,8 @@ impl Engine {
             None => {
                 let (host, port) = parse_host_port(name, self.config.handshake_port);
                 let mine = self.control.local_desc().unwrap_or(serde_json::Value::Null);
-                let reply = crate::rpc::call(&host, port, FrameKind::Metadata, &mine, &self.rpc_options())?;
+                let reply =
+                    crate::rpc::call(&host, port, FrameKind::Metadata, &mine, &self.rpc_options())?;
                 (reply, host)
             }
             Some(store) => {
@@ -200,7 +226,11 @@ impl Engine {
             )));
         }
         let desc = SegmentDesc::from_json(&json)?;
-        Ok(RemoteSegment { name: name.to_string(), desc, data_host })
+        Ok(RemoteSegment {
+            name: name.to_string(),
+            desc,
+            data_host,
+        })
     }
 
     /// Resolves a segment name to its id: the own name is `LOCAL_SEGMENT`;
@@ -217,7 +247,11 @@ impl Engine {
             return Ok(id);
         }
         let seg = self.fetch_segment(name)?;
-        info!("opened segment {name:?} ({} buffers, port {})", seg.desc.buffers.len(), seg.desc.tcp_data_port);
+        info!(
+            "opened segment {name:?} ({} buffers, port {})",
+            seg.desc.buffers.len(),
+            seg.desc.tcp_data_port
+        );
         Ok(self.segments.insert(seg))
     }
 
@@ -269,7 +303,9 @@ impl Engine {
             &self.rpc_options(),
         )?;
         if reply.get("notify_msg").is_none() {
-            return Err(Error::Metadata(format!("{segment:?} answered the notification with {reply}")));
+            return Err(Error::Metadata(format!(
+                "{segment:?} answered the notification with {reply}"
+            )));
         }
         Ok(())
     }

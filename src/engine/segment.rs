@@ -33,12 +33,22 @@ pub struct SegmentCache {
 impl SegmentCache {
     /// The id of a cached name.
     pub fn id_of(&self, name: &str) -> Option<i32> {
-        self.table.read().unwrap_or_else(|e| e.into_inner()).by_name.get(name).copied()
+        self.table
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_name
+            .get(name)
+            .copied()
     }
 
     /// The segment behind an id.
     pub fn get(&self, id: i32) -> Option<Arc<RemoteSegment>> {
-        self.table.read().unwrap_or_else(|e| e.into_inner()).by_id.get(&id).cloned()
+        self.table
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_id
+            .get(&id)
+            .cloned()
     }
 
     /// Stores a segment: a cached name keeps its id and gets the new
@@ -68,7 +78,13 @@ impl SegmentCache {
 
     /// Every cached name.
     pub fn names(&self) -> Vec<String> {
-        self.table.read().unwrap_or_else(|e| e.into_inner()).by_name.keys().cloned().collect()
+        self.table
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_name
+            .keys()
+            .cloned()
+            .collect()
     }
 }
 
@@ -79,7 +95,11 @@ mod tests {
     fn seg(name: &str, port: u16) -> RemoteSegment {
         RemoteSegment {
             name: name.into(),
-            desc: SegmentDesc { name: name.into(), tcp_data_port: port, ..Default::default() },
+            desc: SegmentDesc {
+                name: name.into(),
+                tcp_data_port: port,
+                ..Default::default()
+            },
             data_host: "127.0.0.1".into(),
         }
     }
@@ -95,6 +115,10 @@ mod tests {
         c.remove("a");
         assert!(c.get(1).is_none());
         assert_eq!(c.id_of("a"), None);
-        assert_eq!(c.insert(seg("a", 4)), 3, "a removed name comes back with a new id");
+        assert_eq!(
+            c.insert(seg("a", 4)),
+            3,
+            "a removed name comes back with a new id"
+        );
     }
 }

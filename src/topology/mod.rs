@@ -183,6 +183,13 @@ impl Topology {
     }
 }
 
+/// The network interfaces with their addresses, state and speed, read from
+/// sysfs and `getifaddrs` only (cheaper than a full [`Topology::discover`];
+/// NUMA placement may be unknown).
+pub fn net_interfaces() -> Vec<NetInterface> {
+    sysfs::net_interfaces()
+}
+
 /// Takes the facts `loc` knows, keeping the current ones where it does not.
 fn merge_known(numa: &mut Option<u32>, pci: &mut Option<String>, loc: &Locality) {
     if loc.numa_node.is_some() {
