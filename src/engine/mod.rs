@@ -70,6 +70,7 @@ pub struct Request {
 /// A transfer engine instance.
 pub struct Engine {
     local_name: String,
+    given_name: String,
     conn: MetadataConn,
     config: &'static Config,
     store: Option<Box<dyn MetadataStore>>,
@@ -120,6 +121,7 @@ impl Engine {
         )
         .map_err(|e| Error::Socket(format!("handshake listener could not start: {e}")))?;
         let engine = Engine {
+            given_name: local_name.clone(),
             local_name: binding.name,
             conn,
             config,
@@ -152,6 +154,13 @@ impl Engine {
     /// `host:port` of the handshake listener).
     pub fn local_name(&self) -> &str {
         &self.local_name
+    }
+
+    /// Whether `name` is this engine: its published name, or the name it
+    /// was created with (P2P mode rewrites the port; the original name
+    /// still opens the local segment).
+    pub fn is_own_name(&self, name: &str) -> bool {
+        name == self.local_name || name == self.given_name
     }
 
     /// `ip:port` of the handshake listener (no brackets, as Mooncake).

@@ -240,7 +240,7 @@ impl Engine {
         if name.is_empty() {
             return Err(Error::InvalidArgument("segment name is empty".into()));
         }
-        if name == self.local_name {
+        if self.is_own_name(name) {
             return Ok(LOCAL_SEGMENT_ID);
         }
         if let Some(id) = self.segments.id_of(name) {
