@@ -492,10 +492,9 @@ fn shutdown_with_work_in_flight_returns_promptly() {
     );
 }
 
-/// A descriptor whose buffer wraps the address space must not be trusted:
-/// open fails, or a request into it FAILS; the engine must not panic.
+/// A descriptor whose buffer wraps the address space is not trusted: the
+/// segment does not open, and the engine does not panic.
 #[test]
-#[ignore = "bug: submit panics (u64 add overflow) on a peer buffer whose addr + length wraps"]
 fn descriptor_buffer_wrapping_the_address_space() {
     let server = FakeServer::start(vec![0u8; 4096], BASE, false, |_| Action::Serve);
     let port = server.port;
@@ -503,11 +502,10 @@ fn descriptor_buffer_wrapping_the_address_space() {
     let hs = HandshakeResponder::start(|rpc| tcp_descriptor(rpc, port, 2, top, 0x2000));
     let e = engine();
     let src = Buf::new(4096, 14);
-    if let Ok(seg) = e.open_segment(&hs.name()) {
-        let w = write_req(src.addr(), seg, top, 16);
-        assert_eq!(run_within(&e, &[w], FAIL_WITHIN), vec![Failed]);
-        let w = write_req(src.addr(), seg, top + 0x1000 - 16, 16);
-        assert_eq!(run_within(&e, &[w], FAIL_WITHIN), vec![Failed]);
-    }
+    assert!(
+        e.open_segment(&hs.name()).is_err(),
+        "a wrapping buffer must be rejected"
+    );
+    drop(src);
     e.shutdown();
 }

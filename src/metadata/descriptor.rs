@@ -367,6 +367,11 @@ fn decode_buffer(v: &Value, layout: Layout, ctx: &str) -> Result<BufferDesc> {
     if length == 0 {
         return Err(Error::Metadata(format!("{ctx} ({name}): length 0")));
     }
+    if addr.checked_add(length).is_none() {
+        return Err(Error::Metadata(format!(
+            "{ctx} ({name}): {addr:#x}+{length} wraps the address space"
+        )));
+    }
     Ok(BufferDesc {
         name,
         addr,

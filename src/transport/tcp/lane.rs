@@ -449,7 +449,7 @@ impl Receiving {
         patience: &Patience<'_>,
     ) -> std::io::Result<()> {
         if f.v2 {
-            let word = match rbuf.read_array::<8>(fd, patience)? {
+            let word = match rbuf.read_array::<8>(fd, patience, patience)? {
                 Some(b) => u64::from_le_bytes(b),
                 None => {
                     return Err(std::io::Error::new(

@@ -164,6 +164,8 @@ fn start_session(stream: TcpStream, shared: &Arc<Shared>) -> std::io::Result<()>
             if let Err(e) = serve(&stream, &s) {
                 debug!("tcp session ended: {e}");
             }
+            // The handle kept for shutdown must not hold the connection open.
+            let _ = stream.shutdown(Shutdown::Both);
         })?;
     sessions.open.push((id, handle, thread));
     Ok(())
@@ -188,7 +190,7 @@ fn serve(stream: &TcpStream, shared: &Shared) -> std::io::Result<()> {
             send_iov(fd, &mut [iovec(acks.as_ptr(), acks.len())], &busy)?;
             acks.clear();
         }
-        let Some(raw) = rbuf.read_array::<HEADER_LEN>(fd, &idle)? else {
+        let Some(raw) = rbuf.read_array::<HEADER_LEN>(fd, &idle, &busy)? else {
             return Ok(());
         };
         let h = Header::decode(&raw);

@@ -283,19 +283,21 @@ impl RecvBuf {
         Ok(())
     }
 
-    /// Receives a fixed-size item. `Ok(None)` is a clean end of stream
-    /// before its first byte.
+    /// Receives a fixed-size item: waiting for its first byte with `first`,
+    /// for the rest with `rest`. `Ok(None)` is a clean end of stream before
+    /// its first byte.
     pub fn read_array<const N: usize>(
         &mut self,
         fd: RawFd,
-        patience: &Patience<'_>,
+        first: &Patience<'_>,
+        rest: &Patience<'_>,
     ) -> io::Result<Option<[u8; N]>> {
-        if self.is_empty() && !self.fill(fd, patience)? {
+        if self.is_empty() && !self.fill(fd, first)? {
             return Ok(None);
         }
         let mut out = [0u8; N];
         // SAFETY: `out` is N bytes.
-        unsafe { self.read_into(fd, out.as_mut_ptr(), N, patience)? };
+        unsafe { self.read_into(fd, out.as_mut_ptr(), N, rest)? };
         Ok(Some(out))
     }
 }
