@@ -405,7 +405,8 @@ impl Engine {
             r.target_offset >= b.addr
                 && r.target_offset
                     .checked_add(r.length)
-                    .is_some_and(|end| end <= b.addr + b.length)
+                    .zip(b.addr.checked_add(b.length))
+                    .is_some_and(|(end, b_end)| end <= b_end)
         });
         if !inside {
             return Self::fail_task(
