@@ -48,7 +48,7 @@ fn advertised_ip(cfg: &Config) -> String {
     let found = crate::topology::net_interfaces()
         .into_iter()
         .filter(|i| i.up && !i.loopback)
-        .flat_map(|i| i.addrs)
+        .flat_map(|i| i.addrs.into_iter().map(|a| a.ip))
         .find(|a| match a {
             IpAddr::V4(_) => !cfg.use_ipv6,
             IpAddr::V6(v6) => cfg.use_ipv6 && (v6.segments()[0] & 0xffc0) != 0xfe80,

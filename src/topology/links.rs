@@ -259,7 +259,10 @@ mod tests {
                 name: "eth0".into(),
                 numa_node: None,
                 pci_bus_id: None,
-                addrs: vec!["10.0.0.1".parse().expect("ip")],
+                addrs: vec![crate::topology::IfAddr {
+                    ip: "10.0.0.1".parse().expect("ip"),
+                    prefix_len: 24,
+                }],
                 speed_mbps: Some(25_000),
                 up: true,
                 loopback: false,
@@ -286,7 +289,7 @@ mod tests {
         assert_eq!(nics[2]["source"], "net");
         assert_eq!(nics[2]["numa"], -1);
         assert_eq!(nics[2]["speed_gbps"], 25);
-        assert_eq!(nics[2]["addrs"], json!(["10.0.0.1"]));
+        assert_eq!(nics[2]["addrs"], json!(["10.0.0.1/24"]));
         let cpu1 = &v["selection"]["cpu:1"];
         assert_eq!(
             cpu1[0],

@@ -59,14 +59,50 @@ pub struct NetInterface {
     pub numa_node: Option<u32>,
     /// PCI address `dddd:bb:dd.f`, if the interface sits on PCI.
     pub pci_bus_id: Option<String>,
-    /// IPv4 and IPv6 addresses assigned to it.
-    pub addrs: Vec<IpAddr>,
+    /// IPv4 and IPv6 addresses assigned to it, with their prefix lengths.
+    pub addrs: Vec<IfAddr>,
     /// Link speed in Mb/s as the driver reports it, if it does.
     pub speed_mbps: Option<u32>,
     /// Operationally up (carrier and administratively up).
     pub up: bool,
     /// The loopback interface.
     pub loopback: bool,
+}
+
+/// An interface address and the length of its network prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IfAddr {
+    /// The address.
+    pub ip: IpAddr,
+    /// Prefix length of its subnet (e.g. 24 for a /24).
+    pub prefix_len: u8,
+}
+
+impl IfAddr {
+    /// Whether `other` lies in this address's subnet.
+    pub fn same_subnet(&self, other: IpAddr) -> bool {
+        fn prefix_match(a: &[u8], b: &[u8], bits: u8) -> bool {
+            let bits = usize::from(bits).min(a.len() * 8);
+            let (full, rest) = (bits / 8, bits % 8);
+            a[..full] == b[..full]
+                && (rest == 0 || (a[full] ^ b[full]) & (0xffu8 << (8 - rest)) == 0)
+        }
+        match (self.ip, other) {
+            (IpAddr::V4(a), IpAddr::V4(b)) => {
+                prefix_match(&a.octets(), &b.octets(), self.prefix_len)
+            }
+            (IpAddr::V6(a), IpAddr::V6(b)) => {
+                prefix_match(&a.octets(), &b.octets(), self.prefix_len)
+            }
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for IfAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.ip, self.prefix_len)
+    }
 }
 
 /// One GPU, indexed as CUDA indexes it (`cuda:<index>`).
@@ -205,6 +241,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn subnets() {
+        let a = IfAddr {
+            ip: "10.1.2.3".parse().unwrap(),
+            prefix_len: 24,
+        };
+        assert!(a.same_subnet("10.1.2.200".parse().unwrap()));
+        assert!(!a.same_subnet("10.1.3.1".parse().unwrap()));
+        assert!(!a.same_subnet("::1".parse().unwrap()));
+        let b = IfAddr {
+            ip: "10.1.2.3".parse().unwrap(),
+            prefix_len: 20,
+        };
+        assert!(b.same_subnet("10.1.15.9".parse().unwrap()));
+        assert!(!b.same_subnet("10.1.16.9".parse().unwrap()));
+        let v6 = IfAddr {
+            ip: "fd00:1::1".parse().unwrap(),
+            prefix_len: 64,
+        };
+        assert!(v6.same_subnet("fd00:1::abcd".parse().unwrap()));
+        assert!(!v6.same_subnet("fd00:2::1".parse().unwrap()));
+        assert_eq!(a.to_string(), "10.1.2.3/24");
+    }
+
+    #[test]
     fn discover_on_this_machine() {
         let t = Topology::discover(&[]);
         assert!(!t.numa_nodes.is_empty(), "{t:?}");
@@ -213,7 +273,7 @@ mod tests {
         assert!(t.rdma_devices.is_empty(), "{t:?}");
         let lo = t.net_interfaces.iter().find(|n| n.loopback);
         let lo = lo.unwrap_or_else(|| panic!("no loopback interface in {t:?}"));
-        assert!(lo.addrs.iter().any(|a| a.is_loopback()), "{lo:?}");
+        assert!(lo.addrs.iter().any(|a| a.ip.is_loopback()), "{lo:?}");
         assert!(lo.up, "{lo:?}");
     }
 

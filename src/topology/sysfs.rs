@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::ptr::NonNull;
 
-use super::{Gpu, Locality, NetInterface};
+use super::{Gpu, IfAddr, Locality, NetInterface};
 
 const SYS: &str = "/sys";
 
@@ -216,20 +216,30 @@ impl Drop for IfAddrs {
 }
 
 /// The IP address in `ifa`, if it carries one.
-fn ip_of(ifa: &libc::ifaddrs) -> Option<IpAddr> {
-    // SAFETY: `ifa_addr` is NULL or points to a sockaddr whose real type is
+fn ip_of(ifa: &libc::ifaddrs) -> Option<IfAddr> {
+    let ip = sockaddr_ip(ifa.ifa_addr)?;
+    let prefix_len = sockaddr_ip(ifa.ifa_netmask).map_or(0, |mask| match mask {
+        IpAddr::V4(m) => u32::from(m).leading_ones() as u8,
+        IpAddr::V6(m) => u128::from(m).leading_ones() as u8,
+    });
+    Some(IfAddr { ip, prefix_len })
+}
+
+/// The address in a sockaddr of family AF_INET or AF_INET6.
+fn sockaddr_ip(addr: *const libc::sockaddr) -> Option<IpAddr> {
+    // SAFETY: `addr` is NULL or points to a sockaddr whose real type is
     // given by `sa_family`; we read only the matching struct.
     unsafe {
-        let sa = ifa.ifa_addr.as_ref()?;
+        let sa = addr.as_ref()?;
         match i32::from(sa.sa_family) {
             libc::AF_INET => {
-                let sin = &*ifa.ifa_addr.cast::<libc::sockaddr_in>();
+                let sin = &*addr.cast::<libc::sockaddr_in>();
                 Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
                     sin.sin_addr.s_addr,
                 ))))
             }
             libc::AF_INET6 => {
-                let sin6 = &*ifa.ifa_addr.cast::<libc::sockaddr_in6>();
+                let sin6 = &*addr.cast::<libc::sockaddr_in6>();
                 Some(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)))
             }
             _ => None,
@@ -240,7 +250,7 @@ fn ip_of(ifa: &libc::ifaddrs) -> Option<IpAddr> {
 #[derive(Default)]
 struct LinkInfo {
     flags: Option<u32>,
-    addrs: Vec<IpAddr>,
+    addrs: Vec<IfAddr>,
 }
 
 fn ifindex(name: &str) -> u32 {
@@ -407,7 +417,9 @@ mod tests {
         let lo = nics.iter().find(|n| n.name == "lo").expect("lo exists");
         assert!(lo.loopback && lo.up, "{lo:?}");
         assert!(
-            lo.addrs.contains(&IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            lo.addrs
+                .iter()
+                .any(|a| a.ip == IpAddr::V4(Ipv4Addr::LOCALHOST)),
             "{lo:?}"
         );
         assert_eq!(lo.pci_bus_id, None);
