@@ -6,11 +6,15 @@
 //!   and the RPC location entry;
 //! * [`store`] — the [`store::MetadataStore`] trait;
 //! * [`http`] — the HTTP store client ([`http::HttpStore`]);
+//! * [`etcd`] — the etcd store client ([`etcd::EtcdStore`]);
+//! * [`redis`] — the redis store client ([`redis::RedisStore`]);
 //! * [`server`] — our persistent HTTP metadata server.
 
 pub mod conn;
 pub mod descriptor;
+pub mod etcd;
 pub mod http;
 pub mod keys;
+pub mod redis;
 pub mod server;
 pub mod store;

@@ -1,12 +1,16 @@
-//! Helpers shared by the wire-compatibility tests: engines, raw buffers,
-//! hand-encoded TCP headers and status words, and hand-written Mooncake
-//! peers (a handshake responder and a TCP data server over a Vec).
+//! Helpers shared by the integration tests (each test crate compiles its
+//! own copy and uses a part of it): engines, raw buffers, hand-encoded TCP
+//! headers and status words, hand-written Mooncake peers (a handshake
+//! responder and a TCP data server over a Vec), and private etcd and redis
+//! servers ([`servers`]).
 //!
 //! Every byte of a request header or a status word is written here by hand
 //! from the spec (§4.2, §4.3), not with the library's encoder, so the tests
 //! check the encoding itself.
 
 #![allow(dead_code)]
+
+pub mod servers;
 
 use serde_json::{Value, json};
 use std::io::{ErrorKind, Read, Write};
