@@ -6,7 +6,9 @@ pub mod batch;
 pub mod control;
 pub mod memory;
 pub mod planner;
+pub mod rails;
 mod remote;
+pub mod scheduler;
 pub mod segment;
 
 use crate::config::{Config, config};
@@ -17,11 +19,12 @@ use crate::metadata::store::MetadataStore;
 use crate::rpc::RpcServer;
 use crate::topology::{PriorityMatrix, Topology};
 use crate::transport::local::{CopyJob, LocalCopier, copy_bytes};
-use crate::transport::tcp::{PeerAddr, Slice, TcpTransport};
+use crate::transport::tcp::TcpTransport;
 use batch::{Batch, PendingNotify, TaskStatus};
 use control::ControlState;
 use memory::{MemoryRegistry, Region};
 use once_cell::sync::OnceCell;
+use scheduler::{Scheduler, Transfer};
 use segment::{RemoteSegment, SegmentCache};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -81,7 +84,7 @@ pub struct Engine {
     segments: SegmentCache,
     batches: HandleTable<Batch>,
     local: LocalCopier,
-    tcp: OnceCell<Arc<TcpTransport>>,
+    sched: OnceCell<Arc<Scheduler>>,
     topology: Mutex<Option<(Topology, PriorityMatrix)>>,
     closed: AtomicBool,
 }
@@ -133,7 +136,7 @@ impl Engine {
             segments: SegmentCache::default(),
             batches: HandleTable::new(),
             local: LocalCopier::default(),
-            tcp: OnceCell::new(),
+            sched: OnceCell::new(),
             topology: Mutex::new(None),
             closed: AtomicBool::new(false),
         };
@@ -206,35 +209,54 @@ impl Engine {
         crate::topology::show_links(topo, matrix, json)
     }
 
+    /// The priority matrix of `MC_CUSTOM_TOPO_JSON`, if set.
+    fn custom_matrix(&self) -> Result<Option<PriorityMatrix>> {
+        let Some(path) = &self.config.custom_topo_json else {
+            return Ok(None);
+        };
+        let json = std::fs::read_to_string(path).map_err(|e| {
+            Error::InvalidArgument(format!("MC_CUSTOM_TOPO_JSON={path} cannot be read: {e}"))
+        })?;
+        PriorityMatrix::parse(&json).map(Some)
+    }
+
     /// Installs a transport by protocol name and returns its handle.
-    /// `matrix` is a NIC priority matrix JSON for RDMA-style transports.
+    /// `matrix` is a NIC priority matrix JSON (`{"cpu:0": [[preferred],
+    /// [available]], ...}`); for TCP its devices are network interfaces,
+    /// and without one every interface that is up serves.
     pub fn install_transport(&self, proto: &str, matrix: Option<&str>) -> Result<u64> {
-        if let Some(json) = matrix {
-            let m = PriorityMatrix::parse(json)?;
-            let topo = Topology::discover(&self.config.te_filters);
-            *self.topology.lock().unwrap_or_else(|e| e.into_inner()) = Some((topo, m));
-        }
+        let given = match matrix {
+            Some(json) => Some(PriorityMatrix::parse(json)?),
+            None => self.custom_matrix()?,
+        };
         match proto {
             "tcp" => {
-                if self.tcp.get().is_some() {
+                if self.sched.get().is_some() {
                     warn!("transport tcp is already installed");
                     return Ok(TCP_TRANSPORT_HANDLE);
                 }
-                let listener = crate::rpc::bind_in_range(
-                    self.config.min_rpc_port,
-                    self.config.max_rpc_port,
-                    true,
-                )
-                .or_else(|_| {
-                    crate::rpc::bind_in_range(
-                        self.config.min_rpc_port,
-                        self.config.max_rpc_port,
-                        false,
-                    )
-                })
-                .map_err(|e| Error::Socket(format!("no free tcp data port: {e}")))?;
-                let t = TcpTransport::start(listener, self.memory.clone(), self.config)?;
-                if self.tcp.set(Arc::new(t)).is_err() {
+                let topo = self.discover_topology();
+                let tcp_matrix = given.unwrap_or_else(|| PriorityMatrix::from_topology_tcp(&topo));
+                let devices = scheduler::tcp_devices(
+                    &tcp_matrix,
+                    &topo.net_interfaces,
+                    &self.config.te_filters,
+                );
+                info!(
+                    "tcp devices: {:?}",
+                    devices
+                        .iter()
+                        .map(|d| format!("{} {}", d.name, d.addr))
+                        .collect::<Vec<_>>()
+                );
+                let (min, max) = (self.config.min_rpc_port, self.config.max_rpc_port);
+                let listener = crate::rpc::bind_in_range(min, max, true)
+                    .or_else(|_| crate::rpc::bind_in_range(min, max, false))
+                    .map_err(|e| Error::Socket(format!("no free tcp data port: {e}")))?;
+                let tcp = TcpTransport::start(listener, self.memory.clone(), self.config)?;
+                let sched = Scheduler::new(Arc::new(tcp), devices, tcp_matrix, self.config);
+                if let Err(lost) = self.sched.set(Arc::new(sched)) {
+                    lost.shutdown();
                     return Ok(TCP_TRANSPORT_HANDLE);
                 }
                 self.publish_local_desc()?;
@@ -310,7 +332,7 @@ impl Engine {
             let seg = self.segments.get(r.target_id).ok_or_else(|| {
                 Error::InvalidArgument(format!("segment id {} is not open", r.target_id))
             })?;
-            if seg.desc.protocol != "tcp" || self.tcp.get().is_none() {
+            if seg.desc.protocol != "tcp" || self.sched.get().is_none() {
                 return Err(Error::NotSupportedTransport(format!(
                     "segment {:?} speaks {:?}, which is not installed here",
                     seg.name, seg.desc.protocol
@@ -323,7 +345,7 @@ impl Engine {
             for (i, (r, target)) in requests.iter().zip(&targets).enumerate() {
                 match target {
                     None => self.submit_local(&batch, first + i, r, &memory),
-                    Some(seg) => self.submit_remote(&batch, first + i, r, seg),
+                    Some(seg) => self.submit_remote(&batch, first + i, r, seg, &memory),
                 }
             }
             Ok(())
@@ -393,7 +415,14 @@ impl Engine {
     }
 
     /// Sends one request to a remote segment over TCP.
-    fn submit_remote(&self, batch: &Arc<Batch>, id: usize, r: &Request, seg: &RemoteSegment) {
+    fn submit_remote(
+        &self,
+        batch: &Arc<Batch>,
+        id: usize,
+        r: &Request,
+        seg: &RemoteSegment,
+        memory: &MemoryRegistry,
+    ) {
         if r.length == 0 {
             if let Some(task) = batch.slot(id) {
                 task.add_slices(1);
@@ -425,25 +454,16 @@ impl Engine {
                 format_args!("the source pointer is NULL or wraps"),
             );
         }
-        let Some(tcp) = self.tcp.get() else {
+        let Some(sched) = self.sched.get() else {
             return Self::fail_task(batch, id, format_args!("no tcp transport"));
         };
-        let peer = PeerAddr {
-            host: seg.data_host.clone(),
-            port: seg.desc.tcp_data_port,
-            v2: seg.desc.tcp_proto_version >= 2 && !self.config.tcp_force_v1,
+        let xfer = Transfer {
+            local: r.source,
+            remote: r.target_offset,
+            len: r.length,
+            write: r.opcode == Opcode::Write,
         };
-        tcp.submit(
-            &peer,
-            Slice {
-                batch: batch.clone(),
-                task: id,
-                local: r.source,
-                remote: r.target_offset,
-                len: r.length,
-                write: r.opcode == Opcode::Write,
-            },
-        );
+        sched.submit(batch, id, seg, memory, xfer);
     }
 
     /// Submits requests and remembers a notification sent to the owner of
@@ -504,7 +524,7 @@ impl Engine {
 
     /// Per-device load of the installed transports.
     pub fn nic_loads(&self) -> Vec<NicLoad> {
-        Vec::new()
+        self.sched.get().map(|s| s.nic_loads()).unwrap_or_default()
     }
 
     /// Fails in-flight work, removes this engine's metadata, and stops every
@@ -513,8 +533,8 @@ impl Engine {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
-        if let Some(t) = self.tcp.get() {
-            t.shutdown();
+        if let Some(s) = self.sched.get() {
+            s.shutdown();
         }
         self.rpc.shutdown();
         self.local.shutdown();

@@ -2,6 +2,7 @@
 //! publishes, and the descriptors and RPC addresses of the segments it
 //! opens, through the P2P handshake or a metadata store.
 
+use super::scheduler::{TCP_DEVICES_KEY, TcpDevice};
 use super::segment::RemoteSegment;
 use super::{Engine, LOCAL_SEGMENT_ID};
 use crate::config::Config;
@@ -125,7 +126,7 @@ impl Engine {
 
     /// This engine's descriptor, once a transport is installed.
     fn local_desc(&self) -> Option<SegmentDesc> {
-        let tcp = self.tcp.get()?;
+        let sched = self.sched.get()?;
         let memory = self.memory.read().unwrap_or_else(|e| e.into_inner());
         let buffers = memory
             .regions()
@@ -140,10 +141,16 @@ impl Engine {
         Some(SegmentDesc {
             name: self.local_name.clone(),
             protocol: "tcp".into(),
-            tcp_data_port: tcp.data_port(),
+            tcp_data_port: sched.tcp().data_port(),
             tcp_proto_version: 2,
             timestamp: now_timestamp(),
             buffers,
+            extra: [(
+                TCP_DEVICES_KEY.to_string(),
+                sched.devices().iter().map(TcpDevice::to_json).collect(),
+            )]
+            .into_iter()
+            .collect(),
             ..Default::default()
         })
     }
@@ -174,7 +181,7 @@ impl Engine {
             return;
         };
         let mut keys = vec![rpc_meta_key(self.cluster(), &self.local_name)];
-        if self.tcp.get().is_some() {
+        if self.sched.get().is_some() {
             keys.push(segment_key(self.cluster(), &self.local_name));
         }
         for key in keys {
@@ -230,6 +237,7 @@ impl Engine {
             name: name.to_string(),
             desc,
             data_host,
+            route: Default::default(),
         })
     }
 

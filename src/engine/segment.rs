@@ -1,7 +1,9 @@
 //! The cache of remote segments: name <-> id <-> descriptor. Ids start at 1
 //! and are never reused; 0 is the engine's own segment.
 
+use super::scheduler::Route;
 use crate::metadata::descriptor::SegmentDesc;
+use once_cell::sync::OnceCell;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
@@ -15,6 +17,8 @@ pub struct RemoteSegment {
     /// Host of its data server (the name's host in P2P mode, the peer's
     /// published RPC address with a store).
     pub data_host: String,
+    /// The rails to it, worked out on first use.
+    pub route: OnceCell<Arc<Route>>,
 }
 
 #[derive(Default)]
@@ -101,6 +105,7 @@ mod tests {
                 ..Default::default()
             },
             data_host: "127.0.0.1".into(),
+            route: OnceCell::new(),
         }
     }
 

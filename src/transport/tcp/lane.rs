@@ -1,20 +1,22 @@
-//! Client lanes: persistent connections to one peer, each with a sender
-//! thread that connects (never the submitting thread), pipelines requests
-//! and streams WRITE payloads straight from the caller's memory, and a
-//! receiver thread that reads acknowledgements and READ payloads straight
-//! into the caller's memory, in request order.
+//! Client lanes: persistent connections over one rail to one peer device,
+//! each with a sender thread that connects (never the submitting thread,
+//! bound to the rail's local address), pipelines requests and streams WRITE
+//! payloads straight from the caller's memory, and a receiver thread that
+//! reads acknowledgements and READ payloads straight into the caller's
+//! memory, in request order.
 //!
 //! A slice is finished exactly once, by whichever of the two threads is
-//! last done with its memory, so a FAILED task never leaves a thread still
+//! last done with its memory, so a failed slice never leaves a thread still
 //! reading the caller's buffer.
 
 use super::wire::{
     HEADER_LEN, Header, OP_READ, OP_WRITE, Patience, RecvBuf, STATUS_OK, V2_FLAG, iovec, send_iov,
     status_valid,
 };
-use crate::engine::batch::Batch;
+use crate::transport::{Outcome, Slice};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use socket2::{Domain, Socket, Type};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,37 +32,15 @@ const RECONNECT_COOLDOWN: Duration = Duration::from_secs(1);
 const MAX_BATCH_SLICES: usize = 64;
 const MAX_BATCH_BYTES: u64 = 4 << 20;
 
-/// One piece of a task, moved over one connection.
-pub struct Slice {
-    /// The batch that owns the task.
-    pub batch: Arc<Batch>,
-    /// Task id in the batch.
-    pub task: usize,
-    /// Local address: read from for WRITE, written for READ.
-    pub local: u64,
-    /// Address in the peer process.
-    pub remote: u64,
-    /// Bytes.
-    pub len: u64,
-    /// WRITE (true) or READ.
-    pub write: bool,
-}
-
-impl Slice {
-    /// Records the slice's outcome on its task.
-    pub fn finish(&self, ok: bool) {
-        if let Some(t) = self.batch.slot(self.task) {
-            t.finish_slice(self.len, ok);
-        }
-    }
-}
-
-/// Where and how to reach a peer's data server.
+/// Where a lane connects: the rail's local address (if bound) and the
+/// peer device's address and data port.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PeerAddr {
-    /// Host name or address (IPv6 without brackets).
+pub struct LaneTarget {
+    /// Local address to bind before connecting; `None` lets routing choose.
+    pub bind: Option<IpAddr>,
+    /// Peer host name or address (IPv6 without brackets).
     pub host: String,
-    /// Data port.
+    /// Peer data port.
     pub port: u16,
     /// Whether to use the acknowledged framing.
     pub v2: bool,
@@ -88,22 +68,37 @@ impl LaneLoad {
     }
 }
 
+/// A slice on the wire, held by the sender and (when answered) the
+/// receiver; the last to let go reports the worst outcome either saw.
 struct InFlight {
-    slice: Slice,
+    slice: Mutex<Option<Slice>>,
+    len: u64,
+    write: bool,
+    local: u64,
+    remote: u64,
     v2: bool,
     holds: AtomicU8,
-    failed: AtomicBool,
+    worst: AtomicU8,
     load: Arc<LaneLoad>,
 }
 
+const DONE: u8 = 0;
+const FAILED: u8 = 1;
+const REJECTED: u8 = 2;
+
 impl InFlight {
-    fn release(&self, ok: bool) {
-        if !ok {
-            self.failed.store(true, Ordering::Release);
-        }
+    fn release(&self, outcome: u8) {
+        self.worst.fetch_max(outcome, Ordering::AcqRel);
         if self.holds.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.load.bytes.fetch_sub(self.slice.len, Ordering::Relaxed);
-            self.slice.finish(!self.failed.load(Ordering::Acquire));
+            self.load.bytes.fetch_sub(self.len, Ordering::Relaxed);
+            let taken = self.slice.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(s) = taken {
+                s.finish(match self.worst.load(Ordering::Acquire) {
+                    DONE => Outcome::Done,
+                    REJECTED => Outcome::Rejected,
+                    _ => Outcome::Failed { hard: false },
+                });
+            }
         }
     }
 }
@@ -138,7 +133,13 @@ pub struct Lane {
 
 impl Lane {
     /// Starts a lane to `peer`; it connects when its first slice arrives.
-    pub fn start(peer: PeerAddr, timeouts: LaneTimeouts, name: String) -> std::io::Result<Lane> {
+    /// A failed connect sets `failed`.
+    pub fn start(
+        peer: LaneTarget,
+        timeouts: LaneTimeouts,
+        name: String,
+        failed: Arc<AtomicBool>,
+    ) -> std::io::Result<Lane> {
         let (tx, rx) = crossbeam_channel::unbounded();
         let load = Arc::new(LaneLoad::default());
         let stop = Arc::new(AtomicBool::new(false));
@@ -150,6 +151,7 @@ impl Lane {
             load: load.clone(),
             stop: stop.clone(),
             stream: stream.clone(),
+            failed,
         };
         let thread = std::thread::Builder::new()
             .name(name)
@@ -171,14 +173,17 @@ impl Lane {
     /// Queues a slice; fails it at once if the lane has stopped.
     pub fn send(&self, slice: Slice) {
         self.load.bytes.fetch_add(slice.len, Ordering::Relaxed);
-        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-        let rejected = match tx.as_ref() {
-            Some(tx) => tx.send(slice).err().map(|e| e.into_inner()),
-            None => Some(slice),
+        let refused = {
+            let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+            match tx.as_ref() {
+                Some(tx) => tx.send(slice).err().map(|e| e.into_inner()),
+                None => Some(slice),
+            }
         };
-        if let Some(s) = rejected {
+        // Reported outside the lock: the outcome may send the slice again.
+        if let Some(s) = refused {
             self.load.bytes.fetch_sub(s.len, Ordering::Relaxed);
-            s.finish(false);
+            s.finish(Outcome::Failed { hard: true });
         }
     }
 
@@ -201,18 +206,19 @@ impl Lane {
 }
 
 struct Worker {
-    peer: PeerAddr,
+    peer: LaneTarget,
     timeouts: LaneTimeouts,
     rx: Receiver<Slice>,
     load: Arc<LaneLoad>,
     stop: Arc<AtomicBool>,
     stream: Arc<Mutex<Option<TcpStream>>>,
+    failed: Arc<AtomicBool>,
 }
 
 impl Worker {
-    fn fail(&self, s: Slice) {
+    fn fail(&self, s: Slice, hard: bool) {
         self.load.bytes.fetch_sub(s.len, Ordering::Relaxed);
-        s.finish(false);
+        s.finish(Outcome::Failed { hard });
     }
 
     fn run(self) {
@@ -230,7 +236,7 @@ impl Worker {
                 Err(RecvTimeoutError::Disconnected) => break,
             };
             if self.stop.load(Ordering::Acquire) {
-                self.fail(first);
+                self.fail(first, true);
                 break;
             }
             if conn
@@ -243,7 +249,7 @@ impl Worker {
             }
             if conn.is_none() {
                 if cooldown_until.is_some_and(|t| Instant::now() < t) {
-                    self.fail(first);
+                    self.fail(first, true);
                     continue;
                 }
                 match self.connect() {
@@ -253,13 +259,14 @@ impl Worker {
                     }
                     Err(e) => {
                         warn!(
-                            "tcp: connect to {}:{} failed: {e}; failing queued requests",
-                            self.peer.host, self.peer.port
+                            "tcp: connect to {}:{} (from {:?}) failed: {e}; failing queued requests",
+                            self.peer.host, self.peer.port, self.peer.bind
                         );
+                        self.failed.store(true, Ordering::Release);
                         cooldown_until = Some(Instant::now() + RECONNECT_COOLDOWN);
-                        self.fail(first);
+                        self.fail(first, true);
                         while let Ok(s) = self.rx.try_recv() {
-                            self.fail(s);
+                            self.fail(s, true);
                         }
                         continue;
                     }
@@ -281,21 +288,33 @@ impl Worker {
         }
         // Shutdown: fail what is still queued, then close.
         while let Ok(s) = self.rx.try_recv() {
-            self.fail(s);
+            self.fail(s, true);
         }
         if let Some(c) = conn.take() {
             c.close();
         }
     }
 
+    fn connect_one(&self, addr: SocketAddr) -> std::io::Result<TcpStream> {
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+        if let Some(ip) = self.peer.bind {
+            socket.bind(&SocketAddr::new(ip, 0).into())?;
+        }
+        socket.connect_timeout(&addr.into(), self.timeouts.connect)?;
+        Ok(socket.into())
+    }
+
     fn connect(&self) -> std::io::Result<Conn> {
         let addrs: Vec<SocketAddr> = (self.peer.host.as_str(), self.peer.port)
             .to_socket_addrs()?
+            .filter(|a| self.peer.bind.is_none_or(|b| b.is_ipv4() == a.is_ipv4()))
             .collect();
-        let mut last =
-            std::io::Error::new(std::io::ErrorKind::NotFound, "host resolved to no address");
+        let mut last = std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "host resolved to no address of the rail's family",
+        );
         for addr in addrs {
-            match TcpStream::connect_timeout(&addr, self.timeouts.connect) {
+            match self.connect_one(addr) {
                 Ok(stream) => {
                     stream.set_nodelay(true)?;
                     stream.set_read_timeout(Some(POLL_INTERVAL))?;
@@ -347,10 +366,14 @@ impl Worker {
             // v1 WRITEs get no answer: only the sender holds them.
             let answered = v2 || !s.write;
             let f = Arc::new(InFlight {
-                slice: s,
+                len: s.len,
+                write: s.write,
+                local: s.local,
+                remote: s.remote,
+                slice: Mutex::new(Some(s)),
                 v2,
                 holds: AtomicU8::new(if answered { 2 } else { 1 }),
-                failed: AtomicBool::new(false),
+                worst: AtomicU8::new(DONE),
                 load: self.load.clone(),
             });
             if answered {
@@ -359,7 +382,7 @@ impl Worker {
                     .as_ref()
                     .is_some_and(|tx| tx.send(f.clone()).is_ok());
                 if !queued {
-                    f.release(false);
+                    f.release(FAILED);
                 }
             }
             flights.push(f);
@@ -367,19 +390,16 @@ impl Worker {
         let mut iov = Vec::with_capacity(flights.len() * 2);
         for (h, f) in headers.iter().zip(&flights) {
             iov.push(iovec(h.as_ptr(), HEADER_LEN));
-            if f.slice.write {
-                iov.push(iovec(
-                    f.slice.local as usize as *const u8,
-                    f.slice.len as usize,
-                ));
+            if f.write {
+                iov.push(iovec(f.local as usize as *const u8, f.len as usize));
             }
         }
         let patience = Patience {
             stall: self.timeouts.stall,
             cancel: &c.dead,
         };
-        let ok = match send_iov(c.stream.as_raw_fd(), &mut iov, &patience) {
-            Ok(()) => true,
+        let outcome = match send_iov(c.stream.as_raw_fd(), &mut iov, &patience) {
+            Ok(()) => DONE,
             Err(e) => {
                 if !self.stop.load(Ordering::Acquire) {
                     warn!(
@@ -389,11 +409,11 @@ impl Worker {
                 }
                 c.dead.store(true, Ordering::Release);
                 let _ = c.stream.shutdown(Shutdown::Both);
-                false
+                FAILED
             }
         };
         for f in flights {
-            f.release(ok);
+            f.release(outcome);
         }
     }
 }
@@ -403,6 +423,21 @@ struct Receiving {
     dead: Arc<AtomicBool>,
     rx: Receiver<Arc<InFlight>>,
     stall: Duration,
+}
+
+/// A failed exchange: whether the peer rejected the address range.
+struct ExchangeError {
+    rejected: bool,
+    error: std::io::Error,
+}
+
+impl From<std::io::Error> for ExchangeError {
+    fn from(error: std::io::Error) -> Self {
+        ExchangeError {
+            rejected: false,
+            error,
+        }
+    }
 }
 
 impl Receiving {
@@ -420,22 +455,23 @@ impl Receiving {
                 Err(RecvTimeoutError::Disconnected) => return,
             };
             if self.dead.load(Ordering::Acquire) {
-                f.release(false);
+                f.release(FAILED);
                 continue;
             }
             match self.receive(&f, fd, &mut rbuf, &patience) {
-                Ok(()) => f.release(true),
+                Ok(()) => f.release(DONE),
                 Err(e) => {
                     if !self.dead.swap(true, Ordering::AcqRel) {
                         warn!(
-                            "tcp: {} of {} bytes at {:#x} failed: {e}",
-                            if f.slice.write { "WRITE" } else { "READ" },
-                            f.slice.len,
-                            f.slice.remote
+                            "tcp: {} of {} bytes at {:#x} failed: {}",
+                            if f.write { "WRITE" } else { "READ" },
+                            f.len,
+                            f.remote,
+                            e.error
                         );
                     }
                     let _ = self.stream.shutdown(Shutdown::Both);
-                    f.release(false);
+                    f.release(if e.rejected { REJECTED } else { FAILED });
                 }
             }
         }
@@ -447,7 +483,7 @@ impl Receiving {
         fd: i32,
         rbuf: &mut RecvBuf,
         patience: &Patience<'_>,
-    ) -> std::io::Result<()> {
+    ) -> Result<(), ExchangeError> {
         if f.v2 {
             let word = match rbuf.read_array::<8>(fd, patience, patience)? {
                 Some(b) => u64::from_le_bytes(b),
@@ -455,34 +491,32 @@ impl Receiving {
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::UnexpectedEof,
                         "peer closed the connection",
-                    ));
+                    )
+                    .into());
                 }
             };
             if !status_valid(word) {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidData,
                     format!("malformed status word {word:#018x} (a v1 peer?)"),
-                ));
+                )
+                .into());
             }
             if word != STATUS_OK {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::PermissionDenied,
-                    "peer rejected the address range",
-                ));
+                return Err(ExchangeError {
+                    rejected: true,
+                    error: std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        "peer rejected the address range",
+                    ),
+                });
             }
         }
-        if !f.slice.write {
+        if !f.write {
             // SAFETY: the caller's READ destination is valid for `len` bytes
             // until its task is terminal, which cannot happen before this
             // thread releases the slice.
-            unsafe {
-                rbuf.read_into(
-                    fd,
-                    f.slice.local as usize as *mut u8,
-                    f.slice.len as usize,
-                    patience,
-                )?
-            };
+            unsafe { rbuf.read_into(fd, f.local as usize as *mut u8, f.len as usize, patience)? };
         }
         Ok(())
     }

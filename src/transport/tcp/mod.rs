@@ -1,36 +1,85 @@
-//! The TCP transport: Mooncake's wire protocol (v1 and acknowledged v2) with
-//! persistent pipelined lanes per peer, slices spread over the lanes by
-//! load, and a server that validates every request before touching memory.
+//! The TCP transport: Mooncake's wire protocol (v1 and acknowledged v2),
+//! a server that validates every request before touching memory, and on
+//! the client side one endpoint per rail (local device, peer device): a set
+//! of persistent pipelined lanes, kept in a per-device pool with SIEVE or
+//! FIFO eviction and retired in two phases.
 
 mod lane;
 mod server;
 pub mod wire;
 
-pub use lane::{LaneTimeouts, PeerAddr, Slice};
+pub use lane::{LaneTarget, LaneTimeouts};
 pub use server::request_allowed;
 
+use super::endpoint::{Endpoint, EndpointStore, Retiring};
+use super::{Outcome, Slice};
 use crate::config::Config;
 use crate::engine::memory::MemoryRegistry;
-use crate::engine::planner;
 use crate::error::{Error, Result};
 use lane::Lane;
 use server::TcpServer;
 use std::collections::HashMap;
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::thread::JoinHandle;
 use std::time::Duration;
-use tracing::info;
+use tracing::{info, warn};
+
+/// How often retired endpoints are checked for their last slice.
+const REAP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The lanes of one rail.
+pub struct TcpEndpoint {
+    lanes: Vec<Lane>,
+    failed: Arc<AtomicBool>,
+}
+
+impl TcpEndpoint {
+    fn least_loaded(&self) -> &Lane {
+        let mut best = &self.lanes[0];
+        for l in &self.lanes[1..] {
+            if l.load() < best.load() {
+                best = l;
+            }
+        }
+        best
+    }
+}
+
+impl Endpoint for TcpEndpoint {
+    fn quiescent(&self) -> bool {
+        self.lanes.iter().all(|l| l.load() == 0)
+    }
+
+    fn close(&self) {
+        for l in &self.lanes {
+            l.shutdown();
+        }
+    }
+}
+
+type Pool = EndpointStore<LaneTarget, TcpEndpoint>;
+
+struct Pools {
+    /// One pool per local device (`None`: the unbound default rail).
+    by_device: HashMap<Option<String>, Pool>,
+    retiring: Retiring<TcpEndpoint>,
+    closed: bool,
+}
+
+struct Shared {
+    pools: Mutex<Pools>,
+    wake: Condvar,
+}
 
 /// A running TCP transport.
 pub struct TcpTransport {
     server: TcpServer,
-    peers: Mutex<HashMap<PeerAddr, Arc<[Lane]>>>,
-    lanes_per_peer: usize,
+    shared: Arc<Shared>,
+    reaper: Mutex<Option<JoinHandle<()>>>,
+    config: Config,
     timeouts: LaneTimeouts,
-    slice_size: u64,
-    fragment_limit: u64,
-    closed: AtomicBool,
 }
 
 impl TcpTransport {
@@ -43,18 +92,29 @@ impl TcpTransport {
         let stall = Duration::from_secs(cfg.tcp_status_timeout_secs);
         let server = TcpServer::start(listener, memory, stall)
             .map_err(|e| Error::Socket(format!("tcp data server could not start: {e}")))?;
+        let shared = Arc::new(Shared {
+            pools: Mutex::new(Pools {
+                by_device: HashMap::new(),
+                retiring: Retiring::default(),
+                closed: false,
+            }),
+            wake: Condvar::new(),
+        });
+        let s = shared.clone();
+        let reaper = std::thread::Builder::new()
+            .name("te-tcp-reaper".into())
+            .spawn(move || reap_loop(&s))
+            .map_err(|e| Error::Socket(format!("tcp reaper thread could not start: {e}")))?;
         info!(port = server.port(), "tcp transport listening");
         Ok(TcpTransport {
             server,
-            peers: Mutex::new(HashMap::new()),
-            lanes_per_peer: cfg.tcp_lanes_per_peer,
+            shared,
+            reaper: Mutex::new(Some(reaper)),
+            config: cfg.clone(),
             timeouts: LaneTimeouts {
                 connect: Duration::from_secs(cfg.handshake_connect_timeout_secs),
                 stall,
             },
-            slice_size: cfg.slice_size,
-            fragment_limit: cfg.fragment_limit,
-            closed: AtomicBool::new(false),
         })
     }
 
@@ -63,70 +123,112 @@ impl TcpTransport {
         self.server.port()
     }
 
-    fn lanes(&self, peer: &PeerAddr) -> Option<Arc<[Lane]>> {
-        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
-        if self.closed.load(Ordering::Acquire) {
+    /// The endpoint of a rail: pooled, or created (evicting by policy).
+    fn endpoint(&self, device: Option<&str>, target: &LaneTarget) -> Option<Arc<TcpEndpoint>> {
+        let mut pools = self.shared.pools.lock().unwrap_or_else(|e| e.into_inner());
+        if pools.closed {
             return None;
         }
-        if let Some(l) = peers.get(peer) {
-            return Some(l.clone());
+        let key = device.map(str::to_string);
+        let pool = pools.by_device.entry(key).or_insert_with(|| {
+            EndpointStore::new(self.config.max_ep_per_ctx, self.config.endpoint_store_type)
+        });
+        let mut retire = Vec::new();
+        if let Some(ep) = pool.get(target) {
+            if !ep.failed.load(Ordering::Acquire) {
+                return Some(ep);
+            }
+            retire.extend(pool.remove(target));
         }
-        let mut lanes = Vec::with_capacity(self.lanes_per_peer);
-        for i in 0..self.lanes_per_peer {
-            match Lane::start(peer.clone(), self.timeouts, format!("te-tcp-lane-{i}")) {
+        let failed = Arc::new(AtomicBool::new(false));
+        let mut lanes = Vec::with_capacity(self.config.tcp_lanes_per_peer);
+        for i in 0..self.config.tcp_lanes_per_peer {
+            match Lane::start(
+                target.clone(),
+                self.timeouts,
+                format!("te-tcp-lane-{i}"),
+                failed.clone(),
+            ) {
                 Ok(l) => lanes.push(l),
-                Err(e) => tracing::warn!(
+                Err(e) => warn!(
                     "tcp: could not start lane {i} to {}:{}: {e}",
-                    peer.host,
-                    peer.port
+                    target.host, target.port
                 ),
             }
         }
         if lanes.is_empty() {
+            pools.retiring.retire(retire);
             return None;
         }
-        let lanes: Arc<[Lane]> = lanes.into();
-        peers.insert(peer.clone(), lanes.clone());
-        Some(lanes)
+        let ep = Arc::new(TcpEndpoint { lanes, failed });
+        retire.extend(pool.insert(target.clone(), ep.clone()));
+        // The reaper closes them once quiescent (never under this lock:
+        // closing joins lane threads that may be re-sending a slice).
+        pools.retiring.retire(retire);
+        Some(ep)
     }
 
-    /// Moves the bytes of `whole` (one request) as slices spread over the
-    /// peer's lanes by load. The task's slices are counted before the first
-    /// one is queued.
-    pub fn submit(&self, peer: &PeerAddr, whole: Slice) {
-        let Some(t) = whole.batch.slot(whole.task) else {
-            return;
-        };
-        let n = planner::slice_count(whole.len, self.slice_size, self.fragment_limit);
-        t.add_slices(n);
-        let Some(lanes) = self.lanes(peer) else {
-            for _ in 0..n {
-                t.finish_slice(0, false);
-            }
-            return;
-        };
-        for (off, len) in planner::slices(whole.len, self.slice_size, self.fragment_limit) {
-            let lane = lanes.iter().min_by_key(|l| l.load()).unwrap_or(&lanes[0]);
-            lane.send(Slice {
-                batch: whole.batch.clone(),
-                task: whole.task,
-                local: whole.local + off,
-                remote: whole.remote + off,
-                len,
-                write: whole.write,
-            });
+    /// Sends one slice over the rail from local `device` (`None`: unbound)
+    /// to `target`, on the endpoint's least-loaded lane.
+    pub fn post(&self, device: Option<&str>, target: &LaneTarget, slice: Slice) {
+        match self.endpoint(device, target) {
+            Some(ep) => ep.least_loaded().send(slice),
+            None => slice.finish(Outcome::Failed { hard: true }),
         }
+    }
+
+    /// Endpoints pooled for `device` and endpoints waiting to retire.
+    pub fn endpoint_counts(&self, device: Option<&str>) -> (usize, usize) {
+        let pools = self.shared.pools.lock().unwrap_or_else(|e| e.into_inner());
+        let pooled = pools
+            .by_device
+            .get(&device.map(str::to_string))
+            .map_or(0, |p| p.len());
+        (pooled, pools.retiring.len())
     }
 
     /// Fails queued work, closes every connection and joins every thread.
     pub fn shutdown(&self) {
-        self.closed.store(true, Ordering::Release);
-        let peers = std::mem::take(&mut *self.peers.lock().unwrap_or_else(|e| e.into_inner()));
-        for lanes in peers.values() {
-            for lane in lanes.iter() {
-                lane.shutdown();
+        let endpoints = {
+            let mut pools = self.shared.pools.lock().unwrap_or_else(|e| e.into_inner());
+            pools.closed = true;
+            let mut all: Vec<Arc<TcpEndpoint>> = Vec::new();
+            for pool in pools.by_device.values_mut() {
+                all.extend(pool.drain());
+            }
+            pools.retiring.retire(all);
+            std::mem::take(&mut pools.retiring)
+        };
+        self.shared.wake.notify_all();
+        if let Some(t) = self.reaper.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+        let mut endpoints = endpoints;
+        endpoints.close_all();
+        self.server.shutdown();
+    }
+}
+
+/// Closes retired endpoints once their last slice is done, about once a
+/// second, until the transport shuts down.
+fn reap_loop(shared: &Shared) {
+    let mut pools = shared.pools.lock().unwrap_or_else(|e| e.into_inner());
+    while !pools.closed {
+        let (guard, _) = shared
+            .wake
+            .wait_timeout(pools, REAP_INTERVAL)
+            .unwrap_or_else(|e| e.into_inner());
+        pools = guard;
+        if !pools.retiring.is_empty() {
+            // Close outside the lock: closing joins lane threads whose last
+            // slices may need the pool to be re-sent elsewhere.
+            let mut batch = std::mem::take(&mut pools.retiring);
+            drop(pools);
+            let still = batch.reclaim();
+            pools = shared.pools.lock().unwrap_or_else(|e| e.into_inner());
+            if still > 0 {
+                pools.retiring.retire_from(&mut batch);
             }
         }
-        self.server.shutdown();
     }
 }

@@ -14,6 +14,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use tracing::{debug, warn};
 
+/// Accept queue of the data listener.
+const DATA_BACKLOG: libc::c_int = 4096;
+
 /// How long a blocked socket call sleeps before re-checking for shutdown.
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
@@ -50,6 +53,12 @@ impl TcpServer {
         stall: Duration,
     ) -> std::io::Result<TcpServer> {
         let port = listener.local_addr()?.port();
+        // Mooncake initiators open a connection per request: a deep accept
+        // queue (as asio's SOMAXCONN) keeps their SYNs from being dropped.
+        // SAFETY: listen(2) on our listening socket only resizes its queue.
+        if unsafe { libc::listen(listener.as_raw_fd(), DATA_BACKLOG) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
         listener.set_nonblocking(true)?;
         let shared = Arc::new(Shared {
             memory,

@@ -1,0 +1,237 @@
+//! Rail health and device load.
+//!
+//! A rail is a (local device, remote device) pair. [`RailHealth`] counts a
+//! rail's errors in a sliding window and pauses it, as Mooncake's worker
+//! pool does: 5 errors within 5 s, or one hard failure, pause the rail for
+//! `MC_RDMA_RAIL_PAUSE_SECONDS`; it is tried again afterwards.
+//! [`DeviceLoad`] keeps a local device's in-flight bytes and an EWMA of its
+//! bandwidth for `getNicLoadStats`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tracing::warn;
+
+/// Errors within [`ERROR_WINDOW`] that pause a rail.
+pub const ERRORS_TO_PAUSE: usize = 5;
+/// The window in which errors count.
+pub const ERROR_WINDOW: Duration = Duration::from_secs(5);
+
+#[derive(Default)]
+struct RailState {
+    errors: VecDeque<Instant>,
+    paused_until: Option<Instant>,
+}
+
+/// Error windows and pauses of every rail, keyed by a rail name.
+pub struct RailHealth {
+    pause: Duration,
+    rails: Mutex<HashMap<String, RailState>>,
+}
+
+impl RailHealth {
+    /// Rails pause for `pause` once they fail.
+    pub fn new(pause: Duration) -> RailHealth {
+        RailHealth {
+            pause,
+            rails: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether `rail` may carry slices now (unknown rails may).
+    pub fn available(&self, rail: &str) -> bool {
+        self.available_at(rail, Instant::now())
+    }
+
+    fn available_at(&self, rail: &str, now: Instant) -> bool {
+        let mut rails = self.rails.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(state) = rails.get_mut(rail) else {
+            return true;
+        };
+        match state.paused_until {
+            Some(t) if now < t => false,
+            Some(_) => {
+                state.paused_until = None;
+                state.errors.clear();
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// Records an error on `rail`; a `hard` one pauses it at once.
+    pub fn record_error(&self, rail: &str, hard: bool) {
+        self.record_error_at(rail, hard, Instant::now());
+    }
+
+    fn record_error_at(&self, rail: &str, hard: bool, now: Instant) {
+        let mut rails = self.rails.lock().unwrap_or_else(|e| e.into_inner());
+        let state = rails.entry(rail.to_string()).or_default();
+        if state.paused_until.is_some_and(|t| now < t) {
+            return;
+        }
+        while state
+            .errors
+            .front()
+            .is_some_and(|&t| now.duration_since(t) >= ERROR_WINDOW)
+        {
+            state.errors.pop_front();
+        }
+        state.errors.push_back(now);
+        if hard || state.errors.len() >= ERRORS_TO_PAUSE {
+            warn!(
+                "rail {rail} paused for {:?} after {}",
+                self.pause,
+                if hard {
+                    "a hard failure".to_string()
+                } else {
+                    format!("{} errors", state.errors.len())
+                }
+            );
+            state.paused_until = Some(now + self.pause);
+            state.errors.clear();
+        }
+    }
+}
+
+/// In-flight bytes and bandwidth of one local device.
+pub struct DeviceLoad {
+    /// Device name.
+    pub name: String,
+    inflight: AtomicU64,
+    ewma: Mutex<Ewma>,
+}
+
+struct Ewma {
+    bps: f64,
+    pending_bytes: u64,
+    since: Instant,
+}
+
+/// Shortest interval folded into the bandwidth average.
+const EWMA_INTERVAL: Duration = Duration::from_millis(100);
+/// Weight of the newest interval.
+const EWMA_ALPHA: f64 = 0.3;
+
+impl DeviceLoad {
+    /// A device with no load.
+    pub fn new(name: String) -> DeviceLoad {
+        DeviceLoad {
+            name,
+            inflight: AtomicU64::new(0),
+            ewma: Mutex::new(Ewma {
+                bps: 0.0,
+                pending_bytes: 0,
+                since: Instant::now(),
+            }),
+        }
+    }
+
+    /// Bytes posted on the device.
+    pub fn start(&self, bytes: u64) {
+        self.inflight.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes that finished (`moved` of them successfully).
+    pub fn finish(&self, bytes: u64, moved: u64) {
+        self.inflight.fetch_sub(bytes, Ordering::Relaxed);
+        let mut e = self.ewma.lock().unwrap_or_else(|e| e.into_inner());
+        e.pending_bytes += moved;
+        Self::fold(&mut e, Instant::now());
+    }
+
+    fn fold(e: &mut Ewma, now: Instant) {
+        let dt = now.duration_since(e.since);
+        if dt < EWMA_INTERVAL {
+            return;
+        }
+        let sample = e.pending_bytes as f64 / dt.as_secs_f64();
+        e.bps = EWMA_ALPHA * sample + (1.0 - EWMA_ALPHA) * e.bps;
+        e.pending_bytes = 0;
+        e.since = now;
+    }
+
+    /// Bytes in flight now.
+    pub fn inflight(&self) -> u64 {
+        self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Bandwidth average in bytes per second (decays while idle).
+    pub fn ewma_bps(&self) -> f64 {
+        let mut e = self.ewma.lock().unwrap_or_else(|e| e.into_inner());
+        Self::fold(&mut e, Instant::now());
+        e.bps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_rail_is_available() {
+        let h = RailHealth::new(Duration::from_secs(30));
+        assert!(h.available("10.0.0.1@mlx5_0"));
+    }
+
+    #[test]
+    fn four_errors_do_not_pause_five_do() {
+        let h = RailHealth::new(Duration::from_secs(30));
+        let t = Instant::now();
+        for i in 0..4 {
+            h.record_error_at("r", false, t + Duration::from_millis(i));
+        }
+        assert!(h.available_at("r", t + Duration::from_millis(10)));
+        h.record_error_at("r", false, t + Duration::from_millis(20));
+        assert!(!h.available_at("r", t + Duration::from_millis(30)));
+        assert!(!h.available_at("r", t + Duration::from_secs(29)));
+        assert!(
+            h.available_at("r", t + Duration::from_secs(31)),
+            "the pause ends"
+        );
+        assert!(h.available_at("r", t + Duration::from_secs(32)));
+    }
+
+    #[test]
+    fn hard_failure_pauses_at_once() {
+        let h = RailHealth::new(Duration::from_secs(2));
+        let t = Instant::now();
+        h.record_error_at("r", true, t);
+        assert!(!h.available_at("r", t + Duration::from_secs(1)));
+        assert!(h.available_at("r", t + Duration::from_secs(3)));
+    }
+
+    #[test]
+    fn old_errors_leave_the_window() {
+        let h = RailHealth::new(Duration::from_secs(30));
+        let t = Instant::now();
+        for i in 0..4 {
+            h.record_error_at("r", false, t + Duration::from_millis(i));
+        }
+        h.record_error_at("r", false, t + Duration::from_secs(6));
+        assert!(h.available_at("r", t + Duration::from_secs(6)));
+    }
+
+    #[test]
+    fn pausing_one_rail_leaves_others() {
+        let h = RailHealth::new(Duration::from_secs(30));
+        h.record_error("10.0.0.1@mlx5_bond_0", true);
+        assert!(!h.available("10.0.0.1@mlx5_bond_0"));
+        assert!(h.available("10.0.0.1@mlx5_bond_1"));
+    }
+
+    #[test]
+    fn device_load_counts_and_averages() {
+        let d = DeviceLoad::new("eth0".into());
+        d.start(100);
+        d.start(50);
+        assert_eq!(d.inflight(), 150);
+        d.finish(100, 100);
+        assert_eq!(d.inflight(), 50);
+        std::thread::sleep(EWMA_INTERVAL + Duration::from_millis(10));
+        d.finish(50, 50);
+        assert!(d.ewma_bps() > 0.0);
+        assert_eq!(d.inflight(), 0);
+    }
+}
