@@ -32,6 +32,12 @@
  *                        byte of the last batch each thread read. WRITE: the
  *                        initiator writes a known pattern, then reads every
  *                        block back and checks it. A mismatch exits 1.
+ *   --verify_seed N      the pattern: what the target fills its buffer with,
+ *                        what READ expects, what WRITE writes. Default: 0x5eed
+ *                        for target and READ, 0x77 for WRITE (so a WRITE is
+ *                        seen to change the target). A WRITE run and a later
+ *                        READ run with the same seed and request layout check
+ *                        end to end that the READ gets what the WRITE put.
  * Mooncake flags without meaning here (--device_name, --nic_priority_matrix,
  * --backend, GPU flags) are accepted and ignored with a note on stderr.
  *
@@ -63,7 +69,7 @@
 struct options {
   const char *mode, *operation, *protocol, *metadata_server, *local_server_name, *segment_id;
   const char *report_unit;
-  uint64_t buffer_size, block_size, batch_size, target_base, target_size;
+  uint64_t buffer_size, block_size, batch_size, target_base, target_size, verify_seed;
   int threads, report_precision, auto_discovery, verify;
   double duration;
 };
@@ -215,6 +221,7 @@ static void parse_args(int argc, char **argv) {
     else if (!strcmp(flag, "--batch_size")) opt.batch_size = parse_u64(flag, value);
     else if (!strcmp(flag, "--target_base")) opt.target_base = parse_u64(flag, value);
     else if (!strcmp(flag, "--target_size")) opt.target_size = parse_u64(flag, value);
+    else if (!strcmp(flag, "--verify_seed")) opt.verify_seed = parse_u64(flag, value);
     else if (!strcmp(flag, "--threads")) opt.threads = (int)parse_u64(flag, value);
     else if (!strcmp(flag, "--report_precision")) opt.report_precision = (int)parse_u64(flag, value);
     else if (!strcmp(flag, "--duration")) {
@@ -299,11 +306,17 @@ static unsigned char *alloc_buffer(uint64_t size) {
   return p;
 }
 
+/* The pattern seed of this run (see --verify_seed). */
+static uint64_t verify_seed(int write) {
+  if (opt.verify_seed) return opt.verify_seed;
+  return write ? VERIFY_SEED_WRITE : VERIFY_SEED_TARGET;
+}
+
 static int target_main(void) {
   char name[256];
   transfer_engine_t e = make_engine(name, sizeof name);
   unsigned char *buf = alloc_buffer(opt.buffer_size);
-  if (opt.verify) fill(buf, 0, opt.buffer_size, VERIFY_SEED_TARGET);
+  if (opt.verify) fill(buf, 0, opt.buffer_size, verify_seed(0));
   else memset(buf, 0, opt.buffer_size); /* fault the pages in before timing */
   int rc = registerLocalMemory(e, buf, opt.buffer_size, "cpu:0", 1);
   if (rc != 0) {
@@ -445,7 +458,7 @@ static int verify_after(struct worker *ws) {
     struct worker *w = &ws[t];
     if (!write) {
       /* The last batch read each block from the target's pattern. */
-      bad |= verify_blocks(w, VERIFY_SEED_TARGET, "READ check") != 0;
+      bad |= verify_blocks(w, verify_seed(0), "READ check") != 0;
       continue;
     }
     /* Read back every block the thread wrote, over a scrubbed local copy. */
@@ -458,7 +471,7 @@ static int verify_after(struct worker *ws) {
       fprintf(stderr, "thread %d: the read-back batch failed\n", t);
       bad = 1;
     } else {
-      bad |= verify_blocks(w, VERIFY_SEED_WRITE, "WRITE read-back check") != 0;
+      bad |= verify_blocks(w, verify_seed(1), "WRITE read-back check") != 0;
     }
     free(reqs);
   }
@@ -482,7 +495,7 @@ static int initiator_main(void) {
   transfer_engine_t e = make_engine(name, sizeof name);
   unsigned char *buf = alloc_buffer(opt.buffer_size);
   int write = !strcmp(opt.operation, "write");
-  if (opt.verify && write) fill(buf, 0, opt.buffer_size, VERIFY_SEED_WRITE);
+  if (opt.verify && write) fill(buf, 0, opt.buffer_size, verify_seed(1));
   else memset(buf, 0x3c, opt.buffer_size);
   int rc = registerLocalMemory(e, buf, opt.buffer_size, "cpu:0", 1);
   if (rc != 0) {
