@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "te_check.h"
@@ -542,6 +543,9 @@ static uint64_t num(const char *s) {
 
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
+  /* If the driver script dies without its trap (SIGKILL from a ctest
+   * timeout), do not outlive it. */
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
