@@ -72,12 +72,12 @@ echo "$line"
 
 common=(--mode initiator --protocol tcp --metadata_server P2PHANDSHAKE
   --local_server_name 127.0.0.1 --segment_id "$seg" --target_base "$base"
-  --target_size "$size" --block_size $((1 << 20)) --batch_size 16 --threads 4
+  --target_size "$size" --buffer_size $((64 << 20)) --block_size $((1 << 20)) --batch_size 16 --threads 4
   --duration "$duration" --report_unit GB --verify --verify_seed 7)
 results=()
 for op in write read; do
   echo "== initiator: ${op^^} for ${duration} s, 1 MiB blocks, verified"
-  timeout -k 5 $((duration * 2 + 120)) "$bench" "${common[@]}" --operation "$op" | tee "$tmp/$op.out"
+  timeout -k 5 $((duration * 2 + 120)) "$bench" "${common[@]}" --operation "$op" 2>"$tmp/$op.err" | tee "$tmp/$op.out"
   results+=("${op^^}: $(grep '^Test completed' "$tmp/$op.out")")
   grep -q '^verify: OK' "$tmp/$op.out"
 done
