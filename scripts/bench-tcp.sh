@@ -14,7 +14,7 @@
 # medians: ours GB/s, iperf3 GB/s with the same stream count, the ratio,
 # and requests/s. GB = 1e9 bytes.
 #
-# Defaults: 3 runs of 4 s (about 3 minutes). --quick: 3 runs of 2 s.
+# Defaults: 3 runs of 4 s (about 2-3 minutes). --quick: 3 runs of 2 s (about 1 minute).
 # A benchmark, not a test: its verdict is the table, not the exit code
 # (which is non-zero only when something failed to run).
 set -euo pipefail
@@ -136,36 +136,40 @@ results=$tmp/results
 echo "# loopback, $runs runs x ${duration} s, $streams streams/threads, batch 128; target $seg"
 for r in $(seq "$runs"); do
   v=$(iperf "$streams")
-  echo "iperf3 P$streams $v 0" >>"$results"
+  echo "$r iperf3 P$streams $v 0" >>"$results"
   echo "run $r: iperf3 -P $streams: $v GB/s"
   if [ "$streams" -ne 1 ]; then
     v=$(iperf 1)
-    echo "iperf3 P1 $v 0" >>"$results"
+    echo "$r iperf3 P1 $v 0" >>"$results"
     echo "run $r: iperf3 -P 1: $v GB/s"
   fi
   for c in "${cases[@]}"; do
     read -r op block label <<<"$c"
     v=$(ours "$op" "$block")
-    echo "${op^^} $label $v" >>"$results"
+    echo "$r ${op^^} $label $v" >>"$results"
     echo "run $r: ${op^^} $label: $v (GB/s req/s)"
   done
 done
 
 python3 - "$results" "$streams" <<'EOF'
 import statistics, sys
-rows = {}
+rows, per_run = {}, {}
 for line in open(sys.argv[1]):
-    a, b, gbs, rps = line.split()
+    run, a, b, gbs, rps = line.split()
     rows.setdefault((a, b), []).append((float(gbs), float(rps)))
+    per_run.setdefault(run, {})[(a, b)] = float(gbs)
 streams = sys.argv[2]
 med = lambda v: statistics.median(v)
 ip = med([g for g, _ in rows[("iperf3", "P" + streams)]])
 ip1 = med([g for g, _ in rows.get(("iperf3", "P1"), rows[("iperf3", "P" + streams)])])
 print()
-print("%-12s %10s %12s %7s %12s" % ("case", "ours GB/s", "iperf3 GB/s", "ratio", "requests/s"))
+print("%-12s %10s %12s %7s %12s %16s" % ("case", "ours GB/s", "iperf3 GB/s", "ratio", "requests/s", "per-run ratios"))
 for key in [("WRITE", "1MiB"), ("READ", "1MiB"), ("WRITE", "64KiB"), ("READ", "64KiB"), ("WRITE", "4KiB"), ("READ", "4KiB")]:
     v = rows[key]
     g = med([x for x, _ in v]); r = med([y for _, y in v])
-    print("%-12s %10.2f %12.2f %7.2f %12.0f" % (" ".join(key), g, ip, g / ip, r))
+    ratios = [d[key] / d[("iperf3", "P" + streams)] for d in per_run.values()]
+    print("%-12s %10.2f %12.2f %7.2f %12.0f %16s" % (" ".join(key), g, ip, g / ip, r,
+          " ".join("%.2f" % x for x in ratios)))
 print("iperf3 -P %s: %.2f GB/s, -P 1: %.2f GB/s (medians of %d runs)" % (streams, ip, ip1, len(rows[("iperf3", "P" + streams)])))
+print("ratio = median ours / median iperf3 -P %s; per-run ratios divide by the same run's iperf3" % streams)
 EOF
