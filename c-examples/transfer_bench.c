@@ -1,0 +1,572 @@
+/*
+ * transfer_bench: a C port of Mooncake's transfer_engine_bench
+ * (TE/example/transfer_engine_bench.cpp) through the C API only.
+ *
+ * Target:    transfer_bench --mode target [--metadata_server P2PHANDSHAKE]
+ *                [--local_server_name 127.0.0.1] [--buffer_size BYTES] [--verify]
+ *            prints one line, then serves until SIGINT/SIGTERM:
+ *              segment <name> base <decimal address> size <bytes>
+ * Initiator: transfer_bench --mode initiator --segment_id <name> --target_base <address>
+ *                [--operation read|write] [--block_size 65536] [--batch_size 128]
+ *                [--threads 12] [--duration 10] [--report_unit GB] [--verify]
+ *            prints Mooncake's result line:
+ *              Test completed: duration D.DD, batch count N, throughput R <unit>/s
+ *
+ * Flags are Mooncake's (spec section 8), as "--flag value" or "--flag=value":
+ *   --mode initiator|target (initiator)     --operation read|write (read)
+ *   --protocol tcp (only tcp here)          --metadata_server (P2PHANDSHAKE;
+ *       "http://host:port/path" for our metadata server; Mooncake's default is etcd)
+ *   --local_server_name (127.0.0.1)         --segment_id (the target's name)
+ *   --buffer_size (1 GiB; the initiator raises it to block*batch*threads)
+ *   --block_size (65536)  --batch_size (128)  --threads (12)  --duration (10 s)
+ *   --report_unit GB|GiB|Gb|MB|MiB|Mb|KB|KiB|Kb (GB; GB = 1e9 bytes, Gb = 1e9 bits)
+ *   --report_precision (2)                  --auto_discovery (false)
+ * Our additions:
+ *   --target_base ADDR   the target's buffer address (from its "segment" line;
+ *                        the C API cannot list a peer's buffers); required
+ *                        for the initiator.
+ *   --target_size BYTES  the target's buffer size (default: the initiator's
+ *                        buffer size); request offsets wrap inside both.
+ *   --verify             the target fills its buffer with a known pattern.
+ *                        READ: after the timed loop the initiator checks every
+ *                        byte of the last batch each thread read. WRITE: the
+ *                        initiator writes a known pattern, then reads every
+ *                        block back and checks it. A mismatch exits 1.
+ *   --verify_seed N      the pattern: what the target fills its buffer with,
+ *                        what READ expects, what WRITE writes. Default: 0x5eed
+ *                        for target and READ, 0x77 for WRITE (so a WRITE is
+ *                        seen to change the target). A WRITE run and a later
+ *                        READ run with the same seed and request layout check
+ *                        end to end that the READ gets what the WRITE put.
+ * Mooncake flags without meaning here (--device_name, --nic_priority_matrix,
+ * --backend, GPU flags) are accepted and ignored with a note on stderr.
+ *
+ * Each initiator thread t loops until --duration ends: allocate a batch,
+ * batch_size requests of block_size at offset block*(i*threads+t) (the same
+ * offset locally and in the target buffer), submit, poll every task until
+ * it is terminal, free the batch. A FAILED task stops the run: exit 1.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "transfer_engine_c.h"
+
+#define MAX_THREADS 1024
+#define VERIFY_SEED_TARGET 0x5eedu
+#define VERIFY_SEED_WRITE 0x77u
+
+struct options {
+  const char *mode, *operation, *protocol, *metadata_server, *local_server_name, *segment_id;
+  const char *report_unit;
+  uint64_t buffer_size, block_size, batch_size, target_base, target_size, verify_seed;
+  int threads, report_precision, auto_discovery, verify;
+  double duration;
+};
+
+static struct options opt = {
+    .mode = "initiator",
+    .operation = "read",
+    .protocol = "tcp",
+    .metadata_server = "P2PHANDSHAKE",
+    .local_server_name = "127.0.0.1",
+    .segment_id = NULL,
+    .report_unit = "GB",
+    .buffer_size = 1ull << 30,
+    .block_size = 65536,
+    .batch_size = 128,
+    .threads = 12,
+    .report_precision = 2,
+    .duration = 10,
+};
+
+static volatile sig_atomic_t stop_signal;
+static atomic_int running = 1;
+
+static void on_signal(int sig) { stop_signal = sig; }
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The byte at offset `i` of a buffer filled with pattern `seed`: cheap to
+ * compute, different per seed, with a period (251) no block size lines up with. */
+static inline unsigned char pattern(uint64_t seed, uint64_t i) {
+  return (unsigned char)((i % 251) ^ (seed * 0x9e3779b97f4a7c15ull >> 56) ^ (i >> 12));
+}
+
+static void fill(unsigned char *p, uint64_t off, uint64_t n, uint64_t seed) {
+  for (uint64_t i = 0; i < n; i++) p[i] = pattern(seed, off + i);
+}
+
+/* Number of bytes of p[0..n) that differ from the pattern at offset off;
+ * *first gets the index of the first one. */
+static uint64_t mismatches(const unsigned char *p, uint64_t off, uint64_t n, uint64_t seed,
+                           uint64_t *first) {
+  uint64_t bad = 0;
+  for (uint64_t i = 0; i < n; i++)
+    if (p[i] != pattern(seed, off + i)) {
+      if (!bad) *first = i;
+      bad++;
+    }
+  return bad;
+}
+
+/* ------------------------------------------------------------ arguments */
+
+static void usage(const char *why) {
+  if (why) fprintf(stderr, "transfer_bench: %s\n", why);
+  fprintf(stderr,
+          "usage: transfer_bench --mode target|initiator [--metadata_server P2PHANDSHAKE|http://...]\n"
+          "         [--local_server_name HOST] [--protocol tcp] [--buffer_size BYTES] [--verify]\n"
+          "       initiator: --segment_id NAME --target_base ADDR [--target_size BYTES]\n"
+          "         [--operation read|write] [--block_size B] [--batch_size N] [--threads N]\n"
+          "         [--duration S] [--report_unit GB|GiB|Gb|MB|MiB|Mb|KB|KiB|Kb]\n"
+          "         [--report_precision N] [--auto_discovery]\n");
+  exit(2);
+}
+
+static uint64_t parse_u64(const char *flag, const char *v) {
+  char *end;
+  errno = 0;
+  unsigned long long x = strtoull(v, &end, 0);
+  if (errno || end == v || *end || v[0] == '-') {
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s: '%s' is not a non-negative integer", flag, v);
+    usage(msg);
+  }
+  return (uint64_t)x;
+}
+
+static int parse_bool(const char *flag, const char *v) {
+  if (!strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "yes")) return 1;
+  if (!strcmp(v, "false") || !strcmp(v, "0") || !strcmp(v, "no")) return 0;
+  char msg[256];
+  snprintf(msg, sizeof msg, "%s: '%s' is not true or false", flag, v);
+  usage(msg);
+  return 0;
+}
+
+static int is_bool_word(const char *v) {
+  return v && (!strcmp(v, "true") || !strcmp(v, "false") || !strcmp(v, "1") || !strcmp(v, "0"));
+}
+
+static void parse_args(int argc, char **argv) {
+  static const char *ignored[] = {"--device_name", "--nic_priority_matrix", "--backend",
+                                  "--use_vram", "--init_mem", "--gpu_id", NULL};
+  for (int i = 1; i < argc; i++) {
+    char flagbuf[128];
+    const char *arg = argv[i], *value = NULL;
+    if (strncmp(arg, "--", 2) != 0) {
+      char msg[256];
+      snprintf(msg, sizeof msg, "unexpected argument '%s'", arg);
+      usage(msg);
+    }
+    const char *eq = strchr(arg, '=');
+    if (eq) {
+      size_t n = (size_t)(eq - arg);
+      if (n >= sizeof flagbuf) usage("flag name too long");
+      memcpy(flagbuf, arg, n);
+      flagbuf[n] = 0;
+      value = eq + 1;
+    } else {
+      snprintf(flagbuf, sizeof flagbuf, "%s", arg);
+    }
+    const char *flag = flagbuf;
+    if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) usage(NULL);
+
+    /* Booleans: "--flag", "--flag=true", "--flag true", "--noflag". */
+    int *boolp = NULL, boolv = 1;
+    if (!strcmp(flag, "--verify")) boolp = &opt.verify;
+    else if (!strcmp(flag, "--auto_discovery")) boolp = &opt.auto_discovery;
+    else if (!strcmp(flag, "--noverify")) boolp = &opt.verify, boolv = 0;
+    else if (!strcmp(flag, "--noauto_discovery")) boolp = &opt.auto_discovery, boolv = 0;
+    if (boolp) {
+      if (value) boolv = parse_bool(flag, value);
+      else if (i + 1 < argc && is_bool_word(argv[i + 1])) boolv = parse_bool(flag, argv[++i]);
+      *boolp = boolv;
+      continue;
+    }
+
+    if (!value) {
+      if (i + 1 >= argc) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s needs a value", flag);
+        usage(msg);
+      }
+      value = argv[++i];
+    }
+    int known = 1;
+    if (!strcmp(flag, "--mode")) opt.mode = value;
+    else if (!strcmp(flag, "--operation")) opt.operation = value;
+    else if (!strcmp(flag, "--protocol")) opt.protocol = value;
+    else if (!strcmp(flag, "--metadata_server")) opt.metadata_server = value;
+    else if (!strcmp(flag, "--local_server_name")) opt.local_server_name = value;
+    else if (!strcmp(flag, "--segment_id")) opt.segment_id = value;
+    else if (!strcmp(flag, "--report_unit")) opt.report_unit = value;
+    else if (!strcmp(flag, "--buffer_size")) opt.buffer_size = parse_u64(flag, value);
+    else if (!strcmp(flag, "--block_size")) opt.block_size = parse_u64(flag, value);
+    else if (!strcmp(flag, "--batch_size")) opt.batch_size = parse_u64(flag, value);
+    else if (!strcmp(flag, "--target_base")) opt.target_base = parse_u64(flag, value);
+    else if (!strcmp(flag, "--target_size")) opt.target_size = parse_u64(flag, value);
+    else if (!strcmp(flag, "--verify_seed")) opt.verify_seed = parse_u64(flag, value);
+    else if (!strcmp(flag, "--threads")) opt.threads = (int)parse_u64(flag, value);
+    else if (!strcmp(flag, "--report_precision")) opt.report_precision = (int)parse_u64(flag, value);
+    else if (!strcmp(flag, "--duration")) {
+      char *end;
+      opt.duration = strtod(value, &end);
+      if (end == value || *end || !(opt.duration > 0)) usage("--duration must be a positive number");
+    } else {
+      known = 0;
+      for (int k = 0; ignored[k]; k++)
+        if (!strcmp(flag, ignored[k])) {
+          fprintf(stderr, "transfer_bench: note: %s has no effect here; ignored\n", flag);
+          known = 1;
+        }
+    }
+    if (!known) {
+      char msg[256];
+      snprintf(msg, sizeof msg, "unknown flag '%s'", flag);
+      usage(msg);
+    }
+  }
+
+  if (strcmp(opt.mode, "initiator") && strcmp(opt.mode, "target"))
+    usage("--mode must be initiator or target");
+  if (strcmp(opt.operation, "read") && strcmp(opt.operation, "write"))
+    usage("--operation must be read or write");
+  if (strcmp(opt.protocol, "tcp")) {
+    fprintf(stderr,
+            "transfer_bench: --protocol %s is not supported by this benchmark; only tcp is "
+            "(rdma needs the library's rdma feature and hardware)\n",
+            opt.protocol);
+    exit(2);
+  }
+  if (opt.block_size == 0 || opt.batch_size == 0) usage("--block_size and --batch_size must be > 0");
+  if (opt.threads < 1 || opt.threads > MAX_THREADS) usage("--threads must be 1..1024");
+  if (opt.report_precision > 12) usage("--report_precision must be 0..12");
+  if (opt.buffer_size == 0) usage("--buffer_size must be > 0");
+}
+
+static double unit_bytes(const char *u) {
+  static const struct { const char *name; double bytes; } units[] = {
+      {"GB", 1e9}, {"GiB", 1073741824.0}, {"Gb", 1e9 / 8}, {"MB", 1e6}, {"MiB", 1048576.0},
+      {"Mb", 1e6 / 8}, {"KB", 1e3}, {"KiB", 1024.0}, {"Kb", 1e3 / 8}};
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+    if (!strcmp(u, units[i].name)) return units[i].bytes;
+  return 0;
+}
+
+/* --------------------------------------------------------------- engine */
+
+static transfer_engine_t make_engine(char *name, size_t name_len) {
+  transfer_engine_t e =
+      createTransferEngine(opt.metadata_server, opt.local_server_name, NULL, 0, opt.auto_discovery);
+  if (!e) {
+    fprintf(stderr, "transfer_bench: createTransferEngine(%s, %s) failed (see the log above)\n",
+            opt.metadata_server, opt.local_server_name);
+    exit(1);
+  }
+  if (!installTransport(e, opt.protocol, NULL)) {
+    fprintf(stderr, "transfer_bench: installTransport(%s) failed\n", opt.protocol);
+    destroyTransferEngine(e);
+    exit(1);
+  }
+  /* P2P mode renames the engine "host:<rpc port>"; with a metadata server
+   * the name is kept as given. */
+  if (!strcmp(opt.metadata_server, "P2PHANDSHAKE")) {
+    if (getLocalIpAndPort(e, name, name_len) != 0) {
+      fprintf(stderr, "transfer_bench: getLocalIpAndPort failed\n");
+      exit(1);
+    }
+  } else {
+    snprintf(name, name_len, "%s", opt.local_server_name);
+  }
+  return e;
+}
+
+static unsigned char *alloc_buffer(uint64_t size) {
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    fprintf(stderr, "transfer_bench: cannot allocate %" PRIu64 " bytes: %s\n", size, strerror(errno));
+    exit(1);
+  }
+  return p;
+}
+
+/* The pattern seed of this run (see --verify_seed). */
+static uint64_t verify_seed(int write) {
+  if (opt.verify_seed) return opt.verify_seed;
+  return write ? VERIFY_SEED_WRITE : VERIFY_SEED_TARGET;
+}
+
+static int target_main(void) {
+  char name[256];
+  transfer_engine_t e = make_engine(name, sizeof name);
+  unsigned char *buf = alloc_buffer(opt.buffer_size);
+  if (opt.verify) fill(buf, 0, opt.buffer_size, verify_seed(0));
+  else memset(buf, 0, opt.buffer_size); /* fault the pages in before timing */
+  int rc = registerLocalMemory(e, buf, opt.buffer_size, "cpu:0", 1);
+  if (rc != 0) {
+    fprintf(stderr, "transfer_bench: registerLocalMemory(%" PRIu64 " bytes) returned %d\n",
+            opt.buffer_size, rc);
+    return 1;
+  }
+  printf("segment %s base %" PRIu64 " size %" PRIu64 "\n", name, (uint64_t)(uintptr_t)buf,
+         opt.buffer_size);
+  fflush(stdout);
+
+  while (!stop_signal) {
+    int n = 0;
+    notify_msg_t *msgs = getNotifsFromEngine(e, &n);
+    for (int i = 0; msgs && i < n; i++) printf("notify %s %s\n", msgs[i].name, msgs[i].msg);
+    if (msgs) {
+      fflush(stdout);
+      freeNotifsMsgBuf(msgs, n);
+    }
+    usleep(100 * 1000);
+  }
+  fprintf(stderr, "transfer_bench: signal %d, stopping\n", (int)stop_signal);
+  unregisterLocalMemory(e, buf);
+  destroyTransferEngine(e);
+  munmap(buf, opt.buffer_size);
+  return 0;
+}
+
+struct worker {
+  pthread_t tid;
+  int index;
+  transfer_engine_t engine;
+  segment_id_t segment;
+  unsigned char *local;
+  uint64_t region; /* offsets wrap inside [0, region) on both sides */
+  uint64_t batches;
+  int failed;
+};
+
+static uint64_t offset_of(const struct worker *w, uint64_t i) {
+  return opt.block_size * (i * (uint64_t)opt.threads + (uint64_t)w->index) % w->region;
+}
+
+/* One batch of batch_size requests; returns 0 when every task completed. */
+static int run_batch(struct worker *w, struct transfer_request *reqs) {
+  batch_id_t b = allocateBatchID(w->engine, opt.batch_size);
+  if (b == INVALID_BATCH) {
+    fprintf(stderr, "thread %d: allocateBatchID failed\n", w->index);
+    return -1;
+  }
+  int rc = submitTransfer(w->engine, b, reqs, opt.batch_size);
+  if (rc != 0) {
+    fprintf(stderr, "thread %d: submitTransfer returned %d\n", w->index, rc);
+    freeBatchID(w->engine, b);
+    return -1;
+  }
+  int result = 0;
+  for (uint64_t i = 0; i < opt.batch_size; i++) {
+    struct transfer_status st;
+    for (unsigned spins = 0;; spins++) {
+      if (getTransferStatus(w->engine, b, i, &st) != 0) {
+        fprintf(stderr, "thread %d: getTransferStatus(task %" PRIu64 ") failed\n", w->index, i);
+        return -1;
+      }
+      if (st.status == STATUS_COMPLETED || st.status == STATUS_FAILED) break;
+      /* Two cores are shared with the engine's threads (and, on loopback,
+       * the target): spin briefly, then yield. */
+      if (spins > 64) sched_yield();
+    }
+    if (st.status == STATUS_FAILED) {
+      if (!result)
+        fprintf(stderr, "thread %d: task %" PRIu64 " FAILED (offset %" PRIu64 ", %" PRIu64
+                " bytes)\n", w->index, i, offset_of(w, i), opt.block_size);
+      result = -1;
+    }
+  }
+  rc = freeBatchID(w->engine, b);
+  if (rc != 0) {
+    fprintf(stderr, "thread %d: freeBatchID returned %d\n", w->index, rc);
+    result = -1;
+  }
+  return result;
+}
+
+static void build_requests(struct worker *w, struct transfer_request *reqs, int opcode) {
+  for (uint64_t i = 0; i < opt.batch_size; i++) {
+    uint64_t off = offset_of(w, i);
+    reqs[i] = (struct transfer_request){.opcode = opcode,
+                                        .source = w->local + off,
+                                        .target_id = w->segment,
+                                        .target_offset = opt.target_base + off,
+                                        .length = opt.block_size};
+  }
+}
+
+/* Checks every block of thread w's batch against the pattern `seed`. */
+static int verify_blocks(struct worker *w, uint64_t seed, const char *what) {
+  uint64_t bad_total = 0;
+  for (uint64_t i = 0; i < opt.batch_size; i++) {
+    uint64_t off = offset_of(w, i), first = 0;
+    uint64_t bad = mismatches(w->local + off, off, opt.block_size, seed, &first);
+    if (bad && !bad_total)
+      fprintf(stderr, "thread %d: %s: block at offset %" PRIu64 ": %" PRIu64
+              " bytes differ, first at +%" PRIu64 " (got %u, want %u)\n", w->index, what, off,
+              bad, first, w->local[off + first], pattern(seed, off + first));
+    bad_total += bad;
+  }
+  if (bad_total)
+    fprintf(stderr, "thread %d: %s: %" PRIu64 " mismatched bytes in total\n", w->index, what,
+            bad_total);
+  return bad_total ? -1 : 0;
+}
+
+static void *worker_main(void *arg) {
+  struct worker *w = arg;
+  int write = !strcmp(opt.operation, "write");
+  struct transfer_request *reqs = calloc(opt.batch_size, sizeof *reqs);
+  if (!reqs) {
+    w->failed = 1;
+    return NULL;
+  }
+  build_requests(w, reqs, write ? OPCODE_WRITE : OPCODE_READ);
+  while (atomic_load_explicit(&running, memory_order_relaxed)) {
+    if (run_batch(w, reqs) != 0) {
+      w->failed = 1;
+      atomic_store(&running, 0);
+      break;
+    }
+    w->batches++;
+  }
+  free(reqs);
+  return NULL;
+}
+
+/* After the timed loop: check what the threads moved. */
+static int verify_after(struct worker *ws) {
+  int write = !strcmp(opt.operation, "write"), bad = 0;
+  for (int t = 0; t < opt.threads; t++) {
+    struct worker *w = &ws[t];
+    if (!write) {
+      /* The last batch read each block from the target's pattern. */
+      bad |= verify_blocks(w, verify_seed(0), "READ check") != 0;
+      continue;
+    }
+    /* Read back every block the thread wrote, over a scrubbed local copy. */
+    for (uint64_t i = 0; i < opt.batch_size; i++)
+      memset(w->local + offset_of(w, i), 0xA5, opt.block_size);
+    struct transfer_request *reqs = calloc(opt.batch_size, sizeof *reqs);
+    if (!reqs) return -1;
+    build_requests(w, reqs, OPCODE_READ);
+    if (run_batch(w, reqs) != 0) {
+      fprintf(stderr, "thread %d: the read-back batch failed\n", t);
+      bad = 1;
+    } else {
+      bad |= verify_blocks(w, verify_seed(1), "WRITE read-back check") != 0;
+    }
+    free(reqs);
+  }
+  return bad ? -1 : 0;
+}
+
+static int initiator_main(void) {
+  double unit = unit_bytes(opt.report_unit);
+  if (unit == 0) usage("--report_unit must be one of GB GiB Gb MB MiB Mb KB KiB Kb");
+  if (!opt.segment_id) usage("--segment_id (the target's name, from its 'segment' line) is required");
+  if (!opt.target_base)
+    usage("--target_base (the target's buffer address, from its 'segment' line) is required");
+  uint64_t need = opt.block_size * opt.batch_size * (uint64_t)opt.threads;
+  if (opt.buffer_size < need) opt.buffer_size = need; /* as Mooncake does */
+  uint64_t target_size = opt.target_size ? opt.target_size : opt.buffer_size;
+  uint64_t region = opt.buffer_size < target_size ? opt.buffer_size : target_size;
+  region -= region % opt.block_size;
+  if (region == 0) usage("--target_size is smaller than one block");
+
+  char name[256];
+  transfer_engine_t e = make_engine(name, sizeof name);
+  unsigned char *buf = alloc_buffer(opt.buffer_size);
+  int write = !strcmp(opt.operation, "write");
+  if (opt.verify && write) fill(buf, 0, opt.buffer_size, verify_seed(1));
+  else memset(buf, 0x3c, opt.buffer_size);
+  int rc = registerLocalMemory(e, buf, opt.buffer_size, "cpu:0", 1);
+  if (rc != 0) {
+    fprintf(stderr, "transfer_bench: registerLocalMemory returned %d\n", rc);
+    return 1;
+  }
+  segment_id_t seg = openSegment(e, opt.segment_id);
+  if (seg < 0) {
+    fprintf(stderr, "transfer_bench: openSegment(%s) failed: is the target running, and is "
+            "--metadata_server the same as the target's?\n", opt.segment_id);
+    return 1;
+  }
+
+  struct worker *ws = calloc((size_t)opt.threads, sizeof *ws);
+  if (!ws) return 1;
+  double t0 = now();
+  for (int t = 0; t < opt.threads; t++) {
+    ws[t] = (struct worker){.index = t, .engine = e, .segment = seg, .local = buf, .region = region};
+    if (pthread_create(&ws[t].tid, NULL, worker_main, &ws[t]) != 0) {
+      fprintf(stderr, "transfer_bench: pthread_create failed\n");
+      return 1;
+    }
+  }
+  /* Sleep for the duration, waking early on a failure or a signal. */
+  while (atomic_load(&running) && !stop_signal && now() - t0 < opt.duration) {
+    double left = opt.duration - (now() - t0);
+    usleep(left > 0.05 ? 50000 : (useconds_t)(left * 1e6) + 1);
+  }
+  atomic_store(&running, 0);
+  uint64_t batches = 0;
+  int failed = 0;
+  for (int t = 0; t < opt.threads; t++) {
+    pthread_join(ws[t].tid, NULL);
+    batches += ws[t].batches;
+    failed |= ws[t].failed;
+  }
+  double duration = now() - t0;
+  double throughput =
+      (double)batches * (double)opt.batch_size * (double)opt.block_size / duration / unit;
+  printf("Test completed: duration %.2f, batch count %" PRIu64 ", throughput %.*f %s/s\n",
+         duration, batches, opt.report_precision, throughput, opt.report_unit);
+  fflush(stdout);
+
+  int status = 0;
+  if (failed) {
+    fprintf(stderr, "transfer_bench: transfers FAILED (see above)\n");
+    status = 1;
+  } else if (opt.verify) {
+    if (verify_after(ws) != 0) {
+      fprintf(stderr, "transfer_bench: verification FAILED\n");
+      status = 1;
+    } else {
+      printf("verify: OK (%s, %d threads x %" PRIu64 " blocks of %" PRIu64 " bytes)\n",
+             opt.operation, opt.threads, opt.batch_size, opt.block_size);
+    }
+  }
+  free(ws);
+  unregisterLocalMemory(e, buf);
+  destroyTransferEngine(e);
+  munmap(buf, opt.buffer_size);
+  return status;
+}
+
+int main(int argc, char **argv) {
+  parse_args(argc, argv);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  return !strcmp(opt.mode, "target") ? target_main() : initiator_main();
+}

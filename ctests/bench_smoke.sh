@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# bench_smoke.sh BUILD_DIR
+#
+# transfer_bench (c-examples/transfer_bench.c) as a test, not a benchmark:
+# a target with --verify and an initiator doing READ then WRITE for 1 s
+# each with --verify (every byte of the last batch checked), flags given in
+# both "--flag value" and "--flag=value" forms; the result line must have
+# Mooncake's format; an unsupported protocol must be refused clearly.
+set -euo pipefail
+[ $# -eq 1 ] || { echo "usage: $0 BUILD_DIR" >&2; exit 2; }
+build=$(cd "$1" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=net_lib.sh
+. "$here/net_lib.sh"
+net_init
+
+bench=$build/transfer_bench
+[ -x "$bench" ] || net_fail "$bench not built"
+
+rc=0
+"$bench" --mode=initiator --protocol rdma --segment_id x --target_base 1 \
+  >"$NET_TMP/proto.out" 2>&1 || rc=$?
+[ "$rc" -ne 0 ] || net_fail "--protocol rdma was accepted"
+grep -q 'protocol rdma is not supported' "$NET_TMP/proto.out" || net_fail "unclear error: $(cat "$NET_TMP/proto.out")"
+
+net_start target "$bench" --mode target --metadata_server=P2PHANDSHAKE \
+  --local_server_name 127.0.0.1 --buffer_size=$((64 << 20)) --verify
+line=$(net_wait_line target '^segment ' 60)
+read -r _ seg _ base _ size <<<"$line"
+echo "target: $line"
+
+re='^Test completed: duration [0-9]+\.[0-9]{2}, batch count [1-9][0-9]*, throughput [0-9]+\.[0-9]{3} MiB/s$'
+for op in read write; do
+  rc=0
+  timeout -k 5 120 "$bench" --mode initiator --operation="$op" --protocol=tcp \
+    --metadata_server P2PHANDSHAKE --segment_id="$seg" --target_base "$base" \
+    --target_size "$size" --block_size $((256 << 10)) --batch_size=16 --threads 3 \
+    --duration 1 --report_unit=MiB --report_precision 3 --verify \
+    >"$NET_TMP/$op.out" 2>"$NET_TMP/$op.err" || rc=$?
+  cat "$NET_TMP/$op.out"
+  [ "$rc" -eq 0 ] || net_fail "initiator $op exited with $rc"
+  grep -Eq "$re" "$NET_TMP/$op.out" || net_fail "no Mooncake result line in the $op output"
+  grep -q '^verify: OK' "$NET_TMP/$op.out" || net_fail "$op: no verify line"
+done
+
+net_stop target 10
+[ "$NET_RC" -eq 0 ] || net_fail "target exited with $NET_RC after SIGTERM"
+echo "transfer_bench_verify: OK"

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# bench-tcp.sh: TCP transfers between two processes on loopback, beside
+# iperf3 on the same path in the same run.
+#
+#   scripts/bench-tcp.sh [--quick] [--runs N] [--duration S] [--streams N]
+#
+# Builds release with CMake (build/, or $BUILD_DIR), starts an iperf3
+# server and a transfer_bench target (P2PHANDSHAKE, 127.0.0.1), then for
+# each run: iperf3 -P <streams> and -P 1 (-J, received bits/s), and
+# transfer_bench initiators with --threads <streams> (the engine opens 4
+# lanes = connections per peer by default, MC_TCP_LANES_PER_PEER) for
+# READ and WRITE of 1 MiB, 64 KiB and 4 KiB blocks, batch 128. Runs are
+# interleaved so every case sees the same machine state; the table shows
+# medians: ours GB/s, iperf3 GB/s with the same stream count, the ratio,
+# and requests/s. GB = 1e9 bytes.
+#
+# Defaults: 3 runs of 4 s (about 2-3 minutes). --quick: 3 runs of 2 s (about 1 minute).
+# A benchmark, not a test: its verdict is the table, not the exit code
+# (which is non-zero only when something failed to run).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+runs=3
+duration=4
+streams=4
+while [ $# -gt 0 ]; do
+  case $1 in
+    --quick) duration=2; shift ;;
+    --runs) runs=$2; shift 2 ;;
+    --runs=*) runs=${1#*=}; shift ;;
+    --duration) duration=$2; shift 2 ;;
+    --duration=*) duration=${1#*=}; shift ;;
+    --streams) streams=$2; shift 2 ;;
+    --streams=*) streams=${1#*=}; shift ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) echo "bench-tcp.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+command -v iperf3 >/dev/null || { echo "iperf3 is required (scripts/setup.sh installs it)" >&2; exit 1; }
+command -v python3 >/dev/null || { echo "python3 is required" >&2; exit 1; }
+
+build=${BUILD_DIR:-"$root/build"}
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" -j"${JOBS:-2}" --target transfer_bench >/dev/null
+bench=$build/transfer_bench
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/te-bench-tcp.XXXXXX")
+pids=()
+cleanup() {
+  local rc=$?
+  set +e
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$p" 2>/dev/null
+    wait "$p" 2>/dev/null
+  done
+  if [ "$rc" -ne 0 ]; then
+    for f in "$tmp"/*.err; do [ -s "$f" ] && { echo "----- $(basename "$f")"; tail -n 20 "$f"; }; done >&2
+  fi
+  rm -rf "$tmp"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Waits up to $3 s for a line matching $2 in file $1 while pid $4 lives.
+wait_line() {
+  local i
+  for i in $(seq $(($3 * 10))); do
+    grep -m1 -E "$2" "$1" 2>/dev/null && return 0
+    kill -0 "$4" 2>/dev/null || { echo "process $4 exited early" >&2; return 1; }
+    sleep 0.1
+  done
+  echo "no line matching '$2' in $1 after $3 s" >&2
+  return 1
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# iperf3 server on a free port (retried: the port could be taken between
+# the probe and the bind).
+iperf_port=""
+for _ in 1 2 3 4 5; do
+  port=$(free_port)
+  iperf3 -s -B 127.0.0.1 -p "$port" --forceflush >"$tmp/iperf3-server.out" 2>"$tmp/iperf3-server.err" &
+  ipid=$!
+  if wait_line "$tmp/iperf3-server.out" 'Server listening' 10 "$ipid" >/dev/null 2>&1; then
+    pids+=("$ipid")
+    iperf_port=$port
+    break
+  fi
+  kill "$ipid" 2>/dev/null || true
+  wait "$ipid" 2>/dev/null || true
+done
+[ -n "$iperf_port" ] || { echo "could not start iperf3 -s" >&2; exit 1; }
+
+"$bench" --mode target --protocol tcp --metadata_server P2PHANDSHAKE --local_server_name 127.0.0.1 \
+  --buffer_size $((1 << 30)) >"$tmp/target.out" 2>"$tmp/target.err" &
+tpid=$!
+pids+=("$tpid")
+line=$(wait_line "$tmp/target.out" '^segment ' 60 "$tpid")
+read -r _ seg _ base _ size <<<"$line"
+
+iperf() { # iperf() STREAMS -> GB/s received
+  local out="$tmp/iperf3-client.json"
+  timeout -k 5 $((duration + 30)) iperf3 -c 127.0.0.1 -p "$iperf_port" -P "$1" -t "$duration" -J >"$out" 2>"$tmp/iperf3-client.err"
+  python3 -c 'import json,sys; print("%.4f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"] / 8e9))' "$out"
+}
+
+ours() { # ours OP BLOCK -> "GB/s req/s"
+  local out="$tmp/initiator.out"
+  if ! timeout -k 5 $((duration + 60)) "$bench" --mode initiator --protocol tcp --metadata_server P2PHANDSHAKE \
+    --local_server_name 127.0.0.1 --segment_id "$seg" --target_base "$base" --target_size "$size" \
+    --operation "$1" --block_size "$2" --batch_size 128 --threads "$streams" --duration "$duration" \
+    --buffer_size $((2 << 20)) --report_unit GB --report_precision 4 >"$out" 2>"$tmp/initiator.err"; then
+    echo "transfer_bench initiator $1 block $2 failed:" >&2
+    cat "$out" >&2
+    return 1
+  fi
+  # Test completed: duration D, batch count N, throughput R GB/s
+  python3 - "$out" "$2" <<'EOF'
+import re, sys
+text = open(sys.argv[1]).read()
+m = re.search(r"Test completed: duration ([0-9.]+), batch count ([0-9]+), throughput ([0-9.]+) GB/s", text)
+d, n, r = float(m.group(1)), int(m.group(2)), float(m.group(3))
+print("%.4f %.0f" % (r, n * 128 / d))
+EOF
+}
+
+cases=("write 1048576 1MiB" "read 1048576 1MiB" "write 65536 64KiB" "read 65536 64KiB" "write 4096 4KiB" "read 4096 4KiB")
+results=$tmp/results
+: >"$results"
+echo "# loopback, $runs runs x ${duration} s, $streams streams/threads, batch 128; target $seg"
+for r in $(seq "$runs"); do
+  v=$(iperf "$streams")
+  echo "$r iperf3 P$streams $v 0" >>"$results"
+  echo "run $r: iperf3 -P $streams: $v GB/s"
+  if [ "$streams" -ne 1 ]; then
+    v=$(iperf 1)
+    echo "$r iperf3 P1 $v 0" >>"$results"
+    echo "run $r: iperf3 -P 1: $v GB/s"
+  fi
+  for c in "${cases[@]}"; do
+    read -r op block label <<<"$c"
+    v=$(ours "$op" "$block")
+    echo "$r ${op^^} $label $v" >>"$results"
+    echo "run $r: ${op^^} $label: $v (GB/s req/s)"
+  done
+done
+
+python3 - "$results" "$streams" <<'EOF'
+import statistics, sys
+rows, per_run = {}, {}
+for line in open(sys.argv[1]):
+    run, a, b, gbs, rps = line.split()
+    rows.setdefault((a, b), []).append((float(gbs), float(rps)))
+    per_run.setdefault(run, {})[(a, b)] = float(gbs)
+streams = sys.argv[2]
+med = lambda v: statistics.median(v)
+ip = med([g for g, _ in rows[("iperf3", "P" + streams)]])
+ip1 = med([g for g, _ in rows.get(("iperf3", "P1"), rows[("iperf3", "P" + streams)])])
+print()
+print("%-12s %10s %12s %7s %12s %16s" % ("case", "ours GB/s", "iperf3 GB/s", "ratio", "requests/s", "per-run ratios"))
+for key in [("WRITE", "1MiB"), ("READ", "1MiB"), ("WRITE", "64KiB"), ("READ", "64KiB"), ("WRITE", "4KiB"), ("READ", "4KiB")]:
+    v = rows[key]
+    g = med([x for x, _ in v]); r = med([y for _, y in v])
+    ratios = [d[key] / d[("iperf3", "P" + streams)] for d in per_run.values()]
+    print("%-12s %10.2f %12.2f %7.2f %12.0f %16s" % (" ".join(key), g, ip, g / ip, r,
+          " ".join("%.2f" % x for x in ratios)))
+print("iperf3 -P %s: %.2f GB/s, -P 1: %.2f GB/s (medians of %d runs)" % (streams, ip, ip1, len(rows[("iperf3", "P" + streams)])))
+print("ratio = median ours / median iperf3 -P %s; per-run ratios divide by the same run's iperf3" % streams)
+EOF
