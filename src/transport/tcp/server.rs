@@ -193,11 +193,12 @@ fn serve(stream: &TcpStream, shared: &Shared) -> std::io::Result<()> {
         cancel: &shared.stop,
     };
     let mut rbuf = RecvBuf::new(256 * 1024);
-    let mut acks: Vec<u8> = Vec::with_capacity(4096);
+    let mut replies = Replies::default();
     loop {
-        if rbuf.is_empty() && !acks.is_empty() {
-            send_iov(fd, &mut [iovec(acks.as_ptr(), acks.len())], &busy)?;
-            acks.clear();
+        // Pipelined requests already received are answered together; the
+        // replies go out before the connection waits for more.
+        if (rbuf.is_empty() && !replies.is_empty()) || replies.full() {
+            replies.flush(fd, &busy)?;
         }
         let Some(raw) = rbuf.read_array::<HEADER_LEN>(fd, &idle, &busy)? else {
             return Ok(());
@@ -215,32 +216,89 @@ fn serve(stream: &TcpStream, shared: &Shared) -> std::io::Result<()> {
                 h.addr
             );
             if h.v2() {
-                acks.extend_from_slice(&STATUS_ADDR_REJECTED.to_le_bytes());
-                send_iov(fd, &mut [iovec(acks.as_ptr(), acks.len())], &busy)?;
+                replies.word(STATUS_ADDR_REJECTED);
             }
+            replies.flush(fd, &busy)?;
             let _ = stream.shutdown(Shutdown::Both);
             return Ok(());
         }
         if h.is_write() {
+            // Queued READ replies point into memory: send them before this
+            // WRITE may change it.
+            if replies.has_data() {
+                replies.flush(fd, &busy)?;
+            }
             // SAFETY: the range was checked to lie inside a registered buffer
             // whose owner keeps it valid while registered.
             unsafe { rbuf.read_into(fd, h.addr as usize as *mut u8, h.size as usize, &busy)? };
             if h.v2() {
-                acks.extend_from_slice(&STATUS_OK.to_le_bytes());
+                replies.word(STATUS_OK);
             }
         } else {
-            let ok = STATUS_OK.to_le_bytes();
-            let mut iov = Vec::with_capacity(3);
-            if !acks.is_empty() {
-                iov.push(iovec(acks.as_ptr(), acks.len()));
-            }
             if h.v2() {
-                iov.push(iovec(ok.as_ptr(), ok.len()));
+                replies.word(STATUS_OK);
             }
-            // The range was checked against the registry above.
-            iov.push(iovec(h.addr as usize as *const u8, h.size as usize));
-            send_iov(fd, &mut iov, &busy)?;
-            acks.clear();
+            replies.data(h.addr, h.size as usize);
         }
+    }
+}
+
+/// Replies queued on one connection, sent with one `sendmsg`.
+#[derive(Default)]
+struct Replies {
+    /// Status words, referenced by index from `items`.
+    words: Vec<[u8; 8]>,
+    items: Vec<Reply>,
+    bytes: usize,
+}
+
+enum Reply {
+    Word(usize),
+    /// READ data straight from registered memory (checked when queued).
+    Data(u64, usize),
+}
+
+/// Most replies or bytes queued before they are sent.
+const MAX_REPLIES: usize = 128;
+const MAX_REPLY_BYTES: usize = 4 << 20;
+
+impl Replies {
+    fn word(&mut self, w: u64) {
+        self.items.push(Reply::Word(self.words.len()));
+        self.words.push(w.to_le_bytes());
+        self.bytes += 8;
+    }
+
+    fn data(&mut self, addr: u64, len: usize) {
+        self.items.push(Reply::Data(addr, len));
+        self.bytes += len;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    fn has_data(&self) -> bool {
+        self.items.iter().any(|r| matches!(r, Reply::Data(..)))
+    }
+
+    fn full(&self) -> bool {
+        self.items.len() >= MAX_REPLIES || self.bytes >= MAX_REPLY_BYTES
+    }
+
+    fn flush(&mut self, fd: i32, patience: &Patience<'_>) -> std::io::Result<()> {
+        let mut iov: Vec<libc::iovec> = self
+            .items
+            .iter()
+            .map(|r| match *r {
+                Reply::Word(i) => iovec(self.words[i].as_ptr(), 8),
+                Reply::Data(addr, len) => iovec(addr as usize as *const u8, len),
+            })
+            .collect();
+        let sent = send_iov(fd, &mut iov, patience);
+        self.items.clear();
+        self.words.clear();
+        self.bytes = 0;
+        sent
     }
 }

@@ -192,8 +192,13 @@ fn recv_raw(fd: RawFd, dst: *mut u8, len: usize, patience: &Patience<'_>) -> io:
     Ok(())
 }
 
+/// Payload tails at least this long are received straight into their
+/// destination rather than through the buffer.
+const DIRECT_RECV_MIN: usize = 16 * 1024;
+
 /// A receive buffer in front of a socket: small items (headers, status
-/// words) come from it; large payloads go straight into their destination.
+/// words, small payloads) come from it; large payloads go straight into
+/// their destination.
 pub struct RecvBuf {
     buf: Box<[u8]>,
     start: usize,
@@ -270,7 +275,7 @@ impl RecvBuf {
                 };
                 self.start += n;
                 done += n;
-            } else if len - done >= self.buf.len() / 2 {
+            } else if len - done >= DIRECT_RECV_MIN {
                 // SAFETY: as above.
                 return recv_raw(fd, unsafe { dst.add(done) }, len - done, patience);
             } else if !self.fill(fd, patience)? {
