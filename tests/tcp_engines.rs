@@ -7,7 +7,7 @@ use transfer_engine::engine::memory::{Location, Region};
 use transfer_engine::engine::{Engine, Opcode, Request};
 use transfer_engine::metadata::server::MetadataServer;
 
-fn engine(conn: &str, name: &str) -> Engine {
+fn engine(conn: &str, name: &str) -> Arc<Engine> {
     let e = Engine::new(conn, name, false).expect("engine");
     e.install_transport("tcp", None).expect("tcp");
     e
@@ -140,7 +140,7 @@ fn http_metadata_write_and_read() {
 #[test]
 fn many_threads_share_an_initiator() {
     let target = engine("P2PHANDSHAKE", "127.0.0.1:0");
-    let initiator = Arc::new(engine("P2PHANDSHAKE", "127.0.0.1:0"));
+    let initiator = engine("P2PHANDSHAKE", "127.0.0.1:0");
     let mut remote = vec![0u8; 8 << 20];
     register(&target, &mut remote, true);
     let seg = initiator.open_segment(target.local_name()).unwrap();

@@ -19,7 +19,7 @@ const CLOSE_WITHIN: Duration = Duration::from_secs(10);
 /// adjacent 64 KiB registrations), `private` (registered, not remote
 /// accessible) and `unreg` (never registered).
 struct Target {
-    e: Engine,
+    e: std::sync::Arc<Engine>,
     port: u16,
     mem: Buf,
     adj: Buf,

@@ -4,6 +4,7 @@
 
 pub mod batch;
 pub mod control;
+mod keeper;
 pub mod memory;
 pub mod planner;
 pub mod rails;
@@ -86,6 +87,10 @@ pub struct Engine {
     local: LocalCopier,
     sched: OnceCell<Arc<Scheduler>>,
     topology: Mutex<Option<(Topology, PriorityMatrix)>>,
+    keeper: OnceCell<keeper::Keeper>,
+    /// Random per process: with `revision`, the descriptor's generation.
+    boot_id: u64,
+    revision: std::sync::atomic::AtomicU64,
     closed: AtomicBool,
 }
 
@@ -107,7 +112,7 @@ impl Engine {
     /// Creates an engine named `local_name` with the metadata backend of
     /// `conn`: starts its handshake listener, publishes its RPC address
     /// (store mode) and, with `auto_discover`, installs a transport.
-    pub fn new(conn: &str, local_name: &str, auto_discover: bool) -> Result<Engine> {
+    pub fn new(conn: &str, local_name: &str, auto_discover: bool) -> Result<Arc<Engine>> {
         let config = config();
         let conn = MetadataConn::parse(conn)?;
         let local_name = local_name.trim().trim_start_matches('/').to_string();
@@ -138,9 +143,22 @@ impl Engine {
             local: LocalCopier::default(),
             sched: OnceCell::new(),
             topology: Mutex::new(None),
+            keeper: OnceCell::new(),
+            boot_id: remote::boot_id(),
+            revision: Default::default(),
             closed: AtomicBool::new(false),
         };
         engine.publish_rpc_meta()?;
+        let engine = Arc::new(engine);
+        let refresh = match config.metadata_refresh_interval_secs {
+            0 => None,
+            s => Some(std::time::Duration::from_secs(s)),
+        };
+        if let Some(k) =
+            keeper::Keeper::start(Arc::downgrade(&engine), engine.store.is_some(), refresh)
+        {
+            let _ = engine.keeper.set(k);
+        }
         if auto_discover || config.force_tcp {
             engine.auto_install()?;
         }
@@ -324,14 +342,23 @@ impl Engine {
     pub fn submit(&self, batch_id: u64, requests: &[Request]) -> Result<()> {
         let batch = self.batch(batch_id)?;
         let mut targets: Vec<Option<Arc<RemoteSegment>>> = Vec::with_capacity(requests.len());
+        let mut refreshed: Vec<i32> = Vec::new();
         for r in requests {
             if r.target_id == LOCAL_SEGMENT_ID {
                 targets.push(None);
                 continue;
             }
-            let seg = self.segments.get(r.target_id).ok_or_else(|| {
+            let mut seg = self.segments.get(r.target_id).ok_or_else(|| {
                 Error::InvalidArgument(format!("segment id {} is not open", r.target_id))
             })?;
+            // A peer whose connection failed may have restarted with other
+            // buffers; without the metadata cache every submit refetches.
+            let stale = seg.route.get().is_some_and(|route| route.is_stale());
+            if (stale || !self.config.metacache) && !refreshed.contains(&r.target_id) {
+                refreshed.push(r.target_id);
+                self.sync_segment(&seg.name);
+                seg = self.segments.get(r.target_id).unwrap_or(seg);
+            }
             if seg.desc.protocol != "tcp" || self.sched.get().is_none() {
                 return Err(Error::NotSupportedTransport(format!(
                     "segment {:?} speaks {:?}, which is not installed here",
@@ -532,6 +559,9 @@ impl Engine {
     pub fn shutdown(&self) {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
+        }
+        if let Some(k) = self.keeper.get() {
+            k.stop();
         }
         if let Some(s) = self.sched.get() {
             s.shutdown();

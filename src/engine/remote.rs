@@ -2,32 +2,44 @@
 //! publishes, and the descriptors and RPC addresses of the segments it
 //! opens, through the P2P handshake or a metadata store.
 
-use super::scheduler::{TCP_DEVICES_KEY, TcpDevice};
+use super::scheduler::{GENERATION_KEY, TCP_DEVICES_KEY, TcpDevice};
 use super::segment::RemoteSegment;
 use super::{Engine, LOCAL_SEGMENT_ID};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::metadata::conn::MetadataConn;
 use crate::metadata::descriptor::{BufferDesc, SegmentDesc, now_timestamp};
+use crate::metadata::etcd::EtcdStore;
 use crate::metadata::http::HttpStore;
 use crate::metadata::keys::{RpcMeta, rpc_meta_key, segment_key};
+use crate::metadata::redis::RedisStore;
 use crate::metadata::store::MetadataStore;
 use crate::rpc::{ClientOptions, FrameKind, parse_host_port, wrap_ipv6};
 use serde_json::json;
 use std::net::{IpAddr, TcpListener};
-use tracing::{info, warn};
+use std::sync::atomic::Ordering;
+use tracing::{debug, info, warn};
 
 /// The store behind a connection string (`None` in P2P mode).
 pub(super) fn open_store(conn: &MetadataConn) -> Result<Option<Box<dyn MetadataStore>>> {
-    match conn {
-        MetadataConn::P2p => Ok(None),
-        MetadataConn::Http(url) => Ok(Some(Box::new(HttpStore::new(url)?))),
-        MetadataConn::Etcd(_) | MetadataConn::Redis(_) => Err(Error::NotImplemented(format!(
-            "the {} metadata backend ({conn}) is not available in this build yet; use \
-             P2PHANDSHAKE or http://",
-            conn.backend()
-        ))),
+    Ok(match conn {
+        MetadataConn::P2p => None,
+        MetadataConn::Http(url) => Some(Box::new(HttpStore::new(url)?)),
+        MetadataConn::Etcd(endpoints) => Some(Box::new(EtcdStore::new(endpoints)?)),
+        MetadataConn::Redis(addr) => Some(Box::new(RedisStore::from_config(addr)?)),
+    })
+}
+
+/// A random number per engine, so a restarted process publishes a new
+/// descriptor generation even with the same buffers.
+pub(super) fn boot_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
     }
+    h.finish()
 }
 
 /// The bound handshake listener and the identity it gives the engine.
@@ -125,7 +137,9 @@ impl Engine {
     }
 
     /// This engine's descriptor, once a transport is installed.
-    fn local_desc(&self) -> Option<SegmentDesc> {
+    /// `generation` (a field Mooncake peers ignore) changes whenever this
+    /// process restarts or its buffers change.
+    fn local_desc(&self, revision: u64) -> Option<SegmentDesc> {
         let sched = self.sched.get()?;
         let memory = self.memory.read().unwrap_or_else(|e| e.into_inner());
         let buffers = memory
@@ -145,10 +159,16 @@ impl Engine {
             tcp_proto_version: 2,
             timestamp: now_timestamp(),
             buffers,
-            extra: [(
-                TCP_DEVICES_KEY.to_string(),
-                sched.devices().iter().map(TcpDevice::to_json).collect(),
-            )]
+            extra: [
+                (
+                    TCP_DEVICES_KEY.to_string(),
+                    sched.devices().iter().map(TcpDevice::to_json).collect(),
+                ),
+                (
+                    GENERATION_KEY.to_string(),
+                    format!("{:016x}-{revision}", self.boot_id).into(),
+                ),
+            ]
             .into_iter()
             .collect(),
             ..Default::default()
@@ -157,14 +177,19 @@ impl Engine {
 
     /// Serves the current descriptor to peers and writes it to the store.
     pub(super) fn publish_local_desc(&self) -> Result<()> {
-        let Some(desc) = self.local_desc() else {
+        let revision = self.revision.fetch_add(1, Ordering::AcqRel) + 1;
+        let Some(desc) = self.local_desc(revision) else {
             return Ok(());
         };
         let json = desc.to_json();
         self.control.set_local_desc(json.clone());
+        self.store_local_desc(&json)
+    }
+
+    fn store_local_desc(&self, json: &serde_json::Value) -> Result<()> {
         if let Some(store) = &self.store {
             store
-                .set(&segment_key(self.cluster(), &self.local_name), &json)
+                .set(&segment_key(self.cluster(), &self.local_name), json)
                 .map_err(|e| {
                     Error::Metadata(format!(
                         "publishing the segment to {}: {e}",
@@ -173,6 +198,36 @@ impl Engine {
                 })?;
         }
         Ok(())
+    }
+
+    /// Republishes this engine's entries if the store lost them (e.g. a
+    /// restart without persistence), so new peers can find it.
+    pub(super) fn ensure_published(&self) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        let mut keys = vec![rpc_meta_key(self.cluster(), &self.local_name)];
+        let desc = self.control.local_desc();
+        if desc.is_some() {
+            keys.push(segment_key(self.cluster(), &self.local_name));
+        }
+        for key in &keys {
+            match store.get(key) {
+                Ok(Some(_)) => continue,
+                Ok(None) => warn!("{} lost {key}; republishing this engine", store.describe()),
+                Err(e) => {
+                    debug!("checking {key} in {}: {e}", store.describe());
+                    return;
+                }
+            }
+            let republished = self
+                .publish_rpc_meta()
+                .and_then(|()| desc.as_ref().map_or(Ok(()), |d| self.store_local_desc(d)));
+            if let Err(e) = republished {
+                warn!("republishing to {}: {e}", store.describe());
+            }
+            return;
+        }
     }
 
     /// Removes this engine's entries from the store.
@@ -264,15 +319,26 @@ impl Engine {
     }
 
     /// Refetches the descriptor of `name` if it is cached.
+    /// A descriptor that changed (new buffers, a restarted owner: a new
+    /// generation) replaces the cached one, so stale buffers are never used;
+    /// an unchanged one keeps its rails.
     pub fn sync_segment(&self, name: &str) {
         let name = name.trim_start_matches('/');
-        if self.segments.id_of(name).is_none() {
+        let Some(id) = self.segments.id_of(name) else {
             return;
-        }
+        };
         match self.fetch_segment(name) {
-            Ok(seg) => {
-                self.segments.insert(seg);
-            }
+            Ok(seg) => match self.segments.get(id) {
+                Some(old) if old.desc.same_content(&seg.desc) && old.data_host == seg.data_host => {
+                    if let Some(route) = old.route.get() {
+                        route.refreshed();
+                    }
+                }
+                _ => {
+                    info!("segment {name:?} changed; using its new descriptor");
+                    self.segments.insert(seg);
+                }
+            },
             Err(e) => warn!("refreshing segment {name:?}: {e}"),
         }
     }

@@ -30,6 +30,10 @@ use tracing::{debug, warn};
 /// Descriptor field listing a host's TCP devices (ignored by Mooncake).
 pub const TCP_DEVICES_KEY: &str = "tcp_devices";
 
+/// Descriptor field that changes when its owner restarts or changes its
+/// buffers (ignored by Mooncake).
+pub const GENERATION_KEY: &str = "generation";
+
 /// Name of the device load of the unbound rail.
 const DEFAULT_DEVICE: &str = "default";
 
@@ -108,6 +112,21 @@ pub struct Rail {
 #[derive(Debug)]
 pub struct Route {
     rails: Vec<Rail>,
+    /// Set when a connection to the peer failed: its descriptor is
+    /// refetched before the next submit (it may have restarted).
+    stale: AtomicBool,
+}
+
+impl Route {
+    /// Whether a connection to the peer failed since the route was made.
+    pub fn is_stale(&self) -> bool {
+        self.stale.load(Ordering::Acquire)
+    }
+
+    /// Marks the route fresh again (the descriptor was refetched unchanged).
+    pub fn refreshed(&self) {
+        self.stale.store(false, Ordering::Release);
+    }
 }
 
 /// One request to a remote segment, as the scheduler moves it.
@@ -241,7 +260,10 @@ impl Scheduler {
             seg.name,
             rails.iter().map(|r| &r.key).collect::<Vec<_>>()
         );
-        Route { rails }
+        Route {
+            rails,
+            stale: AtomicBool::new(false),
+        }
     }
 
     fn load_of(&self, rail: &Rail) -> &DeviceLoad {
@@ -404,6 +426,7 @@ impl Scheduler {
             }
             Outcome::Failed { hard } => {
                 self.health.record_error(&rail.key, hard);
+                job.route.stale.store(true, Ordering::Release);
                 job.attempt += 1;
                 job.tried |= bit(job.rail);
                 let closed = self.closed.load(Ordering::Acquire);

@@ -29,8 +29,8 @@ pub(crate) use guard;
 static ENGINES: HandleTable<Engine> = HandleTable::new();
 
 /// Stores an engine and returns the opaque pointer-sized handle C keeps.
-pub fn insert_engine(engine: Engine) -> *mut c_void {
-    ENGINES.insert(Arc::new(engine)) as usize as *mut c_void
+pub fn insert_engine(engine: Arc<Engine>) -> *mut c_void {
+    ENGINES.insert(engine) as usize as *mut c_void
 }
 
 /// The engine behind a handle, or `None` (logged) for NULL, forged or

@@ -30,7 +30,7 @@ pub const OK_WORD: u64 = 0x4D43_5456_0000_0000;
 pub const REJECTED_WORD: u64 = 0x4D43_5456_0000_0001;
 
 /// A P2P engine on 127.0.0.1 with the TCP transport installed.
-pub fn engine() -> Engine {
+pub fn engine() -> std::sync::Arc<Engine> {
     let e = Engine::new("P2PHANDSHAKE", "127.0.0.1:0", false).expect("engine");
     e.install_transport("tcp", None).expect("install tcp");
     e
