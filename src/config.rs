@@ -68,8 +68,6 @@ pub struct Config {
     pub tcp_bind_address: Option<String>,
     /// `MC_FORCE_TCP`.
     pub force_tcp: bool,
-    /// `MC_FORCE_HCA`.
-    pub force_hca: bool,
     /// `MC_CUSTOM_TOPO_JSON`: path of a priority-matrix file.
     pub custom_topo_json: Option<String>,
     /// `MC_TE_FILTERS`: comma list of devices to use.
@@ -82,8 +80,6 @@ pub struct Config {
     pub endpoint_store_type: EndpointStoreType,
     /// `MC_TCP_LANES_PER_PEER` (alias `MC_TCP_MAX_CONNECTIONS_PER_PEER`): 4, 1..=16.
     pub tcp_lanes_per_peer: usize,
-    /// `MC_TCP_SLICE_SIZE`: server-side read/write chunk (65536).
-    pub tcp_slice_size: u64,
     /// `MC_TCP_PROTO=1` forces the v1 framing towards every peer.
     pub tcp_force_v1: bool,
     /// `MC_TCP_STATUS_TIMEOUT_SEC` (30).
@@ -117,14 +113,12 @@ impl Default for Config {
             legacy_rpc_port_binding: false,
             tcp_bind_address: None,
             force_tcp: false,
-            force_hca: false,
             custom_topo_json: None,
             te_filters: Vec::new(),
             path_roundrobin: false,
             max_ep_per_ctx: 65536,
             endpoint_store_type: EndpointStoreType::Sieve,
             tcp_lanes_per_peer: 4,
-            tcp_slice_size: 65536,
             tcp_force_v1: false,
             tcp_status_timeout_secs: 30,
             redis_username: None,
@@ -299,7 +293,6 @@ impl Config {
             legacy_rpc_port_binding: r.raw("MC_LEGACY_RPC_PORT_BINDING").is_some(),
             tcp_bind_address: r.string("MC_TCP_BIND_ADDRESS"),
             force_tcp: r.flag("MC_FORCE_TCP"),
-            force_hca: r.flag("MC_FORCE_HCA"),
             custom_topo_json: r.string("MC_CUSTOM_TOPO_JSON"),
             te_filters: r
                 .string("MC_TE_FILTERS")
@@ -314,7 +307,6 @@ impl Config {
             max_ep_per_ctx: r.number("MC_MAX_EP_PER_CTX", 65536, 1, 65536),
             endpoint_store_type,
             tcp_lanes_per_peer: r.number(lanes_var, 4, 1, 16),
-            tcp_slice_size: r.number("MC_TCP_SLICE_SIZE", 65536, 4096, 64 << 20),
             tcp_force_v1,
             tcp_status_timeout_secs: r.number("MC_TCP_STATUS_TIMEOUT_SEC", 30, 1, 3600),
             redis_username: r.string("MC_REDIS_USERNAME"),
