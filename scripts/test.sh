@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 
 export RUST_BACKTRACE=1
+# The store tests must fail, not skip, when etcd or redis is missing.
+export TE_REQUIRE_SERVERS=1
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings
 cargo test --locked

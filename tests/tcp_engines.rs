@@ -177,3 +177,68 @@ fn many_threads_share_an_initiator() {
     initiator.shutdown();
     target.shutdown();
 }
+
+/// `auto_discover` with no RDMA device installs TCP, as Mooncake does.
+#[test]
+fn auto_discover_installs_tcp() {
+    let target = Engine::new("P2PHANDSHAKE", "127.0.0.1", true).expect("engine");
+    let initiator = Engine::new("P2PHANDSHAKE", "127.0.0.1", true).expect("engine");
+    let mut remote = vec![0u8; 1 << 20];
+    register(&target, &mut remote, true);
+    let data = pattern(1 << 20, 3);
+    let seg = initiator
+        .open_segment(target.local_name())
+        .expect("open segment");
+    let w = Request {
+        opcode: Opcode::Write,
+        source: data.as_ptr() as u64,
+        target_id: seg,
+        target_offset: remote.as_ptr() as u64,
+        length: data.len() as u64,
+    };
+    assert_eq!(run(&initiator, &[w]), vec![TaskStatus::Completed]);
+    assert!(remote == data);
+    initiator.shutdown();
+    target.shutdown();
+}
+
+/// Bracketed IPv6 names: the engine is renamed `[::1]:port` and peers open
+/// it by that name.
+#[test]
+fn ipv6_names_work() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("skipped: no IPv6 loopback on this machine");
+        return;
+    }
+    let target = engine("P2PHANDSHAKE", "[::1]");
+    let initiator = engine("P2PHANDSHAKE", "::1");
+    assert!(
+        target.local_name().starts_with("[::1]:"),
+        "{}",
+        target.local_name()
+    );
+    let mut remote = vec![0u8; 256 << 10];
+    register(&target, &mut remote, true);
+    let data = pattern(256 << 10, 9);
+    let mut back = vec![0u8; 256 << 10];
+    let seg = initiator
+        .open_segment(target.local_name())
+        .expect("open segment");
+    let w = Request {
+        opcode: Opcode::Write,
+        source: data.as_ptr() as u64,
+        target_id: seg,
+        target_offset: remote.as_ptr() as u64,
+        length: data.len() as u64,
+    };
+    let r = Request {
+        opcode: Opcode::Read,
+        source: back.as_mut_ptr() as u64,
+        ..w
+    };
+    assert_eq!(run(&initiator, &[w]), vec![TaskStatus::Completed]);
+    assert_eq!(run(&initiator, &[r]), vec![TaskStatus::Completed]);
+    assert!(remote == data && back == data);
+    initiator.shutdown();
+    target.shutdown();
+}

@@ -80,11 +80,13 @@ fn advertised_ip(cfg: &Config) -> String {
 /// `MC_LEGACY_RPC_PORT_BINDING`).
 pub(super) fn bind_rpc(conn: &MetadataConn, local_name: &str, cfg: &Config) -> Result<RpcBinding> {
     let (host, port) = parse_host_port(local_name, cfg.handshake_port);
+    // An IPv6 name needs a dual-stack listener even without MC_USE_IPV6.
+    let ipv6 = cfg.use_ipv6 || host.parse::<std::net::Ipv6Addr>().is_ok();
     let listener = if cfg.legacy_rpc_port_binding {
-        let any = if cfg.use_ipv6 { "[::]" } else { "0.0.0.0" };
+        let any = if ipv6 { "[::]" } else { "0.0.0.0" };
         TcpListener::bind(format!("{any}:{port}"))
     } else {
-        crate::rpc::bind_in_range(cfg.min_rpc_port, cfg.max_rpc_port, cfg.use_ipv6)
+        crate::rpc::bind_in_range(cfg.min_rpc_port, cfg.max_rpc_port, ipv6)
     }
     .map_err(|e| Error::Socket(format!("no handshake port could be bound: {e}")))?;
     let bound = listener

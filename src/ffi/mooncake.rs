@@ -11,12 +11,11 @@ use super::boundary::{
     engine, guard, init_logging, insert_engine, remove_engine, string_arg, write_c_string,
 };
 use super::types::*;
-use crate::engine::batch::TaskStatus;
 use crate::engine::memory::{Location, Region};
 use crate::engine::{Engine, Opcode, Request};
 use crate::error::Error;
 use std::ffi::{c_char, c_int, c_void};
-use tracing::{error, warn};
+use tracing::error;
 
 /// `kOk` of the Status family.
 const STATUS_OK: c_int = 0;
@@ -771,9 +770,6 @@ pub unsafe extern "C" fn getTransferStatus(
                         transferred_bytes: bytes,
                     }
                 };
-                if s == TaskStatus::Failed {
-                    warn!("getTransferStatus: batch {batch_id:#x} task {task_id} FAILED");
-                }
                 STATUS_OK
             }
             Err(err) => {
