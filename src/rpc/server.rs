@@ -13,12 +13,13 @@ use super::DeadlineReader;
 use super::frame::{Frame, FrameKind, encode_json, read_frame};
 use crate::config::Config;
 use serde_json::{Value, json};
+use socket2::{Domain, Socket, Type};
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -377,63 +378,18 @@ fn random(seed: u64) -> u64 {
 /// Binds and listens on `port` of the wildcard address (`0.0.0.0`, or
 /// dual-stack `[::]` when `ipv6`), without `SO_REUSEADDR` as Mooncake does.
 fn bind_port(port: u16, ipv6: bool) -> io::Result<TcpListener> {
-    let family = if ipv6 { libc::AF_INET6 } else { libc::AF_INET };
-    // SAFETY: plain socket() call; the result is checked before use.
-    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh socket that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let rc = if ipv6 {
-        let off: libc::c_int = 0;
-        // SAFETY: `off` is a c_int that outlives the call, its size is passed.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::IPPROTO_IPV6,
-                libc::IPV6_V6ONLY,
-                (&off as *const libc::c_int).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: all-zero is a valid sockaddr_in6 (in6addr_any).
-        let mut sa: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
-        sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-        sa.sin6_port = port.to_be();
-        // SAFETY: `sa` is a valid sockaddr_in6 and its exact size is passed.
-        unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sa as *const libc::sockaddr_in6).cast(),
-                size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-            )
-        }
+    let (domain, any) = if ipv6 {
+        (Domain::IPV6, IpAddr::V6(Ipv6Addr::UNSPECIFIED))
     } else {
-        // SAFETY: all-zero is a valid sockaddr_in (INADDR_ANY).
-        let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-        sa.sin_family = libc::AF_INET as libc::sa_family_t;
-        sa.sin_port = port.to_be();
-        // SAFETY: `sa` is a valid sockaddr_in and its exact size is passed.
-        unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sa as *const libc::sockaddr_in).cast(),
-                size_of::<libc::sockaddr_in>() as libc::socklen_t,
-            )
-        }
+        (Domain::IPV4, IpAddr::V4(Ipv4Addr::UNSPECIFIED))
     };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
+    let socket = Socket::new(domain, Type::STREAM, None)?;
+    if ipv6 {
+        socket.set_only_v6(false)?;
     }
-    // SAFETY: `fd` is a bound socket owned by us.
-    if unsafe { libc::listen(fd.as_raw_fd(), DEFAULT_BACKLOG) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(TcpListener::from(fd))
+    socket.bind(&SocketAddr::new(any, port).into())?;
+    socket.listen(DEFAULT_BACKLOG)?;
+    Ok(socket.into())
 }
 
 /// Listens on a random free port in `[min, max]` of the wildcard address
