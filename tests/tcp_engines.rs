@@ -242,3 +242,34 @@ fn ipv6_names_work() {
     initiator.shutdown();
     target.shutdown();
 }
+
+/// A malformed priority matrix is rejected as malformed JSON and installs
+/// nothing; a good one naming no usable interface still installs TCP.
+#[test]
+fn install_checks_the_priority_matrix() {
+    use transfer_engine::error::Error;
+    let e = Engine::new("P2PHANDSHAKE", "127.0.0.1", false).expect("engine");
+    for bad in [
+        "{",
+        "[]",
+        r#"{"cpu:0": [["eth0"]]}"#,
+        r#"{"cpu:0": "eth0"}"#,
+    ] {
+        assert!(
+            matches!(
+                e.install_transport("tcp", Some(bad)),
+                Err(Error::MalformedJson(_))
+            ),
+            "{bad} must be rejected"
+        );
+    }
+    assert!(
+        e.install_transport("tcp", Some(r#"{"cpu:0": [["no-such-nic"], []]}"#))
+            .is_ok()
+    );
+    assert!(
+        e.install_transport("tcp", None).is_ok(),
+        "installing twice returns the same transport"
+    );
+    e.shutdown();
+}
