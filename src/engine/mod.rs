@@ -351,9 +351,13 @@ impl Engine {
             let mut seg = self.segments.get(r.target_id).ok_or_else(|| {
                 Error::InvalidArgument(format!("segment id {} is not open", r.target_id))
             })?;
-            // A peer whose connection failed may have restarted with other
-            // buffers; without the metadata cache every submit refetches.
-            let stale = seg.route.get().is_some_and(|route| route.is_stale());
+            // A peer whose connection failed may have restarted under the
+            // same name (store mode, or fixed P2P ports) with other buffers;
+            // without the metadata cache every submit refetches.
+            let same_name_restarts = self.store.is_some() || self.config.legacy_rpc_port_binding;
+            let stale = same_name_restarts
+                && !refreshed.contains(&r.target_id)
+                && seg.route.get().is_some_and(|route| route.take_refetch());
             if (stale || !self.config.metacache) && !refreshed.contains(&r.target_id) {
                 refreshed.push(r.target_id);
                 self.sync_segment(&seg.name);

@@ -3,7 +3,8 @@
 //! A rail is a (local device, remote device) pair. [`RailHealth`] counts a
 //! rail's errors in a sliding window and pauses it, as Mooncake's worker
 //! pool does: 5 errors within 5 s, or one hard failure, pause the rail for
-//! `MC_RDMA_RAIL_PAUSE_SECONDS`; it is tried again afterwards.
+//! `MC_RDMA_RAIL_PAUSE_SECONDS`. Afterwards a single probe slice tests the
+//! rail; it carries its share again once a slice succeeds on it.
 //! [`DeviceLoad`] keeps a local device's in-flight bytes and an EWMA of its
 //! bandwidth for `getNicLoadStats`.
 
@@ -22,6 +23,22 @@ pub const ERROR_WINDOW: Duration = Duration::from_secs(5);
 struct RailState {
     errors: VecDeque<Instant>,
     paused_until: Option<Instant>,
+    /// The pause ended but no slice has succeeded since: one probe slice
+    /// at a time tests the rail before it carries its share again.
+    probation: bool,
+    probing: bool,
+}
+
+/// Whether a rail may carry a slice now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RailUse {
+    /// Healthy: any number of slices.
+    Open,
+    /// Back from a pause and untested: one probe slice may be sent, after
+    /// [`RailHealth::claim_probe`].
+    Probe,
+    /// Paused, or its probe is still out.
+    Closed,
 }
 
 /// Error windows and pauses of every rail, keyed by a rail name.
@@ -40,27 +57,58 @@ impl RailHealth {
     }
 
     /// Whether `rail` may carry slices now (unknown rails may).
-    pub fn available(&self, rail: &str) -> bool {
-        self.available_at(rail, Instant::now())
+    pub fn state(&self, rail: &str) -> RailUse {
+        self.state_at(rail, Instant::now())
     }
 
-    fn available_at(&self, rail: &str, now: Instant) -> bool {
+    fn state_at(&self, rail: &str, now: Instant) -> RailUse {
         let mut rails = self.rails.lock().unwrap_or_else(|e| e.into_inner());
         let Some(state) = rails.get_mut(rail) else {
-            return true;
+            return RailUse::Open;
         };
-        match state.paused_until {
-            Some(t) if now < t => false,
-            Some(_) => {
-                state.paused_until = None;
-                state.errors.clear();
-                true
+        if let Some(t) = state.paused_until {
+            if now < t {
+                return RailUse::Closed;
             }
-            None => true,
+            state.paused_until = None;
+            state.errors.clear();
+            state.probation = true;
+            state.probing = false;
+        }
+        match (state.probation, state.probing) {
+            (false, _) => RailUse::Open,
+            (true, false) => RailUse::Probe,
+            (true, true) => RailUse::Closed,
         }
     }
 
-    /// Records an error on `rail`; a `hard` one pauses it at once.
+    /// Takes the probe of a rail on probation; false if another slice
+    /// already took it.
+    pub fn claim_probe(&self, rail: &str) -> bool {
+        let mut rails = self.rails.lock().unwrap_or_else(|e| e.into_inner());
+        match rails.get_mut(rail) {
+            Some(s) if s.probation && !s.probing && s.paused_until.is_none() => {
+                s.probing = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Records a slice that succeeded on `rail`: a probe ends probation.
+    pub fn record_success(&self, rail: &str) {
+        let mut rails = self.rails.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = rails.get_mut(rail) {
+            if s.probation {
+                tracing::info!("rail {rail} is healthy again");
+            }
+            s.probation = false;
+            s.probing = false;
+        }
+    }
+
+    /// Records an error on `rail`; a `hard` one, or any on a rail on
+    /// probation, pauses it at once.
     pub fn record_error(&self, rail: &str, hard: bool) {
         self.record_error_at(rail, hard, Instant::now());
     }
@@ -79,18 +127,23 @@ impl RailHealth {
             state.errors.pop_front();
         }
         state.errors.push_back(now);
-        if hard || state.errors.len() >= ERRORS_TO_PAUSE {
+        let on_probation = state.probation;
+        if hard || on_probation || state.errors.len() >= ERRORS_TO_PAUSE {
             warn!(
                 "rail {rail} paused for {:?} after {}",
                 self.pause,
                 if hard {
                     "a hard failure".to_string()
+                } else if on_probation {
+                    "a failed probe".to_string()
                 } else {
                     format!("{} errors", state.errors.len())
                 }
             );
             state.paused_until = Some(now + self.pause);
             state.errors.clear();
+            state.probation = false;
+            state.probing = false;
         }
     }
 }
@@ -169,10 +222,50 @@ impl DeviceLoad {
 mod tests {
     use super::*;
 
+    fn open(h: &RailHealth, rail: &str, at: Instant) -> bool {
+        h.state_at(rail, at) != RailUse::Closed
+    }
+
     #[test]
     fn unknown_rail_is_available() {
         let h = RailHealth::new(Duration::from_secs(30));
-        assert!(h.available("10.0.0.1@mlx5_0"));
+        assert_eq!(h.state("10.0.0.1@mlx5_0"), RailUse::Open);
+    }
+
+    #[test]
+    fn a_rail_back_from_a_pause_is_probed_once() {
+        let h = RailHealth::new(Duration::from_secs(2));
+        let t = Instant::now();
+        h.record_error_at("r", true, t);
+        assert_eq!(h.state_at("r", t + Duration::from_secs(3)), RailUse::Probe);
+        assert!(h.claim_probe("r"));
+        assert!(!h.claim_probe("r"), "one probe at a time");
+        assert_eq!(h.state_at("r", t + Duration::from_secs(3)), RailUse::Closed);
+        h.record_success("r");
+        assert_eq!(h.state_at("r", t + Duration::from_secs(3)), RailUse::Open);
+        // A failed probe pauses again at once.
+        let t2 = t + Duration::from_secs(4);
+        h.record_error_at("r", false, t2);
+        for i in 1..4 {
+            h.record_error_at("r", false, t2 + Duration::from_millis(i));
+        }
+        assert_eq!(
+            h.state_at("r", t2 + Duration::from_millis(10)),
+            RailUse::Open
+        );
+        h.record_error_at("r", false, t2 + Duration::from_millis(20));
+        let back = t2 + Duration::from_secs(3);
+        assert_eq!(h.state_at("r", back), RailUse::Probe);
+        assert!(h.claim_probe("r"));
+        h.record_error_at("r", false, back);
+        assert_eq!(
+            h.state_at("r", back + Duration::from_millis(1)),
+            RailUse::Closed
+        );
+        assert_eq!(
+            h.state_at("r", back + Duration::from_secs(3)),
+            RailUse::Probe
+        );
     }
 
     #[test]
@@ -182,15 +275,12 @@ mod tests {
         for i in 0..4 {
             h.record_error_at("r", false, t + Duration::from_millis(i));
         }
-        assert!(h.available_at("r", t + Duration::from_millis(10)));
+        assert!(open(&h, "r", t + Duration::from_millis(10)));
         h.record_error_at("r", false, t + Duration::from_millis(20));
-        assert!(!h.available_at("r", t + Duration::from_millis(30)));
-        assert!(!h.available_at("r", t + Duration::from_secs(29)));
-        assert!(
-            h.available_at("r", t + Duration::from_secs(31)),
-            "the pause ends"
-        );
-        assert!(h.available_at("r", t + Duration::from_secs(32)));
+        assert!(!open(&h, "r", t + Duration::from_millis(30)));
+        assert!(!open(&h, "r", t + Duration::from_secs(29)));
+        assert!(open(&h, "r", t + Duration::from_secs(31)), "the pause ends");
+        assert!(open(&h, "r", t + Duration::from_secs(32)));
     }
 
     #[test]
@@ -198,8 +288,8 @@ mod tests {
         let h = RailHealth::new(Duration::from_secs(2));
         let t = Instant::now();
         h.record_error_at("r", true, t);
-        assert!(!h.available_at("r", t + Duration::from_secs(1)));
-        assert!(h.available_at("r", t + Duration::from_secs(3)));
+        assert!(!open(&h, "r", t + Duration::from_secs(1)));
+        assert!(open(&h, "r", t + Duration::from_secs(3)));
     }
 
     #[test]
@@ -210,15 +300,15 @@ mod tests {
             h.record_error_at("r", false, t + Duration::from_millis(i));
         }
         h.record_error_at("r", false, t + Duration::from_secs(6));
-        assert!(h.available_at("r", t + Duration::from_secs(6)));
+        assert!(open(&h, "r", t + Duration::from_secs(6)));
     }
 
     #[test]
     fn pausing_one_rail_leaves_others() {
         let h = RailHealth::new(Duration::from_secs(30));
         h.record_error("10.0.0.1@mlx5_bond_0", true);
-        assert!(!h.available("10.0.0.1@mlx5_bond_0"));
-        assert!(h.available("10.0.0.1@mlx5_bond_1"));
+        assert!(!open(&h, "10.0.0.1@mlx5_bond_0", Instant::now()));
+        assert!(open(&h, "10.0.0.1@mlx5_bond_1", Instant::now()));
     }
 
     #[test]

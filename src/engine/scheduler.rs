@@ -13,7 +13,7 @@ use super::NicLoad;
 use super::batch::Batch;
 use super::memory::MemoryRegistry;
 use super::planner;
-use super::rails::{DeviceLoad, RailHealth};
+use super::rails::{DeviceLoad, RailHealth, RailUse};
 use super::segment::RemoteSegment;
 use crate::config::Config;
 use crate::topology::{IfAddr, NetInterface, PriorityMatrix};
@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 /// Descriptor field listing a host's TCP devices (ignored by Mooncake).
@@ -115,12 +115,28 @@ pub struct Route {
     /// Set when a connection to the peer failed: its descriptor is
     /// refetched before the next submit (it may have restarted).
     stale: AtomicBool,
+    /// When the descriptor was last refetched for that reason.
+    refetched: Mutex<Option<Instant>>,
 }
 
+/// Shortest interval between refetches of a failing peer's descriptor.
+const REFETCH_INTERVAL: Duration = Duration::from_secs(5);
+
 impl Route {
-    /// Whether a connection to the peer failed since the route was made.
-    pub fn is_stale(&self) -> bool {
-        self.stale.load(Ordering::Acquire)
+    /// Whether to refetch the peer's descriptor now: a connection failed
+    /// since the route was made, and no refetch for that happened in the
+    /// last few seconds (so a peer that stays unreachable does not make
+    /// every submit wait on it).
+    pub fn take_refetch(&self) -> bool {
+        if !self.stale.swap(false, Ordering::AcqRel) {
+            return false;
+        }
+        let mut last = self.refetched.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|t| t.elapsed() < REFETCH_INTERVAL) {
+            return false;
+        }
+        *last = Some(Instant::now());
+        true
     }
 
     /// Marks the route fresh again (the descriptor was refetched unchanged).
@@ -263,6 +279,7 @@ impl Scheduler {
         Route {
             rails,
             stale: AtomicBool::new(false),
+            refetched: Mutex::new(None),
         }
     }
 
@@ -270,10 +287,11 @@ impl Scheduler {
         &self.loads[rail.device.unwrap_or(self.devices.len())]
     }
 
-    /// Rail indexes in selection order for a location: rails whose local
-    /// device the matrix prefers first, then the rest; paused rails left
-    /// out unless every rail is paused.
-    fn candidates(&self, route: &Route, location: &str) -> (Vec<usize>, usize) {
+    /// Rail indexes in selection order for a location: open rails whose
+    /// local device the matrix prefers first, then the rest (every rail
+    /// when none is open); with the number preferred, and the rails back
+    /// from a pause that wait for a probe.
+    fn candidates(&self, route: &Route, location: &str) -> (Vec<usize>, usize, Vec<usize>) {
         let (pref, _) = self
             .matrix
             .entry(location)
@@ -283,28 +301,38 @@ impl Scheduler {
             None => true,
             Some(i) => pref.is_empty() || pref.contains(&self.devices[i].name),
         };
-        let healthy: Vec<usize> = (0..route.rails.len())
-            .filter(|&i| self.health.available(&route.rails[i].key))
-            .collect();
-        let usable = if healthy.is_empty() {
-            (0..route.rails.len()).collect()
-        } else {
-            healthy
-        };
-        let (mut first, rest): (Vec<usize>, Vec<usize>) = usable
-            .into_iter()
-            .partition(|&i| preferred(&route.rails[i]));
+        let mut open = Vec::with_capacity(route.rails.len());
+        let mut probes = Vec::new();
+        for (i, rail) in route.rails.iter().enumerate() {
+            match self.health.state(&rail.key) {
+                RailUse::Open => open.push(i),
+                RailUse::Probe => probes.push(i),
+                RailUse::Closed => {}
+            }
+        }
+        if open.is_empty() {
+            open = (0..route.rails.len()).collect();
+        }
+        let (mut first, rest): (Vec<usize>, Vec<usize>) =
+            open.into_iter().partition(|&i| preferred(&route.rails[i]));
         let n_pref = first.len();
         first.extend(rest);
-        (first, n_pref)
+        (first, n_pref, probes)
     }
 
-    /// The rail for a slice, among usable rails it has not failed on: on
-    /// the first attempt the least-loaded rail of the preferred group; on a
-    /// retry the deterministic walk. `None` when no rail is left.
+    /// The rail for a slice, among rails it has not failed on: a rail back
+    /// from a pause takes one probe slice; otherwise on the first attempt
+    /// the least-loaded open rail of the preferred group, on a retry the
+    /// deterministic walk. `None` when no rail is left.
     fn pick(&self, route: &Route, location: &str, attempt: u32, tried: u64) -> Option<usize> {
-        let (order, n_pref) = self.candidates(route, location);
+        let (order, n_pref, probes) = self.candidates(route, location);
         let untried = |i: &usize| tried & bit(*i) == 0;
+        if let Some(&i) = probes
+            .iter()
+            .find(|&i| untried(i) && self.health.claim_probe(&route.rails[*i].key))
+        {
+            return Some(i);
+        }
         if attempt == 0 {
             let preferred: Vec<usize> = order[..n_pref].iter().copied().filter(untried).collect();
             let group: Vec<usize> = if preferred.is_empty() {
@@ -415,6 +443,7 @@ impl Scheduler {
         let task = job.batch.slot(job.task);
         match outcome {
             Outcome::Done => {
+                self.health.record_success(&rail.key);
                 if let Some(t) = task {
                     t.finish_slice(job.len, true);
                 }

@@ -22,7 +22,9 @@ const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 struct Sessions {
     next_id: u64,
-    open: Vec<(u64, TcpStream, JoinHandle<()>)>,
+    /// Session id, a handle to shut its socket down (dropped when the
+    /// session ends), and its thread (joined when reaped).
+    open: Vec<(u64, Option<TcpStream>, JoinHandle<()>)>,
 }
 
 struct Shared {
@@ -105,7 +107,9 @@ impl TcpServer {
                 .open,
         );
         for (_, stream, _) in &open {
-            let _ = stream.shutdown(Shutdown::Both);
+            if let Some(stream) = stream {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
         }
         for (_, _, thread) in open {
             let _ = thread.join();
@@ -173,10 +177,15 @@ fn start_session(stream: TcpStream, shared: &Arc<Shared>) -> std::io::Result<()>
             if let Err(e) = serve(&stream, &s) {
                 debug!("tcp session ended: {e}");
             }
-            // The handle kept for shutdown must not hold the connection open.
+            // Close the handle kept for shutdown too, so the connection
+            // does not stay open until the session is reaped.
             let _ = stream.shutdown(Shutdown::Both);
+            let mut sessions = s.sessions.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(entry) = sessions.open.iter_mut().find(|e| e.0 == id) {
+                entry.1 = None;
+            }
         })?;
-    sessions.open.push((id, handle, thread));
+    sessions.open.push((id, Some(handle), thread));
     Ok(())
 }
 
