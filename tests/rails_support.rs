@@ -50,6 +50,10 @@ impl Buf {
         self.len
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// A copy of `[off, off + n)`.
     pub fn get(&self, off: usize, n: usize) -> Vec<u8> {
         assert!(off + n <= self.len);
@@ -269,11 +273,11 @@ pub fn pool_of_two_serves_eight_peers() {
             st.iter().all(|s| *s == TaskStatus::Completed),
             "round {round}: concurrent READs from 8 peers: {st:?}"
         );
-        for p in 0..PEERS {
+        for (p, buf) in bufs.iter().enumerate() {
             let off = 4096 + p * len;
             let want = pattern(len, 7_000 + round * 100 + p as u64);
             assert!(
-                bufs[p].get(SIZE / 2, len) == want,
+                buf.get(SIZE / 2, len) == want,
                 "round {round}: peer {p} wrong after the concurrent WRITE"
             );
             assert!(
