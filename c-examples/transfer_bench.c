@@ -38,8 +38,21 @@
  *                        seen to change the target). A WRITE run and a later
  *                        READ run with the same seed and request layout check
  *                        end to end that the READ gets what the WRITE put.
- * Mooncake flags without meaning here (--device_name, --nic_priority_matrix,
- * --backend, GPU flags) are accepted and ignored with a note on stderr.
+ *   --device_name a,b    Mooncake's flag: the devices (for tcp: network
+ *                        interfaces) to use, as the matrix
+ *                        {"cpu:0": [["a","b"],[]]} given to installTransport.
+ *   --nic_priority_matrix FILE
+ *                        Mooncake's flag: a priority-matrix JSON file given
+ *                        to installTransport (wins over --device_name).
+ *                        With either, the initiator samples getNicLoadStats
+ *                        every --rail_sample_ms (100) during the timed loop
+ *                        and prints, after the result line, one line per
+ *                        device and the total:
+ *                          rail <device>: throughput R <unit>/s (mean EWMA over N samples)
+ *                          rail total: throughput R <unit>/s
+ *   --rail_stats         print the rail lines without --device_name/matrix.
+ * Mooncake flags without meaning here (--backend, GPU flags) are accepted
+ * and ignored with a note on stderr.
  *
  * Each initiator thread t loops until --duration ends: allocate a batch,
  * batch_size requests of block_size at offset block*(i*threads+t) (the same
@@ -69,6 +82,9 @@
 struct options {
   const char *mode, *operation, *protocol, *metadata_server, *local_server_name, *segment_id;
   const char *report_unit;
+  const char *device_name, *nic_priority_matrix;
+  uint64_t rail_sample_ms;
+  int rail_stats;
   uint64_t buffer_size, block_size, batch_size, target_base, target_size, verify_seed;
   int threads, report_precision, auto_discovery, verify;
   double duration;
@@ -88,6 +104,7 @@ static struct options opt = {
     .threads = 12,
     .report_precision = 2,
     .duration = 10,
+    .rail_sample_ms = 100,
 };
 
 static volatile sig_atomic_t stop_signal;
@@ -134,7 +151,8 @@ static void usage(const char *why) {
           "       initiator: --segment_id NAME --target_base ADDR [--target_size BYTES]\n"
           "         [--operation read|write] [--block_size B] [--batch_size N] [--threads N]\n"
           "         [--duration S] [--report_unit GB|GiB|Gb|MB|MiB|Mb|KB|KiB|Kb]\n"
-          "         [--report_precision N] [--auto_discovery]\n");
+          "         [--report_precision N] [--auto_discovery] [--rail_stats]\n"
+          "       both: [--device_name IF1,IF2 | --nic_priority_matrix FILE]\n");
   exit(2);
 }
 
@@ -164,8 +182,7 @@ static int is_bool_word(const char *v) {
 }
 
 static void parse_args(int argc, char **argv) {
-  static const char *ignored[] = {"--device_name", "--nic_priority_matrix", "--backend",
-                                  "--use_vram", "--init_mem", "--gpu_id", NULL};
+  static const char *ignored[] = {"--backend", "--use_vram", "--init_mem", "--gpu_id", NULL};
   for (int i = 1; i < argc; i++) {
     char flagbuf[128];
     const char *arg = argv[i], *value = NULL;
@@ -193,6 +210,7 @@ static void parse_args(int argc, char **argv) {
     else if (!strcmp(flag, "--auto_discovery")) boolp = &opt.auto_discovery;
     else if (!strcmp(flag, "--noverify")) boolp = &opt.verify, boolv = 0;
     else if (!strcmp(flag, "--noauto_discovery")) boolp = &opt.auto_discovery, boolv = 0;
+    else if (!strcmp(flag, "--rail_stats")) boolp = &opt.rail_stats;
     if (boolp) {
       if (value) boolv = parse_bool(flag, value);
       else if (i + 1 < argc && is_bool_word(argv[i + 1])) boolv = parse_bool(flag, argv[++i]);
@@ -216,6 +234,9 @@ static void parse_args(int argc, char **argv) {
     else if (!strcmp(flag, "--local_server_name")) opt.local_server_name = value;
     else if (!strcmp(flag, "--segment_id")) opt.segment_id = value;
     else if (!strcmp(flag, "--report_unit")) opt.report_unit = value;
+    else if (!strcmp(flag, "--device_name")) opt.device_name = value;
+    else if (!strcmp(flag, "--nic_priority_matrix")) opt.nic_priority_matrix = value;
+    else if (!strcmp(flag, "--rail_sample_ms")) opt.rail_sample_ms = parse_u64(flag, value);
     else if (!strcmp(flag, "--buffer_size")) opt.buffer_size = parse_u64(flag, value);
     else if (!strcmp(flag, "--block_size")) opt.block_size = parse_u64(flag, value);
     else if (!strcmp(flag, "--batch_size")) opt.batch_size = parse_u64(flag, value);
@@ -258,6 +279,49 @@ static void parse_args(int argc, char **argv) {
   if (opt.threads < 1 || opt.threads > MAX_THREADS) usage("--threads must be 1..1024");
   if (opt.report_precision > 12) usage("--report_precision must be 0..12");
   if (opt.buffer_size == 0) usage("--buffer_size must be > 0");
+  if (opt.rail_sample_ms == 0) usage("--rail_sample_ms must be > 0");
+  if (opt.device_name || opt.nic_priority_matrix) opt.rail_stats = 1;
+}
+
+/* The priority matrix for installTransport: the --nic_priority_matrix file,
+ * or {"cpu:0": [[devices of --device_name],[]]}, or NULL (every device). */
+static char *matrix_json(void) {
+  if (opt.nic_priority_matrix && *opt.nic_priority_matrix) {
+    FILE *f = fopen(opt.nic_priority_matrix, "r");
+    if (!f) {
+      fprintf(stderr, "transfer_bench: cannot open --nic_priority_matrix %s: %s\n",
+              opt.nic_priority_matrix, strerror(errno));
+      exit(2);
+    }
+    size_t cap = 4096, n = 0;
+    char *s = malloc(cap);
+    for (size_t got; s && (got = fread(s + n, 1, cap - n - 1, f)) > 0;) {
+      n += got;
+      if (cap - n - 1 == 0) s = realloc(s, cap *= 2);
+    }
+    fclose(f);
+    if (!s) exit(1);
+    s[n] = 0;
+    return s;
+  }
+  if (!opt.device_name || !*opt.device_name) return NULL;
+  size_t len = strlen(opt.device_name);
+  char *s = malloc(len * 3 + 32);
+  if (!s) exit(1);
+  char *o = s + sprintf(s, "{\"cpu:0\": [[");
+  const char *p = opt.device_name;
+  int first = 1;
+  while (*p) {
+    size_t k = strcspn(p, ",");
+    if (k) {
+      o += sprintf(o, "%s\"%.*s\"", first ? "" : ",", (int)k, p);
+      first = 0;
+    }
+    p += k;
+    if (*p == ',') p++;
+  }
+  sprintf(o, "],[]]}");
+  return s;
 }
 
 static double unit_bytes(const char *u) {
@@ -279,11 +343,15 @@ static transfer_engine_t make_engine(char *name, size_t name_len) {
             opt.metadata_server, opt.local_server_name);
     exit(1);
   }
-  if (!installTransport(e, opt.protocol, NULL)) {
-    fprintf(stderr, "transfer_bench: installTransport(%s) failed\n", opt.protocol);
+  char *matrix = matrix_json();
+  void *installed = installTransport(e, opt.protocol, matrix ? (void **)&matrix : NULL);
+  if (!installed) {
+    fprintf(stderr, "transfer_bench: installTransport(%s%s%s) failed\n", opt.protocol,
+            matrix ? ", " : "", matrix ? matrix : "");
     destroyTransferEngine(e);
     exit(1);
   }
+  free(matrix);
   /* P2P mode renames the engine "host:<rpc port>"; with a metadata server
    * the name is kept as given. */
   if (!strcmp(opt.metadata_server, "P2PHANDSHAKE")) {
@@ -451,6 +519,59 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
+/* ------------------------------------------------- per-rail throughput */
+
+#define MAX_RAILS 64
+
+/* getNicLoadStats sampled during the timed loop: the mean of each device's
+ * EWMA bandwidth over the samples. */
+struct rail_sampler {
+  pthread_t tid;
+  transfer_engine_t engine;
+  atomic_int stop;
+  size_t n;
+  char name[MAX_RAILS][64];
+  double sum[MAX_RAILS];
+  uint64_t samples;
+};
+
+static void *sampler_main(void *arg) {
+  struct rail_sampler *r = arg;
+  nic_load_stat_t stats[MAX_RAILS];
+  while (!atomic_load(&r->stop)) {
+    usleep((useconds_t)(opt.rail_sample_ms * 1000));
+    size_t count = MAX_RAILS;
+    if (getNicLoadStats(r->engine, stats, &count) != 0) continue;
+    if (count > MAX_RAILS) count = MAX_RAILS;
+    for (size_t i = 0; i < count; i++) {
+      size_t k = 0;
+      while (k < r->n && strcmp(r->name[k], stats[i].device_name)) k++;
+      if (k == r->n) {
+        if (r->n == MAX_RAILS) continue;
+        snprintf(r->name[k], sizeof r->name[k], "%.63s", stats[i].device_name);
+        r->n++;
+      }
+      r->sum[k] += stats[i].ewma_bandwidth_bps;
+    }
+    r->samples++;
+  }
+  return NULL;
+}
+
+static void print_rails(const struct rail_sampler *r, double unit) {
+  double total = 0;
+  for (size_t k = 0; k < r->n; k++) {
+    double mean = r->samples ? r->sum[k] / (double)r->samples : 0;
+    /* The unbound rail of a peer without published devices: only if used. */
+    if (!strcmp(r->name[k], "default") && mean == 0) continue;
+    total += mean;
+    printf("rail %s: throughput %.*f %s/s (mean EWMA over %" PRIu64 " samples)\n", r->name[k],
+           opt.report_precision, mean / unit, opt.report_unit, r->samples);
+  }
+  printf("rail total: throughput %.*f %s/s\n", opt.report_precision, total / unit,
+         opt.report_unit);
+}
+
 /* After the timed loop: check what the threads moved. */
 static int verify_after(struct worker *ws) {
   int write = !strcmp(opt.operation, "write"), bad = 0;
@@ -511,6 +632,16 @@ static int initiator_main(void) {
 
   struct worker *ws = calloc((size_t)opt.threads, sizeof *ws);
   if (!ws) return 1;
+  struct rail_sampler *rails = NULL;
+  if (opt.rail_stats) {
+    rails = calloc(1, sizeof *rails);
+    if (!rails) return 1;
+    rails->engine = e;
+    if (pthread_create(&rails->tid, NULL, sampler_main, rails) != 0) {
+      fprintf(stderr, "transfer_bench: pthread_create failed\n");
+      return 1;
+    }
+  }
   double t0 = now();
   for (int t = 0; t < opt.threads; t++) {
     ws[t] = (struct worker){.index = t, .engine = e, .segment = seg, .local = buf, .region = region};
@@ -525,6 +656,10 @@ static int initiator_main(void) {
     usleep(left > 0.05 ? 50000 : (useconds_t)(left * 1e6) + 1);
   }
   atomic_store(&running, 0);
+  if (rails) {
+    atomic_store(&rails->stop, 1);
+    pthread_join(rails->tid, NULL);
+  }
   uint64_t batches = 0;
   int failed = 0;
   for (int t = 0; t < opt.threads; t++) {
@@ -537,6 +672,10 @@ static int initiator_main(void) {
       (double)batches * (double)opt.batch_size * (double)opt.block_size / duration / unit;
   printf("Test completed: duration %.2f, batch count %" PRIu64 ", throughput %.*f %s/s\n",
          duration, batches, opt.report_precision, throughput, opt.report_unit);
+  if (rails) {
+    print_rails(rails, unit);
+    free(rails);
+  }
   fflush(stdout);
 
   int status = 0;
