@@ -10,10 +10,6 @@ use transfer_engine::engine::batch::TaskStatus;
 use transfer_engine::engine::{Opcode, Request};
 
 #[test]
-#[ignore = "bug: src/transport/tcp/server.rs start_session keeps a try_clone() handle of every \
-            session in sessions.open and reaps finished ones only when the next connection is \
-            accepted: a peer's closed lanes keep their descriptors open in the target until \
-            someone else connects"]
 fn closed_sessions_release_their_descriptors() {
     let target = engine();
     let remote = Buf::new(8 << 20, 5);

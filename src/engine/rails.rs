@@ -3,8 +3,8 @@
 //! A rail is a (local device, remote device) pair. [`RailHealth`] counts a
 //! rail's errors in a sliding window and pauses it, as Mooncake's worker
 //! pool does: 5 errors within 5 s, or one hard failure, pause the rail for
-//! `MC_RDMA_RAIL_PAUSE_SECONDS`. Afterwards a single probe slice tests the
-//! rail; it carries its share again once a slice succeeds on it.
+//! `MC_RDMA_RAIL_PAUSE_SECONDS`. Afterwards one probe (a connect) tests
+//! the rail; it carries slices again once the probe succeeds.
 //! [`DeviceLoad`] keeps a local device's in-flight bytes and an EWMA of its
 //! bandwidth for `getNicLoadStats`.
 
@@ -23,8 +23,8 @@ pub const ERROR_WINDOW: Duration = Duration::from_secs(5);
 struct RailState {
     errors: VecDeque<Instant>,
     paused_until: Option<Instant>,
-    /// The pause ended but no slice has succeeded since: one probe slice
-    /// at a time tests the rail before it carries its share again.
+    /// The pause ended but no probe has succeeded since: one probe at a
+    /// time tests the rail before it carries slices again.
     probation: bool,
     probing: bool,
 }
@@ -34,7 +34,7 @@ struct RailState {
 pub enum RailUse {
     /// Healthy: any number of slices.
     Open,
-    /// Back from a pause and untested: one probe slice may be sent, after
+    /// Back from a pause and untested: one probe may test it, after
     /// [`RailHealth::claim_probe`].
     Probe,
     /// Paused, or its probe is still out.
@@ -95,7 +95,7 @@ impl RailHealth {
         }
     }
 
-    /// Records a slice that succeeded on `rail`: a probe ends probation.
+    /// Records a slice or probe that succeeded on `rail`: ends probation.
     pub fn record_success(&self, rail: &str) {
         let mut rails = self.rails.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(s) = rails.get_mut(rail) {

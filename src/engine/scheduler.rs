@@ -186,7 +186,7 @@ pub struct Scheduler {
     /// One per device, and the unbound rail's last.
     loads: Vec<DeviceLoad>,
     rail_loads: Mutex<HashMap<String, u64>>,
-    health: RailHealth,
+    health: Arc<RailHealth>,
     retry_cnt: u32,
     slice_size: u64,
     fragment_limit: u64,
@@ -213,7 +213,7 @@ impl Scheduler {
             matrix,
             loads,
             rail_loads: Mutex::new(HashMap::new()),
-            health: RailHealth::new(Duration::from_secs(cfg.rail_pause_secs)),
+            health: Arc::new(RailHealth::new(Duration::from_secs(cfg.rail_pause_secs))),
             retry_cnt: cfg.retry_cnt,
             slice_size: cfg.slice_size,
             fragment_limit: cfg.fragment_limit,
@@ -320,19 +320,27 @@ impl Scheduler {
         (first, n_pref, probes)
     }
 
-    /// The rail for a slice, among rails it has not failed on: a rail back
-    /// from a pause takes one probe slice; otherwise on the first attempt
-    /// the least-loaded open rail of the preferred group, on a retry the
-    /// deterministic walk. `None` when no rail is left.
+    /// The rail for a slice, among rails it has not failed on: on the
+    /// first attempt the least-loaded open rail of the preferred group, on a
+    /// retry the deterministic walk. `None` when no rail is left. A rail
+    /// back from a pause is probed with a connect in the background; it
+    /// takes slices again once that succeeds.
     fn pick(&self, route: &Route, location: &str, attempt: u32, tried: u64) -> Option<usize> {
         let (order, n_pref, probes) = self.candidates(route, location);
-        let untried = |i: &usize| tried & bit(*i) == 0;
-        if let Some(&i) = probes
-            .iter()
-            .find(|&i| untried(i) && self.health.claim_probe(&route.rails[*i].key))
-        {
-            return Some(i);
+        for i in probes {
+            let rail = &route.rails[i];
+            if self.health.claim_probe(&rail.key) {
+                let (health, key) = (self.health.clone(), rail.key.clone());
+                self.tcp.probe(
+                    &rail.target,
+                    Box::new(move |ok| match ok {
+                        true => health.record_success(&key),
+                        false => health.record_error(&key, true),
+                    }),
+                );
+            }
         }
+        let untried = |i: &usize| tried & bit(*i) == 0;
         if attempt == 0 {
             let preferred: Vec<usize> = order[..n_pref].iter().copied().filter(untried).collect();
             let group: Vec<usize> = if preferred.is_empty() {

@@ -295,58 +295,36 @@ impl Worker {
         }
     }
 
-    fn connect_one(&self, addr: SocketAddr) -> std::io::Result<TcpStream> {
-        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
-        if let Some(ip) = self.peer.bind {
-            socket.bind(&SocketAddr::new(ip, 0).into())?;
-        }
-        socket.connect_timeout(&addr.into(), self.timeouts.connect)?;
-        Ok(socket.into())
-    }
-
     fn connect(&self) -> std::io::Result<Conn> {
-        let addrs: Vec<SocketAddr> = (self.peer.host.as_str(), self.peer.port)
-            .to_socket_addrs()?
-            .filter(|a| self.peer.bind.is_none_or(|b| b.is_ipv4() == a.is_ipv4()))
-            .collect();
-        let mut last = std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            "host resolved to no address of the rail's family",
+        let stream = connect_target(&self.peer, self.timeouts.connect)?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(POLL_INTERVAL))?;
+        stream.set_write_timeout(Some(POLL_INTERVAL))?;
+        debug!(
+            "tcp: lane connected to {}:{}",
+            self.peer.host, self.peer.port
         );
-        for addr in addrs {
-            match self.connect_one(addr) {
-                Ok(stream) => {
-                    stream.set_nodelay(true)?;
-                    stream.set_read_timeout(Some(POLL_INTERVAL))?;
-                    stream.set_write_timeout(Some(POLL_INTERVAL))?;
-                    debug!("tcp: lane connected to {addr}");
-                    let dead = Arc::new(AtomicBool::new(false));
-                    let (tx, rx) = crossbeam_channel::unbounded();
-                    let receiver = Receiving {
-                        stream: stream.try_clone()?,
-                        dead: dead.clone(),
-                        rx,
-                        stall: self.timeouts.stall,
-                    };
-                    let thread = std::thread::Builder::new()
-                        .name("te-tcp-recv".into())
-                        .spawn(move || receiver.run())?;
-                    *self.stream.lock().unwrap_or_else(|e| e.into_inner()) =
-                        Some(stream.try_clone()?);
-                    if self.stop.load(Ordering::Acquire) {
-                        let _ = stream.shutdown(Shutdown::Both);
-                    }
-                    return Ok(Conn {
-                        stream,
-                        dead,
-                        to_receiver: Some(tx),
-                        receiver: Some(thread),
-                    });
-                }
-                Err(e) => last = e,
-            }
+        let dead = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let receiver = Receiving {
+            stream: stream.try_clone()?,
+            dead: dead.clone(),
+            rx,
+            stall: self.timeouts.stall,
+        };
+        let thread = std::thread::Builder::new()
+            .name("te-tcp-recv".into())
+            .spawn(move || receiver.run())?;
+        *self.stream.lock().unwrap_or_else(|e| e.into_inner()) = Some(stream.try_clone()?);
+        if self.stop.load(Ordering::Acquire) {
+            let _ = stream.shutdown(Shutdown::Both);
         }
-        Err(last)
+        Ok(Conn {
+            stream,
+            dead,
+            to_receiver: Some(tx),
+            receiver: Some(thread),
+        })
     }
 
     fn send_batch(&self, c: &Conn, batch: Vec<Slice>) {
@@ -416,6 +394,30 @@ impl Worker {
             f.release(outcome);
         }
     }
+}
+
+/// Connects to a rail's target: bound to its local address (if any),
+/// trying each resolved address of the same family, within `timeout` each.
+pub fn connect_target(target: &LaneTarget, timeout: Duration) -> std::io::Result<TcpStream> {
+    let addrs: Vec<SocketAddr> = (target.host.as_str(), target.port)
+        .to_socket_addrs()?
+        .filter(|a| target.bind.is_none_or(|b| b.is_ipv4() == a.is_ipv4()))
+        .collect();
+    let mut last = std::io::Error::new(
+        std::io::ErrorKind::NotFound,
+        "host resolved to no address of the rail's family",
+    );
+    for addr in addrs {
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+        if let Some(ip) = target.bind {
+            socket.bind(&SocketAddr::new(ip, 0).into())?;
+        }
+        match socket.connect_timeout(&addr.into(), timeout) {
+            Ok(()) => return Ok(socket.into()),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 struct Receiving {

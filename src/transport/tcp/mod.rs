@@ -8,7 +8,7 @@ mod lane;
 mod server;
 pub mod wire;
 
-pub use lane::{LaneTarget, LaneTimeouts};
+pub use lane::{LaneTarget, LaneTimeouts, connect_target};
 pub use server::request_allowed;
 
 use super::endpoint::{Endpoint, EndpointStore, Retiring};
@@ -25,6 +25,9 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tracing::{info, warn};
+
+/// Longest wait of a rail probe's connect.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How often retired endpoints are checked for their last slice.
 const REAP_INTERVAL: Duration = Duration::from_secs(1);
@@ -78,6 +81,7 @@ pub struct TcpTransport {
     server: TcpServer,
     shared: Arc<Shared>,
     reaper: Mutex<Option<JoinHandle<()>>>,
+    probes: Mutex<Vec<JoinHandle<()>>>,
     config: Config,
     timeouts: LaneTimeouts,
 }
@@ -110,6 +114,7 @@ impl TcpTransport {
             server,
             shared,
             reaper: Mutex::new(Some(reaper)),
+            probes: Mutex::new(Vec::new()),
             config: cfg.clone(),
             timeouts: LaneTimeouts {
                 connect: Duration::from_secs(cfg.handshake_connect_timeout_secs),
@@ -177,6 +182,22 @@ impl TcpTransport {
         }
     }
 
+    /// Tests in the background whether `target` accepts a connection now
+    /// (within a second), and reports it; no data moves.
+    pub fn probe(&self, target: &LaneTarget, done: Box<dyn FnOnce(bool) + Send>) {
+        let target = target.clone();
+        let timeout = self.timeouts.connect.min(PROBE_TIMEOUT);
+        let mut probes = self.probes.lock().unwrap_or_else(|e| e.into_inner());
+        probes.retain(|t| !t.is_finished());
+        let spawned = std::thread::Builder::new()
+            .name("te-tcp-probe".into())
+            .spawn(move || done(connect_target(&target, timeout).is_ok()));
+        match spawned {
+            Ok(t) => probes.push(t),
+            Err(e) => warn!("tcp: could not start a rail probe: {e}"),
+        }
+    }
+
     /// Endpoints pooled for `device` and endpoints waiting to retire.
     pub fn endpoint_counts(&self, device: Option<&str>) -> (usize, usize) {
         let pools = self.shared.pools.lock().unwrap_or_else(|e| e.into_inner());
@@ -205,6 +226,10 @@ impl TcpTransport {
         }
         let mut endpoints = endpoints;
         endpoints.close_all();
+        let probes = std::mem::take(&mut *self.probes.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in probes {
+            let _ = t.join();
+        }
         self.server.shutdown();
     }
 }
