@@ -249,6 +249,9 @@ pub enum Pickup {
     AfterFailure,
     /// The keeper's refresh (`MC_TE_METADATA_REFRESH_INTERVAL_SECONDS`).
     Refresh,
+    /// Like `AfterFailure`, but the transfer that fails (to the dead B's
+    /// cached address) runs after B' is up.
+    FailureAfterRestart,
 }
 
 /// B (`node-b:1`) registers X; A opens it and transfers. B shuts down; B'
@@ -291,6 +294,16 @@ pub fn peer_restart(conn: &str, how: Pickup) {
     register(&b2, &y, true);
     assert_ne!(x.addr(), y.addr());
 
+    if how == Pickup::FailureAfterRestart {
+        let w = write_req(src.addr(), seg, x.addr() + 17, 4096);
+        assert_eq!(
+            one(&a, w),
+            TaskStatus::Failed,
+            "a WRITE with the dead B's descriptor completed"
+        );
+        assert!(x.snapshot() == sentinel, "X was touched after B died");
+    }
+
     let data = crate::common::pattern(8192 + 3, 42);
     src.set(0, &data);
     let to_y = write_req(src.addr(), seg, y.addr() + 5, data.len() as u64);
@@ -303,7 +316,7 @@ pub fn peer_restart(conn: &str, how: Pickup) {
                 "WRITE to B''s buffer after sync_all_segments"
             );
         }
-        Pickup::AfterFailure => {
+        Pickup::AfterFailure | Pickup::FailureAfterRestart => {
             assert_eq!(
                 one(&a, to_y),
                 TaskStatus::Completed,
