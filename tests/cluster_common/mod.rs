@@ -249,6 +249,8 @@ pub enum Pickup {
     AfterFailure,
     /// The keeper's refresh (`MC_TE_METADATA_REFRESH_INTERVAL_SECONDS`).
     Refresh,
+    /// Nothing: with `MC_DISABLE_METACACHE` every submit refetches.
+    NoCache,
     /// Like `AfterFailure`, but the transfer that fails (to the dead B's
     /// cached address) runs after B' is up.
     FailureAfterRestart,
@@ -316,7 +318,7 @@ pub fn peer_restart(conn: &str, how: Pickup) {
                 "WRITE to B''s buffer after sync_all_segments"
             );
         }
-        Pickup::AfterFailure | Pickup::FailureAfterRestart => {
+        Pickup::AfterFailure | Pickup::FailureAfterRestart | Pickup::NoCache => {
             assert_eq!(
                 one(&a, to_y),
                 TaskStatus::Completed,
