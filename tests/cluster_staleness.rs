@@ -31,9 +31,6 @@ fn addrs(desc: &Value) -> Vec<u64> {
 }
 
 #[test]
-#[ignore = "bug: a descriptor publish that fails while the store is down is never retried; \
-            etcd keeps advertising an unregistered buffer (engine/remote.rs ensure_published \
-            only checks that the keys exist)"]
 fn unregister_while_etcd_is_down_reaches_etcd_when_it_is_back() {
     init_env(&[]);
     let Some(mut store) = Store::etcd() else {
@@ -83,9 +80,6 @@ fn unregister_while_etcd_is_down_reaches_etcd_when_it_is_back() {
 }
 
 #[test]
-#[ignore = "bug: register() that fails to publish (store down) rolls back the registry but \
-            not the served descriptor, which the keeper then republishes \
-            (engine/mod.rs register, engine/remote.rs publish_local_desc)"]
 fn failed_registration_is_not_advertised() {
     init_env(&[]);
     let Some(mut store) = Store::redis() else {

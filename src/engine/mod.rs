@@ -88,6 +88,8 @@ pub struct Engine {
     sched: OnceCell<Arc<Scheduler>>,
     topology: Mutex<Option<(Topology, PriorityMatrix)>>,
     keeper: OnceCell<keeper::Keeper>,
+    /// A store write of our entries failed; the keeper retries it.
+    publish_pending: AtomicBool,
     /// Random per process: with `revision`, the descriptor's generation.
     boot_id: u64,
     revision: std::sync::atomic::AtomicU64,
@@ -144,6 +146,7 @@ impl Engine {
             sched: OnceCell::new(),
             topology: Mutex::new(None),
             keeper: OnceCell::new(),
+            publish_pending: AtomicBool::new(false),
             boot_id: remote::boot_id(),
             revision: Default::default(),
             closed: AtomicBool::new(false),
@@ -298,10 +301,15 @@ impl Engine {
             .unwrap_or_else(|e| e.into_inner())
             .insert(regions)?;
         if let Err(e) = self.publish_local_desc() {
-            let mut memory = self.memory.write().unwrap_or_else(|e| e.into_inner());
-            for r in regions {
-                let _ = memory.remove(r.addr);
+            {
+                let mut memory = self.memory.write().unwrap_or_else(|e| e.into_inner());
+                for r in regions {
+                    let _ = memory.remove(r.addr);
+                }
             }
+            // Serve (and, when the store is back, publish) the descriptor
+            // without the buffers that were not registered.
+            let _ = self.publish_local_desc();
             return Err(e);
         }
         Ok(())

@@ -188,47 +188,64 @@ impl Engine {
         self.store_local_desc(&json)
     }
 
+    /// Writes our descriptor to the store; a failure is remembered so the
+    /// keeper writes the current one once the store answers again.
     fn store_local_desc(&self, json: &serde_json::Value) -> Result<()> {
-        if let Some(store) = &self.store {
-            store
-                .set(&segment_key(self.cluster(), &self.local_name), json)
-                .map_err(|e| {
-                    Error::Metadata(format!(
-                        "publishing the segment to {}: {e}",
-                        store.describe()
-                    ))
-                })?;
-        }
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        self.publish_pending.store(true, Ordering::Release);
+        store
+            .set(&segment_key(self.cluster(), &self.local_name), json)
+            .map_err(|e| {
+                Error::Metadata(format!(
+                    "publishing the segment to {}: {e}",
+                    store.describe()
+                ))
+            })?;
+        self.publish_pending.store(false, Ordering::Release);
         Ok(())
     }
 
-    /// Republishes this engine's entries if the store lost them (e.g. a
-    /// restart without persistence), so new peers can find it.
+    /// Republishes this engine's entries if a write to the store failed or
+    /// the store lost them (a restart without persistence), so peers see
+    /// the current descriptor and new peers can find this engine.
     pub(super) fn ensure_published(&self) {
         let Some(store) = &self.store else {
             return;
         };
-        let mut keys = vec![rpc_meta_key(self.cluster(), &self.local_name)];
         let desc = self.control.local_desc();
-        if desc.is_some() {
-            keys.push(segment_key(self.cluster(), &self.local_name));
-        }
-        for key in &keys {
-            match store.get(key) {
-                Ok(Some(_)) => continue,
-                Ok(None) => warn!("{} lost {key}; republishing this engine", store.describe()),
-                Err(e) => {
-                    debug!("checking {key} in {}: {e}", store.describe());
-                    return;
+        let mut lost = self.publish_pending.load(Ordering::Acquire);
+        if lost {
+            info!("retrying the publication that {} missed", store.describe());
+        } else {
+            let mut keys = vec![rpc_meta_key(self.cluster(), &self.local_name)];
+            if desc.is_some() {
+                keys.push(segment_key(self.cluster(), &self.local_name));
+            }
+            for key in &keys {
+                match store.get(key) {
+                    Ok(Some(_)) => {}
+                    Ok(None) => {
+                        warn!("{} lost {key}; republishing this engine", store.describe());
+                        lost = true;
+                        break;
+                    }
+                    Err(e) => {
+                        debug!("checking {key} in {}: {e}", store.describe());
+                        return;
+                    }
                 }
             }
-            let republished = self
-                .publish_rpc_meta()
-                .and_then(|()| desc.as_ref().map_or(Ok(()), |d| self.store_local_desc(d)));
-            if let Err(e) = republished {
-                warn!("republishing to {}: {e}", store.describe());
-            }
+        }
+        if !lost {
             return;
+        }
+        let republished = self
+            .publish_rpc_meta()
+            .and_then(|()| desc.as_ref().map_or(Ok(()), |d| self.store_local_desc(d)));
+        if let Err(e) = republished {
+            debug!("republishing to {}: {e}", store.describe());
         }
     }
 
