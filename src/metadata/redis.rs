@@ -28,7 +28,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 /// Connecting (TCP, `AUTH`, `SELECT`) gives up after this long.
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(1500);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// A command gives up after this long without progress.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// The port of an address written without one (redis' default).
