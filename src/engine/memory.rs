@@ -148,11 +148,6 @@ impl MemoryRegistry {
         Ok(())
     }
 
-    /// The region whose base is exactly `addr`.
-    pub fn get_exact(&self, addr: u64) -> Option<&Region> {
-        self.regions.get(&addr)
-    }
-
     /// Removes the region whose base is exactly `addr`.
     pub fn remove(&mut self, addr: u64) -> Result<Region> {
         self.regions.remove(&addr).ok_or_else(|| {
@@ -229,7 +224,7 @@ mod tests {
             m.insert(&[region(0x9000, 0x100), region(0x90f0, 0x100)])
                 .unwrap_err()
         ));
-        assert!(m.get_exact(0x9000).is_none());
+        assert!(m.find(0x9000, 1).is_none());
         assert_eq!(m.len(), 3);
     }
 

@@ -13,7 +13,7 @@
 //! unambiguous).
 //!
 //! One connection is kept and shared (calls are serialised). Connecting,
-//! authenticating and selecting the database give up after 1.5 s, a
+//! authenticating and selecting the database give up after 3 s, a
 //! command after 5 s of silence. After an I/O error the connection is
 //! dropped; a command that failed on a connection that had worked before
 //! (the server restarted or closed it) is sent once more on a fresh one in

@@ -198,16 +198,6 @@ impl TcpTransport {
         }
     }
 
-    /// Endpoints pooled for `device` and endpoints waiting to retire.
-    pub fn endpoint_counts(&self, device: Option<&str>) -> (usize, usize) {
-        let pools = self.shared.pools.lock().unwrap_or_else(|e| e.into_inner());
-        let pooled = pools
-            .by_device
-            .get(&device.map(str::to_string))
-            .map_or(0, |p| p.len());
-        (pooled, pools.retiring.len())
-    }
-
     /// Fails queued work, closes every connection and joins every thread.
     pub fn shutdown(&self) {
         let endpoints = {
