@@ -82,6 +82,19 @@ struct Nic<'a> {
     pci: Option<&'a str>,
 }
 
+/// The RDMA devices with an active port, as matrix candidates.
+fn rdma_nics(t: &Topology) -> Vec<Nic<'_>> {
+    t.rdma_devices
+        .iter()
+        .filter(|d| d.ports_active)
+        .map(|d| Nic {
+            name: &d.name,
+            numa: d.numa_node,
+            pci: d.pci_bus_id.as_deref(),
+        })
+        .collect()
+}
+
 impl PriorityMatrix {
     fn from_entries(entries: BTreeMap<String, Entry>) -> PriorityMatrix {
         let mut devices: Vec<String> = Vec::new();
@@ -205,17 +218,7 @@ impl PriorityMatrix {
     /// N; `cuda:N` prefers the devices nearest the GPU on PCI among those on
     /// its NUMA node (or, without PCI paths, all of its node's devices).
     pub fn from_topology(t: &Topology) -> PriorityMatrix {
-        let nics: Vec<Nic<'_>> = t
-            .rdma_devices
-            .iter()
-            .filter(|d| d.ports_active)
-            .map(|d| Nic {
-                name: &d.name,
-                numa: d.numa_node,
-                pci: d.pci_bus_id.as_deref(),
-            })
-            .collect();
-        Self::build(t, &nics, &sysfs::pci_distance)
+        Self::build(t, &rdma_nics(t), &sysfs::pci_distance)
     }
 
     /// The same shape over the network interfaces that are up and not
@@ -643,17 +646,7 @@ mod tests {
                 4
             })
         };
-        let nics: Vec<Nic<'_>> = t
-            .rdma_devices
-            .iter()
-            .filter(|d| d.ports_active)
-            .map(|d| Nic {
-                name: &d.name,
-                numa: d.numa_node,
-                pci: d.pci_bus_id.as_deref(),
-            })
-            .collect();
-        let a = PriorityMatrix::build(&t, &nics, &dist);
+        let a = PriorityMatrix::build(&t, &rdma_nics(&t), &dist);
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
         let e = |loc: &str| {
             let (p, v) = a.entry(loc).expect("entry");
@@ -670,7 +663,7 @@ mod tests {
         );
 
         // Without PCI distances the GPU's NUMA node decides.
-        let b = PriorityMatrix::build(&t, &nics, &|_, _| None);
+        let b = PriorityMatrix::build(&t, &rdma_nics(&t), &|_, _| None);
         let (p, _) = b.entry("cuda:0").expect("entry");
         assert_eq!(p, s(&["mlx5_1", "mlx5_2"]));
 
