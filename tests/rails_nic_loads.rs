@@ -2,7 +2,8 @@
 //! in flight shows in-flight bytes on a device, none remain once it is
 //! done, and the device's bandwidth average is positive after the traffic.
 
-#[path = "rails_support.rs"]
+mod common;
+#[path = "rails_support/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};

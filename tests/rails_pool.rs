@@ -3,7 +3,8 @@
 //! hang, no descriptor leak (see `rails_support::pool_of_two_serves_eight_peers`).
 //! One test per file: the configuration is read once per process.
 
-#[path = "rails_support.rs"]
+mod common;
+#[path = "rails_support/mod.rs"]
 mod support;
 
 #[test]

@@ -2,7 +2,8 @@
 //! (`MC_ENDPOINT_STORE_TYPE=FIFO`). One test per file: the configuration
 //! is read once per process.
 
-#[path = "rails_support.rs"]
+mod common;
+#[path = "rails_support/mod.rs"]
 mod support;
 
 #[test]

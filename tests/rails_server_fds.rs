@@ -1,7 +1,8 @@
 //! A TCP data server releases the descriptors of the sessions its peers
 //! closed, without waiting for another peer to connect.
 
-#[path = "rails_support.rs"]
+mod common;
+#[path = "rails_support/mod.rs"]
 mod support;
 
 use std::time::Duration;

@@ -1,9 +1,10 @@
 //! Shared by the multi-rail integration tests (`rails_pool.rs`,
-//! `rails_pool_fifo.rs`, `rails_nic_loads.rs`), which include it with
-//! `#[path]`. Built alone it is an empty test crate.
+//! `rails_pool_fifo.rs`, `rails_nic_loads.rs`, `rails_server_fds.rs`), on
+//! top of the engines and buffers of `tests/common`.
 
 #![allow(dead_code)]
 
+pub use crate::common::{Buf, engine, pattern};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use transfer_engine::engine::batch::TaskStatus;
@@ -12,64 +13,6 @@ use transfer_engine::engine::{Engine, Opcode, Request};
 
 /// Longest a batch may take before the test calls it a hang.
 pub const HANG: Duration = Duration::from_secs(60);
-
-/// A P2P engine on 127.0.0.1 with TCP installed over the host's devices.
-pub fn engine() -> Arc<Engine> {
-    let e = Engine::new("P2PHANDSHAKE", "127.0.0.1:0", false).expect("engine");
-    e.install_transport("tcp", None).expect("install tcp");
-    e
-}
-
-/// Heap memory touched only through raw pointers, so that an engine may
-/// write it from other threads while the test holds it.
-pub struct Buf {
-    ptr: *mut u8,
-    len: usize,
-    _keep: Vec<u8>,
-}
-
-// SAFETY: plain bytes accessed through raw pointers; the tests read them
-// only after the task that writes them is terminal.
-unsafe impl Send for Buf {}
-// SAFETY: as above.
-unsafe impl Sync for Buf {}
-
-impl Buf {
-    /// `len` bytes of `pattern(seed)`.
-    pub fn new(len: usize, seed: u64) -> Buf {
-        let mut v = pattern(len, seed);
-        let ptr = v.as_mut_ptr();
-        Buf { ptr, len, _keep: v }
-    }
-
-    pub fn addr(&self) -> u64 {
-        self.ptr as u64
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// A copy of `[off, off + n)`.
-    pub fn get(&self, off: usize, n: usize) -> Vec<u8> {
-        assert!(off + n <= self.len);
-        let mut out = vec![0u8; n];
-        // SAFETY: in bounds; the allocation lives as long as self.
-        unsafe { std::ptr::copy(self.ptr.add(off), out.as_mut_ptr(), n) };
-        out
-    }
-
-    /// Overwrites `[off, off + data.len())`.
-    pub fn set(&self, off: usize, data: &[u8]) {
-        assert!(off + data.len() <= self.len);
-        // SAFETY: in bounds; the allocation lives as long as self.
-        unsafe { std::ptr::copy(data.as_ptr(), self.ptr.add(off), data.len()) };
-    }
-}
 
 /// Registers the whole buffer as "cpu:0".
 pub fn register(e: &Engine, b: &Buf) {
@@ -80,14 +23,6 @@ pub fn register(e: &Engine, b: &Buf) {
         remote_accessible: true,
     }])
     .expect("register");
-}
-
-/// Deterministic, position- and seed-dependent bytes.
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56;
-    (0..len)
-        .map(|i| ((i % 251) as u64 ^ s ^ (i as u64 >> 12)) as u8)
-        .collect()
 }
 
 /// Submits `reqs` as one batch and waits for every task; panics on a hang.
@@ -169,7 +104,7 @@ pub fn pool_of_two_serves_eight_peers() {
     let initiator = engine();
     let targets: Vec<Arc<Engine>> = (0..PEERS).map(|_| engine()).collect();
     let bufs: Vec<Buf> = (0..PEERS)
-        .map(|i| Buf::new(SIZE, 1000 + i as u64))
+        .map(|i| Buf::new(SIZE, (100 + i) as u8))
         .collect();
     for (t, b) in targets.iter().zip(&bufs) {
         register(t, b);
@@ -202,7 +137,7 @@ pub fn pool_of_two_serves_eight_peers() {
             // Sizes from sub-slice to many slices, at odd offsets.
             let len = [1usize, 65_537, 300_001, 1 << 20][(round as usize + p) % 4];
             let off = 17 + p * 3 + round as usize;
-            src.set(off, &pattern(len, seed));
+            src.set(off, &pattern(len, seed as u8));
             dst.set(off, &vec![0xA5; len]);
             let w = Request {
                 opcode: Opcode::Write,
@@ -218,7 +153,7 @@ pub fn pool_of_two_serves_eight_peers() {
                 "round {round} WRITE to peer {p}"
             );
             assert!(
-                bufs[p].get(off, len) == pattern(len, seed),
+                bufs[p].get(off, len) == pattern(len, seed as u8),
                 "round {round}: peer {p} holds wrong bytes after the WRITE"
             );
             let r = Request {
@@ -233,7 +168,7 @@ pub fn pool_of_two_serves_eight_peers() {
                 "round {round} READ from peer {p}"
             );
             assert!(
-                dst.get(off, len) == pattern(len, seed),
+                dst.get(off, len) == pattern(len, seed as u8),
                 "round {round}: wrong bytes READ from peer {p}"
             );
         }
@@ -244,7 +179,7 @@ pub fn pool_of_two_serves_eight_peers() {
         for p in 0..PEERS {
             let off = 4096 + p * len;
             let seed = 7_000 + round * 100 + p as u64;
-            src.set(off, &pattern(len, seed));
+            src.set(off, &pattern(len, seed as u8));
             dst.set(off, &vec![0x5A; len]);
             writes.push(Request {
                 opcode: Opcode::Write,
@@ -274,7 +209,7 @@ pub fn pool_of_two_serves_eight_peers() {
         );
         for (p, buf) in bufs.iter().enumerate() {
             let off = 4096 + p * len;
-            let want = pattern(len, 7_000 + round * 100 + p as u64);
+            let want = pattern(len, (7_000 + round * 100 + p as u64) as u8);
             assert!(
                 buf.get(SIZE / 2, len) == want,
                 "round {round}: peer {p} wrong after the concurrent WRITE"
