@@ -7,6 +7,7 @@ pub mod engine;
 pub mod error;
 pub mod ffi;
 pub mod handle;
+pub mod log_limit;
 pub mod metadata;
 pub mod rpc;
 pub mod topology;
