@@ -82,8 +82,21 @@ pub struct Config {
     pub tcp_lanes_per_peer: usize,
     /// `MC_TCP_PROTO=1` forces the v1 framing towards every peer.
     pub tcp_force_v1: bool,
-    /// `MC_TCP_STATUS_TIMEOUT_SEC` (30).
+    /// `MC_TCP_STATUS_TIMEOUT_SEC` (30): a TCP request that moves no byte
+    /// for this long fails (both sides).
     pub tcp_status_timeout_secs: u64,
+    /// `MC_TCP_IO_THREADS`: threads of the TCP transport, serving every
+    /// connection of both sides (min(4, CPUs); 1..=64).
+    pub tcp_io_threads: usize,
+    /// `MC_TCP_MAX_DATA_CONNECTIONS`: data connections served at once
+    /// (4096; also at most half the descriptor limit).
+    pub tcp_max_data_connections: usize,
+    /// `MC_TCP_IDLE_TIMEOUT_SEC`: an idle data connection is closed after
+    /// this long by the server, after half of it by the client (300).
+    pub tcp_idle_timeout_secs: u64,
+    /// `MC_TE_STRICT_LOCAL`: fail a request whose local `source` range is
+    /// not inside one registered buffer, on every transport.
+    pub strict_local: bool,
     /// `MC_REDIS_USERNAME`.
     pub redis_username: Option<String>,
     /// `MC_REDIS_PASSWORD`.
@@ -121,11 +134,20 @@ impl Default for Config {
             tcp_lanes_per_peer: 4,
             tcp_force_v1: false,
             tcp_status_timeout_secs: 30,
+            tcp_io_threads: default_io_threads(),
+            tcp_max_data_connections: 4096,
+            tcp_idle_timeout_secs: 300,
+            strict_local: false,
             redis_username: None,
             redis_password: None,
             redis_db_index: 0,
         }
     }
+}
+
+/// Default I/O threads of the TCP transport: one per CPU, at most 4.
+fn default_io_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().min(4))
 }
 
 /// Reads variables through a lookup function so tests need no process env.
@@ -309,6 +331,20 @@ impl Config {
             tcp_lanes_per_peer: r.number(lanes_var, 4, 1, 16),
             tcp_force_v1,
             tcp_status_timeout_secs: r.number("MC_TCP_STATUS_TIMEOUT_SEC", 30, 1, 3600),
+            tcp_io_threads: r.number("MC_TCP_IO_THREADS", d.tcp_io_threads, 1, 64),
+            tcp_max_data_connections: r.number(
+                "MC_TCP_MAX_DATA_CONNECTIONS",
+                d.tcp_max_data_connections,
+                1,
+                1 << 20,
+            ),
+            tcp_idle_timeout_secs: r.number(
+                "MC_TCP_IDLE_TIMEOUT_SEC",
+                d.tcp_idle_timeout_secs,
+                2,
+                86400,
+            ),
+            strict_local: r.flag("MC_TE_STRICT_LOCAL"),
             redis_username: r.string("MC_REDIS_USERNAME"),
             redis_password: r.string("MC_REDIS_PASSWORD"),
             redis_db_index: r.number("MC_REDIS_DB_INDEX", 0, 0, 255),

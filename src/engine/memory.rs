@@ -2,8 +2,11 @@
 //! length, location and remote accessibility, with Mooncake's overlap rules.
 
 use crate::error::{Error, Result};
+use crate::transport::RemoteMemory;
+use crate::transport::fence::Fence;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::{Arc, RwLock};
 
 /// Where a buffer's memory lives, as named in Mooncake's location strings.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -76,17 +79,18 @@ impl Region {
     }
 }
 
-/// Registered buffers keyed by base address; no two overlap.
+/// Registered buffers keyed by base address; no two overlap. Each has the
+/// [`Fence`] that transports serving peers hold while they touch it.
 #[derive(Debug, Default)]
 pub struct MemoryRegistry {
-    regions: BTreeMap<u64, Region>,
+    regions: BTreeMap<u64, (Region, Arc<Fence>)>,
 }
 
 impl MemoryRegistry {
     /// Whether `[addr, addr + len)` overlaps a registered region.
     fn overlaps(&self, addr: u64, len: u64) -> bool {
         let end = addr.saturating_add(len);
-        if let Some((_, r)) = self.regions.range(..=addr).next_back() {
+        if let Some((_, (r, _))) = self.regions.range(..=addr).next_back() {
             if r.end() > addr {
                 return true;
             }
@@ -143,27 +147,45 @@ impl MemoryRegistry {
     pub fn insert(&mut self, regions: &[Region]) -> Result<()> {
         self.check_insert(regions)?;
         for r in regions {
-            self.regions.insert(r.addr, r.clone());
+            self.regions
+                .insert(r.addr, (r.clone(), Arc::new(Fence::new())));
         }
         Ok(())
     }
 
-    /// Removes the region whose base is exactly `addr`.
+    /// Removes the region whose base is exactly `addr` and revokes its
+    /// fence: when this returns, no transport touches it for a peer.
     pub fn remove(&mut self, addr: u64) -> Result<Region> {
-        self.regions.remove(&addr).ok_or_else(|| {
+        let (region, fence) = self.regions.remove(&addr).ok_or_else(|| {
             Error::AddressNotRegistered(format!("no buffer is registered at {addr:#x}"))
-        })
+        })?;
+        fence.revoke();
+        Ok(region)
     }
 
     /// The region that holds all of `[addr, addr + len)`, if one does.
     pub fn find(&self, addr: u64, len: u64) -> Option<&Region> {
-        let (_, r) = self.regions.range(..=addr).next_back()?;
+        let (_, (r, _)) = self.regions.range(..=addr).next_back()?;
         r.contains(addr, len).then_some(r)
+    }
+
+    /// The fence of the remotely accessible region that holds all of
+    /// `[addr, addr + len)` (`len > 0`), if one does.
+    pub fn admit(&self, addr: u64, len: u64) -> Option<Arc<Fence>> {
+        let (_, (r, fence)) = self.regions.range(..=addr).next_back()?;
+        (len > 0 && r.remote_accessible && r.contains(addr, len)).then(|| fence.clone())
     }
 
     /// Every registered region, by address.
     pub fn regions(&self) -> impl Iterator<Item = &Region> {
-        self.regions.values()
+        self.regions.values().map(|(r, _)| r)
+    }
+
+    /// Removes every region and revokes every fence (engine destruction).
+    pub fn clear(&mut self) {
+        for (_, (_, fence)) in std::mem::take(&mut self.regions) {
+            fence.revoke();
+        }
     }
 
     /// Number of registered regions.
@@ -174,6 +196,14 @@ impl MemoryRegistry {
     /// Whether nothing is registered.
     pub fn is_empty(&self) -> bool {
         self.regions.is_empty()
+    }
+}
+
+impl RemoteMemory for RwLock<MemoryRegistry> {
+    fn admit(&self, addr: u64, len: u64) -> Option<Arc<Fence>> {
+        self.read()
+            .unwrap_or_else(|e| e.into_inner())
+            .admit(addr, len)
     }
 }
 

@@ -107,6 +107,24 @@ pub struct NicLoad {
     pub ewma_bandwidth_bps: f64,
 }
 
+/// Raises the soft limit on open descriptors to the hard limit, as
+/// Mooncake does: connections to many peers need descriptors.
+fn raise_descriptor_limit() {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write one rlimit we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 && rl.rlim_cur < rl.rlim_max {
+            rl.rlim_cur = rl.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &rl) != 0 {
+                tracing::debug!("could not raise the descriptor limit to {}", rl.rlim_max);
+            }
+        }
+    }
+}
+
 /// Handle returned for the installed TCP transport.
 const TCP_TRANSPORT_HANDLE: u64 = 1;
 
@@ -116,6 +134,7 @@ impl Engine {
     /// (store mode) and, with `auto_discover`, installs a transport.
     pub fn new(conn: &str, local_name: &str, auto_discover: bool) -> Result<Arc<Engine>> {
         let config = config();
+        raise_descriptor_limit();
         let conn = MetadataConn::parse(conn)?;
         let local_name = local_name.trim().trim_start_matches('/').to_string();
         if local_name.is_empty() {
@@ -400,6 +419,18 @@ impl Engine {
         }
     }
 
+    /// Why a request's local `source` range cannot be used: NULL, wrapping
+    /// the address space, or (with `MC_TE_STRICT_LOCAL`) not inside one
+    /// registered buffer.
+    fn source_problem(&self, r: &Request, memory: &MemoryRegistry) -> Option<&'static str> {
+        if r.source == 0 || r.source.checked_add(r.length).is_none() {
+            return Some("the source pointer is NULL or wraps");
+        }
+        (self.config.strict_local && memory.find(r.source, r.length).is_none()).then_some(
+            "the source range is not inside one registered buffer (MC_TE_STRICT_LOCAL)",
+        )
+    }
+
     /// Runs one request against this process's own registered memory.
     fn submit_local(&self, batch: &Arc<Batch>, id: usize, r: &Request, memory: &MemoryRegistry) {
         let Some(task) = batch.slot(id) else {
@@ -420,12 +451,8 @@ impl Engine {
                 ),
             );
         }
-        if r.source == 0 || r.source.checked_add(r.length).is_none() {
-            return Self::fail_task(
-                batch,
-                id,
-                format_args!("the source pointer is NULL or wraps"),
-            );
+        if let Some(why) = self.source_problem(r, memory) {
+            return Self::fail_task(batch, id, format_args!("{why}"));
         }
         let (src, dst) = match r.opcode {
             Opcode::Write => (r.source, r.target_offset),
@@ -486,12 +513,8 @@ impl Engine {
                 ),
             );
         }
-        if r.source == 0 || r.source.checked_add(r.length).is_none() {
-            return Self::fail_task(
-                batch,
-                id,
-                format_args!("the source pointer is NULL or wraps"),
-            );
+        if let Some(why) = self.source_problem(r, memory) {
+            return Self::fail_task(batch, id, format_args!("{why}"));
         }
         let Some(sched) = self.sched.get() else {
             return Self::fail_task(batch, id, format_args!("no tcp transport"));

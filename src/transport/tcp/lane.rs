@@ -1,36 +1,52 @@
 //! Client lanes: persistent connections over one rail to one peer device,
-//! each with a sender thread that connects (never the submitting thread,
-//! bound to the rail's local address), pipelines requests and streams WRITE
-//! payloads straight from the caller's memory, and a receiver thread that
-//! reads acknowledgements and READ payloads straight into the caller's
-//! memory, in request order.
+//! driven by the I/O threads (see [`super::io`]) on non-blocking sockets.
 //!
-//! A slice is finished exactly once, by whichever of the two threads is
-//! last done with its memory, so a failed slice never leaves a thread still
-//! reading the caller's buffer.
+//! A lane takes slices from its inbox, connects when it has work (never in
+//! the submitting thread; bound to the rail's local address), pipelines
+//! requests, sends WRITE payloads straight from the caller's memory and
+//! receives acknowledgements and READ payloads straight into it, in request
+//! order. A slice is finished exactly once, by the lane's I/O thread, after
+//! the lane is done with its memory.
+//!
+//! Connection failures: the connection is reset (`SO_LINGER` 0), so the
+//! kernel discards what it still held: once a slice is reported failed, no
+//! byte of it is sent any more. A request that never reached the wire, or
+//! whose connection was closed by the peer before any answer (a peer's idle
+//! timeout, a restart) is sent once more on a fresh connection. A failed
+//! connect puts the lanes of the endpoint in a cooldown (1 s, doubling to
+//! 8 s while connects keep failing) during which their slices fail at once:
+//! a dead peer costs one connect attempt per lane and cooldown, no thread.
 
 use super::wire::{
-    HEADER_LEN, Header, OP_READ, OP_WRITE, Patience, RecvBuf, STATUS_OK, V2_FLAG, iovec, send_iov,
-    status_valid,
+    DIRECT_RECV_MIN, HEADER_LEN, Header, OP_READ, OP_WRITE, Recv, RecvBuf, STATUS_OK, V2_FLAG,
+    iovec, recv_some, send_some, status_valid,
 };
 use crate::transport::{Outcome, Slice};
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use socket2::{Domain, Socket, Type};
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use mio::net::TcpStream;
+use mio::{Interest, Registry, Token};
+use socket2::{Domain, SockRef, Socket, TcpKeepalive, Type};
+use std::collections::VecDeque;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tracing::{debug, warn};
+use tracing::debug;
 
-/// How long blocked calls sleep before re-checking for shutdown.
-const POLL_INTERVAL: Duration = Duration::from_millis(200);
-/// After a failed connect, slices fail at once for this long.
-const RECONNECT_COOLDOWN: Duration = Duration::from_secs(1);
 /// Most slices and bytes written with one `sendmsg`.
 const MAX_BATCH_SLICES: usize = 64;
 const MAX_BATCH_BYTES: u64 = 4 << 20;
+/// Receive buffer of a connected lane.
+const RECV_BUF: usize = 64 * 1024;
+/// First and longest cooldown after a failed connect.
+const COOLDOWN_MIN: Duration = Duration::from_secs(1);
+const COOLDOWN_MAX: Duration = Duration::from_secs(8);
+/// TCP keepalive: first probe after this much silence, then every
+/// interval, giving up after the count.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_COUNT: u32 = 3;
 
 /// Where a lane connects: the rail's local address (if bound) and the
 /// peer device's address and data port.
@@ -46,6 +62,29 @@ pub struct LaneTarget {
     pub v2: bool,
 }
 
+impl LaneTarget {
+    /// The target's addresses of the rail's address family. Resolving a
+    /// host name may block: it is done once per endpoint, never by an I/O
+    /// thread.
+    pub fn resolve(&self) -> io::Result<Vec<SocketAddr>> {
+        use std::net::ToSocketAddrs;
+        let addrs: Vec<SocketAddr> = (self.host.as_str(), self.port)
+            .to_socket_addrs()?
+            .filter(|a| self.bind.is_none_or(|b| b.is_ipv4() == a.is_ipv4()))
+            .collect();
+        if addrs.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "{} resolved to no address of the rail's family",
+                    self.host
+                ),
+            ));
+        }
+        Ok(addrs)
+    }
+}
+
 /// Timeouts of a lane.
 #[derive(Debug, Clone, Copy)]
 pub struct LaneTimeouts {
@@ -53,473 +92,704 @@ pub struct LaneTimeouts {
     pub connect: Duration,
     /// Longest time a request may make no progress.
     pub stall: Duration,
+    /// An idle connection is closed after this long.
+    pub idle: Duration,
 }
 
-/// Load of a lane: bytes queued or in flight.
+/// Connect health shared by the lanes of one endpoint.
 #[derive(Default)]
-pub struct LaneLoad {
-    bytes: AtomicU64,
+pub struct ConnectHealth {
+    /// Until when connects are not tried, and the current backoff.
+    state: Mutex<(Option<Instant>, Duration)>,
 }
 
-impl LaneLoad {
-    /// Bytes queued or in flight.
-    pub fn bytes(&self) -> u64 {
-        self.bytes.load(Ordering::Relaxed)
+impl ConnectHealth {
+    fn cooling(&self, now: Instant) -> bool {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.0.is_some_and(|until| now < until)
+    }
+
+    fn failed(&self, now: Instant) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let backoff = if s.1.is_zero() {
+            COOLDOWN_MIN
+        } else {
+            (s.1 * 2).min(COOLDOWN_MAX)
+        };
+        *s = (Some(now + backoff), backoff);
+    }
+
+    fn succeeded(&self) {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = (None, Duration::ZERO);
     }
 }
 
-/// A slice on the wire, held by the sender and (when answered) the
-/// receiver; the last to let go reports the worst outcome either saw.
-struct InFlight {
-    slice: Mutex<Option<Slice>>,
-    len: u64,
-    write: bool,
-    local: u64,
-    remote: u64,
-    v2: bool,
-    holds: AtomicU8,
-    worst: AtomicU8,
-    load: Arc<LaneLoad>,
+struct Inbox {
+    slices: VecDeque<Slice>,
+    closed: bool,
 }
 
-const DONE: u8 = 0;
-const FAILED: u8 = 1;
-const REJECTED: u8 = 2;
+/// The part of a lane that submitting threads see: its inbox and load.
+pub struct LaneShared {
+    /// Identifies the lane; also its token in its I/O thread's poll.
+    pub token: Token,
+    /// Index of the I/O thread that serves the lane.
+    pub thread: usize,
+    /// Where it connects.
+    pub target: LaneTarget,
+    addrs: Vec<SocketAddr>,
+    timeouts: LaneTimeouts,
+    health: Arc<ConnectHealth>,
+    inbox: Mutex<Inbox>,
+    /// Set while a kick is on its way to the I/O thread.
+    kicked: AtomicBool,
+    /// The endpoint left the pool: close once idle.
+    retiring: AtomicBool,
+    load: AtomicU64,
+}
 
-impl InFlight {
-    fn release(&self, outcome: u8) {
-        self.worst.fetch_max(outcome, Ordering::AcqRel);
-        if self.holds.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.load.bytes.fetch_sub(self.len, Ordering::Relaxed);
-            let taken = self.slice.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let Some(s) = taken {
-                s.finish(match self.worst.load(Ordering::Acquire) {
-                    DONE => Outcome::Done,
-                    REJECTED => Outcome::Rejected,
-                    _ => Outcome::Failed { hard: false },
-                });
-            }
+impl LaneShared {
+    /// A lane served by I/O thread `thread`.
+    pub fn new(
+        token: Token,
+        thread: usize,
+        target: LaneTarget,
+        addrs: Vec<SocketAddr>,
+        timeouts: LaneTimeouts,
+        health: Arc<ConnectHealth>,
+    ) -> LaneShared {
+        LaneShared {
+            token,
+            thread,
+            target,
+            addrs,
+            timeouts,
+            health,
+            inbox: Mutex::new(Inbox {
+                slices: VecDeque::new(),
+                closed: false,
+            }),
+            kicked: AtomicBool::new(false),
+            retiring: AtomicBool::new(false),
+            load: AtomicU64::new(0),
         }
     }
+
+    /// Bytes queued or in flight.
+    pub fn load(&self) -> u64 {
+        self.load.load(Ordering::Relaxed)
+    }
+
+    /// Queues a slice; `Err` gives it back when the lane is closed. `Ok(true)`
+    /// when the I/O thread must be kicked.
+    pub fn push(&self, slice: Slice) -> Result<bool, Slice> {
+        let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        if inbox.closed {
+            return Err(slice);
+        }
+        self.load.fetch_add(slice.len, Ordering::Relaxed);
+        inbox.slices.push_back(slice);
+        drop(inbox);
+        Ok(!self.kicked.swap(true, Ordering::AcqRel))
+    }
+
+    /// Marks the lane to close once it has nothing to do.
+    pub fn retire(&self) {
+        self.retiring.store(true, Ordering::Release);
+    }
+
+    /// Closes the inbox and fails what it still holds (shutdown).
+    pub fn close(&self) {
+        let left: Vec<Slice> = {
+            let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+            inbox.closed = true;
+            inbox.slices.drain(..).collect()
+        };
+        for s in left {
+            self.finish(s, Outcome::Failed { hard: true });
+        }
+    }
+
+    fn finish(&self, s: Slice, outcome: Outcome) {
+        self.load.fetch_sub(s.len, Ordering::Relaxed);
+        s.finish(outcome);
+    }
+
+    /// Takes the inbox's slices; `None` (and the inbox closed) when the
+    /// lane is retiring and has nothing left.
+    fn take(&self, pipeline_empty: bool) -> Option<Vec<Slice>> {
+        self.kicked.store(false, Ordering::Release);
+        let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        if inbox.slices.is_empty() && pipeline_empty && self.retiring.load(Ordering::Acquire) {
+            inbox.closed = true;
+            return None;
+        }
+        Some(inbox.slices.drain(..).collect())
+    }
 }
 
-/// One connection and its receiver thread.
+/// A slice on its way: the header, how much of header and payload went
+/// out, and what came back.
+struct Req {
+    slice: Slice,
+    header: [u8; HEADER_LEN],
+    v2: bool,
+    sent: u64,
+    status_ok: bool,
+    got: u64,
+    /// Sent again after its connection was closed by the peer.
+    resent: bool,
+}
+
+impl Req {
+    fn new(slice: Slice, v2: bool) -> Req {
+        let op = if slice.write { OP_WRITE } else { OP_READ };
+        let header = Header {
+            size: slice.len,
+            addr: slice.remote,
+            opcode: op | if v2 { V2_FLAG } else { 0 },
+        }
+        .encode();
+        Req {
+            slice,
+            header,
+            v2,
+            sent: 0,
+            status_ok: false,
+            got: 0,
+            resent: false,
+        }
+    }
+
+    fn wire_len(&self) -> u64 {
+        HEADER_LEN as u64 + if self.slice.write { self.slice.len } else { 0 }
+    }
+
+    fn sent_all(&self) -> bool {
+        self.sent == self.wire_len()
+    }
+
+    /// Whether the peer answers this request (v1 WRITEs get no answer).
+    fn answered_by_peer(&self) -> bool {
+        self.v2 || !self.slice.write
+    }
+
+    fn done(&self) -> bool {
+        self.sent_all()
+            && match (self.v2, self.slice.write) {
+                (false, true) => true,
+                (true, true) => self.status_ok,
+                (v2, false) => (!v2 || self.status_ok) && self.got == self.slice.len,
+            }
+    }
+
+    fn any_answer(&self) -> bool {
+        self.status_ok || self.got > 0
+    }
+}
+
+enum ConnState {
+    /// Connecting to `addrs[at]`, until the deadline.
+    Connecting { at: usize, deadline: Instant },
+    Ready,
+}
+
 struct Conn {
     stream: TcpStream,
-    dead: Arc<AtomicBool>,
-    to_receiver: Option<Sender<Arc<InFlight>>>,
-    receiver: Option<JoinHandle<()>>,
+    state: ConnState,
+    rbuf: RecvBuf,
+    last_progress: Instant,
 }
 
-impl Conn {
-    fn close(mut self) {
-        self.dead.store(true, Ordering::Release);
-        let _ = self.stream.shutdown(Shutdown::Both);
-        self.to_receiver.take();
-        if let Some(t) = self.receiver.take() {
-            let _ = t.join();
-        }
+/// Why a connection ended with requests on it.
+enum Failure {
+    /// The peer rejected the request at this pipeline index (v2).
+    Rejected(usize),
+    /// The peer closed or reset the connection.
+    Closed(String),
+    /// Anything else: a timeout, a malformed answer.
+    Broken(String),
+}
+
+/// A lane as its I/O thread holds it.
+pub struct Lane {
+    shared: Arc<LaneShared>,
+    conn: Option<Conn>,
+    pipeline: VecDeque<Req>,
+    /// Index in `pipeline` of the first request not fully sent.
+    send_at: usize,
+    /// Index of the first request whose answer is not complete.
+    recv_at: usize,
+    last_used: Instant,
+}
+
+/// Starts a non-blocking connect to `addr`, bound to `bind`.
+pub fn start_connect(bind: Option<IpAddr>, addr: SocketAddr) -> io::Result<TcpStream> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_nonblocking(true)?;
+    if let Some(ip) = bind {
+        socket.bind(&SocketAddr::new(ip, 0).into())?;
+    }
+    match socket.connect(&addr.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    Ok(TcpStream::from_std(socket.into()))
+}
+
+/// Whether a non-blocking connect finished: `Ok(true)` connected,
+/// `Ok(false)` still in progress.
+fn connect_finished(stream: &TcpStream) -> io::Result<bool> {
+    if let Some(e) = stream.take_error()? {
+        return Err(e);
+    }
+    match stream.peer_addr() {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
-/// A lane: a queue of slices and the thread that serves it.
-pub struct Lane {
-    tx: Mutex<Option<Sender<Slice>>>,
-    load: Arc<LaneLoad>,
-    stop: Arc<AtomicBool>,
-    stream: Arc<Mutex<Option<TcpStream>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+/// Sets the options of a connected data socket: no Nagle, keepalive.
+pub fn tune(stream: &TcpStream) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    let ka = TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_COUNT);
+    SockRef::from(stream).set_tcp_keepalive(&ka)
+}
+
+/// Closes with a reset: the kernel discards what it still holds to send.
+pub fn abort(stream: &TcpStream) {
+    let _ = SockRef::from(stream).set_linger(Some(Duration::ZERO));
 }
 
 impl Lane {
-    /// Starts a lane to `peer`; it connects when its first slice arrives.
-    /// A failed connect sets `failed`.
-    pub fn start(
-        peer: LaneTarget,
-        timeouts: LaneTimeouts,
-        name: String,
-        failed: Arc<AtomicBool>,
-    ) -> std::io::Result<Lane> {
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let load = Arc::new(LaneLoad::default());
-        let stop = Arc::new(AtomicBool::new(false));
-        let stream = Arc::new(Mutex::new(None));
-        let worker = Worker {
-            peer,
-            timeouts,
-            rx,
-            load: load.clone(),
-            stop: stop.clone(),
-            stream: stream.clone(),
-            failed,
+    /// The I/O thread's side of a lane.
+    pub fn new(shared: Arc<LaneShared>) -> Lane {
+        Lane {
+            shared,
+            conn: None,
+            pipeline: VecDeque::new(),
+            send_at: 0,
+            recv_at: 0,
+            last_used: Instant::now(),
+        }
+    }
+
+    /// Whether the lane has nothing to do and no connection: its I/O
+    /// thread may forget it.
+    pub fn dormant(&self) -> bool {
+        self.conn.is_none() && self.pipeline.is_empty()
+    }
+
+    /// Takes new slices from the inbox and serves them. `false` once the
+    /// lane is retired and closed.
+    pub fn kick(&mut self, registry: &Registry) -> bool {
+        let Some(new) = self.shared.take(self.pipeline.is_empty()) else {
+            self.disconnect(registry, false);
+            return false;
         };
-        let thread = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || worker.run())?;
-        Ok(Lane {
-            tx: Mutex::new(Some(tx)),
-            load,
-            stop,
-            stream,
-            thread: Mutex::new(Some(thread)),
-        })
+        let v2 = self.shared.target.v2;
+        self.pipeline
+            .extend(new.into_iter().map(|s| Req::new(s, v2)));
+        self.pump(registry);
+        true
     }
 
-    /// Bytes queued or in flight on this lane.
-    pub fn load(&self) -> u64 {
-        self.load.bytes()
+    /// Serves a readiness event.
+    pub fn on_event(&mut self, registry: &Registry) {
+        self.pump(registry);
     }
 
-    /// Queues a slice; fails it at once if the lane has stopped.
-    pub fn send(&self, slice: Slice) {
-        self.load.bytes.fetch_add(slice.len, Ordering::Relaxed);
-        let refused = {
-            let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-            match tx.as_ref() {
-                Some(tx) => tx.send(slice).err().map(|e| e.into_inner()),
-                None => Some(slice),
-            }
+    /// Whether the I/O thread keeps the lane: a retired lane with nothing
+    /// left closes, a dormant one is forgotten until its next kick.
+    pub fn settle(&mut self, registry: &Registry) -> bool {
+        if self.pipeline.is_empty() && self.shared.retiring.load(Ordering::Acquire) {
+            return self.kick(registry);
+        }
+        !self.dormant()
+    }
+
+    /// Runs the timers: connect deadline, stalled requests, idle close.
+    pub fn sweep(&mut self, registry: &Registry, now: Instant) {
+        let Some(conn) = &self.conn else {
+            return;
         };
-        // Reported outside the lock: the outcome may send the slice again.
-        if let Some(s) = refused {
-            self.load.bytes.fetch_sub(s.len, Ordering::Relaxed);
-            s.finish(Outcome::Failed { hard: true });
-        }
-    }
-
-    /// Fails queued work, closes the connection and joins the threads.
-    pub fn shutdown(&self) {
-        self.stop.store(true, Ordering::Release);
-        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(s) = self
-            .stream
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = t.join();
-        }
-    }
-}
-
-struct Worker {
-    peer: LaneTarget,
-    timeouts: LaneTimeouts,
-    rx: Receiver<Slice>,
-    load: Arc<LaneLoad>,
-    stop: Arc<AtomicBool>,
-    stream: Arc<Mutex<Option<TcpStream>>>,
-    failed: Arc<AtomicBool>,
-}
-
-impl Worker {
-    fn fail(&self, s: Slice, hard: bool) {
-        self.load.bytes.fetch_sub(s.len, Ordering::Relaxed);
-        s.finish(Outcome::Failed { hard });
-    }
-
-    fn run(self) {
-        let mut conn: Option<Conn> = None;
-        let mut cooldown_until: Option<Instant> = None;
-        loop {
-            let first = match self.rx.recv_timeout(POLL_INTERVAL) {
-                Ok(s) => s,
-                Err(RecvTimeoutError::Timeout) => {
-                    if self.stop.load(Ordering::Acquire) {
-                        break;
-                    }
-                    continue;
-                }
-                Err(RecvTimeoutError::Disconnected) => break,
-            };
-            if self.stop.load(Ordering::Acquire) {
-                self.fail(first, true);
-                break;
+        match conn.state {
+            ConnState::Connecting { deadline, .. } if now >= deadline => {
+                self.connect_next(registry, "timed out");
             }
-            if conn
-                .as_ref()
-                .is_some_and(|c| c.dead.load(Ordering::Acquire))
-            {
-                if let Some(c) = conn.take() {
-                    c.close();
-                }
-            }
-            if conn.is_none() {
-                if cooldown_until.is_some_and(|t| Instant::now() < t) {
-                    self.fail(first, true);
-                    continue;
-                }
-                match self.connect() {
-                    Ok(c) => {
-                        cooldown_until = None;
-                        conn = Some(c);
-                    }
-                    Err(e) => {
-                        warn!(
-                            "tcp: connect to {}:{} (from {:?}) failed: {e}; failing queued requests",
-                            self.peer.host, self.peer.port, self.peer.bind
-                        );
-                        self.failed.store(true, Ordering::Release);
-                        cooldown_until = Some(Instant::now() + RECONNECT_COOLDOWN);
-                        self.fail(first, true);
-                        while let Ok(s) = self.rx.try_recv() {
-                            self.fail(s, true);
-                        }
-                        continue;
-                    }
-                }
-            }
-            let Some(c) = conn.as_ref() else { continue };
-            let mut batch = vec![first];
-            let mut bytes = batch[0].len;
-            while batch.len() < MAX_BATCH_SLICES && bytes < MAX_BATCH_BYTES {
-                match self.rx.try_recv() {
-                    Ok(s) => {
-                        bytes += s.len;
-                        batch.push(s);
-                    }
-                    Err(_) => break,
-                }
-            }
-            self.send_batch(c, batch);
-        }
-        // Shutdown: fail what is still queued, then close.
-        while let Ok(s) = self.rx.try_recv() {
-            self.fail(s, true);
-        }
-        if let Some(c) = conn.take() {
-            c.close();
-        }
-    }
-
-    fn connect(&self) -> std::io::Result<Conn> {
-        let stream = connect_target(&self.peer, self.timeouts.connect)?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(POLL_INTERVAL))?;
-        stream.set_write_timeout(Some(POLL_INTERVAL))?;
-        debug!(
-            "tcp: lane connected to {}:{}",
-            self.peer.host, self.peer.port
-        );
-        let dead = Arc::new(AtomicBool::new(false));
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let receiver = Receiving {
-            stream: stream.try_clone()?,
-            dead: dead.clone(),
-            rx,
-            stall: self.timeouts.stall,
-        };
-        let thread = std::thread::Builder::new()
-            .name("te-tcp-recv".into())
-            .spawn(move || receiver.run())?;
-        *self.stream.lock().unwrap_or_else(|e| e.into_inner()) = Some(stream.try_clone()?);
-        if self.stop.load(Ordering::Acquire) {
-            let _ = stream.shutdown(Shutdown::Both);
-        }
-        Ok(Conn {
-            stream,
-            dead,
-            to_receiver: Some(tx),
-            receiver: Some(thread),
-        })
-    }
-
-    fn send_batch(&self, c: &Conn, batch: Vec<Slice>) {
-        let v2 = self.peer.v2;
-        let mut headers: Vec<[u8; HEADER_LEN]> = Vec::with_capacity(batch.len());
-        let mut flights: Vec<Arc<InFlight>> = Vec::with_capacity(batch.len());
-        for s in batch {
-            let op = if s.write { OP_WRITE } else { OP_READ };
-            headers.push(
-                Header {
-                    size: s.len,
-                    addr: s.remote,
-                    opcode: op | if v2 { V2_FLAG } else { 0 },
-                }
-                .encode(),
-            );
-            // v1 WRITEs get no answer: only the sender holds them.
-            let answered = v2 || !s.write;
-            let f = Arc::new(InFlight {
-                len: s.len,
-                write: s.write,
-                local: s.local,
-                remote: s.remote,
-                slice: Mutex::new(Some(s)),
-                v2,
-                holds: AtomicU8::new(if answered { 2 } else { 1 }),
-                worst: AtomicU8::new(DONE),
-                load: self.load.clone(),
-            });
-            if answered {
-                let queued = c
-                    .to_receiver
-                    .as_ref()
-                    .is_some_and(|tx| tx.send(f.clone()).is_ok());
-                if !queued {
-                    f.release(FAILED);
-                }
-            }
-            flights.push(f);
-        }
-        let mut iov = Vec::with_capacity(flights.len() * 2);
-        for (h, f) in headers.iter().zip(&flights) {
-            iov.push(iovec(h.as_ptr(), HEADER_LEN));
-            if f.write {
-                iov.push(iovec(f.local as usize as *const u8, f.len as usize));
-            }
-        }
-        let patience = Patience {
-            stall: self.timeouts.stall,
-            cancel: &c.dead,
-        };
-        let outcome = match send_iov(c.stream.as_raw_fd(), &mut iov, &patience) {
-            Ok(()) => DONE,
-            Err(e) => {
-                if !self.stop.load(Ordering::Acquire) {
-                    warn!(
-                        "tcp: send to {}:{} failed: {e}",
-                        self.peer.host, self.peer.port
+            ConnState::Connecting { .. } => {}
+            ConnState::Ready if !self.pipeline.is_empty() => {
+                let quiet = now.duration_since(conn.last_progress);
+                if quiet >= self.shared.timeouts.stall {
+                    self.fail(
+                        registry,
+                        Failure::Broken(format!("no progress for {quiet:?}")),
                     );
                 }
-                c.dead.store(true, Ordering::Release);
-                let _ = c.stream.shutdown(Shutdown::Both);
-                FAILED
             }
+            ConnState::Ready => {
+                if now.duration_since(self.last_used) >= self.shared.timeouts.idle {
+                    debug!("tcp: closing an idle lane to {}", self.shared.target.host);
+                    self.disconnect(registry, false);
+                }
+            }
+        }
+    }
+
+    /// Fails everything (shutdown).
+    pub fn stop(&mut self, registry: &Registry) {
+        self.disconnect(registry, true);
+        for r in std::mem::take(&mut self.pipeline) {
+            self.shared.finish(r.slice, Outcome::Failed { hard: true });
+        }
+        self.send_at = 0;
+        self.recv_at = 0;
+    }
+
+    fn disconnect(&mut self, registry: &Registry, reset: bool) {
+        if let Some(mut c) = self.conn.take() {
+            if reset {
+                abort(&c.stream);
+            }
+            let _ = registry.deregister(&mut c.stream);
+        }
+    }
+
+    /// Connects if needed, then moves bytes until the socket would block.
+    fn pump(&mut self, registry: &Registry) {
+        if self.pipeline.is_empty() {
+            return;
+        }
+        self.last_used = Instant::now();
+        match self.conn.as_ref().map(|c| &c.state) {
+            None => self.connect(registry),
+            Some(ConnState::Connecting { .. }) => self.check_connect(registry),
+            Some(ConnState::Ready) => self.exchange(registry),
+        }
+    }
+
+    fn connect(&mut self, registry: &Registry) {
+        if self.shared.health.cooling(Instant::now()) {
+            self.fail_unsent_hard();
+            return;
+        }
+        self.connect_at(registry, 0);
+    }
+
+    /// Starts connecting to the `at`-th address, or fails the lane's work
+    /// when none is left.
+    fn connect_at(&mut self, registry: &Registry, at: usize) {
+        let mut last = String::from("no address");
+        for (i, &addr) in self.shared.addrs.iter().enumerate().skip(at) {
+            match start_connect(self.shared.target.bind, addr) {
+                Ok(mut stream) => {
+                    if let Err(e) = registry.register(
+                        &mut stream,
+                        self.shared.token,
+                        Interest::READABLE | Interest::WRITABLE,
+                    ) {
+                        last = e.to_string();
+                        continue;
+                    }
+                    self.conn = Some(Conn {
+                        stream,
+                        state: ConnState::Connecting {
+                            at: i,
+                            deadline: Instant::now() + self.shared.timeouts.connect,
+                        },
+                        rbuf: RecvBuf::new(RECV_BUF),
+                        last_progress: Instant::now(),
+                    });
+                    return;
+                }
+                Err(e) => last = e.to_string(),
+            }
+        }
+        self.connect_failed(&last);
+    }
+
+    fn check_connect(&mut self, registry: &Registry) {
+        let Some(conn) = &self.conn else { return };
+        match connect_finished(&conn.stream) {
+            Ok(false) => {}
+            Ok(true) => {
+                if let Err(e) = tune(&conn.stream) {
+                    debug!("tcp: socket options: {e}");
+                }
+                debug!(
+                    "tcp: lane connected to {}:{}",
+                    self.shared.target.host, self.shared.target.port
+                );
+                self.shared.health.succeeded();
+                if let Some(c) = self.conn.as_mut() {
+                    c.state = ConnState::Ready;
+                    c.last_progress = Instant::now();
+                }
+                self.exchange(registry);
+            }
+            Err(e) => self.connect_next(registry, &e.to_string()),
+        }
+    }
+
+    /// The connect in progress failed: try the next address.
+    fn connect_next(&mut self, registry: &Registry, why: &str) {
+        let at = match self.conn.as_ref().map(|c| &c.state) {
+            Some(ConnState::Connecting { at, .. }) => *at + 1,
+            _ => 0,
         };
-        for f in flights {
-            f.release(outcome);
+        self.disconnect(registry, false);
+        if at < self.shared.addrs.len() {
+            self.connect_at(registry, at);
+        } else {
+            self.connect_failed(why);
         }
     }
-}
 
-/// Connects to a rail's target: bound to its local address (if any),
-/// trying each resolved address of the same family, within `timeout` each.
-pub fn connect_target(target: &LaneTarget, timeout: Duration) -> std::io::Result<TcpStream> {
-    let addrs: Vec<SocketAddr> = (target.host.as_str(), target.port)
-        .to_socket_addrs()?
-        .filter(|a| target.bind.is_none_or(|b| b.is_ipv4() == a.is_ipv4()))
-        .collect();
-    let mut last = std::io::Error::new(
-        std::io::ErrorKind::NotFound,
-        "host resolved to no address of the rail's family",
-    );
-    for addr in addrs {
-        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
-        if let Some(ip) = target.bind {
-            socket.bind(&SocketAddr::new(ip, 0).into())?;
-        }
-        match socket.connect_timeout(&addr.into(), timeout) {
-            Ok(()) => return Ok(socket.into()),
-            Err(e) => last = e,
-        }
+    fn connect_failed(&mut self, why: &str) {
+        let t = &self.shared.target;
+        crate::warn_limited!(
+            "tcp: connect to {}:{} (from {:?}) failed: {why}; failing its requests",
+            t.host,
+            t.port,
+            t.bind
+        );
+        self.shared.health.failed(Instant::now());
+        self.fail_unsent_hard();
     }
-    Err(last)
-}
 
-struct Receiving {
-    stream: TcpStream,
-    dead: Arc<AtomicBool>,
-    rx: Receiver<Arc<InFlight>>,
-    stall: Duration,
-}
-
-/// A failed exchange: whether the peer rejected the address range.
-struct ExchangeError {
-    rejected: bool,
-    error: std::io::Error,
-}
-
-impl From<std::io::Error> for ExchangeError {
-    fn from(error: std::io::Error) -> Self {
-        ExchangeError {
-            rejected: false,
-            error,
+    /// Fails the requests of a lane that cannot connect: none of them
+    /// reached the wire on this connection.
+    fn fail_unsent_hard(&mut self) {
+        for r in std::mem::take(&mut self.pipeline) {
+            self.shared.finish(r.slice, Outcome::Failed { hard: true });
         }
+        self.send_at = 0;
+        self.recv_at = 0;
     }
-}
 
-impl Receiving {
-    fn run(self) {
-        let fd = self.stream.as_raw_fd();
-        let mut rbuf = RecvBuf::new(64 * 1024);
-        let patience = Patience {
-            stall: self.stall,
-            cancel: &self.dead,
-        };
+    /// Sends and receives until the socket would block both ways.
+    fn exchange(&mut self, registry: &Registry) {
         loop {
-            let f = match self.rx.recv_timeout(POLL_INTERVAL) {
-                Ok(f) => f,
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return,
+            let sent = match self.send() {
+                Ok(n) => n,
+                Err(e) => return self.fail(registry, Failure::Closed(e.to_string())),
             };
-            if self.dead.load(Ordering::Acquire) {
-                f.release(FAILED);
+            let received = match self.receive() {
+                Ok(n) => n,
+                Err(f) => return self.fail(registry, f),
+            };
+            self.complete();
+            if sent == 0 && received == 0 {
+                return;
+            }
+            if let Some(c) = self.conn.as_mut() {
+                c.last_progress = Instant::now();
+            }
+        }
+    }
+
+    /// Sends what the socket takes of the unsent requests; returns bytes.
+    fn send(&mut self) -> io::Result<usize> {
+        let Some(conn) = &self.conn else {
+            return Ok(0);
+        };
+        let mut iov = Vec::new();
+        let mut bytes = 0u64;
+        for r in self.pipeline.iter().skip(self.send_at).take(MAX_BATCH_SLICES) {
+            if bytes >= MAX_BATCH_BYTES {
+                break;
+            }
+            let h = HEADER_LEN as u64;
+            if r.sent < h {
+                iov.push(iovec(
+                    r.header[r.sent as usize..].as_ptr(),
+                    (h - r.sent) as usize,
+                ));
+            }
+            if r.slice.write {
+                let off = r.sent.saturating_sub(h);
+                iov.push(iovec(
+                    (r.slice.local + off) as usize as *const u8,
+                    (r.slice.len - off) as usize,
+                ));
+                bytes += r.slice.len - off;
+            }
+        }
+        if iov.is_empty() {
+            return Ok(0);
+        }
+        let n = send_some(conn.stream.as_raw_fd(), &iov)?;
+        let mut left = n as u64;
+        while left > 0 {
+            let r = &mut self.pipeline[self.send_at];
+            let take = (r.wire_len() - r.sent).min(left);
+            r.sent += take;
+            left -= take;
+            if r.sent_all() {
+                self.send_at += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Receives answers in request order; returns bytes received.
+    fn receive(&mut self) -> Result<usize, Failure> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(0);
+        };
+        let fd = conn.stream.as_raw_fd();
+        let mut total = 0;
+        loop {
+            while self.recv_at < self.send_at
+                && (!self.pipeline[self.recv_at].answered_by_peer()
+                    || self.pipeline[self.recv_at].done())
+            {
+                self.recv_at += 1;
+            }
+            let Some(r) = self.pipeline.get_mut(self.recv_at) else {
+                // Nothing expects an answer: any byte now is an error,
+                // end of stream an idle close by the peer.
+                return match conn.rbuf.fill(fd) {
+                    Ok(Recv::WouldBlock) => Ok(total),
+                    Ok(Recv::Eof) => Err(Failure::Closed("peer closed the connection".into())),
+                    Ok(Recv::Bytes(_)) => {
+                        Err(Failure::Broken("peer sent bytes nobody asked for".into()))
+                    }
+                    Err(e) => Err(Failure::Closed(e.to_string())),
+                };
+            };
+            if (r.sent as usize) < HEADER_LEN {
+                return Ok(total);
+            }
+            if r.v2 && !r.status_ok {
+                if conn.rbuf.len() < 8 {
+                    match conn.rbuf.fill(fd) {
+                        Ok(Recv::Bytes(n)) => {
+                            total += n;
+                            continue;
+                        }
+                        Ok(Recv::WouldBlock) => return Ok(total),
+                        Ok(Recv::Eof) => {
+                            return Err(Failure::Closed("peer closed the connection".into()));
+                        }
+                        Err(e) => return Err(Failure::Closed(e.to_string())),
+                    }
+                }
+                let mut w = [0u8; 8];
+                w.copy_from_slice(&conn.rbuf.bytes()[..8]);
+                conn.rbuf.consume(8);
+                let word = u64::from_le_bytes(w);
+                if !status_valid(word) {
+                    return Err(Failure::Broken(format!(
+                        "malformed status word {word:#018x} (a v1 peer?)"
+                    )));
+                }
+                if word != STATUS_OK {
+                    return Err(Failure::Rejected(self.recv_at));
+                }
+                r.status_ok = true;
                 continue;
             }
-            match self.receive(&f, fd, &mut rbuf, &patience) {
-                Ok(()) => f.release(DONE),
-                Err(e) => {
-                    if !self.dead.swap(true, Ordering::AcqRel) {
-                        warn!(
-                            "tcp: {} of {} bytes at {:#x} failed: {}",
-                            if f.write { "WRITE" } else { "READ" },
-                            f.len,
-                            f.remote,
-                            e.error
-                        );
+            if r.slice.write {
+                continue;
+            }
+            let want = (r.slice.len - r.got) as usize;
+            let dst = (r.slice.local + r.got) as usize as *mut u8;
+            let n = if !conn.rbuf.is_empty() {
+                // SAFETY: the caller's READ destination is valid for `len`
+                // bytes until its task is terminal, which this lane decides.
+                unsafe { conn.rbuf.take_into(dst, want) }
+            } else if want >= DIRECT_RECV_MIN {
+                // SAFETY: as above.
+                match unsafe { recv_some(fd, dst, want) } {
+                    Ok(Recv::Bytes(n)) => n,
+                    Ok(Recv::WouldBlock) => return Ok(total),
+                    Ok(Recv::Eof) => {
+                        return Err(Failure::Closed("peer closed the connection".into()));
                     }
-                    let _ = self.stream.shutdown(Shutdown::Both);
-                    f.release(if e.rejected { REJECTED } else { FAILED });
+                    Err(e) => return Err(Failure::Closed(e.to_string())),
                 }
+            } else {
+                match conn.rbuf.fill(fd) {
+                    Ok(Recv::Bytes(_)) => 0,
+                    Ok(Recv::WouldBlock) => return Ok(total),
+                    Ok(Recv::Eof) => {
+                        return Err(Failure::Closed("peer closed the connection".into()));
+                    }
+                    Err(e) => return Err(Failure::Closed(e.to_string())),
+                }
+            };
+            r.got += n as u64;
+            total += n;
+        }
+    }
+
+    /// Finishes the requests at the front that are done.
+    fn complete(&mut self) {
+        while self.pipeline.front().is_some_and(Req::done) {
+            if let Some(r) = self.pipeline.pop_front() {
+                self.send_at -= 1;
+                self.recv_at = self.recv_at.saturating_sub(1);
+                self.shared.finish(r.slice, Outcome::Done);
             }
         }
     }
 
-    fn receive(
-        &self,
-        f: &InFlight,
-        fd: i32,
-        rbuf: &mut RecvBuf,
-        patience: &Patience<'_>,
-    ) -> Result<(), ExchangeError> {
-        if f.v2 {
-            let word = match rbuf.read_array::<8>(fd, patience, patience)? {
-                Some(b) => u64::from_le_bytes(b),
-                None => {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        "peer closed the connection",
-                    )
-                    .into());
+    /// Ends the connection after a failure: the connection is reset; the
+    /// rejected request is reported rejected; requests the peer did not
+    /// get to (never sent, behind a rejection, or cut off by the peer's
+    /// close before any answer, once) go out again on a fresh connection;
+    /// the others fail.
+    fn fail(&mut self, registry: &Registry, failure: Failure) {
+        self.disconnect(registry, true);
+        let t = &self.shared.target;
+        let mut again = VecDeque::new();
+        for (i, mut r) in std::mem::take(&mut self.pipeline).into_iter().enumerate() {
+            let outcome = match &failure {
+                _ if r.done() => Some(Outcome::Done),
+                Failure::Rejected(at) if i == *at => Some(Outcome::Rejected),
+                Failure::Rejected(at) if i > *at => None,
+                _ if r.sent == 0 => None,
+                Failure::Closed(_) if !r.resent && !r.any_answer() => {
+                    r.resent = true;
+                    None
                 }
+                _ => Some(Outcome::Failed { hard: false }),
             };
-            if !status_valid(word) {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("malformed status word {word:#018x} (a v1 peer?)"),
-                )
-                .into());
-            }
-            if word != STATUS_OK {
-                return Err(ExchangeError {
-                    rejected: true,
-                    error: std::io::Error::new(
-                        std::io::ErrorKind::PermissionDenied,
-                        "peer rejected the address range",
-                    ),
-                });
+            match outcome {
+                Some(o) => {
+                    if matches!(o, Outcome::Failed { .. }) {
+                        crate::warn_limited!(
+                            "tcp: {} of {} bytes at {:#x} to {}:{} failed: {}",
+                            if r.slice.write { "WRITE" } else { "READ" },
+                            r.slice.len,
+                            r.slice.remote,
+                            t.host,
+                            t.port,
+                            match &failure {
+                                Failure::Closed(w) | Failure::Broken(w) => w.as_str(),
+                                Failure::Rejected(_) => "an earlier request was rejected",
+                            }
+                        );
+                    }
+                    self.shared.finish(r.slice, o);
+                }
+                None => {
+                    r.sent = 0;
+                    r.status_ok = false;
+                    r.got = 0;
+                    again.push_back(r);
+                }
             }
         }
-        if !f.write {
-            // SAFETY: the caller's READ destination is valid for `len` bytes
-            // until its task is terminal, which cannot happen before this
-            // thread releases the slice.
-            unsafe { rbuf.read_into(fd, f.local as usize as *mut u8, f.len as usize, patience)? };
-        }
-        Ok(())
+        self.pipeline = again;
+        self.send_at = 0;
+        self.recv_at = 0;
+        self.pump(registry);
     }
 }

@@ -1,45 +1,48 @@
-//! The TCP transport: Mooncake's wire protocol (v1 and acknowledged v2),
-//! a server that validates every request before touching memory, and on
-//! the client side one endpoint per rail (local device, peer device): a set
-//! of persistent pipelined lanes, kept in a per-device pool with SIEVE or
-//! FIFO eviction and retired in two phases.
+//! The TCP transport: Mooncake's wire protocol (v1 and acknowledged v2), a
+//! server that validates every request before touching memory and fences
+//! every access against unregistration, and on the client side one
+//! endpoint per rail (local device, peer device): a set of persistent
+//! pipelined lanes, kept in a per-device pool with SIEVE or FIFO eviction.
+//!
+//! Both sides run on a fixed set of I/O threads ([`io`]); sessions and
+//! lanes are state machines on non-blocking sockets. Bounds: threads
+//! `MC_TCP_IO_THREADS`; data connections `MC_TCP_MAX_DATA_CONNECTIONS`
+//! (and half the process's descriptor limit); idle connections close after
+//! `MC_TCP_IDLE_TIMEOUT_SEC` (server) or half of it (client); a request
+//! that moves no byte for `MC_TCP_STATUS_TIMEOUT_SEC` fails; connections per
+//! endpoint `MC_TCP_LANES_PER_PEER`; endpoints per device `MC_MAX_EP_PER_CTX`.
 
+mod io;
 mod lane;
 mod server;
 pub mod wire;
 
-pub use lane::{LaneTarget, LaneTimeouts, connect_target};
-pub use server::request_allowed;
+pub use lane::{LaneTarget, LaneTimeouts};
 
-use super::endpoint::{Endpoint, EndpointStore, Retiring};
-use super::{Outcome, Slice};
+use super::endpoint::EndpointStore;
+use super::{Outcome, RemoteMemory, Slice};
 use crate::config::Config;
-use crate::engine::memory::MemoryRegistry;
 use crate::error::{Error, Result};
-use lane::Lane;
-use server::TcpServer;
+use io::{Cmd, IoThreads, Probe};
+use lane::{ConnectHealth, LaneShared};
+use server::ServerShared;
 use std::collections::HashMap;
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
-use std::thread::JoinHandle;
-use std::time::Duration;
-use tracing::{info, warn};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+use tracing::info;
 
 /// Longest wait of a rail probe's connect.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// How often retired endpoints are checked for their last slice.
-const REAP_INTERVAL: Duration = Duration::from_secs(1);
-
 /// The lanes of one rail.
 pub struct TcpEndpoint {
-    lanes: Vec<Lane>,
-    failed: Arc<AtomicBool>,
+    lanes: Vec<Arc<LaneShared>>,
 }
 
 impl TcpEndpoint {
-    fn least_loaded(&self) -> &Lane {
+    fn least_loaded(&self) -> &Arc<LaneShared> {
         let mut best = &self.lanes[0];
         for l in &self.lanes[1..] {
             if l.load() < best.load() {
@@ -50,200 +53,245 @@ impl TcpEndpoint {
     }
 }
 
-impl Endpoint for TcpEndpoint {
-    fn quiescent(&self) -> bool {
-        self.lanes.iter().all(|l| l.load() == 0)
-    }
-
-    fn close(&self) {
-        for l in &self.lanes {
-            l.shutdown();
-        }
-    }
-}
-
 type Pool = EndpointStore<LaneTarget, TcpEndpoint>;
 
 struct Pools {
     /// One pool per local device (`None`: the unbound default rail).
     by_device: HashMap<Option<String>, Pool>,
-    retiring: Retiring<TcpEndpoint>,
     closed: bool,
-}
-
-struct Shared {
-    pools: Mutex<Pools>,
-    wake: Condvar,
 }
 
 /// A running TCP transport.
 pub struct TcpTransport {
-    server: TcpServer,
-    shared: Arc<Shared>,
-    reaper: Mutex<Option<JoinHandle<()>>>,
-    probes: Mutex<Vec<JoinHandle<()>>>,
-    config: Config,
+    io: IoThreads,
+    port: u16,
+    pools: Mutex<Pools>,
+    /// Every lane made, so shutdown can fail what is left in them.
+    lanes: Mutex<Vec<Weak<LaneShared>>>,
+    next_thread: AtomicUsize,
+    lanes_per_peer: usize,
+    max_ep_per_ctx: usize,
+    store_type: crate::config::EndpointStoreType,
     timeouts: LaneTimeouts,
 }
 
+/// The soft limit on open descriptors of the process.
+fn descriptor_limit() -> u64 {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
+        rl.rlim_cur
+    } else {
+        1024
+    }
+}
+
 impl TcpTransport {
-    /// Starts the data server on `listener` over the buffers of `memory`.
+    /// Starts the data server on `listener` over the engine's registered
+    /// `memory`, and the I/O threads.
     pub fn start(
         listener: TcpListener,
-        memory: Arc<RwLock<MemoryRegistry>>,
+        memory: Arc<dyn RemoteMemory>,
         cfg: &Config,
     ) -> Result<TcpTransport> {
+        let port = listener
+            .local_addr()
+            .map_err(|e| Error::Socket(format!("tcp data listener: {e}")))?
+            .port();
+        let by_fds = usize::try_from(descriptor_limit() / 2).unwrap_or(usize::MAX);
+        let max_sessions = cfg.tcp_max_data_connections.min(by_fds.max(16));
+        if max_sessions < cfg.tcp_max_data_connections {
+            info!(
+                "tcp: at most {max_sessions} data connections (half the descriptor limit; MC_TCP_MAX_DATA_CONNECTIONS={})",
+                cfg.tcp_max_data_connections
+            );
+        }
         let stall = Duration::from_secs(cfg.tcp_status_timeout_secs);
-        let server = TcpServer::start(listener, memory, stall)
-            .map_err(|e| Error::Socket(format!("tcp data server could not start: {e}")))?;
-        let shared = Arc::new(Shared {
+        let idle = Duration::from_secs(cfg.tcp_idle_timeout_secs);
+        let server = Arc::new(ServerShared {
+            memory,
+            open: AtomicUsize::new(0),
+            max_sessions,
+            idle_timeout: idle,
+            stall,
+        });
+        let io = IoThreads::start(cfg.tcp_io_threads, listener, server)
+            .map_err(|e| Error::Socket(format!("tcp I/O threads could not start: {e}")))?;
+        info!(port, threads = io.count(), "tcp transport listening");
+        Ok(TcpTransport {
+            io,
+            port,
             pools: Mutex::new(Pools {
                 by_device: HashMap::new(),
-                retiring: Retiring::default(),
                 closed: false,
             }),
-            wake: Condvar::new(),
-        });
-        let s = shared.clone();
-        let reaper = std::thread::Builder::new()
-            .name("te-tcp-reaper".into())
-            .spawn(move || reap_loop(&s))
-            .map_err(|e| Error::Socket(format!("tcp reaper thread could not start: {e}")))?;
-        info!(port = server.port(), "tcp transport listening");
-        Ok(TcpTransport {
-            server,
-            shared,
-            reaper: Mutex::new(Some(reaper)),
-            probes: Mutex::new(Vec::new()),
-            config: cfg.clone(),
+            lanes: Mutex::new(Vec::new()),
+            next_thread: AtomicUsize::new(0),
+            lanes_per_peer: cfg.tcp_lanes_per_peer,
+            max_ep_per_ctx: cfg.max_ep_per_ctx,
+            store_type: cfg.endpoint_store_type,
             timeouts: LaneTimeouts {
                 connect: Duration::from_secs(cfg.handshake_connect_timeout_secs),
                 stall,
+                idle: idle / 2,
             },
         })
     }
 
     /// The data port peers connect to.
     pub fn data_port(&self) -> u16 {
-        self.server.port()
+        self.port
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pools> {
+        self.pools.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The endpoint of a rail: pooled, or created (evicting by policy).
     fn endpoint(&self, device: Option<&str>, target: &LaneTarget) -> Option<Arc<TcpEndpoint>> {
-        let mut pools = self.shared.pools.lock().unwrap_or_else(|e| e.into_inner());
+        let key = device.map(str::to_string);
+        {
+            let pools = self.lock();
+            if pools.closed {
+                return None;
+            }
+            if let Some(ep) = pools.by_device.get(&key).and_then(|p| p.get(target)) {
+                return Some(ep);
+            }
+        }
+        // Resolved outside the lock: a host name may take a while.
+        let addrs = match target.resolve() {
+            Ok(a) => a,
+            Err(e) => {
+                crate::warn_limited!("tcp: {}:{}: {e}", target.host, target.port);
+                return None;
+            }
+        };
+        let mut pools = self.lock();
         if pools.closed {
             return None;
         }
-        let key = device.map(str::to_string);
-        let pool = pools.by_device.entry(key).or_insert_with(|| {
-            EndpointStore::new(self.config.max_ep_per_ctx, self.config.endpoint_store_type)
-        });
-        let mut retire = Vec::new();
+        let (cap, policy) = (self.max_ep_per_ctx, self.store_type);
+        let pool = pools
+            .by_device
+            .entry(key)
+            .or_insert_with(|| EndpointStore::new(cap, policy));
         if let Some(ep) = pool.get(target) {
-            if !ep.failed.load(Ordering::Acquire) {
-                return Some(ep);
-            }
-            retire.extend(pool.remove(target));
+            return Some(ep);
         }
-        let failed = Arc::new(AtomicBool::new(false));
-        let mut lanes = Vec::with_capacity(self.config.tcp_lanes_per_peer);
-        for i in 0..self.config.tcp_lanes_per_peer {
-            match Lane::start(
-                target.clone(),
-                self.timeouts,
-                format!("te-tcp-lane-{i}"),
-                failed.clone(),
-            ) {
-                Ok(l) => lanes.push(l),
-                Err(e) => warn!(
-                    "tcp: could not start lane {i} to {}:{}: {e}",
-                    target.host, target.port
-                ),
-            }
+        let health = Arc::new(ConnectHealth::default());
+        let first = self.next_thread.fetch_add(1, Ordering::Relaxed);
+        let lanes: Vec<Arc<LaneShared>> = (0..self.lanes_per_peer)
+            .map(|i| {
+                Arc::new(LaneShared::new(
+                    io::next_token(),
+                    (first + i) % self.io.count(),
+                    target.clone(),
+                    addrs.clone(),
+                    self.timeouts,
+                    health.clone(),
+                ))
+            })
+            .collect();
+        {
+            let mut all = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+            all.retain(|w| w.strong_count() > 0);
+            all.extend(lanes.iter().map(Arc::downgrade));
         }
-        if lanes.is_empty() {
-            pools.retiring.retire(retire);
-            return None;
+        let ep = Arc::new(TcpEndpoint { lanes });
+        let evicted = pool.insert(target.clone(), ep.clone());
+        drop(pools);
+        for old in evicted {
+            self.retire(&old);
         }
-        let ep = Arc::new(TcpEndpoint { lanes, failed });
-        retire.extend(pool.insert(target.clone(), ep.clone()));
-        // The reaper closes them once quiescent (never under this lock:
-        // closing joins lane threads that may be re-sending a slice).
-        pools.retiring.retire(retire);
         Some(ep)
+    }
+
+    /// An endpoint left the pool: its lanes close once their last slice
+    /// is done.
+    fn retire(&self, ep: &TcpEndpoint) {
+        for lane in &ep.lanes {
+            lane.retire();
+            self.io.send(lane.thread, Cmd::Kick(lane.clone()));
+        }
     }
 
     /// Sends one slice over the rail from local `device` (`None`: unbound)
     /// to `target`, on the endpoint's least-loaded lane.
     pub fn post(&self, device: Option<&str>, target: &LaneTarget, slice: Slice) {
-        match self.endpoint(device, target) {
-            Some(ep) => ep.least_loaded().send(slice),
-            None => slice.finish(Outcome::Failed { hard: true }),
+        let mut slice = slice;
+        // A lane that closed between the pool lookup and the push (its
+        // endpoint was evicted) sends the caller to the pool again.
+        for _ in 0..3 {
+            let Some(ep) = self.endpoint(device, target) else {
+                break;
+            };
+            let lane = ep.least_loaded();
+            match lane.push(slice) {
+                Ok(kick) => {
+                    if kick {
+                        self.io.send(lane.thread, Cmd::Kick(lane.clone()));
+                    }
+                    return;
+                }
+                Err(s) => slice = s,
+            }
+            let mut pools = self.lock();
+            let key = device.map(str::to_string);
+            if let Some(pool) = pools.by_device.get_mut(&key) {
+                if pool.get(target).is_some_and(|cur| Arc::ptr_eq(&cur, &ep)) {
+                    pool.remove(target);
+                }
+            }
         }
+        slice.finish(Outcome::Failed { hard: true });
     }
 
     /// Tests in the background whether `target` accepts a connection now
     /// (within a second), and reports it; no data moves.
     pub fn probe(&self, target: &LaneTarget, done: Box<dyn FnOnce(bool) + Send>) {
-        let target = target.clone();
-        let timeout = self.timeouts.connect.min(PROBE_TIMEOUT);
-        let mut probes = self.probes.lock().unwrap_or_else(|e| e.into_inner());
-        probes.retain(|t| !t.is_finished());
-        let spawned = std::thread::Builder::new()
-            .name("te-tcp-probe".into())
-            .spawn(move || done(connect_target(&target, timeout).is_ok()));
-        match spawned {
-            Ok(t) => probes.push(t),
-            Err(e) => warn!("tcp: could not start a rail probe: {e}"),
-        }
+        let addr = match target.resolve() {
+            Ok(a) => a[0],
+            Err(_) => return done(false),
+        };
+        let i = self.next_thread.fetch_add(1, Ordering::Relaxed);
+        self.io.send(
+            i,
+            Cmd::Probe(Probe {
+                target: target.clone(),
+                addr,
+                deadline: Instant::now() + self.timeouts.connect.min(PROBE_TIMEOUT),
+                done,
+            }),
+        );
     }
 
-    /// Fails queued work, closes every connection and joins every thread.
+    /// Fails queued work, closes every connection and joins every thread:
+    /// afterwards the transport touches no memory.
     pub fn shutdown(&self) {
-        let endpoints = {
-            let mut pools = self.shared.pools.lock().unwrap_or_else(|e| e.into_inner());
-            pools.closed = true;
-            let mut all: Vec<Arc<TcpEndpoint>> = Vec::new();
-            for pool in pools.by_device.values_mut() {
-                all.extend(pool.drain());
+        {
+            let mut pools = self.lock();
+            if pools.closed {
+                return;
             }
-            pools.retiring.retire(all);
-            std::mem::take(&mut pools.retiring)
-        };
-        self.shared.wake.notify_all();
-        if let Some(t) = self.reaper.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = t.join();
+            pools.closed = true;
+            for pool in pools.by_device.values_mut() {
+                pool.drain();
+            }
         }
-        let mut endpoints = endpoints;
-        endpoints.close_all();
-        let probes = std::mem::take(&mut *self.probes.lock().unwrap_or_else(|e| e.into_inner()));
-        for t in probes {
-            let _ = t.join();
+        self.io.stop();
+        let lanes = std::mem::take(&mut *self.lanes.lock().unwrap_or_else(|e| e.into_inner()));
+        for lane in lanes.iter().filter_map(Weak::upgrade) {
+            lane.close();
         }
-        self.server.shutdown();
     }
 }
 
-/// Closes retired endpoints once their last slice is done, about once a
-/// second, until the transport shuts down.
-fn reap_loop(shared: &Shared) {
-    let mut pools = shared.pools.lock().unwrap_or_else(|e| e.into_inner());
-    while !pools.closed {
-        let (guard, _) = shared
-            .wake
-            .wait_timeout(pools, REAP_INTERVAL)
-            .unwrap_or_else(|e| e.into_inner());
-        pools = guard;
-        if !pools.retiring.is_empty() {
-            // Close outside the lock: closing joins lane threads whose last
-            // slices may need the pool to be re-sent elsewhere.
-            let mut batch = std::mem::take(&mut pools.retiring);
-            drop(pools);
-            let still = batch.reclaim();
-            pools = shared.pools.lock().unwrap_or_else(|e| e.into_inner());
-            if still > 0 {
-                pools.retiring.retire_from(&mut batch);
-            }
-        }
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        self.shutdown();
     }
 }

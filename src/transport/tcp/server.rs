@@ -1,285 +1,95 @@
-//! The TCP data server: one thread per connection, each request checked
-//! against the registered buffers before a byte moves. A rejected request
-//! ends its own connection only.
+//! The TCP data server's sessions: one state machine per peer connection,
+//! driven by the I/O threads (see [`super::io`]) on non-blocking sockets.
+//!
+//! Every request is checked against the engine's registered memory
+//! ([`RemoteMemory::admit`]) before a byte moves, and every system call that
+//! touches a buffer's memory runs inside the buffer's [`Fence`], so a
+//! buffer that is unregistered is never touched afterwards: the request in
+//! progress fails and its connection is reset. A rejected request ends its
+//! own connection only. Sessions idle longer than `MC_TCP_IDLE_TIMEOUT_SEC`
+//! are closed, and so are requests that make no progress for
+//! `MC_TCP_STATUS_TIMEOUT_SEC`.
 
 use super::wire::{
-    HEADER_LEN, Header, Patience, RecvBuf, STATUS_ADDR_REJECTED, STATUS_OK, iovec, send_iov,
+    DIRECT_RECV_MIN, HEADER_LEN, Header, Recv, RecvBuf, STATUS_ADDR_REJECTED, STATUS_OK, iovec,
+    recv_some, send_some,
 };
-use crate::engine::memory::MemoryRegistry;
-use std::net::{Shutdown, TcpListener, TcpStream};
+use crate::transport::RemoteMemory;
+use crate::transport::fence::{Fence, Inside};
+use mio::net::TcpStream;
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use std::thread::JoinHandle;
-use std::time::Duration;
-use tracing::{debug, warn};
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::time::{Duration, Instant};
+use tracing::debug;
 
-/// Accept queue of the data listener.
-const DATA_BACKLOG: libc::c_int = 4096;
+/// Receive buffer of a session while it has a request in progress.
+const RECV_BUF: usize = 64 * 1024;
+/// Most replies or reply bytes queued before they are sent.
+const MAX_REPLIES: usize = 128;
+const MAX_REPLY_BYTES: usize = 4 << 20;
+/// Bytes one session may move per turn before others get theirs.
+pub const TURN_BYTES: usize = 4 << 20;
 
-/// How long a blocked socket call sleeps before re-checking for shutdown.
-const POLL_INTERVAL: Duration = Duration::from_millis(200);
-
-struct Sessions {
-    next_id: u64,
-    /// Session id, a handle to shut its socket down (dropped when the
-    /// session ends), and its thread (joined when reaped).
-    open: Vec<(u64, Option<TcpStream>, JoinHandle<()>)>,
+/// What the sessions of every I/O thread share.
+pub struct ServerShared {
+    /// The engine's registered memory.
+    pub memory: Arc<dyn RemoteMemory>,
+    /// Open sessions, over all I/O threads.
+    pub open: AtomicUsize,
+    /// Most sessions open at once.
+    pub max_sessions: usize,
+    /// An idle session is closed after this long.
+    pub idle_timeout: Duration,
+    /// A request in progress that moves no byte for this long is dropped.
+    pub stall: Duration,
 }
 
-struct Shared {
-    memory: Arc<RwLock<MemoryRegistry>>,
-    stop: AtomicBool,
-    stall: Duration,
-    sessions: Mutex<Sessions>,
+/// How a turn of a session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// Waiting for the socket.
+    Wait,
+    /// Its share of this turn is used; more to do.
+    More,
+    /// Done: close gracefully.
+    Close,
+    /// Close with a reset (a request was cut off).
+    Abort,
 }
 
-/// A running data server.
-pub struct TcpServer {
-    shared: Arc<Shared>,
-    port: u16,
-    acceptor: Mutex<Option<JoinHandle<()>>>,
-}
-
-/// Whether `[addr, addr + size)` lies in one remotely accessible buffer.
-pub fn request_allowed(memory: &MemoryRegistry, addr: u64, size: u64) -> bool {
-    size > 0 && memory.find(addr, size).is_some_and(|r| r.remote_accessible)
-}
-
-impl TcpServer {
-    /// Serves `listener`, reading and writing the buffers in `memory`.
-    /// `stall` bounds how long a request may make no progress.
-    pub fn start(
-        listener: TcpListener,
-        memory: Arc<RwLock<MemoryRegistry>>,
-        stall: Duration,
-    ) -> std::io::Result<TcpServer> {
-        let port = listener.local_addr()?.port();
-        // Mooncake initiators open a connection per request: a deep accept
-        // queue (as asio's SOMAXCONN) keeps their SYNs from being dropped.
-        // SAFETY: listen(2) on our listening socket only resizes its queue.
-        if unsafe { libc::listen(listener.as_raw_fd(), DATA_BACKLOG) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        listener.set_nonblocking(true)?;
-        let shared = Arc::new(Shared {
-            memory,
-            stop: AtomicBool::new(false),
-            stall,
-            sessions: Mutex::new(Sessions {
-                next_id: 0,
-                open: Vec::new(),
-            }),
-        });
-        let s = shared.clone();
-        let acceptor = std::thread::Builder::new()
-            .name("te-tcp-accept".into())
-            .spawn(move || accept_loop(listener, s))?;
-        Ok(TcpServer {
-            shared,
-            port,
-            acceptor: Mutex::new(Some(acceptor)),
-        })
-    }
-
-    /// The listening port.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// Stops accepting, closes every connection and joins every thread.
-    pub fn shutdown(&self) {
-        self.shared.stop.store(true, Ordering::Release);
-        if let Some(t) = self
-            .acceptor
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            let _ = t.join();
-        }
-        let open = std::mem::take(
-            &mut self
-                .shared
-                .sessions
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .open,
-        );
-        for (_, stream, _) in &open {
-            if let Some(stream) = stream {
-                let _ = stream.shutdown(Shutdown::Both);
-            }
-        }
-        for (_, _, thread) in open {
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for TcpServer {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    let mut pfd = libc::pollfd {
-        fd: listener.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    while !shared.stop.load(Ordering::Acquire) {
-        // SAFETY: one valid pollfd for the listener's descriptor.
-        let ready = unsafe { libc::poll(&mut pfd, 1, POLL_INTERVAL.as_millis() as i32) };
-        if ready <= 0 {
-            continue;
-        }
-        let stream = match listener.accept() {
-            Ok((s, peer)) => {
-                debug!("tcp data connection from {peer}");
-                s
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => {
-                warn!("tcp accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        if let Err(e) = start_session(stream, &shared) {
-            warn!("tcp session could not start: {e}");
-        }
-    }
-}
-
-fn start_session(stream: TcpStream, shared: &Arc<Shared>) -> std::io::Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(POLL_INTERVAL))?;
-    stream.set_write_timeout(Some(POLL_INTERVAL))?;
-    let handle = stream.try_clone()?;
-    let mut sessions = shared.sessions.lock().unwrap_or_else(|e| e.into_inner());
-    // Reap sessions that ended.
-    let (done, open): (Vec<_>, Vec<_>) = std::mem::take(&mut sessions.open)
-        .into_iter()
-        .partition(|(_, _, t)| t.is_finished());
-    sessions.open = open;
-    for (_, _, t) in done {
-        let _ = t.join();
-    }
-    let id = sessions.next_id;
-    sessions.next_id += 1;
-    let s = shared.clone();
-    let thread = std::thread::Builder::new()
-        .name("te-tcp-session".into())
-        .spawn(move || {
-            if let Err(e) = serve(&stream, &s) {
-                debug!("tcp session ended: {e}");
-            }
-            // Close the handle kept for shutdown too, so the connection
-            // does not stay open until the session is reaped.
-            let _ = stream.shutdown(Shutdown::Both);
-            let mut sessions = s.sessions.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(entry) = sessions.open.iter_mut().find(|e| e.0 == id) {
-                entry.1 = None;
-            }
-        })?;
-    sessions.open.push((id, Some(handle), thread));
-    Ok(())
-}
-
-/// Serves one connection until the peer closes it, a request is rejected,
-/// or the server stops.
-fn serve(stream: &TcpStream, shared: &Shared) -> std::io::Result<()> {
-    let fd = stream.as_raw_fd();
-    let idle = Patience {
-        stall: Duration::MAX,
-        cancel: &shared.stop,
-    };
-    let busy = Patience {
-        stall: shared.stall,
-        cancel: &shared.stop,
-    };
-    let mut rbuf = RecvBuf::new(256 * 1024);
-    let mut replies = Replies::default();
-    loop {
-        // Pipelined requests already received are answered together; the
-        // replies go out before the connection waits for more.
-        if (rbuf.is_empty() && !replies.is_empty()) || replies.full() {
-            replies.flush(fd, &busy)?;
-        }
-        let Some(raw) = rbuf.read_array::<HEADER_LEN>(fd, &idle, &busy)? else {
-            return Ok(());
-        };
-        let h = Header::decode(&raw);
-        let allowed = {
-            let memory = shared.memory.read().unwrap_or_else(|e| e.into_inner());
-            request_allowed(&memory, h.addr, h.size)
-        };
-        if !allowed {
-            warn!(
-                "tcp: rejected {} of {} bytes at {:#x}: not inside one remotely accessible registered buffer",
-                if h.is_write() { "WRITE" } else { "READ" },
-                h.size,
-                h.addr
-            );
-            if h.v2() {
-                replies.word(STATUS_ADDR_REJECTED);
-            }
-            replies.flush(fd, &busy)?;
-            let _ = stream.shutdown(Shutdown::Both);
-            return Ok(());
-        }
-        if h.is_write() {
-            // Queued READ replies point into memory: send them before this
-            // WRITE may change it.
-            if replies.has_data() {
-                replies.flush(fd, &busy)?;
-            }
-            // SAFETY: the range was checked to lie inside a registered buffer
-            // whose owner keeps it valid while registered.
-            unsafe { rbuf.read_into(fd, h.addr as usize as *mut u8, h.size as usize, &busy)? };
-            if h.v2() {
-                replies.word(STATUS_OK);
-            }
-        } else {
-            if h.v2() {
-                replies.word(STATUS_OK);
-            }
-            replies.data(h.addr, h.size as usize);
-        }
-    }
-}
-
-/// Replies queued on one connection, sent with one `sendmsg`.
-#[derive(Default)]
-struct Replies {
-    /// Status words, referenced by index from `items`.
-    words: Vec<[u8; 8]>,
-    items: Vec<Reply>,
-    bytes: usize,
+/// A WRITE whose payload is arriving.
+struct Incoming {
+    fence: Arc<Fence>,
+    addr: u64,
+    left: u64,
+    v2: bool,
 }
 
 enum Reply {
-    Word(usize),
-    /// READ data straight from registered memory (checked when queued).
-    Data(u64, usize),
+    Word([u8; 8]),
+    /// READ data straight from registered memory.
+    Data(Arc<Fence>, u64, usize),
 }
 
-/// Most replies or bytes queued before they are sent.
-const MAX_REPLIES: usize = 128;
-const MAX_REPLY_BYTES: usize = 4 << 20;
+/// Replies queued on one connection, sent together.
+#[derive(Default)]
+struct Replies {
+    items: std::collections::VecDeque<Reply>,
+    /// Bytes of the first item already sent.
+    sent: usize,
+    bytes: usize,
+}
 
 impl Replies {
     fn word(&mut self, w: u64) {
-        self.items.push(Reply::Word(self.words.len()));
-        self.words.push(w.to_le_bytes());
+        self.items.push_back(Reply::Word(w.to_le_bytes()));
         self.bytes += 8;
     }
 
-    fn data(&mut self, addr: u64, len: usize) {
-        self.items.push(Reply::Data(addr, len));
+    fn data(&mut self, fence: Arc<Fence>, addr: u64, len: usize) {
+        self.items.push_back(Reply::Data(fence, addr, len));
         self.bytes += len;
     }
 
@@ -295,19 +105,270 @@ impl Replies {
         self.items.len() >= MAX_REPLIES || self.bytes >= MAX_REPLY_BYTES
     }
 
-    fn flush(&mut self, fd: i32, patience: &Patience<'_>) -> std::io::Result<()> {
-        let mut iov: Vec<libc::iovec> = self
-            .items
-            .iter()
-            .map(|r| match *r {
-                Reply::Word(i) => iovec(self.words[i].as_ptr(), 8),
-                Reply::Data(addr, len) => iovec(addr as usize as *const u8, len),
+    /// Sends what the socket takes; `Ok(None)` if a buffer to read from was
+    /// unregistered, else the bytes sent.
+    fn send(&mut self, fd: i32) -> std::io::Result<Option<usize>> {
+        let mut iov = Vec::with_capacity(self.items.len().min(1024));
+        let mut inside: Vec<Inside<'_>> = Vec::new();
+        for (i, r) in self.items.iter().enumerate().take(1024) {
+            let skip = if i == 0 { self.sent } else { 0 };
+            match r {
+                Reply::Word(w) => iov.push(iovec(w[skip..].as_ptr(), 8 - skip)),
+                Reply::Data(fence, addr, len) => {
+                    let Some(guard) = fence.enter() else {
+                        return Ok(None);
+                    };
+                    inside.push(guard);
+                    iov.push(iovec((*addr as usize + skip) as *const u8, len - skip));
+                }
+            }
+        }
+        // Inside every fence: the READ data is copied to the kernel now.
+        let n = send_some(fd, &iov)?;
+        drop(inside);
+        let mut left = n;
+        while let Some(front) = self.items.front() {
+            let full = match front {
+                Reply::Word(_) => 8,
+                Reply::Data(_, _, len) => *len,
+            };
+            if left < full - self.sent {
+                self.sent += left;
+                break;
+            }
+            left -= full - self.sent;
+            self.sent = 0;
+            self.bytes -= full;
+            self.items.pop_front();
+        }
+        Ok(Some(n))
+    }
+}
+
+/// One peer connection to the data port.
+pub struct Session {
+    stream: TcpStream,
+    peer: SocketAddr,
+    rbuf: Option<RecvBuf>,
+    incoming: Option<Incoming>,
+    replies: Replies,
+    /// A request was rejected: close once the replies are out.
+    closing: bool,
+    /// The peer half-closed: close once the replies are out.
+    eof: bool,
+    /// The last time a byte moved.
+    last_active: Instant,
+}
+
+impl Session {
+    /// A session on an accepted connection.
+    pub fn new(stream: TcpStream, peer: SocketAddr) -> Session {
+        Session {
+            stream,
+            peer,
+            rbuf: None,
+            incoming: None,
+            replies: Replies::default(),
+            closing: false,
+            eof: false,
+            last_active: Instant::now(),
+        }
+    }
+
+    /// The socket, for (de)registration.
+    pub fn stream(&mut self) -> &mut TcpStream {
+        &mut self.stream
+    }
+
+    /// Whether nothing is in progress: no partial request, no reply.
+    pub fn idle(&self) -> bool {
+        self.incoming.is_none()
+            && self.replies.is_empty()
+            && self.rbuf.as_ref().is_none_or(RecvBuf::is_empty)
+    }
+
+    /// When a byte last moved.
+    pub fn last_active(&self) -> Instant {
+        self.last_active
+    }
+
+    /// Whether the session must be closed now: idle too long, or a request
+    /// in progress stalled.
+    pub fn expired(&self, now: Instant, shared: &ServerShared) -> Option<Turn> {
+        let quiet = now.duration_since(self.last_active);
+        if self.idle() {
+            (quiet >= shared.idle_timeout).then_some(Turn::Close)
+        } else {
+            (quiet >= shared.stall).then(|| {
+                debug!("tcp: request from {} stalled for {quiet:?}", self.peer);
+                Turn::Abort
             })
-            .collect();
-        let sent = send_iov(fd, &mut iov, patience);
-        self.items.clear();
-        self.words.clear();
-        self.bytes = 0;
-        sent
+        }
+    }
+
+    /// Serves the connection until the socket would block, the turn's
+    /// byte budget is used, or the session ends.
+    pub fn drive(&mut self, shared: &ServerShared) -> Turn {
+        match self.turn(shared) {
+            Ok(t) => t,
+            Err(e) => {
+                debug!("tcp session with {} ended: {e}", self.peer);
+                Turn::Abort
+            }
+        }
+    }
+
+    fn turn(&mut self, shared: &ServerShared) -> std::io::Result<Turn> {
+        let fd = self.stream.as_raw_fd();
+        let mut budget = TURN_BYTES;
+        loop {
+            if budget == 0 {
+                return Ok(Turn::More);
+            }
+            if self.incoming.is_some() {
+                match self.receive_payload(fd, &mut budget)? {
+                    Some(t) => return Ok(t),
+                    None => continue,
+                }
+            }
+            let rbuf = self.rbuf.get_or_insert_with(|| RecvBuf::new(RECV_BUF));
+            let drained = rbuf.len() < HEADER_LEN;
+            // Replies go out when the input is drained (pipelined requests
+            // answered together), when many are queued, or at the end.
+            let ending = self.closing || self.eof;
+            if !self.replies.is_empty() && (drained || self.replies.full() || ending) {
+                match self.flush(fd, &mut budget)? {
+                    Some(t) => return Ok(t),
+                    None => continue,
+                }
+            }
+            if ending {
+                return Ok(Turn::Close);
+            }
+            let rbuf = self.rbuf.get_or_insert_with(|| RecvBuf::new(RECV_BUF));
+            if rbuf.len() < HEADER_LEN {
+                match rbuf.fill(fd)? {
+                    Recv::Bytes(_) => self.last_active = Instant::now(),
+                    Recv::WouldBlock => {
+                        if rbuf.is_empty() {
+                            // Idle sessions hold no buffer.
+                            self.rbuf = None;
+                        }
+                        return Ok(Turn::Wait);
+                    }
+                    Recv::Eof if rbuf.is_empty() => self.eof = true,
+                    Recv::Eof => return Ok(Turn::Abort),
+                }
+                continue;
+            }
+            let mut raw = [0u8; HEADER_LEN];
+            raw.copy_from_slice(&rbuf.bytes()[..HEADER_LEN]);
+            let h = Header::decode(&raw);
+            let Some(fence) = shared.memory.admit(h.addr, h.size) else {
+                crate::warn_limited!(
+                    "tcp: rejected {} of {} bytes at {:#x} from {}: not inside one remotely accessible registered buffer",
+                    if h.is_write() { "WRITE" } else { "READ" },
+                    h.size,
+                    h.addr,
+                    self.peer
+                );
+                rbuf.consume(HEADER_LEN);
+                if h.v2() {
+                    self.replies.word(STATUS_ADDR_REJECTED);
+                }
+                self.closing = true;
+                continue;
+            };
+            if h.is_write() && self.replies.has_data() {
+                // Queued READ replies point into memory: they go out before
+                // this WRITE may change it.
+                match self.flush(fd, &mut budget)? {
+                    Some(t) => return Ok(t),
+                    None => continue,
+                }
+            }
+            rbuf.consume(HEADER_LEN);
+            if h.is_write() {
+                self.incoming = Some(Incoming {
+                    fence,
+                    addr: h.addr,
+                    left: h.size,
+                    v2: h.v2(),
+                });
+            } else {
+                if h.v2() {
+                    self.replies.word(STATUS_OK);
+                }
+                self.replies.data(fence, h.addr, h.size as usize);
+            }
+        }
+    }
+
+    /// Moves WRITE payload bytes into memory. `Some` ends the turn.
+    fn receive_payload(&mut self, fd: i32, budget: &mut usize) -> std::io::Result<Option<Turn>> {
+        let Some(inc) = self.incoming.as_mut() else {
+            return Ok(None);
+        };
+        let rbuf = self.rbuf.get_or_insert_with(|| RecvBuf::new(RECV_BUF));
+        let want = (inc.left as usize).min(*budget);
+        let dst = (inc.addr as usize) as *mut u8;
+        let moved = if !rbuf.is_empty() {
+            let Some(_inside) = inc.fence.enter() else {
+                return Ok(Some(self.cut_off()));
+            };
+            // SAFETY: inside the fence of the registered buffer that holds
+            // [addr, addr + left), checked when the request was admitted.
+            unsafe { rbuf.take_into(dst, want) }
+        } else if want >= DIRECT_RECV_MIN {
+            let Some(_inside) = inc.fence.enter() else {
+                return Ok(Some(self.cut_off()));
+            };
+            // SAFETY: as above; the receive does not block.
+            match unsafe { recv_some(fd, dst, want)? } {
+                Recv::Bytes(n) => n,
+                Recv::Eof => return Ok(Some(Turn::Abort)),
+                Recv::WouldBlock => return Ok(Some(Turn::Wait)),
+            }
+        } else {
+            match rbuf.fill(fd)? {
+                Recv::Bytes(_) => 0,
+                Recv::Eof => return Ok(Some(Turn::Abort)),
+                Recv::WouldBlock => return Ok(Some(Turn::Wait)),
+            }
+        };
+        self.last_active = Instant::now();
+        *budget = budget.saturating_sub(moved.max(1));
+        inc.left -= moved as u64;
+        inc.addr += moved as u64;
+        if inc.left == 0 {
+            let v2 = inc.v2;
+            self.incoming = None;
+            if v2 {
+                self.replies.word(STATUS_OK);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Sends queued replies. `Some` ends the turn.
+    fn flush(&mut self, fd: i32, budget: &mut usize) -> std::io::Result<Option<Turn>> {
+        match self.replies.send(fd)? {
+            None => Ok(Some(self.cut_off())),
+            Some(0) => Ok(Some(Turn::Wait)),
+            Some(n) => {
+                self.last_active = Instant::now();
+                *budget = budget.saturating_sub(n);
+                Ok(None)
+            }
+        }
+    }
+
+    /// A buffer of the request in progress was unregistered.
+    fn cut_off(&self) -> Turn {
+        crate::warn_limited!(
+            "tcp: a request from {} was cut off: its buffer was unregistered",
+            self.peer
+        );
+        Turn::Abort
     }
 }

@@ -1,5 +1,5 @@
-//! Mooncake's TCP data protocol (spec §4) and the socket I/O that moves
-//! registered memory without staging copies.
+//! Mooncake's TCP data protocol (spec §4) and the non-blocking socket I/O
+//! that moves registered memory without staging copies.
 //!
 //! A request is a 24-byte header `{u64 size, u64 addr, u8 opcode, 7 pad}`,
 //! little-endian; opcode 1 is WRITE (payload follows), anything else READ.
@@ -8,8 +8,6 @@
 
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
 
 /// Size of a request header on the wire.
 pub const HEADER_LEN: usize = 24;
@@ -75,130 +73,86 @@ impl Header {
     }
 }
 
-/// When a blocked socket call gives up: no progress for `stall`, or
-/// `cancel` set (engine shutdown or the lane's connection declared dead).
-pub struct Patience<'a> {
-    /// Longest time without a byte of progress.
-    pub stall: Duration,
-    /// Set to abandon the call.
-    pub cancel: &'a AtomicBool,
-}
-
-impl Patience<'_> {
-    fn check(&self, since: Instant) -> io::Result<()> {
-        if self.cancel.load(Ordering::Acquire) {
-            return Err(io::Error::new(
-                io::ErrorKind::Interrupted,
-                "connection closed",
-            ));
-        }
-        if since.elapsed() >= self.stall {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "no progress within the timeout",
-            ));
-        }
-        Ok(())
-    }
+/// What a non-blocking receive got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recv {
+    /// This many bytes (at least one).
+    Bytes(usize),
+    /// The peer closed its side.
+    Eof,
+    /// Nothing to read now.
+    WouldBlock,
 }
 
 fn would_block(e: &io::Error) -> bool {
     matches!(
         e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
-    ) && e.raw_os_error().is_some()
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    )
 }
 
-/// Sends every byte described by `iov`, advancing it in place. The socket
-/// must have a send timeout so a stalled peer is noticed.
-pub fn send_iov(fd: RawFd, iov: &mut [libc::iovec], patience: &Patience<'_>) -> io::Result<()> {
-    let mut first = 0;
-    let mut progress = Instant::now();
-    while first < iov.len() {
-        if iov[first].iov_len == 0 {
-            first += 1;
-            continue;
-        }
-        let rest = &iov[first..];
-        let msg = libc::msghdr {
-            msg_name: std::ptr::null_mut(),
-            msg_namelen: 0,
-            msg_iov: rest.as_ptr() as *mut libc::iovec,
-            msg_iovlen: rest.len().min(1024),
-            msg_control: std::ptr::null_mut(),
-            msg_controllen: 0,
-            msg_flags: 0,
-        };
-        // SAFETY: every iovec points into memory the caller guarantees valid
-        // for its length (registered or caller-owned buffers, headers on the
-        // stack); MSG_NOSIGNAL turns a closed peer into EPIPE, not SIGPIPE.
-        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if would_block(&e) {
-                patience.check(progress)?;
-                continue;
-            }
-            return Err(e);
-        }
-        progress = Instant::now();
-        let mut n = n as usize;
-        while n > 0 && first < iov.len() {
-            let v = &mut iov[first];
-            if n >= v.iov_len {
-                n -= v.iov_len;
-                v.iov_len = 0;
-                first += 1;
-            } else {
-                // SAFETY: advancing within the same buffer.
-                v.iov_base = unsafe { v.iov_base.cast::<u8>().add(n) }.cast();
-                v.iov_len -= n;
-                n = 0;
-            }
-        }
-        patience.check(Instant::now())?;
-    }
-    Ok(())
-}
-
-/// Receives exactly `len` bytes into `dst`.
-fn recv_raw(fd: RawFd, dst: *mut u8, len: usize, patience: &Patience<'_>) -> io::Result<()> {
-    let mut done = 0;
-    let mut progress = Instant::now();
-    while done < len {
-        // SAFETY: `dst` is valid for `len` bytes (caller's contract).
-        let n = unsafe { libc::recv(fd, dst.add(done).cast(), len - done, 0) };
+/// Receives what is available, up to `len` bytes, into `dst`, without
+/// blocking.
+///
+/// # Safety
+/// `dst` must be valid for writing `len` bytes.
+pub unsafe fn recv_some(fd: RawFd, dst: *mut u8, len: usize) -> io::Result<Recv> {
+    loop {
+        // SAFETY: `dst` is valid for `len` bytes (the caller's contract).
+        let n = unsafe { libc::recv(fd, dst.cast(), len, libc::MSG_DONTWAIT) };
         match n {
-            0 => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "peer closed the connection",
-                ));
-            }
-            n if n < 0 => {
+            0 => return Ok(Recv::Eof),
+            n if n > 0 => return Ok(Recv::Bytes(n as usize)),
+            _ => {
                 let e = io::Error::last_os_error();
-                if would_block(&e) {
-                    patience.check(progress)?;
+                if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                return Err(e);
-            }
-            n => {
-                done += n as usize;
-                progress = Instant::now();
+                return if would_block(&e) {
+                    Ok(Recv::WouldBlock)
+                } else {
+                    Err(e)
+                };
             }
         }
     }
-    Ok(())
+}
+
+/// Sends what the socket takes now of the bytes `iov` describes (at most
+/// 1024 entries); returns how many, `Ok(0)` when it takes nothing now.
+/// `MSG_NOSIGNAL`: a closed peer is `EPIPE`, never `SIGPIPE`.
+pub fn send_some(fd: RawFd, iov: &[libc::iovec]) -> io::Result<usize> {
+    let msg = libc::msghdr {
+        msg_name: std::ptr::null_mut(),
+        msg_namelen: 0,
+        msg_iov: iov.as_ptr() as *mut libc::iovec,
+        msg_iovlen: iov.len().min(1024),
+        msg_control: std::ptr::null_mut(),
+        msg_controllen: 0,
+        msg_flags: 0,
+    };
+    loop {
+        // SAFETY: every iovec points into memory the caller guarantees valid
+        // for its length (registered or caller-owned buffers, our headers).
+        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        return if would_block(&e) { Ok(0) } else { Err(e) };
+    }
 }
 
 /// Payload tails at least this long are received straight into their
-/// destination rather than through the buffer.
-const DIRECT_RECV_MIN: usize = 16 * 1024;
+/// destination rather than through a [`RecvBuf`].
+pub const DIRECT_RECV_MIN: usize = 16 * 1024;
 
-/// A receive buffer in front of a socket: small items (headers, status
-/// words, small payloads) come from it; large payloads go straight into
-/// their destination.
+/// A receive buffer in front of a non-blocking socket: small items
+/// (headers, status words, small payloads) come from it; large payloads go
+/// straight into their destination.
 pub struct RecvBuf {
     buf: Box<[u8]>,
     start: usize,
@@ -215,95 +169,57 @@ impl RecvBuf {
         }
     }
 
+    /// Bytes buffered.
+    pub fn len(&self) -> usize {
+        self.end - self.start
+    }
+
     /// Whether nothing is buffered.
     pub fn is_empty(&self) -> bool {
         self.start == self.end
     }
 
-    /// Receives what is available (at least one byte) into the buffer.
-    /// Returns `Ok(false)` on a clean end of stream.
-    fn fill(&mut self, fd: RawFd, patience: &Patience<'_>) -> io::Result<bool> {
+    /// The buffered bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    /// Drops `n` buffered bytes from the front.
+    pub fn consume(&mut self, n: usize) {
+        self.start += n.min(self.len());
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
         }
-        let progress = Instant::now();
-        loop {
-            let room = self.buf.len() - self.end;
-            // SAFETY: receives into the free tail of our own buffer.
-            let n = unsafe { libc::recv(fd, self.buf.as_mut_ptr().add(self.end).cast(), room, 0) };
-            match n {
-                0 => return Ok(false),
-                n if n < 0 => {
-                    let e = io::Error::last_os_error();
-                    if would_block(&e) {
-                        patience.check(progress)?;
-                        continue;
-                    }
-                    return Err(e);
-                }
-                n => {
-                    self.end += n as usize;
-                    return Ok(true);
-                }
-            }
-        }
     }
 
-    /// Receives exactly `len` bytes into `dst`, buffered bytes first.
+    /// Receives what is available into the free tail of the buffer (moving
+    /// what it holds to the front first when the tail is short).
+    pub fn fill(&mut self, fd: RawFd) -> io::Result<Recv> {
+        if self.buf.len() - self.end < self.buf.len() / 4 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let room = self.buf.len() - self.end;
+        // SAFETY: receives into the free tail of our own buffer.
+        let r = unsafe { recv_some(fd, self.buf.as_mut_ptr().add(self.end), room)? };
+        if let Recv::Bytes(n) = r {
+            self.end += n;
+        }
+        Ok(r)
+    }
+
+    /// Copies up to `len` buffered bytes to `dst`; returns how many.
     ///
     /// # Safety
     /// `dst` must be valid for writing `len` bytes.
-    pub unsafe fn read_into(
-        &mut self,
-        fd: RawFd,
-        dst: *mut u8,
-        len: usize,
-        patience: &Patience<'_>,
-    ) -> io::Result<()> {
-        let mut done = 0;
-        while done < len {
-            if self.start < self.end {
-                let n = (self.end - self.start).min(len - done);
-                // SAFETY: `dst` holds `len` bytes; the source is our buffer.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        self.buf.as_ptr().add(self.start),
-                        dst.add(done),
-                        n,
-                    )
-                };
-                self.start += n;
-                done += n;
-            } else if len - done >= DIRECT_RECV_MIN {
-                // SAFETY: as above.
-                return recv_raw(fd, unsafe { dst.add(done) }, len - done, patience);
-            } else if !self.fill(fd, patience)? {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "peer closed the connection",
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Receives a fixed-size item: waiting for its first byte with `first`,
-    /// for the rest with `rest`. `Ok(None)` is a clean end of stream before
-    /// its first byte.
-    pub fn read_array<const N: usize>(
-        &mut self,
-        fd: RawFd,
-        first: &Patience<'_>,
-        rest: &Patience<'_>,
-    ) -> io::Result<Option<[u8; N]>> {
-        if self.is_empty() && !self.fill(fd, first)? {
-            return Ok(None);
-        }
-        let mut out = [0u8; N];
-        // SAFETY: `out` is N bytes.
-        unsafe { self.read_into(fd, out.as_mut_ptr(), N, rest)? };
-        Ok(Some(out))
+    pub unsafe fn take_into(&mut self, dst: *mut u8, len: usize) -> usize {
+        let n = self.len().min(len);
+        // SAFETY: `dst` holds `len >= n` bytes; the source is our buffer.
+        unsafe { std::ptr::copy_nonoverlapping(self.buf.as_ptr().add(self.start), dst, n) };
+        self.consume(n);
+        n
     }
 }
 

@@ -1,0 +1,431 @@
+//! The I/O threads of the TCP transport: a fixed number of threads
+//! (`MC_TCP_IO_THREADS`), each with its own `mio` poll, serving the data
+//! port's sessions and the client lanes on non-blocking sockets. No thread
+//! is created per peer or per connection, so a process holds the same
+//! number of threads whatever its peers do.
+//!
+//! Every thread accepts on the data port (edge-triggered; one of them wins
+//! each connection). Sessions and lanes are turns-based: one moves at most
+//! [`server::TURN_BYTES`] before the others get their turn, so a fast peer
+//! cannot starve a slow one. Timers (connect deadlines, stalled requests,
+//! idle connections) are checked every [`SWEEP`].
+
+use super::lane::{Lane, LaneShared, LaneTarget, abort, start_connect, tune};
+use super::server::{ServerShared, Session, Turn};
+use crossbeam_channel::{Receiver, Sender};
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tracing::{debug, warn};
+
+/// How often timers are checked.
+pub const SWEEP: Duration = Duration::from_millis(100);
+/// Connections accepted by one thread per wake-up before others run.
+const ACCEPTS_PER_TURN: usize = 64;
+
+const WAKER: Token = Token(0);
+const LISTENER: Token = Token(1);
+static NEXT_TOKEN: AtomicUsize = AtomicUsize::new(2);
+
+/// A token no other connection of this process uses.
+pub fn next_token() -> Token {
+    Token(NEXT_TOKEN.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A rail probe: does the target accept a connection within the deadline?
+pub struct Probe {
+    /// Where to connect.
+    pub target: LaneTarget,
+    /// Its resolved addresses (the first is tried).
+    pub addr: SocketAddr,
+    /// When to give up.
+    pub deadline: Instant,
+    /// Told the answer, once.
+    pub done: Box<dyn FnOnce(bool) + Send>,
+}
+
+/// Work for an I/O thread.
+pub enum Cmd {
+    /// The lane has new slices in its inbox (or was retired).
+    Kick(Arc<LaneShared>),
+    /// Test a rail.
+    Probe(Probe),
+    /// Fail everything, close every connection, end the thread.
+    Stop,
+}
+
+struct Handle {
+    tx: Sender<Cmd>,
+    waker: Waker,
+}
+
+/// The running I/O threads.
+pub struct IoThreads {
+    handles: Vec<Handle>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl IoThreads {
+    /// Starts `n` threads serving `listener` and the lanes kicked to them.
+    pub fn start(
+        n: usize,
+        listener: std::net::TcpListener,
+        server: Arc<ServerShared>,
+    ) -> io::Result<IoThreads> {
+        listener.set_nonblocking(true)?;
+        let mut handles = Vec::with_capacity(n);
+        let mut threads = Vec::with_capacity(n);
+        for i in 0..n.max(1) {
+            let poll = Poll::new()?;
+            let waker = Waker::new(poll.registry(), WAKER)?;
+            let mut listener = TcpListener::from_std(listener.try_clone()?);
+            poll.registry()
+                .register(&mut listener, LISTENER, Interest::READABLE)?;
+            let (tx, rx) = crossbeam_channel::unbounded();
+            let io = Io {
+                poll,
+                rx,
+                listener,
+                server: server.clone(),
+                conns: HashMap::new(),
+                resume: VecDeque::new(),
+                accept_pending: false,
+            };
+            let t = std::thread::Builder::new()
+                .name(format!("te-tcp-io-{i}"))
+                .spawn(move || io.run());
+            match t {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    let started = IoThreads {
+                        handles,
+                        threads: Mutex::new(threads),
+                    };
+                    started.stop();
+                    return Err(e);
+                }
+            }
+            handles.push(Handle { tx, waker });
+        }
+        Ok(IoThreads {
+            handles,
+            threads: Mutex::new(threads),
+        })
+    }
+
+    /// Number of threads.
+    pub fn count(&self) -> usize {
+        self.handles.len()
+    }
+
+    /// Hands work to thread `i`.
+    pub fn send(&self, i: usize, cmd: Cmd) {
+        let h = &self.handles[i % self.handles.len()];
+        if let Err(e) = h.tx.send(cmd) {
+            // The thread is gone (shutdown): the transport fails what its
+            // lanes still hold once the threads are joined.
+            if let Cmd::Probe(p) = e.into_inner() {
+                (p.done)(false);
+            }
+            return;
+        }
+        if let Err(e) = h.waker.wake() {
+            warn!("tcp: waking an I/O thread failed: {e}");
+        }
+    }
+
+    /// Stops every thread and waits for them: afterwards no thread of the
+    /// transport touches any memory.
+    pub fn stop(&self) {
+        for (i, _) in self.handles.iter().enumerate() {
+            self.send(i, Cmd::Stop);
+        }
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
+            if t.join().is_err() {
+                warn!("tcp: an I/O thread panicked");
+            }
+        }
+    }
+}
+
+enum Conn {
+    Session(Box<Session>),
+    Lane(Box<Lane>),
+    Probe(TcpStream, Probe),
+}
+
+struct Io {
+    poll: Poll,
+    rx: Receiver<Cmd>,
+    listener: TcpListener,
+    server: Arc<ServerShared>,
+    conns: HashMap<Token, Conn>,
+    /// Connections whose turn ended with work left.
+    resume: VecDeque<Token>,
+    accept_pending: bool,
+}
+
+impl Io {
+    fn run(mut self) {
+        let mut events = Events::with_capacity(1024);
+        let mut last_sweep = Instant::now();
+        loop {
+            let timeout = if self.resume.is_empty() && !self.accept_pending {
+                SWEEP
+            } else {
+                Duration::ZERO
+            };
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    warn!("tcp: poll failed: {e}");
+                    std::thread::sleep(SWEEP);
+                }
+            }
+            for ev in events.iter() {
+                match ev.token() {
+                    WAKER => {}
+                    LISTENER => self.accept_pending = true,
+                    t => self.drive(t),
+                }
+            }
+            if self.accept_pending {
+                self.accept();
+            }
+            while let Ok(cmd) = self.rx.try_recv() {
+                match cmd {
+                    Cmd::Kick(lane) => self.kick(lane),
+                    Cmd::Probe(p) => self.probe(p),
+                    Cmd::Stop => return self.stop(),
+                }
+            }
+            for t in std::mem::take(&mut self.resume) {
+                self.drive(t);
+            }
+            let now = Instant::now();
+            if now.duration_since(last_sweep) >= SWEEP {
+                last_sweep = now;
+                self.sweep(now);
+            }
+        }
+    }
+
+    fn registry(&self) -> &Registry {
+        self.poll.registry()
+    }
+
+    fn accept(&mut self) {
+        for _ in 0..ACCEPTS_PER_TURN {
+            let (stream, peer) = match self.listener.accept() {
+                Ok(a) => a,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.accept_pending = false;
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // E.g. EMFILE: the connection waits in the backlog.
+                    crate::warn_limited!("tcp: accept failed: {e}");
+                    self.accept_pending = false;
+                    return;
+                }
+            };
+            self.admit(stream, peer);
+        }
+    }
+
+    /// Takes an accepted connection, within the session bound: at the bound
+    /// the session idle the longest is closed for it, and without an idle
+    /// one the new connection is refused.
+    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr) {
+        let shared = self.server.clone();
+        if shared.open.load(Ordering::Acquire) >= shared.max_sessions && !self.evict_idle() {
+            crate::warn_limited!(
+                "tcp: refused a data connection from {peer}: {} sessions are open (MC_TCP_MAX_DATA_CONNECTIONS) and none is idle",
+                shared.max_sessions
+            );
+            abort(&stream);
+            return;
+        }
+        if let Err(e) = tune(&stream) {
+            debug!("tcp: socket options for {peer}: {e}");
+        }
+        let token = next_token();
+        if let Err(e) =
+            self.registry()
+                .register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)
+        {
+            warn!("tcp: could not watch the connection from {peer}: {e}");
+            return;
+        }
+        self.server.open.fetch_add(1, Ordering::AcqRel);
+        debug!("tcp data connection from {peer}");
+        self.conns
+            .insert(token, Conn::Session(Box::new(Session::new(stream, peer))));
+        self.drive(token);
+    }
+
+    /// Closes this thread's session idle the longest; false if none is.
+    fn evict_idle(&mut self) -> bool {
+        let victim = self
+            .conns
+            .iter()
+            .filter_map(|(t, c)| match c {
+                Conn::Session(s) if s.idle() => Some((*t, s.last_active())),
+                _ => None,
+            })
+            .min_by_key(|(_, at)| *at)
+            .map(|(t, _)| t);
+        match victim {
+            Some(t) => {
+                crate::warn_limited!(
+                    "tcp: closing the longest-idle data connection: {} sessions are open (MC_TCP_MAX_DATA_CONNECTIONS)",
+                    self.server.max_sessions
+                );
+                self.close(t, Turn::Close);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Serves a connection's turn.
+    fn drive(&mut self, t: Token) {
+        let Some(conn) = self.conns.get_mut(&t) else {
+            return;
+        };
+        match conn {
+            Conn::Session(s) => match s.drive(&self.server) {
+                Turn::Wait => {}
+                Turn::More => self.resume.push_back(t),
+                end => self.close(t, end),
+            },
+            Conn::Lane(lane) => {
+                lane.on_event(self.poll.registry());
+                if !lane.settle(self.poll.registry()) {
+                    self.conns.remove(&t);
+                }
+            }
+            Conn::Probe(stream, _) => {
+                let ok = match stream.take_error() {
+                    Ok(Some(_)) | Err(_) => Some(false),
+                    Ok(None) => match stream.peer_addr() {
+                        Ok(_) => Some(true),
+                        Err(e) if e.kind() == io::ErrorKind::NotConnected => None,
+                        Err(_) => Some(false),
+                    },
+                };
+                if let Some(ok) = ok {
+                    self.end_probe(t, ok);
+                }
+            }
+        }
+    }
+
+    fn close(&mut self, t: Token, how: Turn) {
+        if let Some(Conn::Session(mut s)) = self.conns.remove(&t) {
+            if how == Turn::Abort {
+                abort(s.stream());
+            } else {
+                let _ = s.stream().shutdown(std::net::Shutdown::Both);
+            }
+            let _ = self.poll.registry().deregister(s.stream());
+            self.server.open.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    fn kick(&mut self, shared: Arc<LaneShared>) {
+        let t = shared.token;
+        let conn = self
+            .conns
+            .entry(t)
+            .or_insert_with(|| Conn::Lane(Box::new(Lane::new(shared))));
+        if let Conn::Lane(lane) = conn {
+            let registry = self.poll.registry();
+            if !lane.kick(registry) || !lane.settle(registry) {
+                self.conns.remove(&t);
+            }
+        }
+    }
+
+    fn probe(&mut self, p: Probe) {
+        let stream = start_connect(p.target.bind, p.addr);
+        let mut stream = match stream {
+            Ok(s) => s,
+            Err(_) => return (p.done)(false),
+        };
+        let t = next_token();
+        if self
+            .poll
+            .registry()
+            .register(&mut stream, t, Interest::WRITABLE)
+            .is_err()
+        {
+            return (p.done)(false);
+        }
+        self.conns.insert(t, Conn::Probe(stream, p));
+    }
+
+    fn end_probe(&mut self, t: Token, ok: bool) {
+        if let Some(Conn::Probe(mut stream, p)) = self.conns.remove(&t) {
+            let _ = self.poll.registry().deregister(&mut stream);
+            (p.done)(ok);
+        }
+    }
+
+    fn sweep(&mut self, now: Instant) {
+        let tokens: Vec<Token> = self.conns.keys().copied().collect();
+        for t in tokens {
+            let Some(conn) = self.conns.get_mut(&t) else {
+                continue;
+            };
+            match conn {
+                Conn::Session(s) => {
+                    if let Some(end) = s.expired(now, &self.server) {
+                        self.close(t, end);
+                    }
+                }
+                Conn::Lane(lane) => {
+                    let registry = self.poll.registry();
+                    lane.sweep(registry, now);
+                    if !lane.settle(registry) {
+                        self.conns.remove(&t);
+                    }
+                }
+                Conn::Probe(_, p) => {
+                    if now >= p.deadline {
+                        self.end_probe(t, false);
+                    }
+                }
+            }
+        }
+    }
+
+    fn stop(mut self) {
+        for (_, conn) in self.conns.drain() {
+            match conn {
+                Conn::Session(mut s) => {
+                    let _ = self.poll.registry().deregister(s.stream());
+                    self.server.open.fetch_sub(1, Ordering::AcqRel);
+                }
+                Conn::Lane(mut lane) => {
+                    lane.stop(self.poll.registry());
+                }
+                Conn::Probe(_, p) => (p.done)(false),
+            }
+        }
+        // Commands that raced with the stop: probes answer "no"; lanes
+        // are failed by the transport once every thread has ended.
+        while let Ok(cmd) = self.rx.try_recv() {
+            if let Cmd::Probe(p) = cmd {
+                (p.done)(false);
+            }
+        }
+    }
+}
