@@ -412,7 +412,7 @@ impl Engine {
 
     /// Fails a task that never reached a transport.
     fn fail_task(batch: &Batch, id: usize, why: std::fmt::Arguments<'_>) {
-        warn!("task {id}: {why}");
+        crate::warn_limited!("task {id}: {why}");
         if let Some(task) = batch.slot(id) {
             task.add_slices(1);
             task.finish_slice(0, false);
@@ -561,7 +561,9 @@ impl Engine {
         if result.0 == TaskStatus::Completed {
             if let Some(n) = batch.take_notify_if_complete() {
                 if let Err(e) = self.send_notify(n.target_id as u64, &n.name, &n.msg) {
-                    warn!("notification after batch {batch_id:#x} could not be sent: {e}");
+                    crate::warn_limited!(
+                        "notification after batch {batch_id:#x} could not be sent: {e}"
+                    );
                 }
             }
         }

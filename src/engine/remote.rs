@@ -358,7 +358,7 @@ impl Engine {
                     self.segments.insert(seg);
                 }
             },
-            Err(e) => warn!("refreshing segment {name:?}: {e}"),
+            Err(e) => crate::warn_limited!("refreshing segment {name:?}: {e}"),
         }
     }
 

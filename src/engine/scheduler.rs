@@ -474,7 +474,7 @@ impl Scheduler {
                 };
                 let Some(next) = next else {
                     if !closed {
-                        warn!(
+                        crate::warn_limited!(
                             "slice of {} bytes at {:#x} failed after {} attempt(s) on {} rail(s)",
                             job.len,
                             job.remote,
