@@ -32,10 +32,18 @@
 #               is cut, a loop of byte-verified rounds over the surviving
 #               rail moves at least half of one rail's rate and no
 #               submitTransfer call blocks for >= 1 s.
+#   late_write  a WRITE reported FAILED never lands later: a second target
+#               whose server waits 60 s for a stalled request
+#               (MC_TCP_STATUS_TIMEOUT_SEC=60 there, 3 s here); a 64 MiB
+#               WRITE over rail 1 alone, rail 1 cut mid-way, the WRITE
+#               FAILS; READs over rail 2 count the bytes of it in the target
+#               right after the failure and again 25 s after rail 1 is back
+#               (the kernel would have resent what the WRITE left queued by
+#               then): the counts are equal. Then rail 1 works again.
 # Needs root, ip netns and tc; otherwise prints SKIPPED and exits 0. Both
 # namespaces (and with them the veths) are deleted at exit.
 set -euo pipefail
-[ $# -ge 1 ] || { echo "usage: $0 BUILD_DIR [throughput|failover|both_down|preference|rail_down_service]..." >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 BUILD_DIR [throughput|failover|both_down|preference|rail_down_service|late_write]..." >&2; exit 2; }
 if [ "$(id -u)" -ne 0 ]; then
   echo "SKIPPED: needs root for network namespaces"
   exit 0
@@ -45,7 +53,7 @@ command -v tc >/dev/null || { echo "SKIPPED: the tc command (iproute2) is missin
 build=$(cd "$1" && pwd)
 shift
 scenarios=("$@")
-[ ${#scenarios[@]} -gt 0 ] || scenarios=(throughput failover both_down preference rail_down_service)
+[ ${#scenarios[@]} -gt 0 ] || scenarios=(throughput failover both_down preference rail_down_service late_write)
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=net_lib.sh
 . "$here/net_lib.sh"
@@ -137,7 +145,7 @@ peer_wait() {
   pid=$(net_pid "$name")
   deadline=$((SECONDS + secs))
   while :; do
-    ANSWER=$(tail -n +$((mark + 1)) "$NET_TMP/$name.out" | grep -m1 -E '^(xfer|loop|stats end|error)' || true)
+    ANSWER=$(tail -n +$((mark + 1)) "$NET_TMP/$name.out" | grep -m1 -E '^(xfer|loop|stats end|error|write1|verify1|count1)' || true)
     if [ -n "$ANSWER" ]; then
       case $ANSWER in "stats end") ANSWER=$(tail -n +$((mark + 1)) "$NET_TMP/$name.out") ;; esac
       return 0
@@ -309,6 +317,48 @@ scenario_rail_down_service() {
   [ -z "$problems" ] || net_fail "with rail 1 down: $problems"
   peer_stop sn
   echo "rail_down_service: OK"
+}
+
+scenario_late_write() {
+  local line2 seg1=$seg base1=$base n1 n2
+  net_start late_target env MC_TCP_STATUS_TIMEOUT_SEC=60 ip netns exec "$nsa" "$bench" --mode target \
+    --local_server_name "$ipa1" --device_name "$a1,$a2" --buffer_size "$tsize"
+  line2=$(net_wait_line late_target '^segment ' 30)
+  read -r _ seg _ base _ _ <<<"$line2"
+  echo "target with a 60 s server stall timeout: $line2"
+  # lw writes over rail 1 only; lr reads over rail 2 only.
+  peer_start lw "$(printf '{"cpu:0": [["%s"],[]]}' "$b1")"
+  peer_start lr "$(printf '{"cpu:0": [["%s"],[]]}' "$b2")"
+  seg=$seg1 base=$base1
+  peer_ask lw 60 write1 $tsize 1
+  case $ANSWER in "write1 COMPLETED"*) ;; *) net_fail "warm-up: $ANSWER" ;; esac
+  peer_send lw write1 $tsize 2
+  sleep 0.7
+  ip -n "$nsa" link set "$a1" down
+  echo "rail 1 cut under a 64 MiB WRITE"
+  peer_wait lw 60
+  echo "the WRITE: $ANSWER"
+  case $ANSWER in "write1 FAILED"*) ;; *) net_fail "the cut WRITE did not fail: $ANSWER" ;; esac
+  peer_ask lr 60 count1 $tsize 2
+  n1=${ANSWER#count1 }
+  echo "read over rail 2 after the failure: $n1 bytes of the FAILED WRITE are there"
+  sleep 2
+  ip -n "$nsa" link set "$a1" up
+  echo "rail 1 back up; waiting 25 s (the kernel would resend what the WRITE left queued)"
+  sleep 25
+  peer_ask lr 60 count1 $tsize 2
+  n2=${ANSWER#count1 }
+  echo "25 s later: $n2 bytes"
+  case $n1$n2 in *[!0-9]*) net_fail "counting over rail 2 failed: $n1 / $n2" ;; esac
+  [ "$n1" -eq "$n2" ] || net_fail "$((n2 - n1)) bytes of the FAILED WRITE landed after it was reported"
+  peer_ask lw 120 write1 $tsize 3
+  case $ANSWER in "write1 COMPLETED"*) ;; *) net_fail "rail 1 after the fault: $ANSWER" ;; esac
+  peer_ask lw 120 verify1 $tsize 3
+  case $ANSWER in "verify1 ok") ;; *) net_fail "rail 1 after the fault: $ANSWER" ;; esac
+  peer_stop lw
+  peer_stop lr
+  net_stop late_target 10
+  echo "late_write: OK"
 }
 
 for s in "${scenarios[@]}"; do

@@ -29,6 +29,15 @@
  *                      loop FAILED round N <the xfer answer>
  *   stats            getNicLoadStats: "nic DEV inflight N ewma BPS" per
  *                    device, then "stats end".
+ *   write1 LEN SEED  one WRITE of LEN bytes of pattern SEED to BASE:
+ *                      write1 COMPLETED secs S | write1 FAILED secs S
+ *   verify1 LEN SEED one READ of LEN bytes from BASE, checked against
+ *                    pattern SEED:
+ *                      verify1 ok | verify1 FAILED |
+ *                      verify1 CORRUPT byte B got X want Y
+ *   count1 LEN SEED  one READ of LEN bytes from BASE; counts the bytes that
+ *                    equal pattern SEED at their position:
+ *                      count1 N | count1 FAILED
  *   quit             destroys the engine and exits 0.
  * At start it prints "ready <own name>".
  */
@@ -132,6 +141,36 @@ static void xfer(uint64_t len, uint64_t count, struct result *r) {
     }
 }
 
+/* write1, verify1 and count1: one request of `len` bytes at BASE. */
+static void one(const char *cmd, uint64_t len, uint64_t seed) {
+  struct result r;
+  memset(&r, 0, sizeof r);
+  if (!strcmp(cmd, "write1")) {
+    for (uint64_t i = 0; i < len; i++) src[i] = te_pattern(seed, (size_t)i);
+    double t0 = te_now();
+    int failed = run(OPCODE_WRITE, src, len, 1, &r);
+    printf("write1 %s secs %.3f\n", failed ? "FAILED" : "COMPLETED", te_now() - t0);
+    return;
+  }
+  memset(dst, 0xA5, len);
+  if (run(OPCODE_READ, dst, len, 1, &r)) {
+    printf("%s FAILED\n", cmd);
+    return;
+  }
+  uint64_t same = 0, first_bad = UINT64_MAX;
+  for (uint64_t i = 0; i < len; i++) {
+    if (dst[i] == te_pattern(seed, (size_t)i)) same++;
+    else if (first_bad == UINT64_MAX) first_bad = i;
+  }
+  if (!strcmp(cmd, "count1"))
+    printf("count1 %" PRIu64 "\n", same);
+  else if (first_bad == UINT64_MAX)
+    printf("verify1 ok\n");
+  else
+    printf("verify1 CORRUPT byte %" PRIu64 " got %u want %u\n", first_bad, dst[first_bad],
+           te_pattern(seed, (size_t)first_bad));
+}
+
 static void format(const struct result *r, char *out, size_t n) {
   if (r->write_failed || r->read_failed)
     snprintf(out, n, "xfer FAILED write_failed %d read_failed %d secs %.3f submit_max %.3f %s",
@@ -213,6 +252,9 @@ int main(int argc, char **argv) {
           printf("loop ok rounds %" PRIu64 " bytes %" PRIu64 " secs %.3f submit_max %.3f\n",
                  rounds, rounds * b * c * 2, te_now() - t0, submit_max);
       }
+    } else if ((!strcmp(cmd, "write1") || !strcmp(cmd, "verify1") || !strcmp(cmd, "count1")) &&
+               n == 3) {
+      if (check_args(a, 1) == 0) one(cmd, a, b);
     } else if (!strcmp(cmd, "stats")) {
       nic_load_stat_t st[64];
       size_t count = 64;

@@ -13,9 +13,10 @@
 //! byte of it is sent any more. A request that never reached the wire, or
 //! whose connection was closed by the peer before any answer (a peer's idle
 //! timeout, a restart) is sent once more on a fresh connection. A failed
-//! connect puts the lanes of the endpoint in a cooldown (1 s, doubling to
-//! 8 s while connects keep failing) during which their slices fail at once:
-//! a dead peer costs one connect attempt per lane and cooldown, no thread.
+//! connect puts the lanes of the endpoint in a one-second cooldown during
+//! which their slices fail at once (a successful rail probe ends it): a
+//! dead peer costs at most one connect attempt per lane and second, and no
+//! thread.
 
 use super::wire::{
     DIRECT_RECV_MIN, HEADER_LEN, Header, OP_READ, OP_WRITE, Recv, RecvBuf, STATUS_OK, V2_FLAG,
@@ -39,9 +40,9 @@ const MAX_BATCH_SLICES: usize = 64;
 const MAX_BATCH_BYTES: u64 = 4 << 20;
 /// Receive buffer of a connected lane.
 const RECV_BUF: usize = 64 * 1024;
-/// First and longest cooldown after a failed connect.
-const COOLDOWN_MIN: Duration = Duration::from_secs(1);
-const COOLDOWN_MAX: Duration = Duration::from_secs(8);
+/// After a failed connect, the endpoint's lanes fail their slices at once
+/// for this long instead of connecting.
+const COOLDOWN: Duration = Duration::from_secs(1);
 /// TCP keepalive: first probe after this much silence, then every
 /// interval, giving up after the count.
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
@@ -96,31 +97,26 @@ pub struct LaneTimeouts {
     pub idle: Duration,
 }
 
-/// Connect health shared by the lanes of one endpoint.
+/// Connect health shared by the lanes of one endpoint: after a failed
+/// connect, none is tried for [`COOLDOWN`].
 #[derive(Default)]
 pub struct ConnectHealth {
-    /// Until when connects are not tried, and the current backoff.
-    state: Mutex<(Option<Instant>, Duration)>,
+    until: Mutex<Option<Instant>>,
 }
 
 impl ConnectHealth {
     fn cooling(&self, now: Instant) -> bool {
-        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        s.0.is_some_and(|until| now < until)
+        let until = self.until.lock().unwrap_or_else(|e| e.into_inner());
+        until.is_some_and(|t| now < t)
     }
 
     fn failed(&self, now: Instant) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let backoff = if s.1.is_zero() {
-            COOLDOWN_MIN
-        } else {
-            (s.1 * 2).min(COOLDOWN_MAX)
-        };
-        *s = (Some(now + backoff), backoff);
+        *self.until.lock().unwrap_or_else(|e| e.into_inner()) = Some(now + COOLDOWN);
     }
 
-    fn succeeded(&self) {
-        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = (None, Duration::ZERO);
+    /// Ends the cooldown: the peer accepts connections.
+    pub fn succeeded(&self) {
+        *self.until.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 }
 

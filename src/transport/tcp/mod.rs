@@ -39,6 +39,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// The lanes of one rail.
 pub struct TcpEndpoint {
     lanes: Vec<Arc<LaneShared>>,
+    health: Arc<ConnectHealth>,
 }
 
 impl TcpEndpoint {
@@ -201,7 +202,7 @@ impl TcpTransport {
             all.retain(|w| w.strong_count() > 0);
             all.extend(lanes.iter().map(Arc::downgrade));
         }
-        let ep = Arc::new(TcpEndpoint { lanes });
+        let ep = Arc::new(TcpEndpoint { lanes, health });
         let evicted = pool.insert(target.clone(), ep.clone());
         drop(pools);
         for old in evicted {
@@ -251,12 +252,21 @@ impl TcpTransport {
     }
 
     /// Tests in the background whether `target` accepts a connection now
-    /// (within a second), and reports it; no data moves.
-    pub fn probe(&self, target: &LaneTarget, done: Box<dyn FnOnce(bool) + Send>) {
+    /// (within a second), and reports it; no data moves. A success also
+    /// ends the connect cooldown of the endpoints to `target`.
+    pub fn probe(self: &Arc<Self>, target: &LaneTarget, done: Box<dyn FnOnce(bool) + Send>) {
         let addr = match target.resolve() {
             Ok(a) => a[0],
             Err(_) => return done(false),
         };
+        let me = Arc::downgrade(self);
+        let key = target.clone();
+        let done: Box<dyn FnOnce(bool) + Send> = Box::new(move |ok| {
+            if let Some(me) = me.upgrade().filter(|_| ok) {
+                me.connectable(&key);
+            }
+            done(ok)
+        });
         let i = self.next_thread.fetch_add(1, Ordering::Relaxed);
         self.io.send(
             i,
@@ -267,6 +277,16 @@ impl TcpTransport {
                 done,
             }),
         );
+    }
+
+    /// `target` accepts connections again: its endpoints may connect now.
+    fn connectable(&self, target: &LaneTarget) {
+        let pools = self.lock();
+        for pool in pools.by_device.values() {
+            if let Some(ep) = pool.get(target) {
+                ep.health.succeeded();
+            }
+        }
     }
 
     /// Fails queued work, closes every connection and joins every thread:
