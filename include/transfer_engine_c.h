@@ -57,7 +57,15 @@
 #define STATUS_TIMEOUT 5
 
 /**
- * Task status: the task failed.
+ * Task status: the task failed. A FAILED READ may have filled part of its
+ * `source` buffer. A FAILED WRITE may have landed in part: the bytes that
+ * reached the peer before the failure. Once FAILED is reported, none of
+ * its bytes is sent any more: the connections that carried it were reset,
+ * discarding what the kernel still held, and this engine's own server
+ * drops a request whose bytes stop arriving for
+ * `MC_TCP_STATUS_TIMEOUT_SEC` instead of completing it later. A peer that
+ * had received bytes but not yet stored them (a stopped process) may still
+ * store those.
  */
 #define STATUS_FAILED 6
 

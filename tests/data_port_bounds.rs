@@ -96,7 +96,7 @@ fn idle_connections_are_bounded_and_real_peers_are_served() {
 
     // A real peer, while the attacker holds its connections.
     let seg = initiator
-        .open_segment(&target.local_name().to_string())
+        .open_segment(target.local_name())
         .expect("open the target's segment through the handshake port");
     let src = Buf::new(4 << 20, 9);
     let back = Buf::zeroed(4 << 20);
@@ -105,12 +105,25 @@ fn idle_connections_are_bounded_and_real_peers_are_served() {
         &[write_req(src.addr(), seg, mem.addr(), 4 << 20)],
     );
     assert_eq!(st, [transfer_engine::engine::batch::TaskStatus::Completed]);
-    let st = run(&initiator, &[read_req(back.addr(), seg, mem.addr(), 4 << 20)]);
+    let st = run(
+        &initiator,
+        &[read_req(back.addr(), seg, mem.addr(), 4 << 20)],
+    );
     assert_eq!(st, [transfer_engine::engine::batch::TaskStatus::Completed]);
     assert!(back.snapshot() == src.snapshot(), "bytes differ");
-    let (host, rpc) = target.local_ip_and_port().rsplit_once(':').map(|(h, p)| (h.to_string(), p.parse::<u16>().unwrap())).unwrap();
-    call(&host, rpc, FrameKind::Probe, &serde_json::json!({}), &ClientOptions::default())
-        .expect("the handshake port answers");
+    let (host, rpc) = target
+        .local_ip_and_port()
+        .rsplit_once(':')
+        .map(|(h, p)| (h.to_string(), p.parse::<u16>().unwrap()))
+        .unwrap();
+    call(
+        &host,
+        rpc,
+        FrameKind::Probe,
+        &serde_json::json!({}),
+        &ClientOptions::default(),
+    )
+    .expect("the handshake port answers");
 
     // Idle sessions are closed after MC_TCP_IDLE_TIMEOUT_SEC.
     std::thread::sleep(Duration::from_secs(5));
@@ -119,7 +132,10 @@ fn idle_connections_are_bounded_and_real_peers_are_served() {
         .map(closed_by_server)
         .filter(|closed| !closed)
         .count();
-    assert_eq!(open, 0, "{open} idle connections are still open after the timeout");
+    assert_eq!(
+        open, 0,
+        "{open} idle connections are still open after the timeout"
+    );
     drop(attackers);
     initiator.shutdown();
     target.shutdown();

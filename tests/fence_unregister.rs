@@ -100,10 +100,14 @@ fn write_straddling_unregister_does_not_touch_new_memory() {
     let mut first = raw_header(m.len as u64, m.addr(), 0x81).to_vec();
     first.push(0xEE);
     c.write_all(&first).unwrap();
-    wait_for("the first payload byte to land", Duration::from_secs(10), || {
-        // SAFETY: byte 0 of our mapping.
-        unsafe { *m.addr == 0xEE }
-    });
+    wait_for(
+        "the first payload byte to land",
+        Duration::from_secs(10),
+        || {
+            // SAFETY: byte 0 of our mapping.
+            unsafe { *m.addr == 0xEE }
+        },
+    );
     e.unregister(&[m.addr()]).expect("unregister");
     m.remap(0x22);
     // The rest of the payload now targets the new memory.
@@ -114,7 +118,10 @@ fn write_straddling_unregister_does_not_touch_new_memory() {
         got.is_empty(),
         "the server answered {got:?} to a request cut off by unregister"
     );
-    assert!(m.all(0x22), "bytes landed in memory mapped after unregister");
+    assert!(
+        m.all(0x22),
+        "bytes landed in memory mapped after unregister"
+    );
     e.shutdown();
 }
 
@@ -192,10 +199,14 @@ fn shutdown_fences_every_buffer() {
     let mut first = raw_header(m.len as u64, m.addr(), 0x81).to_vec();
     first.extend_from_slice(&[0xEE; 4096]);
     (&c).write_all(&first).unwrap();
-    wait_for("the first payload bytes to land", Duration::from_secs(10), || {
-        // SAFETY: within our mapping.
-        unsafe { *m.addr.add(4095) == 0xEE }
-    });
+    wait_for(
+        "the first payload bytes to land",
+        Duration::from_secs(10),
+        || {
+            // SAFETY: within our mapping.
+            unsafe { *m.addr.add(4095) == 0xEE }
+        },
+    );
     e.shutdown();
     m.fill(0x78);
     let rest = write_in_background(c, vec![0xEE; m.len - 4096]);

@@ -426,9 +426,8 @@ impl Engine {
         if r.source == 0 || r.source.checked_add(r.length).is_none() {
             return Some("the source pointer is NULL or wraps");
         }
-        (self.config.strict_local && memory.find(r.source, r.length).is_none()).then_some(
-            "the source range is not inside one registered buffer (MC_TE_STRICT_LOCAL)",
-        )
+        (self.config.strict_local && memory.find(r.source, r.length).is_none())
+            .then_some("the source range is not inside one registered buffer (MC_TE_STRICT_LOCAL)")
     }
 
     /// Runs one request against this process's own registered memory.

@@ -36,7 +36,15 @@ pub const STATUS_CANCELED: c_int = 3;
 pub const STATUS_COMPLETED: c_int = 4;
 /// Task status: a slice is older than `MC_SLICE_TIMEOUT`.
 pub const STATUS_TIMEOUT: c_int = 5;
-/// Task status: the task failed.
+/// Task status: the task failed. A FAILED READ may have filled part of its
+/// `source` buffer. A FAILED WRITE may have landed in part: the bytes that
+/// reached the peer before the failure. Once FAILED is reported, none of
+/// its bytes is sent any more: the connections that carried it were reset,
+/// discarding what the kernel still held, and this engine's own server
+/// drops a request whose bytes stop arriving for
+/// `MC_TCP_STATUS_TIMEOUT_SEC` instead of completing it later. A peer that
+/// had received bytes but not yet stored them (a stopped process) may still
+/// store those.
 pub const STATUS_FAILED: c_int = 6;
 
 /// Invalid argument (NULL pointer, zero length, unknown handle).

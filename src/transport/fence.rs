@@ -108,7 +108,10 @@ mod tests {
             Instant::now()
         });
         std::thread::sleep(Duration::from_millis(50));
-        assert!(!revoker.is_finished(), "revoke returned with a caller inside");
+        assert!(
+            !revoker.is_finished(),
+            "revoke returned with a caller inside"
+        );
         release_tx.send(()).unwrap();
         let left = t.join().unwrap();
         let revoked = revoker.join().unwrap();

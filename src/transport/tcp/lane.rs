@@ -76,10 +76,7 @@ impl LaneTarget {
         if addrs.is_empty() {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
-                format!(
-                    "{} resolved to no address of the rail's family",
-                    self.host
-                ),
+                format!("{} resolved to no address of the rail's family", self.host),
             ));
         }
         Ok(addrs)
@@ -286,7 +283,10 @@ impl Req {
 
 enum ConnState {
     /// Connecting to `addrs[at]`, until the deadline.
-    Connecting { at: usize, deadline: Instant },
+    Connecting {
+        at: usize,
+        deadline: Instant,
+    },
     Ready,
 }
 
@@ -596,7 +596,12 @@ impl Lane {
         };
         let mut iov = Vec::new();
         let mut bytes = 0u64;
-        for r in self.pipeline.iter().skip(self.send_at).take(MAX_BATCH_SLICES) {
+        for r in self
+            .pipeline
+            .iter()
+            .skip(self.send_at)
+            .take(MAX_BATCH_SLICES)
+        {
             if bytes >= MAX_BATCH_BYTES {
                 break;
             }
