@@ -79,7 +79,7 @@ printf 'starting the target (P2PHANDSHAKE on 127.0.0.1, 256 MiB buffer) ... '
 target_pid=$!
 line=""
 for _ in $(seq 600); do # up to 60 s
-  line=$(grep -m1 '^segment ' "$tmp/target.out" || true)
+  line=$(grep -m1 '^segment ' "$tmp/target.out" 2>/dev/null || true)
   [ -n "$line" ] && break
   kill -0 "$target_pid" 2>/dev/null || { echo "FAILED: the target exited before it was ready"; exit 1; }
   sleep 0.1
