@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# cargo.sh [ARGS...]: cargo test --locked ARGS (unit, integration and doc
-# tests), counted from libtest's "test result:" lines into
+# cargo.sh [ARGS...]: cargo test --locked --no-fail-fast ARGS (unit,
+# integration and doc tests), counted from libtest's "test result:" lines into
 # $TE_RESULTS_DIR/$TE_SUITE.counts. Ignored tests count as skipped, and so
 # do tests that found they cannot run here: they append a line to
 # $TE_SKIP_LOG (tests/common's `skip`) and are moved from passed to
@@ -13,7 +13,7 @@ name=${TE_SUITE:-cargo}
 out=${TE_RESULTS_DIR:?}/$name.log
 export TE_SKIP_LOG=$TE_RESULTS_DIR/$name.skips
 : >"$TE_SKIP_LOG"
-cargo test --locked "$@" 2>&1 | tee "$out"
+cargo test --locked --no-fail-fast "$@" 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
 read -r passed failed ignored < <(awk '/^test result:/ {
     for (i = 2; i <= NF; i++) {
@@ -23,8 +23,9 @@ read -r passed failed ignored < <(awk '/^test result:/ {
     }
   } END { print p + 0, f + 0, s + 0 }' "$out")
 skipped_at_runtime=$(wc -l <"$TE_SKIP_LOG")
-if [ "$skipped_at_runtime" -gt 0 ]; then
-  echo "Tests that could not run here (counted as skipped):"
+if [ "$((ignored + skipped_at_runtime))" -gt 0 ]; then
+  echo "Tests that did not run (counted as skipped):"
+  sed -n 's/^test \(.*\) \.\.\. ignored\(, \(.*\)\)\{0,1\}$/  ignored: \1 \3/p' "$out"
   sed 's/^/  SKIPPED: /' "$TE_SKIP_LOG"
 fi
 passed=$((passed - skipped_at_runtime))

@@ -35,10 +35,17 @@ pub const REJECTED_WORD: u64 = 0x4D43_5456_0000_0001;
 /// passed. With `CI=true` nothing may skip: the test fails instead. The
 /// caller returns right after.
 pub fn skip(why: &str) {
+    // The test binary, without the hash cargo appends (`stores-<16 hex>`).
     let exe = std::env::current_exe()
         .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .and_then(|p| p.file_stem().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_default();
+    let exe = match exe.rsplit_once('-') {
+        Some((name, hash)) if hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            name.to_string()
+        }
+        _ => exe,
+    };
     let test = std::thread::current()
         .name()
         .unwrap_or("(unnamed test)")
