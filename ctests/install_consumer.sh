@@ -40,14 +40,15 @@ cmake --install "$build" --prefix "$prefix" --component debug >>"$NET_TMP/instal
 
 L=$prefix/$libdir
 real=libtransfer_engine.so.$version
+split=$(cache TE_SPLIT_DEBUG)
 want=(
   "$libdir/$real" "$libdir/libtransfer_engine.so.$major" "$libdir/libtransfer_engine.so"
-  "$libdir/libtransfer_engine.a" "$libdir/.debug/$real.debug"
-  include/transfer_engine_c.h include/transfer_engine_ext.h
+  "$libdir/libtransfer_engine.a" include/transfer_engine_c.h include/transfer_engine_ext.h
   "$libdir/cmake/transfer_engine/transfer_engineConfig.cmake"
   "$libdir/cmake/transfer_engine/transfer_engineConfigVersion.cmake"
   "$libdir/pkgconfig/transfer_engine.pc" bin/transfer-engine-metadata-server
 )
+[ "$split" = ON ] && want+=("$libdir/.debug/$real.debug")
 for f in "${want[@]}"; do grep -qxF "$f" "$NET_TMP/layout" || net_fail "$f is not installed"; done
 [ "$(wc -l <"$NET_TMP/layout")" -eq "${#want[@]}" ] || net_fail "unexpected files installed (see the list)"
 [ "$(readlink "$L/libtransfer_engine.so.$major")" = "$real" ] || net_fail ".so.$major does not link to $real"
@@ -56,7 +57,7 @@ for f in "${want[@]}"; do grep -qxF "$f" "$NET_TMP/layout" || net_fail "$f is no
 soname=$(readelf -d "$L/$real" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 [ "$soname" = "libtransfer_engine.so.$major" ] || net_fail "SONAME is '$soname'"
 has_debug() { readelf -S "$1" 2>/dev/null | grep -q '\.debug_info'; }
-if [ "$(cache TE_SPLIT_DEBUG)" = ON ]; then
+if [ "$split" = ON ]; then
   has_debug "$L/$real" && net_fail "the shipped .so carries debug info"
   has_debug "$L/libtransfer_engine.a" && net_fail "the shipped .a carries debug info"
   has_debug "$L/.debug/$real.debug" || net_fail "the .debug file has no debug info"
@@ -64,8 +65,8 @@ if [ "$(cache TE_SPLIT_DEBUG)" = ON ]; then
   [ "$link" = "$real.debug" ] || net_fail "the .gnu_debuglink names '$link'"
 fi
 echo "sizes (bytes):"
-du -b "$L/$real" "$L/libtransfer_engine.a" "$L/.debug/$real.debug" \
-  "$prefix/bin/transfer-engine-metadata-server" | sed "s|$prefix/||"
+du -b "$L/$real" "$L/libtransfer_engine.a" "$prefix/bin/transfer-engine-metadata-server" \
+  $([ "$split" = ON ] && echo "$L/.debug/$real.debug") | sed "s|$prefix/||"
 
 echo "== a program that loads the bare name libtransfer_engine.so"
 LD_LIBRARY_PATH=$L "$build/dlopen_cycle" libtransfer_engine.so >"$NET_TMP/dlopen.out" 2>&1 ||
