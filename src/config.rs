@@ -70,7 +70,8 @@ pub struct Config {
     pub metadata_cluster_id: Option<String>,
     /// `MC_LEGACY_RPC_PORT_BINDING`: bind the RPC port named in the server name.
     pub legacy_rpc_port_binding: bool,
-    /// `MC_TCP_BIND_ADDRESS`: the address advertised in store mode.
+    /// `MC_TCP_BIND_ADDRESS`: the address advertised in store mode; a
+    /// loopback address also confines the engine to loopback.
     pub tcp_bind_address: Option<String>,
     /// `MC_FORCE_TCP`.
     pub force_tcp: bool,
