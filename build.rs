@@ -1,7 +1,10 @@
-//! Gives the shared library its SONAME so programs record
-//! `libtransfer_engine.so` as their dependency.
+//! Gives the shared library its versioned SONAME,
+//! `libtransfer_engine.so.<major>`, so programs record that as their
+//! dependency; the CMake build ships it as `libtransfer_engine.so.<version>`
+//! with the `.so.<major>` and bare `.so` links.
 
 fn main() {
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libtransfer_engine.so");
+    let major = env!("CARGO_PKG_VERSION_MAJOR");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libtransfer_engine.so.{major}");
     println!("cargo:rerun-if-changed=build.rs");
 }

@@ -5,8 +5,12 @@
  * through the engine (a WRITE to the engine's own segment), waits for the
  * copy, checks every byte, and cleans up. Exit code 0 means success.
  *
- * Build:  cc -std=c11 local_copy.c -Iinclude -Ltarget/release -ltransfer_engine
- * Run:    LD_LIBRARY_PATH=target/release ./a.out
+ * Build, against the CMake build tree (cmake -S . -B build && cmake --build build):
+ *           cc -std=c11 c-examples/local_copy.c -Iinclude -Lbuild/lib -ltransfer_engine
+ *         or against an installed copy (cmake --install build --prefix /opt/te):
+ *           cc -std=c11 local_copy.c $(PKG_CONFIG_PATH=/opt/te/lib/pkgconfig \
+ *               pkg-config --cflags --libs transfer_engine)
+ * Run:    LD_LIBRARY_PATH=build/lib ./a.out   (or /opt/te/lib)
  *
  * The same steps move bytes to another process: open the peer's segment
  * by its name instead of our own, and use addresses inside the peer's

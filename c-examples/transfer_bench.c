@@ -6,10 +6,12 @@
  *                [--local_server_name 127.0.0.1] [--buffer_size BYTES] [--verify]
  *            prints one line, then serves until SIGINT/SIGTERM:
  *              segment <name> base <decimal address> size <bytes>
- * Initiator: transfer_bench --mode initiator --segment_id <name> --target_base <address>
+ * Initiator: transfer_bench --mode initiator --segment_id <name> [--target_base <address>]
  *                [--operation read|write] [--block_size 65536] [--batch_size 128]
  *                [--threads 12] [--duration 10] [--report_unit GB] [--verify]
- *            prints Mooncake's result line:
+ *            prints a progress line once a second while it runs:
+ *              progress: T.T s, batch count N, throughput R <unit>/s
+ *            (R: the throughput since the start), then Mooncake's result line:
  *              Test completed: duration D.DD, batch count N, throughput R <unit>/s
  *
  * Flags are Mooncake's (spec section 8), as "--flag value" or "--flag=value":
@@ -22,11 +24,14 @@
  *   --report_unit GB|GiB|Gb|MB|MiB|Mb|KB|KiB|Kb (GB; GB = 1e9 bytes, Gb = 1e9 bits)
  *   --report_precision (2)                  --auto_discovery (false)
  * Our additions:
- *   --target_base ADDR   the target's buffer address (from its "segment" line;
- *                        the C API cannot list a peer's buffers); required
- *                        for the initiator.
- *   --target_size BYTES  the target's buffer size (default: the initiator's
- *                        buffer size); request offsets wrap inside both.
+ *   --target_base ADDR   the target's buffer address (from its "segment"
+ *                        line). Default: the first buffer of the target
+ *                        segment, as Mooncake's bench does, found with
+ *                        te_segment_buffers (transfer_engine_ext.h).
+ *   --target_size BYTES  the target's buffer size (default: the length of
+ *                        that first buffer with the default --target_base,
+ *                        else the initiator's buffer size); request offsets
+ *                        wrap inside both.
  *   --verify             the target fills its buffer with a known pattern.
  *                        READ: after the timed loop the initiator checks every
  *                        byte of the last batch each thread read. WRITE: the
@@ -73,7 +78,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "transfer_engine_c.h"
+#include "transfer_engine_ext.h"
 
 #define MAX_THREADS 1024
 #define VERIFY_SEED_TARGET 0x5eedu
@@ -148,7 +153,7 @@ static void usage(const char *why) {
   fprintf(stderr,
           "usage: transfer_bench --mode target|initiator [--metadata_server P2PHANDSHAKE|http://...]\n"
           "         [--local_server_name HOST] [--protocol tcp] [--buffer_size BYTES] [--verify]\n"
-          "       initiator: --segment_id NAME --target_base ADDR [--target_size BYTES]\n"
+          "       initiator: --segment_id NAME [--target_base ADDR] [--target_size BYTES]\n"
           "         [--operation read|write] [--block_size B] [--batch_size N] [--threads N]\n"
           "         [--duration S] [--report_unit GB|GiB|Gb|MB|MiB|Mb|KB|KiB|Kb]\n"
           "         [--report_precision N] [--auto_discovery] [--rail_stats]\n"
@@ -335,19 +340,26 @@ static double unit_bytes(const char *u) {
 
 /* --------------------------------------------------------------- engine */
 
+/* The reason of the last failed call on this thread (te_last_error). */
+static const char *last_error(void) {
+  static _Thread_local char msg[512];
+  if (te_last_error(msg, sizeof msg) == 0) snprintf(msg, sizeof msg, "no error recorded");
+  return msg;
+}
+
 static transfer_engine_t make_engine(char *name, size_t name_len) {
   transfer_engine_t e =
       createTransferEngine(opt.metadata_server, opt.local_server_name, NULL, 0, opt.auto_discovery);
   if (!e) {
-    fprintf(stderr, "transfer_bench: createTransferEngine(%s, %s) failed (see the log above)\n",
-            opt.metadata_server, opt.local_server_name);
+    fprintf(stderr, "transfer_bench: createTransferEngine(%s, %s) failed: %s\n",
+            opt.metadata_server, opt.local_server_name, last_error());
     exit(1);
   }
   char *matrix = matrix_json();
   void *installed = installTransport(e, opt.protocol, matrix ? (void **)&matrix : NULL);
   if (!installed) {
-    fprintf(stderr, "transfer_bench: installTransport(%s%s%s) failed\n", opt.protocol,
-            matrix ? ", " : "", matrix ? matrix : "");
+    fprintf(stderr, "transfer_bench: installTransport(%s%s%s) failed: %s\n", opt.protocol,
+            matrix ? ", " : "", matrix ? matrix : "", last_error());
     destroyTransferEngine(e);
     exit(1);
   }
@@ -388,8 +400,8 @@ static int target_main(void) {
   else memset(buf, 0, opt.buffer_size); /* fault the pages in before timing */
   int rc = registerLocalMemory(e, buf, opt.buffer_size, "cpu:0", 1);
   if (rc != 0) {
-    fprintf(stderr, "transfer_bench: registerLocalMemory(%" PRIu64 " bytes) returned %d\n",
-            opt.buffer_size, rc);
+    fprintf(stderr, "transfer_bench: registerLocalMemory(%" PRIu64 " bytes) returned %d: %s\n",
+            opt.buffer_size, rc, last_error());
     return 1;
   }
   printf("segment %s base %" PRIu64 " size %" PRIu64 "\n", name, (uint64_t)(uintptr_t)buf,
@@ -420,7 +432,8 @@ struct worker {
   segment_id_t segment;
   unsigned char *local;
   uint64_t region; /* offsets wrap inside [0, region) on both sides */
-  uint64_t batches;
+  uint64_t target_base;
+  atomic_uint_fast64_t batches;
   int failed;
 };
 
@@ -432,12 +445,12 @@ static uint64_t offset_of(const struct worker *w, uint64_t i) {
 static int run_batch(struct worker *w, struct transfer_request *reqs) {
   batch_id_t b = allocateBatchID(w->engine, opt.batch_size);
   if (b == INVALID_BATCH) {
-    fprintf(stderr, "thread %d: allocateBatchID failed\n", w->index);
+    fprintf(stderr, "thread %d: allocateBatchID failed: %s\n", w->index, last_error());
     return -1;
   }
   int rc = submitTransfer(w->engine, b, reqs, opt.batch_size);
   if (rc != 0) {
-    fprintf(stderr, "thread %d: submitTransfer returned %d\n", w->index, rc);
+    fprintf(stderr, "thread %d: submitTransfer returned %d: %s\n", w->index, rc, last_error());
     freeBatchID(w->engine, b);
     return -1;
   }
@@ -446,7 +459,8 @@ static int run_batch(struct worker *w, struct transfer_request *reqs) {
     struct transfer_status st;
     for (unsigned spins = 0;; spins++) {
       if (getTransferStatus(w->engine, b, i, &st) != 0) {
-        fprintf(stderr, "thread %d: getTransferStatus(task %" PRIu64 ") failed\n", w->index, i);
+        fprintf(stderr, "thread %d: getTransferStatus(task %" PRIu64 ") failed: %s\n", w->index,
+                i, last_error());
         return -1;
       }
       if (st.status == STATUS_COMPLETED || st.status == STATUS_FAILED) break;
@@ -463,7 +477,7 @@ static int run_batch(struct worker *w, struct transfer_request *reqs) {
   }
   rc = freeBatchID(w->engine, b);
   if (rc != 0) {
-    fprintf(stderr, "thread %d: freeBatchID returned %d\n", w->index, rc);
+    fprintf(stderr, "thread %d: freeBatchID returned %d: %s\n", w->index, rc, last_error());
     result = -1;
   }
   return result;
@@ -475,7 +489,7 @@ static void build_requests(struct worker *w, struct transfer_request *reqs, int 
     reqs[i] = (struct transfer_request){.opcode = opcode,
                                         .source = w->local + off,
                                         .target_id = w->segment,
-                                        .target_offset = opt.target_base + off,
+                                        .target_offset = w->target_base + off,
                                         .length = opt.block_size};
   }
 }
@@ -513,7 +527,7 @@ static void *worker_main(void *arg) {
       atomic_store(&running, 0);
       break;
     }
-    w->batches++;
+    atomic_fetch_add_explicit(&w->batches, 1, memory_order_relaxed);
   }
   free(reqs);
   return NULL;
@@ -603,14 +617,8 @@ static int initiator_main(void) {
   double unit = unit_bytes(opt.report_unit);
   if (unit == 0) usage("--report_unit must be one of GB GiB Gb MB MiB Mb KB KiB Kb");
   if (!opt.segment_id) usage("--segment_id (the target's name, from its 'segment' line) is required");
-  if (!opt.target_base)
-    usage("--target_base (the target's buffer address, from its 'segment' line) is required");
   uint64_t need = opt.block_size * opt.batch_size * (uint64_t)opt.threads;
   if (opt.buffer_size < need) opt.buffer_size = need; /* as Mooncake does */
-  uint64_t target_size = opt.target_size ? opt.target_size : opt.buffer_size;
-  uint64_t region = opt.buffer_size < target_size ? opt.buffer_size : target_size;
-  region -= region % opt.block_size;
-  if (region == 0) usage("--target_size is smaller than one block");
 
   char name[256];
   transfer_engine_t e = make_engine(name, sizeof name);
@@ -620,15 +628,35 @@ static int initiator_main(void) {
   else memset(buf, 0x3c, opt.buffer_size);
   int rc = registerLocalMemory(e, buf, opt.buffer_size, "cpu:0", 1);
   if (rc != 0) {
-    fprintf(stderr, "transfer_bench: registerLocalMemory returned %d\n", rc);
+    fprintf(stderr, "transfer_bench: registerLocalMemory returned %d: %s\n", rc, last_error());
     return 1;
   }
   segment_id_t seg = openSegment(e, opt.segment_id);
   if (seg < 0) {
-    fprintf(stderr, "transfer_bench: openSegment(%s) failed: is the target running, and is "
-            "--metadata_server the same as the target's?\n", opt.segment_id);
+    fprintf(stderr, "transfer_bench: openSegment(%s) failed: %s (is the target running, and is "
+            "--metadata_server the same as the target's?)\n", opt.segment_id, last_error());
     return 1;
   }
+  uint64_t target_base = opt.target_base, target_size = opt.target_size;
+  if (!target_base) {
+    /* As Mooncake's bench: the first buffer of the target segment. */
+    te_buffer_info_t first;
+    size_t count = 0;
+    if (te_segment_buffers(e, seg, &first, 1, &count) != 0) {
+      fprintf(stderr, "transfer_bench: te_segment_buffers failed: %s\n", last_error());
+      return 1;
+    }
+    if (count == 0) {
+      fprintf(stderr, "transfer_bench: segment %s has no registered buffer\n", opt.segment_id);
+      return 1;
+    }
+    target_base = first.addr;
+    if (!target_size) target_size = first.length;
+  }
+  if (!target_size) target_size = opt.buffer_size;
+  uint64_t region = opt.buffer_size < target_size ? opt.buffer_size : target_size;
+  region -= region % opt.block_size;
+  if (region == 0) usage("--target_size is smaller than one block");
 
   struct worker *ws = calloc((size_t)opt.threads, sizeof *ws);
   if (!ws) return 1;
@@ -644,16 +672,31 @@ static int initiator_main(void) {
   }
   double t0 = now();
   for (int t = 0; t < opt.threads; t++) {
-    ws[t] = (struct worker){.index = t, .engine = e, .segment = seg, .local = buf, .region = region};
+    ws[t] = (struct worker){.index = t, .engine = e, .segment = seg, .local = buf, .region = region,
+                            .target_base = target_base};
     if (pthread_create(&ws[t].tid, NULL, worker_main, &ws[t]) != 0) {
       fprintf(stderr, "transfer_bench: pthread_create failed\n");
       return 1;
     }
   }
-  /* Sleep for the duration, waking early on a failure or a signal. */
+  /* Sleep for the duration, waking early on a failure or a signal, with a
+   * progress line once a second. */
+  double bytes_per_batch = (double)opt.batch_size * (double)opt.block_size;
+  double next_report = t0 + 1;
   while (atomic_load(&running) && !stop_signal && now() - t0 < opt.duration) {
     double left = opt.duration - (now() - t0);
     usleep(left > 0.05 ? 50000 : (useconds_t)(left * 1e6) + 1);
+    double t = now();
+    if (t >= next_report && t - t0 < opt.duration) {
+      uint64_t so_far = 0;
+      for (int k = 0; k < opt.threads; k++)
+        so_far += atomic_load_explicit(&ws[k].batches, memory_order_relaxed);
+      printf("progress: %.1f s, batch count %" PRIu64 ", throughput %.*f %s/s\n", t - t0, so_far,
+             opt.report_precision, (double)so_far * bytes_per_batch / (t - t0) / unit,
+             opt.report_unit);
+      fflush(stdout);
+      next_report += 1;
+    }
   }
   atomic_store(&running, 0);
   if (rails) {
@@ -664,12 +707,11 @@ static int initiator_main(void) {
   int failed = 0;
   for (int t = 0; t < opt.threads; t++) {
     pthread_join(ws[t].tid, NULL);
-    batches += ws[t].batches;
+    batches += atomic_load(&ws[t].batches);
     failed |= ws[t].failed;
   }
   double duration = now() - t0;
-  double throughput =
-      (double)batches * (double)opt.batch_size * (double)opt.block_size / duration / unit;
+  double throughput = (double)batches * bytes_per_batch / duration / unit;
   printf("Test completed: duration %.2f, batch count %" PRIu64 ", throughput %.*f %s/s\n",
          duration, batches, opt.report_precision, throughput, opt.report_unit);
   if (rails) {

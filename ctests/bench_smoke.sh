@@ -5,7 +5,11 @@
 # a target with --verify and an initiator doing READ then WRITE for 1 s
 # each with --verify (every byte of the last batch checked), flags given in
 # both "--flag value" and "--flag=value" forms; the result line must have
-# Mooncake's format; an unsupported protocol must be refused clearly.
+# Mooncake's format; an unsupported protocol must be refused clearly. Then
+# a READ for 2.5 s without --target_base and --target_size (the bench finds
+# the target's first buffer with te_segment_buffers) that must read what the
+# WRITE put there (its blocks are among the WRITE's) and print progress
+# lines once a second.
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: $0 BUILD_DIR" >&2; exit 2; }
 build=$(cd "$1" && pwd)
@@ -42,6 +46,17 @@ for op in read write; do
   grep -Eq "$re" "$NET_TMP/$op.out" || net_fail "no Mooncake result line in the $op output"
   grep -q '^verify: OK' "$NET_TMP/$op.out" || net_fail "$op: no verify line"
 done
+
+rc=0
+timeout -k 5 120 "$bench" --mode initiator --operation read --segment_id "$seg" \
+  --block_size $((256 << 10)) --batch_size 16 --threads 2 --duration 2.5 --report_unit MiB \
+  --verify --verify_seed 0x77 >"$NET_TMP/nobase.out" 2>"$NET_TMP/nobase.err" || rc=$?
+cat "$NET_TMP/nobase.out"
+[ "$rc" -eq 0 ] || net_fail "initiator without --target_base exited with $rc"
+grep -q '^verify: OK' "$NET_TMP/nobase.out" || net_fail "no verify line without --target_base"
+progress='^progress: [0-9]+\.[0-9] s, batch count [0-9]+, throughput [0-9]+\.[0-9]{2} MiB/s$'
+n=$(grep -Ec "$progress" "$NET_TMP/nobase.out" || true)
+[ "$n" -ge 2 ] || net_fail "$n progress lines in 2.5 s, want 2"
 
 net_stop target 10
 [ "$NET_RC" -eq 0 ] || net_fail "target exited with $NET_RC after SIGTERM"

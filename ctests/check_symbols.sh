@@ -1,13 +1,15 @@
 #!/bin/sh
-# check_symbols.sh LIB HEADER
+# check_symbols.sh LIB HEADER EXT_HEADER
 #
 # Proves the shared library exports exactly the C API: the functions it
-# defines (nm -D --defined-only, type T) are the functions declared in the
-# header, which are Mooncake's 27 functions of transfer_engine_c.h, no more
-# and no fewer.
+# defines (nm -D --defined-only, type T) are those declared in the two
+# headers; the main header declares Mooncake's 27 functions of
+# transfer_engine_c.h, no more and no fewer; the extension header declares
+# only te_* functions, at least the documented ones.
 set -eu
 lib=$1
 header=$2
+ext=$3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -43,14 +45,21 @@ showLinks
 NAMES
 sort -o "$tmp/mooncake" "$tmp/mooncake"
 
+# The te_* functions other code is written against.
+printf '%s\n' te_last_error te_segment_buffers te_version > "$tmp/ext_documented"
+
 # Declarations start in column 0: "<type> [*]name(" (comments start with
 # "/" or " *", preprocessor lines with "#").
-sed -n 's/^[A-Za-z_][A-Za-z0-9_]*[ *]*[ *]\**\([A-Za-z_][A-Za-z0-9_]*\)(.*/\1/p' "$header" \
-  | sort -u > "$tmp/header"
+declared() {
+  sed -n 's/^[A-Za-z_][A-Za-z0-9_ ]*[ *]\**\([A-Za-z_][A-Za-z0-9_]*\)(.*/\1/p' "$1" | sort -u
+}
+declared "$header" > "$tmp/header"
+declared "$ext" > "$tmp/ext"
+sort -u "$tmp/header" "$tmp/ext" > "$tmp/both"
 nm -D --defined-only "$lib" | awk '$2 == "T" { print $3 }' | sed 's/@.*//' | sort -u > "$tmp/lib"
 
 status=0
-for f in mooncake header lib; do
+for f in mooncake header; do
   n=$(wc -l < "$tmp/$f")
   echo "$f: $n functions"
   if [ "$n" -ne 27 ]; then
@@ -62,9 +71,18 @@ if ! diff -u "$tmp/mooncake" "$tmp/header" >&2; then
   echo "FAIL: header functions differ from Mooncake's (- Mooncake, + header)" >&2
   status=1
 fi
-if ! diff -u "$tmp/header" "$tmp/lib" >&2; then
-  echo "FAIL: exported functions differ from the header (- header, + exported)" >&2
+echo "extension header: $(wc -l < "$tmp/ext") functions: $(tr '\n' ' ' < "$tmp/ext")"
+if grep -v '^te_' "$tmp/ext" >&2; then
+  echo "FAIL: the extension header declares functions without the te_ prefix (above)" >&2
   status=1
 fi
-[ "$status" -eq 0 ] && echo "exported_symbols: the 27 functions, exactly"
+if [ -n "$(comm -23 "$tmp/ext_documented" "$tmp/ext")" ]; then
+  echo "FAIL: the extension header lacks $(comm -23 "$tmp/ext_documented" "$tmp/ext" | tr '\n' ' ')" >&2
+  status=1
+fi
+if ! diff -u "$tmp/both" "$tmp/lib" >&2; then
+  echo "FAIL: exported functions differ from the headers' (- headers, + exported)" >&2
+  status=1
+fi
+[ "$status" -eq 0 ] && echo "exported_symbols: Mooncake's 27 functions and $(wc -l < "$tmp/ext") te_* functions, exactly"
 exit "$status"

@@ -1,6 +1,6 @@
 /*
- * header_c11: include/transfer_engine_c.h compiles as strict ISO C11 with
- * -Wall -Wextra -Werror -pedantic, survives being included twice, declares
+ * header_c11 (built as header_c99 and header_c11): include/transfer_engine_c.h
+ * compiles as strict ISO C99 and C11 with -Wall -Wextra -Werror -pedantic, survives being included twice, declares
  * all 27 functions with Mooncake's exact signatures (header_signatures.inc),
  * and its constants behave as plain integer expressions.
  * The build fails if any of that breaks; the binary then runs as a test.
@@ -41,7 +41,7 @@ int main(void) {
     fprintf(stderr, "header_c11: constants misbehave in expressions\n");
     return 1;
   }
-  printf("header_c11: header compiles as C11 -pedantic; %d signatures match\n",
-         TE_SIGNATURE_COUNT);
+  printf("header_c11: header compiles as C (__STDC_VERSION__ %ld) -pedantic; %d signatures match\n",
+         (long)__STDC_VERSION__, TE_SIGNATURE_COUNT);
   return 0;
 }

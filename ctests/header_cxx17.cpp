@@ -1,5 +1,6 @@
 /*
- * header_cxx17: include/transfer_engine_c.h compiles as C++17 with -Wall
+ * header_cxx17 (built as header_cxx11 and header_cxx17):
+ * include/transfer_engine_c.h compiles as C++11 and C++17 with -Wall
  * -Wextra -Werror -pedantic, included twice, its functions have C linkage
  * (the program links against libtransfer_engine.so), and all 27 have
  * Mooncake's exact signatures (header_signatures.inc).
@@ -29,7 +30,7 @@ int main() {
   r.target_id = LOCAL_SEGMENT;
   int x = 1;
   if (x-ERR_INVALID_ARGUMENT != 2) return 1;
-  std::printf("header_cxx17: header compiles as C++17 -pedantic; %d signatures match\n",
-              TE_SIGNATURE_COUNT);
+  std::printf("header_cxx17: header compiles as C++ (__cplusplus %ld) -pedantic; %d signatures match\n",
+              static_cast<long>(__cplusplus), TE_SIGNATURE_COUNT);
   return r.opcode == 1 ? 0 : 1;
 }

@@ -9,6 +9,8 @@
 #   net_stop NAME [SECS]      SIGTERM, then SIGKILL after SECS (default 10);
 #                             sets NET_RC to the exit status
 #   net_fail MSG              prints MSG and the logs, exits 1
+#   net_skip WHY              prints "SKIPPED: WHY" and exits 77 (ctest's
+#                             SKIP_RETURN_CODE); with CI=true fails instead
 #   net_on_exit CMD           runs CMD (a string) at exit, after the children die
 # Every process started with net_start is killed at exit, whatever happens.
 
@@ -70,6 +72,15 @@ net_fail() {
   exit 1
 }
 
+net_skip() {
+  if [ "${CI:-}" = true ]; then
+    echo "FAIL: cannot run: $* (CI=true: every prerequisite must be present)" >&2
+    exit 1
+  fi
+  echo "SKIPPED: $*"
+  exit 77
+}
+
 net_wait_line() {
   local name=$1 regex=$2 secs=$3 pid line
   pid=$(net_pid "$name")
@@ -125,8 +136,8 @@ net_start_metadata_server() {
 # ------------------------------------------------------------ etcd / redis
 #   net_require_bin VAR NAME WHAT
 #                             sets NET_BIN to $VAR or NAME on PATH; when missing
-#                             prints "SKIPPED: ..." and exits 0, or fails with
-#                             TE_REQUIRE_SERVERS=1 (CI sets it)
+#                             skips (net_skip), or fails with
+#                             TE_REQUIRE_SERVERS=1 (scripts/test.sh sets it)
 #   net_free_port             prints a 127.0.0.1 port nothing listens on
 #   net_http METHOD HOSTPORT PATH [BODY]
 #                             a tiny HTTP/1.1 client over bash's /dev/tcp (no
@@ -152,8 +163,7 @@ net_require_bin() {
     if [ "${TE_REQUIRE_SERVERS:-}" = 1 ]; then
       net_fail "$what not installed (no $name; set $var) and TE_REQUIRE_SERVERS=1"
     fi
-    echo "SKIPPED: $what not installed (no $name on PATH; set $var)"
-    exit 0
+    net_skip "$what not installed (no $name on PATH; set $var)"
   fi
 }
 

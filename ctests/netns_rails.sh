@@ -40,16 +40,10 @@
 #               right after the failure and again 25 s after rail 1 is back
 #               (the kernel would have resent what the WRITE left queued by
 #               then): the counts are equal. Then rail 1 works again.
-# Needs root, ip netns and tc; otherwise prints SKIPPED and exits 0. Both
-# namespaces (and with them the veths) are deleted at exit.
+# Needs root, ip netns and tc; otherwise skipped (exit 77; a failure with
+# CI=true). Both namespaces (and with them the veths) are deleted at exit.
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 BUILD_DIR [throughput|failover|both_down|preference|rail_down_service|late_write]..." >&2; exit 2; }
-if [ "$(id -u)" -ne 0 ]; then
-  echo "SKIPPED: needs root for network namespaces"
-  exit 0
-fi
-command -v ip >/dev/null || { echo "SKIPPED: the ip command (iproute2) is missing"; exit 0; }
-command -v tc >/dev/null || { echo "SKIPPED: the tc command (iproute2) is missing"; exit 0; }
 build=$(cd "$1" && pwd)
 shift
 scenarios=("$@")
@@ -57,6 +51,9 @@ scenarios=("$@")
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=net_lib.sh
 . "$here/net_lib.sh"
+[ "$(id -u)" -eq 0 ] || net_skip "needs root for network namespaces"
+command -v ip >/dev/null || net_skip "the ip command (iproute2) is missing"
+command -v tc >/dev/null || net_skip "the tc command (iproute2) is missing"
 net_init
 
 bench=$build/transfer_bench
@@ -76,8 +73,7 @@ pause=$MC_RDMA_RAIL_PAUSE_SECONDS
 
 net_on_exit "ip netns del $nsa 2>/dev/null; ip netns del $nsb 2>/dev/null; ip link del $a1 2>/dev/null; ip link del $a2 2>/dev/null; true"
 if ! ip netns add "$nsa" 2>"$NET_TMP/netns.err"; then
-  echo "SKIPPED: cannot create network namespaces here: $(cat "$NET_TMP/netns.err")"
-  exit 0
+  net_skip "cannot create network namespaces here: $(cat "$NET_TMP/netns.err")"
 fi
 ip netns add "$nsb"
 for ns in "$nsa" "$nsb"; do ip -n "$ns" link set lo up; done
@@ -92,8 +88,7 @@ rail_link() { # a-end b-end a-addr b-addr
   # The same rate on both ends' egress (data one way, acks the other).
   if ! ip netns exec "$nsa" tc qdisc add dev "$1" root tbf rate "$rate" burst 128kb latency 25ms \
       2>"$NET_TMP/tc.err"; then
-    echo "SKIPPED: tc tbf is not available here: $(cat "$NET_TMP/tc.err")"
-    exit 0
+    net_skip "tc tbf is not available here: $(cat "$NET_TMP/tc.err")"
   fi
   ip netns exec "$nsb" tc qdisc add dev "$2" root tbf rate "$rate" burst 128kb latency 25ms
 }

@@ -7,19 +7,16 @@
 # local name 10.77.X.1, `net_peer initiator` in te-b as 10.77.X.2: the full
 # byte-verified two-process suite, over a real (virtual) link. Then the link
 # is taken down under a running transfer loop and the initiator must fail,
-# not hang. Needs root; otherwise prints SKIPPED and exits 0. Both
+# not hang. Needs root; otherwise skipped (exit 77; a failure with CI=true). Both
 # namespaces are deleted at exit.
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: $0 BUILD_DIR" >&2; exit 2; }
-if [ "$(id -u)" -ne 0 ]; then
-  echo "SKIPPED: needs root for network namespaces"
-  exit 0
-fi
-command -v ip >/dev/null || { echo "SKIPPED: the ip command (iproute2) is missing"; exit 0; }
 build=$(cd "$1" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=net_lib.sh
 . "$here/net_lib.sh"
+[ "$(id -u)" -eq 0 ] || net_skip "needs root for network namespaces"
+command -v ip >/dev/null || net_skip "the ip command (iproute2) is missing"
 net_init
 
 peer=$build/net_peer
@@ -34,8 +31,7 @@ ipb=10.77.$x.2
 
 net_on_exit "ip netns del $nsa 2>/dev/null; ip netns del $nsb 2>/dev/null; ip link del $vetha 2>/dev/null; true"
 if ! ip netns add "$nsa" 2>"$NET_TMP/netns.err"; then
-  echo "SKIPPED: cannot create network namespaces here: $(cat "$NET_TMP/netns.err")"
-  exit 0
+  net_skip "cannot create network namespaces here: $(cat "$NET_TMP/netns.err")"
 fi
 ip netns add "$nsb"
 ip link add "$vetha" type veth peer name "$vethb"

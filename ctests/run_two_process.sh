@@ -3,10 +3,10 @@
 #
 # Two processes on loopback: `net_peer target` and `net_peer initiator`
 # (ctests/net_peer.c). p2p: P2PHANDSHAKE. http: our metadata server
-# (build/cargo/release/transfer-engine-metadata-server), started here on a
-# free 127.0.0.1 port. etcd / redis: a private etcd / redis-server on free
-# 127.0.0.1 ports with a temporary data directory (SKIPPED when the binary
-# is missing, a failure with TE_REQUIRE_SERVERS=1). redis_auth: redis with
+# (build/bin/transfer-engine-metadata-server), started here on a free
+# 127.0.0.1 port. etcd / redis: a private etcd / redis-server on free
+# 127.0.0.1 ports with a temporary data directory (skipped, exit 77, when
+# the binary is missing; a failure with TE_REQUIRE_SERVERS=1 or CI=true). redis_auth: redis with
 # a password, the engines given MC_REDIS_PASSWORD and MC_REDIS_DB_INDEX=3;
 # an engine without the password must fail to start. In the store modes the
 # target's keys (mooncake/rpc_meta/NAME, mooncake/ram/NAME) are checked in
@@ -36,7 +36,7 @@ case $mode in
     iname=127.0.0.1
     ;;
   http)
-    net_start_metadata_server "$build/cargo/release/transfer-engine-metadata-server"
+    net_start_metadata_server "$build/bin/transfer-engine-metadata-server"
     conn=$META_URL
     tname=te-target-$$
     iname=te-initiator-$$

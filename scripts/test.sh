@@ -1,18 +1,58 @@
 #!/usr/bin/env bash
-# Runs every test: Rust unit and integration tests (default features and
-# --no-default-features), then the C tests under ctest.
-set -euo pipefail
+# Runs every test suite, then prints one summary line over all of them.
+#
+# A suite is one `suite NAME COMMAND...` line below. Its command exits
+# non-zero when it fails and writes "$TE_RESULTS_DIR/NAME.counts": one line
+# of three integers, "passed failed skipped". TE_SUITE=NAME is exported to
+# it. A suite that fails without writing its file counts as one failure.
+# The summary sums every *.counts file in $TE_RESULTS_DIR (a temporary
+# directory unless TE_RESULTS_DIR is set), so a suite run by another script
+# into the same directory is counted as well. Exit status: 0 only when no
+# suite failed and no test failed.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
 
+if [ -z "${TE_RESULTS_DIR:-}" ]; then
+  TE_RESULTS_DIR=$(mktemp -d "${TMPDIR:-/tmp}/te-results.XXXXXX")
+  trap 'rm -rf "$TE_RESULTS_DIR"' EXIT
+fi
+mkdir -p "$TE_RESULTS_DIR"
+export TE_RESULTS_DIR
 export RUST_BACKTRACE=1
 # The store tests must fail, not skip, when etcd or redis is missing.
 export TE_REQUIRE_SERVERS=1
-cargo fmt --check
-cargo clippy --all-targets --locked -- -D warnings
-cargo test --locked
-cargo test --locked --no-default-features
 
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
-cmake --build build -j"$(nproc)"
-(cd build && ctest --output-on-failure --timeout 600)
+failed_suites=()
+suite() {
+  local name=$1
+  shift
+  echo "===== suite $name: $*"
+  rm -f "$TE_RESULTS_DIR/$name.counts"
+  local rc=0
+  TE_SUITE=$name "$@" || rc=$?
+  if [ ! -s "$TE_RESULTS_DIR/$name.counts" ]; then
+    echo "suite $name wrote no $TE_RESULTS_DIR/$name.counts (exit $rc): counted as one failure"
+    echo "0 1 0" >"$TE_RESULTS_DIR/$name.counts"
+    rc=1
+  fi
+  [ "$rc" -eq 0 ] || failed_suites+=("$name")
+}
+
+if ! setup_log=$(scripts/setup.sh 2>&1); then
+  printf '%s\n' "$setup_log"
+  echo "scripts/setup.sh failed"
+  exit 1
+fi
+
+suite lint scripts/suites/lint.sh
+suite cargo scripts/suites/cargo.sh
+suite cargo-no-default-features scripts/suites/cargo.sh --no-default-features
+suite ctest scripts/suites/ctest.sh
+
+scripts/suites/summary.sh "$TE_RESULTS_DIR"
+summary_rc=$?
+if ((${#failed_suites[@]})); then
+  echo "failed suites: ${failed_suites[*]}"
+  exit 1
+fi
+exit "$summary_rc"

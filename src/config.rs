@@ -1,9 +1,15 @@
 //! Every `MC_*` environment variable the engine reads, parsed once with
 //! Mooncake's defaults and bounds. A value that does not parse or is out of
 //! bounds logs a warning that says what was kept, and the default stays.
+//!
+//! Parsing collects the warnings; [`config`] logs them once. The logging
+//! setup reads `MC_LOG_LEVEL` through [`parsed`] first, so the warnings go
+//! to the subscriber it installs instead of being lost before it exists.
 
 use once_cell::sync::OnceCell;
+use std::cell::RefCell;
 use std::str::FromStr;
+use std::sync::Once;
 use tracing::warn;
 
 /// Endpoint pool eviction policy (`MC_ENDPOINT_STORE_TYPE`).
@@ -64,7 +70,8 @@ pub struct Config {
     pub metadata_cluster_id: Option<String>,
     /// `MC_LEGACY_RPC_PORT_BINDING`: bind the RPC port named in the server name.
     pub legacy_rpc_port_binding: bool,
-    /// `MC_TCP_BIND_ADDRESS`: the address advertised in store mode.
+    /// `MC_TCP_BIND_ADDRESS`: the address advertised in store mode; a
+    /// loopback address also confines the engine to loopback.
     pub tcp_bind_address: Option<String>,
     /// `MC_FORCE_TCP`.
     pub force_tcp: bool,
@@ -103,6 +110,12 @@ pub struct Config {
     pub redis_password: Option<String>,
     /// `MC_REDIS_DB_INDEX` (0, 0..=255).
     pub redis_db_index: u8,
+    /// `MC_SLICE_TIMEOUT` in seconds (1..=65535; 0 = off, the default): a
+    /// task still waiting this long after its slices were posted reports
+    /// `STATUS_TIMEOUT`.
+    pub slice_timeout_secs: u64,
+    /// The warnings parsing produced (bad values and what was kept).
+    pub warnings: Vec<String>,
 }
 
 impl Default for Config {
@@ -141,6 +154,8 @@ impl Default for Config {
             redis_username: None,
             redis_password: None,
             redis_db_index: 0,
+            slice_timeout_secs: 0,
+            warnings: Vec::new(),
         }
     }
 }
@@ -153,9 +168,15 @@ fn default_io_threads() -> usize {
 /// Reads variables through a lookup function so tests need no process env.
 struct Reader<F: Fn(&str) -> Option<String>> {
     lookup: F,
+    warnings: RefCell<Vec<String>>,
 }
 
 impl<F: Fn(&str) -> Option<String>> Reader<F> {
+    /// Records a warning, logged later by [`config`].
+    fn warn(&self, msg: String) {
+        self.warnings.borrow_mut().push(msg);
+    }
+
     fn raw(&self, name: &str) -> Option<String> {
         (self.lookup)(name).map(|v| v.trim().to_string())
     }
@@ -186,11 +207,13 @@ impl<F: Fn(&str) -> Option<String>> Reader<F> {
         match v.parse::<T>() {
             Ok(n) if n >= lo && n <= hi => n,
             Ok(_) => {
-                warn!("{name}={v} is outside {lo}..={hi}; using {default}");
+                self.warn(format!(
+                    "{name}={v} is outside {lo}..={hi}; using {default}"
+                ));
                 default
             }
             Err(_) => {
-                warn!("{name}={v} is not a number; using {default}");
+                self.warn(format!("{name}={v} is not a number; using {default}"));
                 default
             }
         }
@@ -212,7 +235,10 @@ impl Config {
 
     /// Parses the configuration from any variable lookup.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Config {
-        let r = Reader { lookup };
+        let r = Reader {
+            lookup,
+            warnings: RefCell::new(Vec::new()),
+        };
         let d = Config::default();
         let slice_size = r.number("MC_SLICE_SIZE", d.slice_size, 1, 1 << 40);
         let fragment_limit = match r.raw("MC_FRAGMENT_RATIO") {
@@ -220,7 +246,9 @@ impl Config {
             Some(v) => match v.parse::<u64>() {
                 Ok(ratio) if ratio > 0 => slice_size / ratio,
                 _ => {
-                    warn!("MC_FRAGMENT_RATIO={v} is not a positive number; using slice_size/4");
+                    r.warn(format!(
+                        "MC_FRAGMENT_RATIO={v} is not a positive number; using slice_size/4"
+                    ));
                     slice_size / 4
                 }
             },
@@ -244,10 +272,10 @@ impl Config {
                     min_rpc_port = lo as u16;
                     max_rpc_port = hi as u16;
                 }
-                _ => warn!(
+                _ => r.warn(format!(
                     "MC_MIN_RPC_PORT={min:?} MC_MAX_RPC_PORT={max:?} is not a valid range \
                      (1024..=65535, min <= max, outside 32768..=60999); using 15000..=17000"
-                ),
+                )),
             }
         }
         let log_level = match r.raw("MC_LOG_LEVEL").map(|v| v.to_ascii_uppercase()) {
@@ -258,7 +286,9 @@ impl Config {
                 "WARNING" | "WARN" => LogLevel::Warning,
                 "ERROR" => LogLevel::Error,
                 _ => {
-                    warn!("MC_LOG_LEVEL={v} is not TRACE, INFO, WARNING or ERROR; using INFO");
+                    r.warn(format!(
+                        "MC_LOG_LEVEL={v} is not TRACE, INFO, WARNING or ERROR; using INFO"
+                    ));
                     LogLevel::Info
                 }
             },
@@ -268,7 +298,9 @@ impl Config {
             Some(v) if v.eq_ignore_ascii_case("FIFO") => EndpointStoreType::Fifo,
             Some(v) if v.eq_ignore_ascii_case("SIEVE") => EndpointStoreType::Sieve,
             Some(v) => {
-                warn!("MC_ENDPOINT_STORE_TYPE={v} is not FIFO or SIEVE; using SIEVE");
+                r.warn(format!(
+                    "MC_ENDPOINT_STORE_TYPE={v} is not FIFO or SIEVE; using SIEVE"
+                ));
                 EndpointStoreType::Sieve
             }
         };
@@ -282,7 +314,9 @@ impl Config {
             Some(v) if v == "1" => true,
             Some(v) if v == "2" => false,
             Some(v) => {
-                warn!("MC_TCP_PROTO={v} is not 1 or 2; using 2 where the peer supports it");
+                r.warn(format!(
+                    "MC_TCP_PROTO={v} is not 1 or 2; using 2 where the peer supports it"
+                ));
                 false
             }
         };
@@ -348,14 +382,27 @@ impl Config {
             redis_username: r.string("MC_REDIS_USERNAME"),
             redis_password: r.string("MC_REDIS_PASSWORD"),
             redis_db_index: r.number("MC_REDIS_DB_INDEX", 0, 0, 255),
+            slice_timeout_secs: r.number("MC_SLICE_TIMEOUT", 0, 1, 65535),
+            warnings: r.warnings.into_inner(),
         }
     }
 }
 
 static GLOBAL: OnceCell<Config> = OnceCell::new();
 
-/// The process configuration, read from the environment on first use.
+/// The process configuration, read from the environment on first use; the
+/// first call logs the warnings parsing produced.
 pub fn config() -> &'static Config {
+    static REPORTED: Once = Once::new();
+    let c = parsed();
+    REPORTED.call_once(|| c.warnings.iter().for_each(|w| warn!("{w}")));
+    c
+}
+
+/// The process configuration without logging its warnings: for the
+/// logging setup, which needs `MC_LOG_LEVEL` before a subscriber exists
+/// and then calls [`config`].
+pub fn parsed() -> &'static Config {
     GLOBAL.get_or_init(Config::from_env)
 }
 
@@ -402,6 +449,46 @@ mod tests {
         assert_eq!(c.tcp_lanes_per_peer, 4);
         assert_eq!(c.log_level, LogLevel::Info);
         assert_eq!(parse(&[("MC_SLICE_SIZE", "-100")]).slice_size, 65536);
+    }
+
+    #[test]
+    fn each_bad_value_gives_a_warning_naming_what_is_kept() {
+        let c = parse(&[
+            ("MC_SLICE_SIZE", "-5"),
+            ("MC_LOG_LEVEL", "LOUD"),
+            ("MC_TCP_LANES_PER_PEER", "99"),
+            ("MC_ENDPOINT_STORE_TYPE", "LRU"),
+            ("MC_HANDSHAKE_PORT", "abc"),
+            ("MC_SLICE_TIMEOUT", "-1"),
+        ]);
+        let want = [
+            "MC_SLICE_SIZE=-5 is not a number; using 65536",
+            "MC_LOG_LEVEL=LOUD is not TRACE, INFO, WARNING or ERROR; using INFO",
+            "MC_TCP_LANES_PER_PEER=99 is outside 1..=16; using 4",
+            "MC_ENDPOINT_STORE_TYPE=LRU is not FIFO or SIEVE; using SIEVE",
+            "MC_HANDSHAKE_PORT=abc is not a number; using 12001",
+            "MC_SLICE_TIMEOUT=-1 is not a number; using 0",
+        ];
+        for w in want {
+            assert!(
+                c.warnings.iter().any(|x| x == w),
+                "no warning {w:?} in {:?}",
+                c.warnings
+            );
+        }
+        assert_eq!(c.warnings.len(), want.len(), "{:?}", c.warnings);
+        assert!(parse(&[("MC_SLICE_SIZE", "131072")]).warnings.is_empty());
+    }
+
+    #[test]
+    fn slice_timeout_follows_mooncake_bounds() {
+        assert_eq!(parse(&[]).slice_timeout_secs, 0);
+        assert_eq!(parse(&[("MC_SLICE_TIMEOUT", "30")]).slice_timeout_secs, 30);
+        assert_eq!(parse(&[("MC_SLICE_TIMEOUT", "0")]).slice_timeout_secs, 0);
+        assert_eq!(
+            parse(&[("MC_SLICE_TIMEOUT", "65536")]).slice_timeout_secs,
+            0
+        );
     }
 
     #[test]

@@ -1,23 +1,22 @@
-//! The checked-in C header must equal what cbindgen generates from the code.
-//! Run with `UPDATE_HEADER=1` to regenerate it.
+//! The checked-in C headers must equal what cbindgen generates from the
+//! code: `transfer_engine_c.h` (Mooncake's API) and `transfer_engine_ext.h`
+//! (our `te_*` functions). Run with `UPDATE_HEADER=1` to regenerate them.
 
 use std::path::Path;
 
-#[test]
-fn header_is_fresh() {
+/// Generates `include/<header>` from `sources` with `config`, and compares
+/// it with the checked-in file (or writes it with `UPDATE_HEADER`).
+fn check(config: &str, sources: &[&str], header: &str) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let config = cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml");
-    // Only the C boundary goes into the header, not the crate's other
-    // public constants.
-    let bindings = cbindgen::Builder::new()
-        .with_src(root.join("src/ffi/types.rs"))
-        .with_src(root.join("src/ffi/mooncake.rs"))
-        .with_config(config)
-        .generate()
-        .expect("cbindgen generates the header");
+    let config = cbindgen::Config::from_file(root.join(config)).expect("cbindgen config");
+    let mut builder = cbindgen::Builder::new().with_config(config);
+    for src in sources {
+        builder = builder.with_src(root.join(src));
+    }
+    let bindings = builder.generate().expect("cbindgen generates the header");
     let mut generated = Vec::new();
     bindings.write(&mut generated);
-    let path = root.join("include/transfer_engine_c.h");
+    let path = root.join("include").join(header);
     if std::env::var_os("UPDATE_HEADER").is_some() {
         std::fs::write(&path, &generated).expect("write header");
         return;
@@ -25,6 +24,26 @@ fn header_is_fresh() {
     let current = std::fs::read(&path).unwrap_or_default();
     assert!(
         current == generated,
-        "include/transfer_engine_c.h is stale; regenerate it with `UPDATE_HEADER=1 cargo test --test header`"
+        "include/{header} is stale; regenerate it with `UPDATE_HEADER=1 cargo test --test header`"
+    );
+}
+
+#[test]
+fn header_is_fresh() {
+    // Only the C boundary goes into the header, not the crate's other
+    // public constants.
+    check(
+        "cbindgen.toml",
+        &["src/ffi/types.rs", "src/ffi/mooncake.rs"],
+        "transfer_engine_c.h",
+    );
+}
+
+#[test]
+fn ext_header_is_fresh() {
+    check(
+        "cbindgen_ext.toml",
+        &["src/ffi/ext.rs"],
+        "transfer_engine_ext.h",
     );
 }

@@ -1,7 +1,7 @@
 //! The etcd and redis metadata stores against real servers started by the
-//! tests (Debian's `etcd-server` and `redis-server`; a test prints
-//! `skipped: … not installed` and passes when the binary is missing, unless
-//! `TE_REQUIRE_SERVERS=1`).
+//! tests (Debian's `etcd-server` and `redis-server`; a test reports itself
+//! skipped, `SKIPPED: … not installed`, when the binary is missing, and
+//! fails instead with `TE_REQUIRE_SERVERS=1` or `CI=true`).
 //!
 //! Covered for both: set/get/overwrite/remove, absent keys, the stored
 //! bytes (compact JSON + `\n`), values written by another client, non-JSON

@@ -1,6 +1,8 @@
 //! Two engines in one process move bytes over TCP: P2P handshake and the
 //! HTTP metadata server, WRITE and READ, verified byte for byte.
 
+mod common;
+
 use std::sync::Arc;
 use transfer_engine::engine::batch::TaskStatus;
 use transfer_engine::engine::memory::{Location, Region};
@@ -207,7 +209,7 @@ fn auto_discover_installs_tcp() {
 #[test]
 fn ipv6_names_work() {
     if std::net::TcpListener::bind("[::1]:0").is_err() {
-        eprintln!("skipped: no IPv6 loopback on this machine");
+        common::skip("no IPv6 loopback on this machine");
         return;
     }
     let target = engine("P2PHANDSHAKE", "[::1]");

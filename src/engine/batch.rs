@@ -1,10 +1,21 @@
 //! Batches of tasks. A task is one request; it completes through atomic
 //! slice counters that transports bump, and its status is derived from them
-//! exactly as Mooncake does (spec §1.3).
+//! exactly as Mooncake does (spec §1.3), with `MC_SLICE_TIMEOUT` applied
+//! when it is polled.
 
 use crate::error::{Error, Result};
+use once_cell::sync::Lazy;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The origin of task submission times.
+static EPOCH: Lazy<Instant> = Lazy::new(Instant::now);
+
+/// Nanoseconds since [`EPOCH`].
+fn now_nanos() -> u64 {
+    u64::try_from(EPOCH.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
 
 /// Largest `batch_size` accepted by `allocateBatchID`.
 pub const MAX_BATCH_SIZE: usize = 1 << 22;
@@ -23,7 +34,8 @@ pub enum TaskStatus {
     Canceled = 3,
     /// Every slice succeeded.
     Completed = 4,
-    /// A slice is older than `MC_SLICE_TIMEOUT`.
+    /// Still waiting `MC_SLICE_TIMEOUT` after its slices were posted (not
+    /// cancelled: a later poll may see it finish).
     Timeout = 5,
     /// Every slice finished and at least one failed.
     Failed = 6,
@@ -37,6 +49,8 @@ pub struct Task {
     failed: AtomicU64,
     transferred: AtomicU64,
     observed_terminal: AtomicBool,
+    /// When its slices were posted ([`now_nanos`]).
+    submitted: AtomicU64,
 }
 
 impl Task {
@@ -81,6 +95,7 @@ impl Task {
         self.failed.store(0, Ordering::Relaxed);
         self.transferred.store(0, Ordering::Relaxed);
         self.observed_terminal.store(false, Ordering::Relaxed);
+        self.submitted.store(now_nanos(), Ordering::Relaxed);
     }
 
     /// Marks that a caller has seen this task terminal (needed by
@@ -112,14 +127,17 @@ pub struct PendingNotify {
 #[derive(Debug)]
 pub struct Batch {
     tasks: Box<[Task]>,
+    /// `MC_SLICE_TIMEOUT`, if on.
+    slice_timeout: Option<Duration>,
     len: AtomicUsize,
     submit_lock: Mutex<()>,
     notify: Mutex<Option<PendingNotify>>,
 }
 
 impl Batch {
-    /// A batch with room for `capacity` tasks.
-    pub fn new(capacity: usize) -> Result<Batch> {
+    /// A batch with room for `capacity` tasks whose waiting tasks report
+    /// TIMEOUT once `slice_timeout` has passed since they were submitted.
+    pub fn new(capacity: usize, slice_timeout: Option<Duration>) -> Result<Batch> {
         if capacity > MAX_BATCH_SIZE {
             return Err(Error::InvalidArgument(format!(
                 "batch_size {capacity} exceeds the maximum of {MAX_BATCH_SIZE}"
@@ -128,6 +146,7 @@ impl Batch {
         let tasks = (0..capacity).map(|_| Task::default()).collect();
         Ok(Batch {
             tasks,
+            slice_timeout,
             len: AtomicUsize::new(0),
             submit_lock: Mutex::new(()),
             notify: Mutex::new(None),
@@ -168,7 +187,11 @@ impl Batch {
         (id < self.len.load(Ordering::Acquire)).then(|| &self.tasks[id])
     }
 
-    /// Status of task `id`, recording that the caller saw it terminal.
+    /// Status of task `id`, recording that the caller saw it terminal. A
+    /// task still waiting when the slice timeout has passed since its
+    /// slices were posted reports TIMEOUT (as Mooncake's
+    /// `MultiTransport::getTransferStatus`): it is neither cancelled nor
+    /// terminal, and a later poll may see it complete or fail.
     pub fn poll(&self, id: usize) -> Result<(TaskStatus, u64)> {
         let task = self.task(id).ok_or_else(|| {
             Error::InvalidArgument(format!(
@@ -176,8 +199,15 @@ impl Batch {
                 self.len.load(Ordering::Acquire)
             ))
         })?;
-        let (status, bytes) = task.status();
+        let (mut status, bytes) = task.status();
         task.observe(status);
+        if let Some(limit) = self.slice_timeout {
+            let posted = task.submitted.load(Ordering::Relaxed);
+            let waited = Duration::from_nanos(now_nanos().saturating_sub(posted));
+            if status == TaskStatus::Waiting && waited > limit {
+                status = TaskStatus::Timeout;
+            }
+        }
         Ok((status, bytes))
     }
 
@@ -229,7 +259,7 @@ mod tests {
 
     #[test]
     fn status_follows_slice_counters() {
-        let b = Batch::new(2).unwrap();
+        let b = Batch::new(2, None).unwrap();
         b.append(1, |first, tasks| {
             assert_eq!(first, 0);
             tasks[0].add_slices(2);
@@ -249,8 +279,47 @@ mod tests {
     }
 
     #[test]
+    fn a_task_waiting_past_the_slice_timeout_reports_timeout_until_it_finishes() {
+        let limit = Duration::from_millis(50);
+        let b = Batch::new(2, Some(limit)).unwrap();
+        let start = Instant::now();
+        b.append(2, |_, tasks| {
+            tasks.iter().for_each(|t| t.add_slices(1));
+            Ok(())
+        })
+        .unwrap();
+        b.task(1).unwrap().finish_slice(7, true);
+        // A poll within the limit sees WAITING (only a poll after it can
+        // see TIMEOUT, whatever the machine's speed).
+        let first = b.poll(0).unwrap().0;
+        if start.elapsed() < limit {
+            assert_eq!(first, TaskStatus::Waiting);
+        }
+        std::thread::sleep(limit * 2);
+        assert_eq!(b.poll(0).unwrap(), (TaskStatus::Timeout, 0));
+        assert_eq!(
+            b.poll(1).unwrap(),
+            (TaskStatus::Completed, 7),
+            "a finished task is never TIMEOUT"
+        );
+        assert!(!b.all_observed(), "TIMEOUT is not terminal");
+        b.task(0).unwrap().finish_slice(3, true);
+        assert_eq!(b.poll(0).unwrap(), (TaskStatus::Completed, 3));
+        assert!(b.all_observed());
+        // Without a limit a waiting task stays WAITING.
+        let off = Batch::new(1, None).unwrap();
+        off.append(1, |_, t| {
+            t[0].add_slices(1);
+            Ok(())
+        })
+        .unwrap();
+        std::thread::sleep(limit * 2);
+        assert_eq!(off.poll(0).unwrap().0, TaskStatus::Waiting);
+    }
+
+    #[test]
     fn capacity_is_checked_before_filling() {
-        let b = Batch::new(3).unwrap();
+        let b = Batch::new(3, None).unwrap();
         b.append(2, |_, t| {
             t.iter().for_each(|t| t.add_slices(1));
             Ok(())
@@ -264,6 +333,6 @@ mod tests {
         });
         assert!(r.is_err());
         assert_eq!(b.len(), 2);
-        assert!(Batch::new(MAX_BATCH_SIZE + 1).is_err());
+        assert!(Batch::new(MAX_BATCH_SIZE + 1, None).is_err());
     }
 }

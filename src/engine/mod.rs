@@ -27,6 +27,7 @@ use memory::{MemoryRegistry, Region};
 use once_cell::sync::OnceCell;
 use scheduler::{Scheduler, Transfer};
 use segment::{RemoteSegment, SegmentCache};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use tracing::{info, warn};
@@ -93,6 +94,8 @@ pub struct Engine {
     /// Random per process: with `revision`, the descriptor's generation.
     boot_id: u64,
     revision: std::sync::atomic::AtomicU64,
+    /// The loopback address this engine is confined to, if any.
+    loopback: Option<IpAddr>,
     closed: AtomicBool,
 }
 
@@ -141,7 +144,8 @@ impl Engine {
             return Err(Error::InvalidArgument("local server name is empty".into()));
         }
         let store = remote::open_store(&conn)?;
-        let binding = remote::bind_rpc(&conn, &local_name, config)?;
+        let loopback = remote::loopback_ip(&local_name, config);
+        let binding = remote::bind_rpc(&conn, &local_name, loopback, config)?;
         let control = Arc::new(ControlState::default());
         let rpc = RpcServer::start(
             binding.listener,
@@ -168,9 +172,13 @@ impl Engine {
             publish_pending: AtomicBool::new(false),
             boot_id: remote::boot_id(),
             revision: Default::default(),
+            loopback,
             closed: AtomicBool::new(false),
         };
-        engine.publish_rpc_meta()?;
+        if let Err(e) = engine.publish_rpc_meta() {
+            engine.discard(false);
+            return Err(e);
+        }
         let engine = Arc::new(engine);
         let refresh = match config.metadata_refresh_interval_secs {
             0 => None,
@@ -182,7 +190,10 @@ impl Engine {
             let _ = engine.keeper.set(k);
         }
         if auto_discover || config.force_tcp {
-            engine.auto_install()?;
+            if let Err(e) = engine.auto_install() {
+                engine.discard(true);
+                return Err(e);
+            }
         }
         info!(
             name = %engine.local_name,
@@ -276,12 +287,24 @@ impl Engine {
                     return Ok(TCP_TRANSPORT_HANDLE);
                 }
                 let topo = self.discover_topology();
+                let named = given.is_some();
                 let tcp_matrix = given.unwrap_or_else(|| PriorityMatrix::from_topology_tcp(&topo));
-                let devices = scheduler::tcp_devices(
-                    &tcp_matrix,
-                    &topo.net_interfaces,
-                    &self.config.te_filters,
-                );
+                let devices = match self.loopback {
+                    None => scheduler::tcp_devices(
+                        &tcp_matrix,
+                        &topo.net_interfaces,
+                        &self.config.te_filters,
+                    ),
+                    Some(ip) => {
+                        if named {
+                            warn!(
+                                "this engine is confined to loopback ({ip}); the priority \
+                                 matrix's devices are not used"
+                            );
+                        }
+                        remote::loopback_devices(&topo.net_interfaces, ip)
+                    }
+                };
                 info!(
                     "tcp devices: {:?}",
                     devices
@@ -290,9 +313,12 @@ impl Engine {
                         .collect::<Vec<_>>()
                 );
                 let (min, max) = (self.config.min_rpc_port, self.config.max_rpc_port);
-                let listener = crate::rpc::bind_in_range(min, max, true)
-                    .or_else(|_| crate::rpc::bind_in_range(min, max, false))
-                    .map_err(|e| Error::Socket(format!("no free tcp data port: {e}")))?;
+                let listener = match self.loopback {
+                    Some(ip) => crate::rpc::bind_in_range_on(min, max, ip),
+                    None => crate::rpc::bind_in_range(min, max, true)
+                        .or_else(|_| crate::rpc::bind_in_range(min, max, false)),
+                }
+                .map_err(|e| Error::Socket(format!("no free tcp data port: {e}")))?;
                 let tcp = TcpTransport::start(listener, self.memory.clone(), self.config)?;
                 let sched = Scheduler::new(Arc::new(tcp), devices, tcp_matrix, self.config);
                 if let Err(lost) = self.sched.set(Arc::new(sched)) {
@@ -355,7 +381,13 @@ impl Engine {
 
     /// Creates a batch with room for `capacity` tasks and returns its id.
     pub fn allocate_batch(&self, capacity: usize) -> Result<u64> {
-        Ok(self.batches.insert(Arc::new(Batch::new(capacity)?)))
+        let timeout = match self.config.slice_timeout_secs {
+            0 => None,
+            s => Some(std::time::Duration::from_secs(s)),
+        };
+        Ok(self
+            .batches
+            .insert(Arc::new(Batch::new(capacity, timeout)?)))
     }
 
     fn batch(&self, id: u64) -> Result<Arc<Batch>> {
@@ -596,6 +628,27 @@ impl Engine {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
+        self.stop_threads();
+        self.unpublish(false);
+        self.batches.drain();
+        info!(name = %self.local_name, "transfer engine destroyed");
+    }
+
+    /// Tears down an engine whose creation failed, without the logs of a
+    /// destroyed engine (the caller never had it; the failure is reported
+    /// once, by the caller): its threads stop, and what it `published` to
+    /// the store is removed.
+    fn discard(&self, published: bool) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.stop_threads();
+        if published {
+            self.unpublish(true);
+        }
+    }
+
+    fn stop_threads(&self) {
         if let Some(k) = self.keeper.get() {
             k.stop();
         }
@@ -604,9 +657,6 @@ impl Engine {
         }
         self.rpc.shutdown();
         self.local.shutdown();
-        self.unpublish();
-        self.batches.drain();
-        info!(name = %self.local_name, "transfer engine destroyed");
     }
 }
 

@@ -3,7 +3,7 @@
 //! opens, through the P2P handshake or a metadata store.
 
 use super::scheduler::{GENERATION_KEY, TCP_DEVICES_KEY, TcpDevice};
-use super::segment::RemoteSegment;
+use super::segment::{RemoteSegment, SegmentBuffer};
 use super::{Engine, LOCAL_SEGMENT_ID};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -15,8 +15,9 @@ use crate::metadata::keys::{RpcMeta, rpc_meta_key, segment_key};
 use crate::metadata::redis::RedisStore;
 use crate::metadata::store::MetadataStore;
 use crate::rpc::{ClientOptions, FrameKind, parse_host_port, wrap_ipv6};
+use crate::topology::{IfAddr, NetInterface};
 use serde_json::json;
-use std::net::{IpAddr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::sync::atomic::Ordering;
 use tracing::{debug, info, warn};
 
@@ -51,10 +52,35 @@ pub(super) struct RpcBinding {
     pub ip: String,
 }
 
-/// The address advertised in store mode: `MC_TCP_BIND_ADDRESS`, else the
-/// first address of an interface that is up and not loopback (IPv6 only
-/// with `MC_USE_IPV6`), else loopback.
-fn advertised_ip(cfg: &Config) -> String {
+/// The loopback address an engine is confined to: its name's host when
+/// that is a loopback address (`127.0.0.1`, `::1`, `localhost`), else
+/// `MC_TCP_BIND_ADDRESS` when that is one. Such an engine binds its
+/// handshake and data listeners to this address only and publishes no
+/// other, so its registered memory is not reachable from the network.
+pub(super) fn loopback_ip(local_name: &str, cfg: &Config) -> Option<IpAddr> {
+    let loopback = |host: &str| -> Option<IpAddr> {
+        if host.eq_ignore_ascii_case("localhost") {
+            return Some(if cfg.use_ipv6 {
+                Ipv6Addr::LOCALHOST.into()
+            } else {
+                Ipv4Addr::LOCALHOST.into()
+            });
+        }
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        bare.parse::<IpAddr>().ok().filter(IpAddr::is_loopback)
+    };
+    let (host, _) = parse_host_port(local_name, cfg.handshake_port);
+    loopback(&host).or_else(|| cfg.tcp_bind_address.as_deref().and_then(loopback))
+}
+
+/// The address advertised in store mode: the loopback address of an engine
+/// confined to it, else `MC_TCP_BIND_ADDRESS`, else the first address of an
+/// interface that is up and not loopback (IPv6 only with `MC_USE_IPV6`),
+/// else loopback.
+fn advertised_ip(cfg: &Config, loopback: Option<IpAddr>) -> String {
+    if let Some(ip) = loopback {
+        return ip.to_string();
+    }
     if let Some(a) = &cfg.tcp_bind_address {
         return a.clone();
     }
@@ -77,18 +103,29 @@ fn advertised_ip(cfg: &Config) -> String {
 
 /// Binds the handshake listener as Mooncake does: a random free port in
 /// `MC_MIN_RPC_PORT..=MC_MAX_RPC_PORT` (or the name's port with
-/// `MC_LEGACY_RPC_PORT_BINDING`).
-pub(super) fn bind_rpc(conn: &MetadataConn, local_name: &str, cfg: &Config) -> Result<RpcBinding> {
+/// `MC_LEGACY_RPC_PORT_BINDING`), on every interface, or on `loopback`
+/// only when the engine is confined to it.
+pub(super) fn bind_rpc(
+    conn: &MetadataConn,
+    local_name: &str,
+    loopback: Option<IpAddr>,
+    cfg: &Config,
+) -> Result<RpcBinding> {
     let (host, port) = parse_host_port(local_name, cfg.handshake_port);
     // An IPv6 name needs a dual-stack listener even without MC_USE_IPV6.
-    let ipv6 = cfg.use_ipv6 || host.parse::<std::net::Ipv6Addr>().is_ok();
-    let listener = if cfg.legacy_rpc_port_binding {
-        let any = if ipv6 { "[::]" } else { "0.0.0.0" };
-        TcpListener::bind(format!("{any}:{port}"))
+    let ipv6 = cfg.use_ipv6 || host.parse::<Ipv6Addr>().is_ok();
+    let any = if ipv6 {
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
     } else {
-        crate::rpc::bind_in_range(cfg.min_rpc_port, cfg.max_rpc_port, ipv6)
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    };
+    let ip = loopback.unwrap_or(any);
+    let listener = if cfg.legacy_rpc_port_binding {
+        TcpListener::bind(SocketAddr::new(ip, port))
+    } else {
+        crate::rpc::bind_in_range_on(cfg.min_rpc_port, cfg.max_rpc_port, ip)
     }
-    .map_err(|e| Error::Socket(format!("no handshake port could be bound: {e}")))?;
+    .map_err(|e| Error::Socket(format!("no handshake port could be bound on {ip}: {e}")))?;
     let bound = listener
         .local_addr()
         .map_err(|e| Error::Socket(e.to_string()))?
@@ -102,9 +139,31 @@ pub(super) fn bind_rpc(conn: &MetadataConn, local_name: &str, cfg: &Config) -> R
         _ => RpcBinding {
             listener,
             name: local_name.to_string(),
-            ip: advertised_ip(cfg),
+            ip: advertised_ip(cfg, loopback),
         },
     })
+}
+
+/// The TCP devices of an engine confined to loopback address `ip`: the
+/// loopback interface holding it, with `ip` as the address lanes bind to.
+pub(super) fn loopback_devices(nics: &[NetInterface], ip: IpAddr) -> Vec<TcpDevice> {
+    nics.iter()
+        .filter(|n| n.loopback)
+        .find_map(|n| {
+            let a = n
+                .addrs
+                .iter()
+                .find(|a| a.ip.is_ipv4() == ip.is_ipv4() && a.same_subnet(ip))?;
+            Some(TcpDevice {
+                name: n.name.clone(),
+                addr: IfAddr {
+                    ip,
+                    prefix_len: a.prefix_len,
+                },
+            })
+        })
+        .into_iter()
+        .collect()
 }
 
 impl Engine {
@@ -249,8 +308,9 @@ impl Engine {
         }
     }
 
-    /// Removes this engine's entries from the store.
-    pub(super) fn unpublish(&self) {
+    /// Removes this engine's entries from the store; `quiet` logs failures
+    /// only at debug level (an engine whose creation failed).
+    pub(super) fn unpublish(&self, quiet: bool) {
         let Some(store) = &self.store else {
             return;
         };
@@ -259,8 +319,10 @@ impl Engine {
             keys.push(segment_key(self.cluster(), &self.local_name));
         }
         for key in keys {
-            if let Err(e) = store.remove(&key) {
-                warn!("removing {key} from {}: {e}", store.describe());
+            match store.remove(&key) {
+                Err(e) if quiet => debug!("removing {key} from {}: {e}", store.describe()),
+                Err(e) => warn!("removing {key} from {}: {e}", store.describe()),
+                Ok(()) => {}
             }
         }
     }
@@ -337,6 +399,26 @@ impl Engine {
         Ok(self.segments.insert(seg))
     }
 
+    /// The buffers of an open segment: this engine's registered buffers for
+    /// `LOCAL_SEGMENT`, else those of the segment's descriptor.
+    pub fn segment_buffers(&self, id: i32) -> Result<Vec<SegmentBuffer>> {
+        if id == LOCAL_SEGMENT_ID {
+            let memory = self.memory.read().unwrap_or_else(|e| e.into_inner());
+            return Ok(memory
+                .regions()
+                .map(|r| SegmentBuffer {
+                    addr: r.addr,
+                    length: r.length,
+                    location: r.location.to_string(),
+                })
+                .collect());
+        }
+        self.segments
+            .get(id)
+            .map(|seg| seg.buffers())
+            .ok_or_else(|| Error::InvalidArgument(format!("segment id {id} is not open")))
+    }
+
     /// Refetches the descriptor of `name` if it is cached.
     /// A descriptor that changed (new buffers, a restarted owner: a new
     /// generation) replaces the cached one, so stale buffers are never used;
@@ -401,5 +483,75 @@ impl Engine {
             )));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(bind: Option<&str>) -> Config {
+        Config {
+            tcp_bind_address: bind.map(str::to_string),
+            ..Config::default()
+        }
+    }
+
+    fn ip(s: &str) -> Option<IpAddr> {
+        Some(s.parse().unwrap())
+    }
+
+    #[test]
+    fn loopback_names_and_bind_addresses_confine_the_engine() {
+        let none = cfg(None);
+        assert_eq!(loopback_ip("127.0.0.1", &none), ip("127.0.0.1"));
+        assert_eq!(loopback_ip("127.0.0.5:12345", &none), ip("127.0.0.5"));
+        assert_eq!(loopback_ip("[::1]:15000", &none), ip("::1"));
+        assert_eq!(loopback_ip("::1", &none), ip("::1"));
+        assert_eq!(loopback_ip("LocalHost:80", &none), ip("127.0.0.1"));
+        assert_eq!(loopback_ip("10.0.0.1", &none), None);
+        assert_eq!(loopback_ip("node-a", &none), None);
+        assert_eq!(
+            loopback_ip("node-a", &cfg(Some("127.0.0.1"))),
+            ip("127.0.0.1")
+        );
+        assert_eq!(loopback_ip("node-a", &cfg(Some("10.0.0.1"))), None);
+        assert_eq!(advertised_ip(&none, ip("127.0.0.1")), "127.0.0.1");
+    }
+
+    #[test]
+    fn loopback_devices_are_the_loopback_interface() {
+        let nic = |name: &str, loopback: bool, addrs: &[(&str, u8)]| NetInterface {
+            name: name.into(),
+            numa_node: None,
+            pci_bus_id: None,
+            addrs: addrs
+                .iter()
+                .map(|(a, p)| IfAddr {
+                    ip: a.parse().unwrap(),
+                    prefix_len: *p,
+                })
+                .collect(),
+            speed_mbps: None,
+            up: true,
+            loopback,
+        };
+        let nics = [
+            nic("eth0", false, &[("10.0.0.1", 24)]),
+            nic("lo", true, &[("127.0.0.1", 8), ("::1", 128)]),
+        ];
+        let devs = loopback_devices(&nics, "127.0.0.7".parse().unwrap());
+        assert_eq!(devs.len(), 1);
+        assert_eq!(devs[0].name, "lo");
+        assert_eq!(
+            devs[0].addr,
+            IfAddr {
+                ip: "127.0.0.7".parse().unwrap(),
+                prefix_len: 8
+            }
+        );
+        let v6 = loopback_devices(&nics, "::1".parse().unwrap());
+        assert_eq!((v6[0].name.as_str(), v6[0].addr.prefix_len), ("lo", 128));
+        assert!(loopback_devices(&nics[..1], "127.0.0.1".parse().unwrap()).is_empty());
     }
 }

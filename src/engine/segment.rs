@@ -21,6 +21,34 @@ pub struct RemoteSegment {
     pub route: OnceCell<Arc<Route>>,
 }
 
+/// One buffer of a segment, as `te_segment_buffers` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentBuffer {
+    /// Start address in the owner's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u64,
+    /// `cpu:N`, `cuda:N` or `*`; empty when the owner does not publish it
+    /// (a TCP descriptor names the owner, not the location, per buffer).
+    pub location: String,
+}
+
+impl RemoteSegment {
+    /// The buffers its descriptor publishes, in descriptor order.
+    pub fn buffers(&self) -> Vec<SegmentBuffer> {
+        let tcp = self.desc.protocol == "tcp";
+        self.desc
+            .buffers
+            .iter()
+            .map(|b| SegmentBuffer {
+                addr: b.addr,
+                length: b.length,
+                location: if tcp { String::new() } else { b.name.clone() },
+            })
+            .collect()
+    }
+}
+
 #[derive(Default)]
 struct Table {
     by_name: HashMap<String, i32>,

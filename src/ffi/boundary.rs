@@ -1,29 +1,76 @@
-//! What every export shares: the panic guard, the table of live engines,
-//! C string conversion, and logging setup.
+//! What every export shares: the panic guard, the record of this thread's
+//! last error, the table of live engines, C string conversion, and logging
+//! setup.
 
 use crate::config::{LogLevel, config};
 use crate::engine::Engine;
 use crate::handle::HandleTable;
+use std::cell::RefCell;
 use std::ffi::{CStr, c_char, c_void};
+use std::fmt::Display;
 use std::sync::{Arc, Once};
 
 /// Runs an export's body, turning a panic into the function's error value
-/// and a log line, so no panic crosses into C.
+/// and a logged, recorded failure, so no panic crosses into C. The record of
+/// the thread's last error is cleared first: it describes this call only.
+/// With `keep_last_error` the record is left as it is (for `te_last_error`).
 macro_rules! guard {
-    ($name:literal, $err:expr, $body:block) => {
+    ($name:literal, $err:expr, $body:block) => {{
+        $crate::ffi::boundary::clear_last_error();
+        $crate::ffi::boundary::guard!(keep_last_error $name, $err, $body)
+    }};
+    (keep_last_error $name:literal, $err:expr, $body:block) => {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| $body)) {
             Ok(v) => v,
             Err(_) => {
-                tracing::error!(concat!(
+                $crate::ffi::boundary::fail(
                     $name,
-                    ": internal error (panic caught at the C boundary)"
-                ));
+                    "internal error (panic caught at the C boundary)",
+                );
                 $err
             }
         }
     };
 }
 pub(crate) use guard;
+
+thread_local! {
+    /// The failure of the last call made on this thread, `""` after a call
+    /// that succeeded.
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Logs a failure of export `func` and records it as this thread's last
+/// error (`te_last_error`). Every failing export goes through here.
+pub fn fail(func: &str, msg: impl Display) {
+    let text = format!("{func}: {msg}");
+    tracing::error!("{text}");
+    set_last_error(text);
+}
+
+/// Records a failure without logging it, for an outcome callers meet in
+/// normal use (a batch freed before its tasks were seen terminal).
+pub fn record(func: &str, msg: impl Display) {
+    set_last_error(format!("{func}: {msg}"));
+}
+
+fn set_last_error(text: String) {
+    LAST_ERROR.with(|e| *e.borrow_mut() = text);
+}
+
+/// Forgets the last error (each export starts with this).
+pub fn clear_last_error() {
+    LAST_ERROR.with(|e| {
+        if let Ok(mut e) = e.try_borrow_mut() {
+            e.clear();
+        }
+    });
+}
+
+/// Runs `f` on this thread's last error text (`""` if none).
+pub fn with_last_error<R>(f: impl FnOnce(&str) -> R) -> R {
+    LAST_ERROR.with(|e| f(&e.borrow()))
+}
 
 /// Engines handed out to C, addressed by generational handles.
 static ENGINES: HandleTable<Engine> = HandleTable::new();
@@ -42,7 +89,10 @@ pub fn engine(handle: *mut c_void, func: &str) -> Option<Arc<Engine>> {
         ENGINES.get(handle as usize as u64)
     };
     if found.is_none() {
-        tracing::error!("{func}: engine handle {handle:p} is NULL, unknown or destroyed");
+        fail(
+            func,
+            format_args!("engine handle {handle:p} is NULL, unknown or destroyed"),
+        );
     }
     found
 }
@@ -58,7 +108,7 @@ pub fn remove_engine(handle: *mut c_void) -> Option<Arc<Engine>> {
 /// Copies a C string argument, or `None` (logged) when it is NULL.
 pub fn string_arg(p: *const c_char, func: &str, what: &str) -> Option<String> {
     if p.is_null() {
-        tracing::error!("{func}: {what} is NULL");
+        fail(func, format_args!("{what} is NULL"));
         return None;
     }
     // SAFETY: C passes a NUL-terminated string that stays valid during the call.
@@ -80,11 +130,12 @@ pub fn write_c_string(s: &str, buf: *mut c_char, len: usize) {
 }
 
 /// Installs a `tracing` subscriber for the library's logs unless the
-/// process already has one. `RUST_LOG` wins over `MC_LOG_LEVEL`.
+/// process already has one, then logs the configuration's warnings through
+/// it. `RUST_LOG` wins over `MC_LOG_LEVEL`.
 pub fn init_logging() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let level = match config().log_level {
+        let level = match crate::config::parsed().log_level {
             LogLevel::Trace => "trace",
             LogLevel::Info => "info",
             LogLevel::Warning => "warn",
@@ -97,4 +148,5 @@ pub fn init_logging() {
             .with_writer(std::io::stderr)
             .try_init();
     });
+    config();
 }

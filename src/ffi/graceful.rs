@@ -42,9 +42,9 @@ fn start() -> Option<Watcher> {
     let mut fds = [0 as c_int; 2];
     // SAFETY: `fds` has room for the two descriptors.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
-        warn!(
-            "enableGracefulShutdown: pipe2 failed: {}",
-            std::io::Error::last_os_error()
+        super::boundary::fail(
+            "enableGracefulShutdown",
+            format_args!("pipe2 failed: {}", std::io::Error::last_os_error()),
         );
         return None;
     }
@@ -68,7 +68,12 @@ fn start() -> Option<Watcher> {
     let thread = std::thread::Builder::new()
         .name("te-graceful".into())
         .spawn(move || watch(read_fd))
-        .map_err(|e| warn!("enableGracefulShutdown: cannot start watcher: {e}"))
+        .map_err(|e| {
+            super::boundary::fail(
+                "enableGracefulShutdown",
+                format_args!("cannot start watcher: {e}"),
+            )
+        })
         .ok();
     Some(Watcher {
         engines: Vec::new(),

@@ -8,23 +8,19 @@
 //! 0 or a negative `ERR_*`.
 
 use super::boundary::{
-    engine, guard, init_logging, insert_engine, remove_engine, string_arg, write_c_string,
+    engine, fail, guard, init_logging, insert_engine, record, remove_engine, string_arg,
+    write_c_string,
 };
 use super::types::*;
 use crate::engine::memory::{Location, Region};
 use crate::engine::{Engine, Opcode, Request};
 use crate::error::Error;
 use std::ffi::{c_char, c_int, c_void};
-use tracing::error;
 
 /// `kOk` of the Status family.
 const STATUS_OK: c_int = 0;
 /// `kInvalidArgument` of the Status family.
 const STATUS_INVALID_ARGUMENT: c_int = 1;
-
-fn log_err(func: &str, e: &Error) {
-    error!("{func}: {e}");
-}
 
 /// Creates an engine named `local_server_name` whose peers are found through
 /// `metadata_conn_string`: `"P2PHANDSHAKE"` (no server), `"http://host:port/path"`,
@@ -59,7 +55,7 @@ pub unsafe extern "C" fn createTransferEngine(
         match Engine::new(&conn, &name, auto_discover != 0) {
             Ok(e) => insert_engine(e),
             Err(e) => {
-                log_err(F, &e);
+                fail(F, &e);
                 std::ptr::null_mut()
             }
         }
@@ -105,7 +101,7 @@ pub unsafe extern "C" fn getLocalIpAndPort(
             return ERR_INVALID_ARGUMENT;
         };
         if buf_out.is_null() || buf_len == 0 {
-            error!("getLocalIpAndPort: buf_out is NULL or buf_len is 0");
+            fail("getLocalIpAndPort", "buf_out is NULL or buf_len is 0");
             return ERR_INVALID_ARGUMENT;
         }
         write_c_string(&e.local_ip_and_port(), buf_out, buf_len);
@@ -153,7 +149,7 @@ pub unsafe extern "C" fn installTransport(
         match e.install_transport(&proto, matrix.as_deref()) {
             Ok(id) => id as usize as transport_t,
             Err(err) => {
-                log_err(F, &err);
+                fail(F, &err);
                 std::ptr::null_mut()
             }
         }
@@ -200,7 +196,7 @@ fn open_segment(
     match e.open_segment(&name) {
         Ok(id) => id,
         Err(err) => {
-            log_err(func, &err);
+            fail(func, &err);
             -1
         }
     }
@@ -307,7 +303,7 @@ pub unsafe extern "C" fn removeLocalSegment(
         match e.remove_segment(&name) {
             Ok(()) => 0,
             Err(err) => {
-                log_err(F, &err);
+                fail(F, &err);
                 err.err_code()
             }
         }
@@ -329,8 +325,9 @@ pub unsafe extern "C" fn destroyTransferEngine(engine: transfer_engine_t) {
                 super::graceful::forget(engine);
                 e.shutdown();
             }
-            None => error!(
-                "destroyTransferEngine: engine handle {engine:p} is NULL, unknown or destroyed"
+            None => fail(
+                "destroyTransferEngine",
+                format_args!("engine handle {engine:p} is NULL, unknown or destroyed"),
             ),
         }
     })
@@ -352,7 +349,7 @@ fn register(
     let location = match Location::parse(&location) {
         Ok(l) => l,
         Err(err) => {
-            log_err(func, &err);
+            fail(func, &err);
             return err.err_code();
         }
     };
@@ -368,7 +365,7 @@ fn register(
     match e.register(&regions) {
         Ok(()) => 0,
         Err(err) => {
-            log_err(func, &err);
+            fail(func, &err);
             err.err_code()
         }
     }
@@ -421,12 +418,15 @@ pub unsafe extern "C" fn unregisterLocalMemory(
             return ERR_INVALID_ARGUMENT;
         };
         if addr.is_null() {
-            error!("unregisterLocalMemory: addr is NULL");
+            fail("unregisterLocalMemory", "addr is NULL");
             return ERR_INVALID_ARGUMENT;
         }
         match e.unregister(&[addr as u64]) {
             Ok(()) => 0,
-            Err(err) => err.err_code(),
+            Err(err) => {
+                fail("unregisterLocalMemory", &err);
+                err.err_code()
+            }
         }
     })
 }
@@ -457,7 +457,7 @@ pub unsafe extern "C" fn registerLocalMemoryBatch(
             };
         }
         if buffer_list.is_null() {
-            error!("{F}: buffer_list is NULL");
+            fail(F, "buffer_list is NULL");
             return ERR_INVALID_ARGUMENT;
         }
         // SAFETY: the caller passes `buffer_len` valid entries.
@@ -493,7 +493,7 @@ pub unsafe extern "C" fn unregisterLocalMemoryBatch(
             return 0;
         }
         if addr_list.is_null() {
-            error!("{F}: addr_list is NULL");
+            fail(F, "addr_list is NULL");
             return ERR_INVALID_ARGUMENT;
         }
         // SAFETY: the caller passes `addr_len` valid entries.
@@ -501,7 +501,10 @@ pub unsafe extern "C" fn unregisterLocalMemoryBatch(
         let addrs: Vec<u64> = list.iter().map(|&a| a as u64).collect();
         match e.unregister(&addrs) {
             Ok(()) => 0,
-            Err(err) => err.err_code(),
+            Err(err) => {
+                fail(F, &err);
+                err.err_code()
+            }
         }
     })
 }
@@ -525,7 +528,7 @@ pub unsafe extern "C" fn allocateBatchID(
         match e.allocate_batch(batch_size) {
             Ok(id) => id,
             Err(err) => {
-                log_err("allocateBatchID", &err);
+                fail("allocateBatchID", &err);
                 INVALID_BATCH
             }
         }
@@ -573,7 +576,7 @@ fn submit(
     match result {
         Ok(()) => STATUS_OK,
         Err(err) => {
-            log_err(func, &err);
+            fail(func, &err);
             err.status_code()
         }
     }
@@ -624,7 +627,7 @@ pub unsafe extern "C" fn submitTransferWithNotify(
     guard!("submitTransferWithNotify", STATUS_INVALID_ARGUMENT, {
         const F: &str = "submitTransferWithNotify";
         if count == 0 {
-            error!("{F}: count is 0");
+            fail(F, "count is 0");
             return STATUS_INVALID_ARGUMENT;
         }
         let (Some(name), Some(msg)) = (
@@ -653,7 +656,7 @@ pub unsafe extern "C" fn getNotifsFromEngine(
 ) -> *mut notify_msg_t {
     guard!("getNotifsFromEngine", std::ptr::null_mut(), {
         if size.is_null() {
-            error!("getNotifsFromEngine: size is NULL");
+            fail("getNotifsFromEngine", "size is NULL");
             return std::ptr::null_mut();
         }
         // SAFETY: `size` is non-NULL and valid for writing.
@@ -672,9 +675,9 @@ pub unsafe extern "C" fn getNotifsFromEngine(
                 array
             }
             None => {
-                error!(
-                    "getNotifsFromEngine: out of memory; {} notifications lost",
-                    notifies.len()
+                fail(
+                    "getNotifsFromEngine",
+                    format_args!("out of memory; {} notifications lost", notifies.len()),
                 );
                 std::ptr::null_mut()
             }
@@ -694,7 +697,7 @@ pub unsafe extern "C" fn getNotifsFromEngine(
 pub unsafe extern "C" fn freeNotifsMsgBuf(msg: *mut notify_msg_t, size: c_int) -> c_int {
     guard!("freeNotifsMsgBuf", -1, {
         if size < 0 || (msg.is_null() && size > 0) {
-            error!("freeNotifsMsgBuf: NULL array or negative size");
+            fail("freeNotifsMsgBuf", "NULL array or negative size");
             return ERR_INVALID_ARGUMENT;
         }
         // SAFETY: `msg` came from `getNotifsFromEngine` with `size` entries.
@@ -731,7 +734,7 @@ pub unsafe extern "C" fn genNotifyInEngine(
         match e.send_notify(target_id, &name, &msg) {
             Ok(()) => 0,
             Err(err) => {
-                log_err(F, &err);
+                fail(F, &err);
                 err.err_code()
             }
         }
@@ -758,7 +761,7 @@ pub unsafe extern "C" fn getTransferStatus(
             return STATUS_INVALID_ARGUMENT;
         };
         if status.is_null() {
-            error!("getTransferStatus: status is NULL");
+            fail("getTransferStatus", "status is NULL");
             return STATUS_INVALID_ARGUMENT;
         }
         match e.status(batch_id, task_id) {
@@ -773,7 +776,7 @@ pub unsafe extern "C" fn getTransferStatus(
                 STATUS_OK
             }
             Err(err) => {
-                log_err("getTransferStatus", &err);
+                fail("getTransferStatus", &err);
                 err.status_code()
             }
         }
@@ -797,8 +800,10 @@ pub unsafe extern "C" fn freeBatchID(engine: transfer_engine_t, batch_id: batch_
         match e.free_batch(batch_id) {
             Ok(()) => STATUS_OK,
             Err(err) => {
-                if err != Error::BatchBusy {
-                    log_err("freeBatchID", &err);
+                if err == Error::BatchBusy {
+                    record("freeBatchID", &err);
+                } else {
+                    fail("freeBatchID", &err);
                 }
                 err.status_code()
             }
@@ -843,7 +848,7 @@ pub unsafe extern "C" fn getNicLoadStats(
             return ERR_INVALID_ARGUMENT;
         };
         if stats.is_null() || count.is_null() {
-            error!("getNicLoadStats: stats or count is NULL");
+            fail("getNicLoadStats", "stats or count is NULL");
             return ERR_INVALID_ARGUMENT;
         }
         let loads = e.nic_loads();
@@ -905,7 +910,7 @@ pub unsafe extern "C" fn showLinks(
             return ERR_INVALID_ARGUMENT;
         };
         if buf_out.is_null() || buf_len == 0 {
-            error!("showLinks: buf_out is NULL or buf_len is 0");
+            fail("showLinks", "buf_out is NULL or buf_len is 0");
             return ERR_INVALID_ARGUMENT;
         }
         write_c_string(&e.show_links(json != 0), buf_out, buf_len);

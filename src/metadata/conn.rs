@@ -3,6 +3,13 @@
 use crate::error::{Error, Result};
 use std::fmt;
 
+/// The connection string of the peer-to-peer handshake (no store).
+const P2P: &str = "P2PHANDSHAKE";
+
+/// Edits (Levenshtein) within which a bare word counts as a misspelled
+/// `P2PHANDSHAKE` rather than an etcd host name.
+const P2P_TYPO_DISTANCE: usize = 3;
+
 /// Where segment descriptors and RPC addresses are kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MetadataConn {
@@ -17,8 +24,11 @@ pub enum MetadataConn {
 }
 
 impl MetadataConn {
-    /// Parses a connection string the way Mooncake does: `P2PHANDSHAKE`
-    /// exactly, a `scheme://` prefix, or no scheme meaning etcd.
+    /// Parses a connection string the way Mooncake does: `P2PHANDSHAKE`, a
+    /// `scheme://` prefix, or no scheme meaning etcd. Unlike Mooncake,
+    /// `P2PHANDSHAKE` is taken in any case, and a near miss of it (a word
+    /// without port within three edits) is refused with a
+    /// suggestion instead of being taken as an etcd host.
     pub fn parse(conn: &str) -> Result<MetadataConn> {
         let conn = conn.trim();
         if conn.is_empty() {
@@ -26,8 +36,15 @@ impl MetadataConn {
                 "metadata connection string is empty".into(),
             ));
         }
-        if conn == "P2PHANDSHAKE" {
+        if conn.eq_ignore_ascii_case(P2P) {
             return Ok(MetadataConn::P2p);
+        }
+        if !conn.contains([':', '.', ',', ';', '/'])
+            && strsim::levenshtein(&conn.to_ascii_uppercase(), P2P) <= P2P_TYPO_DISTANCE
+        {
+            return Err(Error::InvalidArgument(format!(
+                "metadata connection string {conn:?} is not a backend; did you mean {P2P}?"
+            )));
         }
         let endpoints = |rest: &str| -> Result<Vec<String>> {
             let list: Vec<String> = rest
@@ -105,9 +122,34 @@ mod tests {
         assert!(MetadataConn::parse("").is_err());
         assert!(MetadataConn::parse("ftp://x").is_err());
         assert!(MetadataConn::parse("etcd://").is_err());
-        assert!(
-            MetadataConn::parse("p2phandshake").is_ok(),
+        assert_eq!(
+            MetadataConn::parse("etcd-host").unwrap(),
+            MetadataConn::Etcd(vec!["etcd-host".into()]),
             "no scheme means etcd"
         );
+    }
+
+    #[test]
+    fn p2p_in_any_case_and_near_misses_suggest_it() {
+        for ok in ["p2phandshake", "P2pHandShake", " P2PHANDSHAKE "] {
+            assert_eq!(MetadataConn::parse(ok).unwrap(), MetadataConn::P2p, "{ok}");
+        }
+        for typo in [
+            "P2PHANDSHAK",
+            "p2phandshak",
+            "P2P_HANDSHAKE",
+            "P2PHANDSHAKES",
+            "PPHANDSHAKE",
+        ] {
+            let err = MetadataConn::parse(typo).expect_err(typo).to_string();
+            assert!(err.contains("did you mean P2PHANDSHAKE"), "{typo}: {err}");
+        }
+        // Real etcd hosts stay etcd.
+        for host in ["p2phandshak:2379", "etcd", "node-1"] {
+            assert!(
+                matches!(MetadataConn::parse(host), Ok(MetadataConn::Etcd(_))),
+                "{host}"
+            );
+        }
     }
 }

@@ -77,9 +77,10 @@ impl HttpStore {
         format!("{}?key={}", self.conn, escape_key(key))
     }
 
-    /// Maps a transport failure of `method url` to an engine error.
+    /// Maps a transport failure of `method url` to an engine error (which
+    /// says all of it: the caller logs it, so this logs at debug only).
     fn failed(&self, method: &str, url: &str, e: ureq::Error) -> Error {
-        tracing::warn!(%method, %url, error = %e, "metadata request failed");
+        tracing::debug!(%method, %url, error = %e, "metadata request failed");
         match e {
             ureq::Error::HostNotFound => Error::Dns(format!(
                 "{method} {url}: cannot resolve the metadata server's host"

@@ -13,7 +13,7 @@ pub mod server;
 
 pub use client::{ClientOptions, call};
 pub use frame::{Frame, FrameError, FrameKind, encode, encode_json, read_frame};
-pub use server::{RpcHandler, RpcServer, ServerOptions, bind_in_range};
+pub use server::{RpcHandler, RpcServer, ServerOptions, bind_in_range, bind_in_range_on};
 
 use std::io::{self, Read};
 use std::net::{Ipv6Addr, TcpStream};

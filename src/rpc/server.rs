@@ -375,19 +375,19 @@ fn random(seed: u64) -> u64 {
     h.finish()
 }
 
-/// Binds and listens on `port` of the wildcard address (`0.0.0.0`, or
-/// dual-stack `[::]` when `ipv6`), without `SO_REUSEADDR` as Mooncake does.
-fn bind_port(port: u16, ipv6: bool) -> io::Result<TcpListener> {
-    let (domain, any) = if ipv6 {
-        (Domain::IPV6, IpAddr::V6(Ipv6Addr::UNSPECIFIED))
+/// Binds and listens on `port` of `ip` (a wildcard `[::]` is dual-stack),
+/// without `SO_REUSEADDR` as Mooncake does.
+fn bind_port(port: u16, ip: IpAddr) -> io::Result<TcpListener> {
+    let domain = if ip.is_ipv6() {
+        Domain::IPV6
     } else {
-        (Domain::IPV4, IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+        Domain::IPV4
     };
     let socket = Socket::new(domain, Type::STREAM, None)?;
-    if ipv6 {
+    if ip == IpAddr::V6(Ipv6Addr::UNSPECIFIED) {
         socket.set_only_v6(false)?;
     }
-    socket.bind(&SocketAddr::new(any, port).into())?;
+    socket.bind(&SocketAddr::new(ip, port).into())?;
     socket.listen(DEFAULT_BACKLOG)?;
     Ok(socket.into())
 }
@@ -398,6 +398,16 @@ fn bind_port(port: u16, ipv6: bool) -> io::Result<TcpListener> {
 /// The listener's backlog is 128 until [`RpcServer::start`] applies
 /// [`ServerOptions::listen_backlog`].
 pub fn bind_in_range(min: u16, max: u16, ipv6: bool) -> io::Result<TcpListener> {
+    let any = if ipv6 {
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    };
+    bind_in_range_on(min, max, any)
+}
+
+/// [`bind_in_range`] on one address `ip` (e.g. loopback only).
+pub fn bind_in_range_on(min: u16, max: u16, ip: IpAddr) -> io::Result<TcpListener> {
     if min > max {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -411,7 +421,7 @@ pub fn bind_in_range(min: u16, max: u16, ipv6: bool) -> io::Result<TcpListener> 
     for attempt in 0..BIND_ATTEMPTS {
         // `random(..) % span < span <= 65536`, so the sum fits in u16.
         let port = min + (random(u64::from(attempt)) % span) as u16;
-        match bind_port(port, ipv6) {
+        match bind_port(port, ip) {
             Ok(l) => return Ok(l),
             Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => return Err(e),
             Err(e) => last = Some(e),

@@ -29,6 +29,45 @@ pub const OK_WORD: u64 = 0x4D43_5456_0000_0000;
 /// `ADDR_REJECTED` status word of the v2 framing.
 pub const REJECTED_WORD: u64 = 0x4D43_5456_0000_0001;
 
+/// Marks the calling test as unable to run here: prints `SKIPPED: <why>`
+/// and appends `<binary> <test>: <why>` to the file named by `TE_SKIP_LOG`,
+/// so the summary of `scripts/test.sh` counts the test as skipped, not
+/// passed. With `CI=true` nothing may skip: the test fails instead. The
+/// caller returns right after.
+pub fn skip(why: &str) {
+    // The test binary, without the hash cargo appends (`stores-<16 hex>`).
+    let exe = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_stem().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    let exe = match exe.rsplit_once('-') {
+        Some((name, hash)) if hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            name.to_string()
+        }
+        _ => exe,
+    };
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("(unnamed test)")
+        .to_string();
+    assert!(
+        std::env::var("CI").map_or(true, |v| v != "true"),
+        "{test} cannot run here: {why}; with CI=true every prerequisite must be present"
+    );
+    println!("SKIPPED: {why}");
+    if let Some(path) = std::env::var_os("TE_SKIP_LOG") {
+        let line = format!("{exe} {test}: {why}\n");
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+        if let Err(e) = written {
+            println!("cannot record the skip in {}: {e}", path.to_string_lossy());
+        }
+    }
+}
+
 /// A P2P engine on 127.0.0.1 with the TCP transport installed.
 pub fn engine() -> std::sync::Arc<Engine> {
     let e = Engine::new("P2PHANDSHAKE", "127.0.0.1:0", false).expect("engine");

@@ -5,9 +5,10 @@
 //!
 //! The binaries are taken from `TE_ETCD_BIN` / `TE_REDIS_SERVER_BIN`, else
 //! from `PATH` (Debian's `etcd-server` and `redis-server` packages). When a
-//! binary is missing, `start` prints `skipped: etcd not installed` and
-//! returns `None`; with `TE_REQUIRE_SERVERS=1` (set it in CI) it panics
-//! instead, so a missing package cannot turn the tests green silently.
+//! binary is missing, `start` reports the test skipped
+//! ([`super::skip`]: `SKIPPED: etcd not installed`) and returns `None`; with
+//! `TE_REQUIRE_SERVERS=1` or `CI=true` it panics instead, so a missing
+//! package cannot turn the tests green silently.
 //!
 //! ```ignore
 //! let Some(etcd) = Etcd::start() else { return };
@@ -102,8 +103,8 @@ impl Default for Blackhole {
 }
 
 /// The server binary named by `env_var`, else `name` found on `PATH`, else
-/// `None` after printing `skipped: <what> not installed` (or a panic when
-/// `TE_REQUIRE_SERVERS=1`).
+/// `None` after reporting the test skipped (or a panic when
+/// `TE_REQUIRE_SERVERS=1` or `CI=true`).
 pub fn find_binary(env_var: &str, name: &str, what: &str) -> Option<PathBuf> {
     let found = match std::env::var_os(env_var) {
         Some(p) if !p.is_empty() => Some(PathBuf::from(p)).filter(|p| p.is_file()),
@@ -126,7 +127,7 @@ pub fn find_binary(env_var: &str, name: &str, what: &str) -> Option<PathBuf> {
             !required,
             "{what} not installed ({why}) and TE_REQUIRE_SERVERS=1; install the Debian package"
         );
-        println!("skipped: {what} not installed ({why})");
+        super::skip(&format!("{what} not installed ({why})"));
     }
     found
 }

@@ -1,0 +1,176 @@
+/*
+ * ext_api: the te_* functions of transfer_engine_ext.h.
+ *
+ * te_version is the library's version; te_last_error explains failing
+ * calls of both return-code families (and of te_* itself) on the thread
+ * that made them, is cleared by a call that succeeds, is truncated like
+ * snprintf and reports the full length; te_segment_buffers lists this
+ * engine's own buffers (LOCAL_SEGMENT) and, over TCP, the buffers a second
+ * engine in this process published, with the capacity / count protocol.
+ * A misspelled backend is refused with a suggestion, the lower-case one
+ * accepted.
+ */
+#include "transfer_engine_ext.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "te_check.h"
+
+/* The last error text (empty when none). */
+static const char *last(void) {
+  static char msg[1024];
+  msg[0] = 0;
+  te_last_error(msg, sizeof msg);
+  return msg;
+}
+
+#define CHECK_ERROR_MENTIONS(what)                                                     \
+  do {                                                                                 \
+    const char *te_msg_ = last();                                                      \
+    CHECK(strstr(te_msg_, (what)) != NULL);                                            \
+    if (!strstr(te_msg_, (what)))                                                      \
+      fprintf(stderr, "  last error \"%s\" does not mention \"%s\"\n", te_msg_, (what)); \
+  } while (0)
+
+static void *other_thread(void *arg) {
+  (void)arg;
+  /* Nothing failed on this thread. */
+  return (void *)(uintptr_t)te_last_error(NULL, 0);
+}
+
+static void check_last_error(transfer_engine_t e) {
+  /* The Status family: a NULL status pointer. */
+  batch_id_t b = allocateBatchID(e, 1);
+  REQUIRE(b != INVALID_BATCH);
+  CHECK_EQ(te_last_error(NULL, 0), 0);
+  CHECK_EQ(getTransferStatus(e, b, 0, NULL), 1);
+  CHECK_ERROR_MENTIONS("getTransferStatus: status is NULL");
+  /* The ERR_* family: an unregistered address. */
+  char local;
+  CHECK_EQ(unregisterLocalMemory(e, &local), ERR_ADDRESS_NOT_REGISTERED);
+  CHECK_ERROR_MENTIONS("unregisterLocalMemory");
+  CHECK_ERROR_MENTIONS("no buffer is registered");
+  /* NULL returns. */
+  CHECK(installTransport(e, "no-such-protocol", NULL) == NULL);
+  CHECK_ERROR_MENTIONS("no-such-protocol");
+  CHECK(openSegment(e, NULL) == -1);
+  CHECK_ERROR_MENTIONS("openSegment: segment_name is NULL");
+  /* A bad handle, also for a void function. */
+  destroyTransferEngine((transfer_engine_t)(uintptr_t)0x1234);
+  CHECK_ERROR_MENTIONS("destroyTransferEngine: engine handle");
+  size_t full = te_last_error(NULL, 0);
+  CHECK(full > 0);
+  /* Reading does not clear; truncation like snprintf. */
+  char small[8];
+  memset(small, 'x', sizeof small);
+  CHECK_EQ(te_last_error(small, sizeof small), full);
+  CHECK_EQ(strlen(small), 7);
+  CHECK_EQ(te_last_error(small, 1), full);
+  CHECK_EQ(small[0], 0);
+  /* te_version leaves it; a call that succeeds clears it. */
+  CHECK(te_version() != NULL);
+  CHECK_EQ(te_last_error(NULL, 0), full);
+  /* Each thread has its own. */
+  pthread_t t;
+  void *other = (void *)1;
+  REQUIRE(pthread_create(&t, NULL, other_thread, NULL) == 0);
+  pthread_join(t, &other);
+  CHECK(other == NULL);
+  CHECK_EQ(freeBatchID(e, b), 0);
+  CHECK_EQ(te_last_error(NULL, 0), 0);
+  CHECK_EQ(last()[0], 0);
+}
+
+static void check_local_buffers(transfer_engine_t e, unsigned char *a, size_t na,
+                                unsigned char *b, size_t nb) {
+  size_t count = 99;
+  CHECK_EQ(te_segment_buffers(e, LOCAL_SEGMENT, NULL, 0, &count), 0);
+  CHECK_EQ(count, 0);
+  REQUIRE(registerLocalMemory(e, a, na, "cpu:0", 1) == 0);
+  REQUIRE(registerLocalMemory(e, b, nb, "*", 0) == 0);
+  te_buffer_info_t info[3];
+  memset(info, 0x5a, sizeof info);
+  count = 0;
+  CHECK_EQ(te_segment_buffers(e, LOCAL_SEGMENT, info, 3, &count), 0);
+  CHECK_EQ(count, 2);
+  /* By address. */
+  unsigned char *lo = a < b ? a : b, *hi = a < b ? b : a;
+  CHECK_EQ_U64(info[0].addr, (uintptr_t)lo);
+  CHECK_EQ_U64(info[1].addr, (uintptr_t)hi);
+  CHECK_EQ_U64(info[0].length, lo == a ? na : nb);
+  CHECK(!strcmp(info[lo == a ? 0 : 1].location, "cpu:0"));
+  CHECK(!strcmp(info[lo == a ? 1 : 0].location, "*"));
+  /* Only the first `capacity` entries are written; the total is reported. */
+  memset(info, 0x5a, sizeof info);
+  count = 0;
+  CHECK_EQ(te_segment_buffers(e, LOCAL_SEGMENT, info, 1, &count), 0);
+  CHECK_EQ(count, 2);
+  CHECK_EQ_U64(info[0].addr, (uintptr_t)lo);
+  CHECK_EQ_U64(info[1].addr, 0x5a5a5a5a5a5a5a5aull);
+  /* Bad input. */
+  CHECK_EQ(te_segment_buffers(e, LOCAL_SEGMENT, info, 1, NULL), ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("count is NULL");
+  CHECK_EQ(te_segment_buffers(e, LOCAL_SEGMENT, NULL, 1, &count), ERR_INVALID_ARGUMENT);
+  CHECK_EQ(te_segment_buffers(e, 4242, info, 1, &count), ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("segment id 4242 is not open");
+  CHECK_EQ(te_segment_buffers(NULL, LOCAL_SEGMENT, info, 1, &count), ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("engine handle");
+}
+
+/* A second engine over TCP: its published buffers, as an initiator sees them. */
+static void check_remote_buffers(unsigned char *buf, size_t n) {
+  transfer_engine_t target = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", NULL, 0, 0);
+  transfer_engine_t initiator = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", NULL, 0, 0);
+  REQUIRE(target && initiator);
+  REQUIRE(installTransport(target, "tcp", NULL) != NULL);
+  REQUIRE(installTransport(initiator, "tcp", NULL) != NULL);
+  REQUIRE(registerLocalMemory(target, buf, n, "cpu:0", 1) == 0);
+  char name[128];
+  REQUIRE(getLocalIpAndPort(target, name, sizeof name) == 0);
+  segment_id_t seg = openSegment(initiator, name);
+  REQUIRE(seg > 0);
+  te_buffer_info_t info[2];
+  size_t count = 0;
+  CHECK_EQ(te_segment_buffers(initiator, seg, info, 2, &count), 0);
+  CHECK_EQ(count, 1);
+  CHECK_EQ_U64(info[0].addr, (uintptr_t)buf);
+  CHECK_EQ_U64(info[0].length, n);
+  /* A TCP descriptor does not say where its buffers live. */
+  CHECK_EQ(info[0].location[0], 0);
+  destroyTransferEngine(initiator);
+  destroyTransferEngine(target);
+}
+
+static void check_backend_names(void) {
+  CHECK(createTransferEngine("P2PHANDSHAK", "127.0.0.1", NULL, 0, 0) == NULL);
+  CHECK_ERROR_MENTIONS("did you mean P2PHANDSHAKE?");
+  transfer_engine_t e = createTransferEngine("p2phandshake", "127.0.0.1", NULL, 0, 0);
+  CHECK(e != NULL);
+  if (e) destroyTransferEngine(e);
+}
+
+int main(void) {
+  const char *v = te_version();
+  REQUIRE(v != NULL);
+  CHECK(strlen(v) >= 5 && strchr(v, '.') != NULL);
+  transfer_engine_t e = createTransferEngine("P2PHANDSHAKE", "127.0.0.1:12345", NULL, 0, 0);
+  REQUIRE(e != NULL);
+  CHECK_EQ(te_last_error(NULL, 0), 0);
+  check_last_error(e);
+  size_t na = 1 << 20, nb = 4096;
+  unsigned char *a = calloc(1, na), *b = calloc(1, nb);
+  REQUIRE(a && b);
+  check_local_buffers(e, a, na, b, nb);
+  destroyTransferEngine(e);
+  size_t count = 0;
+  CHECK_EQ(te_segment_buffers(e, LOCAL_SEGMENT, NULL, 0, &count), ERR_INVALID_ARGUMENT);
+  check_remote_buffers(a, na);
+  check_backend_names();
+  free(a);
+  free(b);
+  printf("ext_api: library version %s\n", v);
+  return te_check_exit("ext_api");
+}

@@ -1,0 +1,170 @@
+//! Our own functions beyond Mooncake's 27, declared in
+//! `include/transfer_engine_ext.h` and prefixed `te_`: the library version,
+//! the text of this thread's last error, and the buffers of a segment.
+#![allow(non_camel_case_types)]
+
+use super::boundary::{engine, fail, guard, with_last_error, write_c_string};
+use super::types::{ERR_INVALID_ARGUMENT, segment_id_t, transfer_engine_t};
+use std::ffi::{c_char, c_int};
+
+/// The version of the library, NUL-terminated.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
+
+/// One buffer of a segment, from `te_segment_buffers`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct te_buffer_info {
+    /// Start address in the owner's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u64,
+    /// `"cpu:N"`, `"cuda:N"` or `"*"` (NUL-terminated, truncated to 63
+    /// bytes); empty when the owner does not publish it (TCP segments).
+    pub location: [c_char; 64],
+}
+/// Typedef of `struct te_buffer_info`.
+pub type te_buffer_info_t = te_buffer_info;
+
+/// The version of the library, e.g. `"0.1.0"`: a static string, never
+/// freed. Leaves the last error of the thread as it is.
+#[unsafe(no_mangle)]
+pub extern "C" fn te_version() -> *const c_char {
+    guard!(keep_last_error "te_version", std::ptr::null(), {
+        VERSION.as_ptr().cast()
+    })
+}
+
+/// Copies the text of the last error of a call made on this thread (any of
+/// the Mooncake functions or `te_*`) into `buf`, like
+/// `snprintf(buf, len, "%s", msg)`: truncated and NUL-terminated; nothing
+/// is written when `buf` is NULL or `len` is 0. Every other call (except
+/// `te_version`) clears the text first, so after a call that succeeded
+/// there is none; this function leaves it as it is.
+///
+/// Returns the full length of the message (without the NUL), 0 when there
+/// is none.
+///
+/// # Safety
+/// `buf` must be NULL or valid for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn te_last_error(buf: *mut c_char, len: usize) -> usize {
+    guard!(keep_last_error "te_last_error", 0, {
+        with_last_error(|msg| {
+            write_c_string(msg, buf, len);
+            msg.len()
+        })
+    })
+}
+
+/// Lists the buffers of an open segment (`LOCAL_SEGMENT`: this engine's
+/// own registered buffers, by address; another id: the buffers the peer
+/// published, in its order): writes min(`capacity`, total) entries to `out`
+/// (which may be NULL when `capacity` is 0) and sets `*count` to the total.
+///
+/// Returns 0, or -1 for a NULL or unknown engine, a segment id that is not
+/// open, a NULL `count`, or a NULL `out` with a non-zero `capacity`.
+///
+/// # Safety
+/// `out` must be valid for `capacity` entries; `count` valid for writing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn te_segment_buffers(
+    engine: transfer_engine_t,
+    segment: segment_id_t,
+    out: *mut te_buffer_info_t,
+    capacity: usize,
+    count: *mut usize,
+) -> c_int {
+    guard!("te_segment_buffers", ERR_INVALID_ARGUMENT, {
+        const F: &str = "te_segment_buffers";
+        let Some(e) = self::engine(engine, F) else {
+            return ERR_INVALID_ARGUMENT;
+        };
+        if count.is_null() || (out.is_null() && capacity > 0) {
+            fail(F, "count is NULL, or out is NULL with a non-zero capacity");
+            return ERR_INVALID_ARGUMENT;
+        }
+        let buffers = match e.segment_buffers(segment) {
+            Ok(b) => b,
+            Err(err) => {
+                fail(F, &err);
+                return err.err_code();
+            }
+        };
+        for (i, b) in buffers.iter().take(capacity).enumerate() {
+            let mut location = [0 as c_char; 64];
+            write_c_string(&b.location, location.as_mut_ptr(), location.len());
+            // SAFETY: i < capacity, and `out` is valid for `capacity` entries.
+            unsafe {
+                *out.add(i) = te_buffer_info {
+                    addr: b.addr,
+                    length: b.length,
+                    location,
+                }
+            };
+        }
+        // SAFETY: `count` is non-NULL and valid for writing.
+        unsafe { *count = buffers.len() };
+        0
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn buffer_info_layout() {
+        assert_eq!(size_of::<te_buffer_info>(), 80);
+        assert_eq!(offset_of!(te_buffer_info, length), 8);
+        assert_eq!(offset_of!(te_buffer_info, location), 16);
+    }
+
+    #[test]
+    fn version_is_the_crate_version() {
+        // SAFETY: te_version returns a static NUL-terminated string.
+        let v = unsafe { std::ffi::CStr::from_ptr(te_version()) };
+        assert_eq!(v.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
+    }
+
+    #[test]
+    fn last_error_reports_the_last_call_of_this_thread() {
+        let mut buf = [0 as c_char; 8];
+        // SAFETY: NULL engine and count are invalid arguments, not UB.
+        let rc = unsafe {
+            te_segment_buffers(
+                std::ptr::null_mut(),
+                0,
+                std::ptr::null_mut(),
+                0,
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(rc, ERR_INVALID_ARGUMENT);
+        // SAFETY: NULL buffer with length 0 asks for the length only.
+        let full = unsafe { te_last_error(std::ptr::null_mut(), 0) };
+        let msg = "te_segment_buffers: engine handle 0x0 is NULL, unknown or destroyed";
+        assert_eq!(full, msg.len());
+        // SAFETY: `buf` holds 8 bytes.
+        let again = unsafe { te_last_error(buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(again, full, "reading the error does not clear it");
+        // SAFETY: te_last_error NUL-terminated `buf`.
+        let text = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+        assert_eq!(text.to_bytes(), &msg.as_bytes()[..7]);
+        // Another thread has its own record.
+        // SAFETY: as above.
+        let other = std::thread::spawn(|| unsafe { te_last_error(std::ptr::null_mut(), 0) });
+        assert_eq!(other.join().unwrap(), 0);
+        let _ = te_version();
+        // SAFETY: as above.
+        assert_eq!(unsafe { te_last_error(std::ptr::null_mut(), 0) }, full);
+        // A call that succeeds clears it.
+        // SAFETY: a NULL array of size 0 is valid.
+        assert_eq!(
+            unsafe { crate::ffi::mooncake::freeNotifsMsgBuf(std::ptr::null_mut(), 0) },
+            0
+        );
+        // SAFETY: as above.
+        assert_eq!(unsafe { te_last_error(std::ptr::null_mut(), 0) }, 0);
+    }
+}
