@@ -387,6 +387,7 @@ impl Io {
             };
             match conn {
                 Conn::Session(s) => {
+                    s.trim(now);
                     if let Some(end) = s.expired(now, &self.server) {
                         self.close(t, end);
                     }

@@ -461,7 +461,6 @@ impl Lane {
         if self.pipeline.is_empty() {
             return;
         }
-        self.last_used = Instant::now();
         match self.conn.as_ref().map(|c| &c.state) {
             None => self.connect(registry),
             Some(ConnState::Connecting { .. }) => self.check_connect(registry),
@@ -570,6 +569,7 @@ impl Lane {
 
     /// Sends and receives until the socket would block both ways.
     fn exchange(&mut self, registry: &Registry) {
+        let mut progress = false;
         loop {
             let sent = match self.send() {
                 Ok(n) => n,
@@ -581,10 +581,15 @@ impl Lane {
             };
             self.complete();
             if sent == 0 && received == 0 {
-                return;
+                break;
             }
+            progress = true;
+        }
+        if progress {
+            let now = Instant::now();
+            self.last_used = now;
             if let Some(c) = self.conn.as_mut() {
-                c.last_progress = Instant::now();
+                c.last_progress = now;
             }
         }
     }

@@ -29,6 +29,8 @@ const RECV_BUF: usize = 64 * 1024;
 /// Most replies or reply bytes queued before they are sent.
 const MAX_REPLIES: usize = 128;
 const MAX_REPLY_BYTES: usize = 4 << 20;
+/// An idle session releases its receive buffer after this long.
+const TRIM_AFTER: Duration = Duration::from_secs(1);
 /// Bytes one session may move per turn before others get theirs.
 pub const TURN_BYTES: usize = 4 << 20;
 
@@ -158,6 +160,8 @@ pub struct Session {
     eof: bool,
     /// The last time a byte moved.
     last_active: Instant,
+    /// Whether a byte moved in this turn.
+    moved: bool,
 }
 
 impl Session {
@@ -172,6 +176,7 @@ impl Session {
             closing: false,
             eof: false,
             last_active: Instant::now(),
+            moved: false,
         }
     }
 
@@ -209,12 +214,25 @@ impl Session {
     /// Serves the connection until the socket would block, the turn's
     /// byte budget is used, or the session ends.
     pub fn drive(&mut self, shared: &ServerShared) -> Turn {
-        match self.turn(shared) {
+        self.moved = false;
+        let turn = match self.turn(shared) {
             Ok(t) => t,
             Err(e) => {
                 debug!("tcp session with {} ended: {e}", self.peer);
                 Turn::Abort
             }
+        };
+        if self.moved {
+            self.last_active = Instant::now();
+        }
+        turn
+    }
+
+    /// Releases the receive buffer of a session idle for a while: idle
+    /// sessions hold no buffer.
+    pub fn trim(&mut self, now: Instant) {
+        if self.idle() && now.duration_since(self.last_active) >= TRIM_AFTER {
+            self.rbuf = None;
         }
     }
 
@@ -248,14 +266,8 @@ impl Session {
             let rbuf = self.rbuf.get_or_insert_with(|| RecvBuf::new(RECV_BUF));
             if rbuf.len() < HEADER_LEN {
                 match rbuf.fill(fd)? {
-                    Recv::Bytes(_) => self.last_active = Instant::now(),
-                    Recv::WouldBlock => {
-                        if rbuf.is_empty() {
-                            // Idle sessions hold no buffer.
-                            self.rbuf = None;
-                        }
-                        return Ok(Turn::Wait);
-                    }
+                    Recv::Bytes(_) => self.moved = true,
+                    Recv::WouldBlock => return Ok(Turn::Wait),
                     Recv::Eof if rbuf.is_empty() => self.eof = true,
                     Recv::Eof => return Ok(Turn::Abort),
                 }
@@ -336,7 +348,7 @@ impl Session {
                 Recv::WouldBlock => return Ok(Some(Turn::Wait)),
             }
         };
-        self.last_active = Instant::now();
+        self.moved = true;
         *budget = budget.saturating_sub(moved.max(1));
         inc.left -= moved as u64;
         inc.addr += moved as u64;
@@ -356,7 +368,7 @@ impl Session {
             None => Ok(Some(self.cut_off())),
             Some(0) => Ok(Some(Turn::Wait)),
             Some(n) => {
-                self.last_active = Instant::now();
+                self.moved = true;
                 *budget = budget.saturating_sub(n);
                 Ok(None)
             }
