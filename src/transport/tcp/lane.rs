@@ -748,9 +748,9 @@ impl Lane {
 
     /// Ends the connection after a failure: the connection is reset; the
     /// rejected request is reported rejected; requests the peer did not
-    /// get to (never sent, behind a rejection, or cut off by the peer's
-    /// close before any answer, once) go out again on a fresh connection;
-    /// the others fail.
+    /// get to (behind a rejection, or cut off by the peer's close before
+    /// any answer, once) go out again on a fresh connection; the others
+    /// fail, so the scheduler can move them to another rail at once.
     fn fail(&mut self, registry: &Registry, failure: Failure) {
         self.disconnect(registry, true);
         let t = &self.shared.target;
@@ -760,7 +760,7 @@ impl Lane {
                 _ if r.done() => Some(Outcome::Done),
                 Failure::Rejected(at) if i == *at => Some(Outcome::Rejected),
                 Failure::Rejected(at) if i > *at => None,
-                _ if r.sent == 0 => None,
+                Failure::Closed(_) if r.sent == 0 => None,
                 Failure::Closed(_) if !r.resent && !r.any_answer() => {
                     r.resent = true;
                     None
