@@ -146,7 +146,9 @@ impl Engine {
         let store = remote::open_store(&conn)?;
         let loopback = remote::loopback_ip(&local_name, config);
         let binding = remote::bind_rpc(&conn, &local_name, loopback, config)?;
-        let control = Arc::new(ControlState::default());
+        let control = Arc::new(ControlState::new(control::NotifyLimits::from_config(
+            config,
+        )));
         let rpc = RpcServer::start(
             binding.listener,
             control.clone(),
