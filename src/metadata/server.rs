@@ -262,6 +262,11 @@ impl Service for Http {
     type Request = http1::Request;
     type Parser = http1::Parser;
     const NAME: &'static str = "metadata server";
+    const SETTINGS: serve::Settings = serve::Settings {
+        connections: "--max-connections",
+        buffered: "--max-buffered",
+        timeout: "--timeout",
+    };
 
     fn parse(&self, parser: &mut http1::Parser, buf: &mut Vec<u8>) -> Parse<http1::Request> {
         http1::parse(parser, buf, self.limits)

@@ -126,6 +126,11 @@ impl Service for Handshake {
     type Request = HandshakeRequest;
     type Parser = ();
     const NAME: &'static str = "handshake";
+    const SETTINGS: serve::Settings = serve::Settings {
+        connections: "MC_HANDSHAKE_MAX_CONNECTIONS",
+        buffered: "MC_HANDSHAKE_MAX_BUFFERED",
+        timeout: "MC_HANDSHAKE_IO_TIMEOUT",
+    };
 
     fn parse(&self, _: &mut (), buf: &mut Vec<u8>) -> Parse<HandshakeRequest> {
         match take_frame(buf, self.max_frame_len) {

@@ -228,7 +228,8 @@ impl<S: Service> EventLoop<S> {
         let now = Instant::now();
         let mut at = self.deadlines.first().map(|(d, _)| *d);
         if self.accept_pending && self.listener.is_some() && self.can_admit() {
-            at = Some(self.accept_retry.unwrap_or(now));
+            let retry = self.accept_retry.unwrap_or(now);
+            at = Some(at.map_or(retry, |d| d.min(retry)));
         }
         at.map(|d| d.saturating_duration_since(now))
     }
@@ -249,10 +250,11 @@ impl<S: Service> EventLoop<S> {
                 // Every connection has a request in a handler: new ones
                 // wait in the listen backlog until one finishes.
                 crate::warn_limited!(
-                    "{}: {} connections open, each with a request in progress (the limit); \
-                     new connections wait in the listen backlog",
+                    "{}: {} connections open, each with a request in progress (the limit, \
+                     {}); new connections wait in the listen backlog",
                     S::NAME,
-                    self.conns.len()
+                    self.conns.len(),
+                    S::SETTINGS.connections
                 );
                 return;
             }
@@ -284,11 +286,11 @@ impl<S: Service> EventLoop<S> {
         };
         if let Some(c) = self.conns.get(&t) {
             crate::warn_limited!(
-                "{}: {} connections open (the limit, MC_HANDSHAKE_MAX_CONNECTIONS for the \
-                 handshake listener); closed the oldest one waiting for its client, from {} \
-                 ({:?})",
+                "{}: {} connections open (the limit, {}); closed the oldest one waiting for \
+                 its client, from {} ({:?})",
                 S::NAME,
                 self.conns.len(),
+                S::SETTINGS.connections,
                 c.peer,
                 c.state
             );
@@ -421,10 +423,11 @@ impl<S: Service> EventLoop<S> {
             };
             if let Some(c) = self.conns.get(&v) {
                 crate::warn_limited!(
-                    "{}: {} bytes buffered across connections (the limit); closed the oldest \
-                     incomplete request, from {}",
+                    "{}: {} bytes buffered across connections (the limit, {}); closed the \
+                     oldest incomplete request, from {}",
                     S::NAME,
                     self.buffered,
+                    S::SETTINGS.buffered,
                     c.peer
                 );
             }
@@ -440,6 +443,9 @@ impl<S: Service> EventLoop<S> {
             let Some(c) = self.conns.get_mut(&token) else {
                 return;
             };
+            // On Done the request takes the buffer as it was, and the
+            // connection keeps a new one with what follows the request.
+            let request_bytes = c.buf.capacity();
             match self.service.parse(&mut c.parser, &mut c.buf) {
                 Parse::More { interim, want } => {
                     if let Some(bytes) = interim {
@@ -452,8 +458,7 @@ impl<S: Service> EventLoop<S> {
                 Parse::Done(request) => {
                     c.parser = S::Parser::default();
                     c.want = None;
-                    self.account(token);
-                    return self.dispatch(token, request);
+                    return self.dispatch(token, request, request_bytes);
                 }
                 Parse::Invalid { reason, reply } => {
                     let peer = c.peer;
@@ -505,10 +510,11 @@ impl<S: Service> EventLoop<S> {
             if target > cap && !self.make_room(token, target - cap) {
                 let peer = self.conns.get(&token).map(|c| c.peer);
                 crate::warn_limited!(
-                    "{}: {} bytes buffered across connections (the limit); connection from \
-                     {peer:?} closed",
+                    "{}: {} bytes buffered across connections (the limit, {}); connection \
+                     from {peer:?} closed",
                     S::NAME,
-                    self.buffered
+                    self.buffered,
+                    S::SETTINGS.buffered
                 );
                 return self.close(token);
             }
@@ -520,7 +526,9 @@ impl<S: Service> EventLoop<S> {
         }
     }
 
-    fn dispatch(&mut self, token: Token, request: S::Request) {
+    /// Answers, hands over or refuses a complete request of `bytes`.
+    fn dispatch(&mut self, token: Token, request: S::Request, bytes: usize) {
+        self.account(token);
         match self.service.dispatch(request) {
             Dispatch::Reply(reply) => self.send(token, reply),
             Dispatch::Close(reason) => {
@@ -541,6 +549,9 @@ impl<S: Service> EventLoop<S> {
                 if jobs.send(job).is_err() {
                     return self.close(token);
                 }
+                // The request's memory is the worker's until it answers.
+                c.job_bytes = bytes;
+                self.account(token);
                 self.enter(token, State::Busy, Duration::ZERO);
             }
         }
@@ -655,18 +666,20 @@ impl<S: Service> EventLoop<S> {
             c.deadline = None;
             match c.state {
                 State::Reading => crate::warn_limited!(
-                    "{} connection from {} closed: no complete request within {:?} \
-                     ({} bytes received)",
+                    "{} connection from {} closed: no complete request within {:?} ({}; \
+                     {} bytes received)",
                     S::NAME,
                     c.peer,
                     self.opts.request_timeout,
+                    S::SETTINGS.timeout,
                     c.buf.len()
                 ),
                 State::Writing => crate::warn_limited!(
-                    "{} connection from {} closed: the reply was not taken within {:?}",
+                    "{} connection from {} closed: the reply was not taken within {:?} ({})",
                     S::NAME,
                     c.peer,
-                    self.opts.write_timeout
+                    self.opts.write_timeout,
+                    S::SETTINGS.timeout
                 ),
                 State::Lingering | State::Busy => debug!(
                     "{} connection from {} closed: the client did not close after the reply",

@@ -47,6 +47,10 @@ pub(crate) trait Service: Send + Sync + 'static {
     type Parser: Default + Send + 'static;
     /// The service's name in log lines.
     const NAME: &'static str;
+    /// The settings that raise [`Options::max_connections`],
+    /// [`Options::max_buffered`] and the timeouts, named in the log lines
+    /// of bounds being hit.
+    const SETTINGS: Settings;
 
     /// Looks at the bytes received so far. On [`Parse::Done`] the request's
     /// bytes have been removed from the front of `buf` (anything after them
@@ -60,6 +64,16 @@ pub(crate) trait Service: Send + Sync + 'static {
     /// Answers a request on a worker thread; `Err` closes the connection
     /// without a reply and says why. A panic does the same.
     fn handle(&self, peer: SocketAddr, request: Self::Request) -> Result<Reply, String>;
+}
+
+/// The names of the settings behind a service's bounds.
+pub(crate) struct Settings {
+    /// Of [`Options::max_connections`].
+    pub connections: &'static str,
+    /// Of [`Options::max_buffered`].
+    pub buffered: &'static str,
+    /// Of [`Options::request_timeout`] and [`Options::write_timeout`].
+    pub timeout: &'static str,
 }
 
 /// What [`Service::parse`] found.
