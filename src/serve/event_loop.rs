@@ -23,7 +23,7 @@ const FIRST_CONN: usize = 2;
 const READ_CHUNK: usize = 64 * 1024;
 /// Connections accepted per turn of the loop, so that reading the ones
 /// already open is not starved by a flood of new ones.
-const ACCEPT_BATCH: usize = 64;
+const ACCEPT_BATCH: usize = 256;
 /// Pause before accepting again after `accept` failed (e.g. EMFILE).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Bytes a lingering connection may still send before it is closed.
