@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::proc::{raise_fd_limit, threads};
+use common::proc::threads;
 use common::*;
 use serde_json::json;
 use std::io::{ErrorKind, Read, Write};
@@ -97,7 +97,6 @@ fn attack(addr: SocketAddr, stop: Arc<AtomicBool>, stats: Arc<AttackStats>) {
 
 #[test]
 fn slow_and_silent_clients_do_not_deny_the_handshake_service() {
-    raise_fd_limit(8192);
     let e = engine();
     let port = handshake_port(&e);
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::proc::{raise_fd_limit, rss_kb, status_kb};
+use common::proc::{rss_kb, status_kb};
 use common::*;
 use serde_json::{Value, json};
 use std::io::Write;
@@ -51,7 +51,6 @@ fn send(port: u16, frame: &[u8]) -> Option<Value> {
 
 #[test]
 fn notification_flood_is_bounded_and_real_notifications_arrive() {
-    raise_fd_limit(8192);
     let e = engine();
     let port = handshake_port(&e);
     let base_kb = rss_kb();

@@ -107,29 +107,6 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-/// Raises the soft limit of open files to the hard limit, so that the
-/// connection bound, not the usual 1024 descriptors, limits clients.
-fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a valid rlimit for getrlimit and setrlimit to read
-    // and write.
-    let raised = unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0
-        }
-    };
-    if !raised {
-        tracing::warn!(
-            "cannot raise the open-file limit: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-}
-
 fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
@@ -159,7 +136,6 @@ fn main() -> ExitCode {
         }
     }
 
-    raise_fd_limit();
     let server =
         match MetadataServer::start_with(&args.addr, &args.path, args.data.clone(), args.opts) {
             Ok(s) => s,

@@ -112,7 +112,7 @@ pub struct NicLoad {
 
 /// Raises the soft limit on open descriptors to the hard limit, as
 /// Mooncake does: connections to many peers need descriptors.
-fn raise_descriptor_limit() {
+pub(crate) fn raise_descriptor_limit() {
     let mut rl = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

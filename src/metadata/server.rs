@@ -192,6 +192,9 @@ impl MetadataServer {
             format!("/{path}")
         };
         let store = Store::load(data_file)?;
+        // The connection bound, not the usual 1024 descriptors, limits
+        // clients.
+        crate::engine::raise_descriptor_limit();
         let listener = TcpListener::bind(addr)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
         let local = listener.local_addr()?;
