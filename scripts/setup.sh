@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Installs what building and testing transfer-engine needs on Debian 12:
-# the C libraries behind the rdma and hwloc features, CMake, pkg-config and
-# binutils (the install test), and the servers and tools the tests start
-# (etcd, redis, iperf3, iproute2). Idempotent. It never stops, starts or
+# the C libraries behind the rdma and hwloc features (with hwloc's plugins,
+# as most machines have them, so the tests see the libpciaccess component
+# the engine must leave out), CMake, pkg-config and binutils (the install
+# test), and the servers and tools the tests start (etcd, redis, iperf3,
+# iproute2). Idempotent. It never stops, starts or
 # reconfigures a service: the tests run private servers on free ports, so
 # a system etcd or redis (which Debian's packages start) can keep running.
 set -euo pipefail
 
 packages=(
   build-essential binutils pkg-config cmake libclang-dev
-  libibverbs-dev librdmacm-dev libhwloc-dev libudev-dev
+  libibverbs-dev librdmacm-dev libhwloc-dev libhwloc-plugins libudev-dev
   etcd-server redis-server iperf3 iproute2 procps
 )
 

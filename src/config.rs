@@ -56,6 +56,30 @@ pub struct Config {
     pub handshake_connect_timeout_secs: u64,
     /// `MC_HANDSHAKE_MAX_LENGTH`: largest handshake frame (1 MiB..=128 MiB).
     pub handshake_max_length: u64,
+    /// `MC_HANDSHAKE_IO_TIMEOUT` in seconds (5, 1..=3600): the handshake
+    /// listener's deadline for a whole request from the accept, for writing
+    /// the reply, and for the client's EOF after it.
+    pub handshake_io_timeout_secs: u64,
+    /// `MC_HANDSHAKE_MAX_CONNECTIONS` (256, 1..=65536): handshake
+    /// connections open at once; at the bound the oldest one waiting for its
+    /// client makes room for a new one.
+    pub handshake_max_connections: usize,
+    /// `MC_HANDSHAKE_WORKERS` (4, 1..=64): threads that run the handlers of
+    /// handshake requests.
+    pub handshake_workers: usize,
+    /// `MC_HANDSHAKE_MAX_BUFFERED` (64 MiB, 1 MiB..=64 GiB): bytes of
+    /// handshake requests and replies held across all connections (at least
+    /// one frame of `MC_HANDSHAKE_MAX_LENGTH`).
+    pub handshake_max_buffered: u64,
+    /// `MC_NOTIFY_MAX_SIZE` (64 KiB, 1..=128 MiB): largest notification
+    /// accepted (name and message bytes).
+    pub notify_max_size: usize,
+    /// `MC_NOTIFY_QUEUE_MAX_COUNT` (65536, 1..=16777216): notifications kept
+    /// until `getNotifsFromEngine`; the oldest are dropped beyond it.
+    pub notify_queue_max_count: usize,
+    /// `MC_NOTIFY_QUEUE_MAX_BYTES` (64 MiB, 64 KiB..=64 GiB): bytes of
+    /// notifications kept; the oldest are dropped beyond it.
+    pub notify_queue_max_bytes: usize,
     /// `MC_RDMA_RAIL_PAUSE_SECONDS` (30, 1..=3599).
     pub rail_pause_secs: u64,
     /// `MC_LOG_LEVEL` (INFO).
@@ -130,6 +154,13 @@ impl Default for Config {
             handshake_listen_backlog: 128,
             handshake_connect_timeout_secs: 5,
             handshake_max_length: 1 << 20,
+            handshake_io_timeout_secs: 5,
+            handshake_max_connections: 256,
+            handshake_workers: 4,
+            handshake_max_buffered: 64 << 20,
+            notify_max_size: 64 << 10,
+            notify_queue_max_count: 1 << 16,
+            notify_queue_max_bytes: 64 << 20,
             rail_pause_secs: 30,
             log_level: LogLevel::Info,
             use_ipv6: false,
@@ -335,6 +366,38 @@ impl Config {
                 1 << 20,
                 128 << 20,
             ),
+            handshake_io_timeout_secs: r.number(
+                "MC_HANDSHAKE_IO_TIMEOUT",
+                d.handshake_io_timeout_secs,
+                1,
+                3600,
+            ),
+            handshake_max_connections: r.number(
+                "MC_HANDSHAKE_MAX_CONNECTIONS",
+                d.handshake_max_connections,
+                1,
+                65536,
+            ),
+            handshake_workers: r.number("MC_HANDSHAKE_WORKERS", d.handshake_workers, 1, 64),
+            handshake_max_buffered: r.number(
+                "MC_HANDSHAKE_MAX_BUFFERED",
+                d.handshake_max_buffered,
+                1 << 20,
+                64 << 30,
+            ),
+            notify_max_size: r.number("MC_NOTIFY_MAX_SIZE", d.notify_max_size, 1, 128 << 20),
+            notify_queue_max_count: r.number(
+                "MC_NOTIFY_QUEUE_MAX_COUNT",
+                d.notify_queue_max_count,
+                1,
+                1 << 24,
+            ),
+            notify_queue_max_bytes: r.number(
+                "MC_NOTIFY_QUEUE_MAX_BYTES",
+                d.notify_queue_max_bytes,
+                64 << 10,
+                64 << 30,
+            ),
             rail_pause_secs: r.number("MC_RDMA_RAIL_PAUSE_SECONDS", 30, 1, 3599),
             log_level,
             use_ipv6: r.flag("MC_USE_IPV6"),
@@ -432,6 +495,50 @@ mod tests {
         assert_eq!(c.tcp_status_timeout_secs, 30);
         assert!(c.metacache);
         assert_eq!(c.endpoint_store_type, EndpointStoreType::Sieve);
+        assert_eq!(c.handshake_io_timeout_secs, 5);
+        assert_eq!(c.handshake_max_connections, 256);
+        assert_eq!(c.handshake_workers, 4);
+        assert_eq!(c.handshake_max_buffered, 64 << 20);
+        assert_eq!(c.notify_max_size, 64 << 10);
+        assert_eq!(c.notify_queue_max_count, 65536);
+        assert_eq!(c.notify_queue_max_bytes, 64 << 20);
+    }
+
+    #[test]
+    fn control_plane_bounds() {
+        let c = parse(&[
+            ("MC_HANDSHAKE_IO_TIMEOUT", "2"),
+            ("MC_HANDSHAKE_MAX_CONNECTIONS", "1000"),
+            ("MC_HANDSHAKE_WORKERS", "8"),
+            ("MC_HANDSHAKE_MAX_BUFFERED", "268435456"),
+            ("MC_NOTIFY_MAX_SIZE", "1024"),
+            ("MC_NOTIFY_QUEUE_MAX_COUNT", "10"),
+            ("MC_NOTIFY_QUEUE_MAX_BYTES", "1048576"),
+        ]);
+        assert_eq!(c.handshake_io_timeout_secs, 2);
+        assert_eq!(c.handshake_max_connections, 1000);
+        assert_eq!(c.handshake_workers, 8);
+        assert_eq!(c.handshake_max_buffered, 256 << 20);
+        assert_eq!(c.notify_max_size, 1024);
+        assert_eq!(c.notify_queue_max_count, 10);
+        assert_eq!(c.notify_queue_max_bytes, 1 << 20);
+        let bad = parse(&[
+            ("MC_HANDSHAKE_IO_TIMEOUT", "0"),
+            ("MC_HANDSHAKE_MAX_CONNECTIONS", "-1"),
+            ("MC_HANDSHAKE_WORKERS", "65"),
+            ("MC_HANDSHAKE_MAX_BUFFERED", "1000"),
+            ("MC_NOTIFY_MAX_SIZE", "0"),
+            ("MC_NOTIFY_QUEUE_MAX_COUNT", "many"),
+            ("MC_NOTIFY_QUEUE_MAX_BYTES", "100"),
+        ]);
+        let d = Config::default();
+        assert_eq!(bad.handshake_io_timeout_secs, d.handshake_io_timeout_secs);
+        assert_eq!(bad.handshake_max_connections, d.handshake_max_connections);
+        assert_eq!(bad.handshake_workers, d.handshake_workers);
+        assert_eq!(bad.handshake_max_buffered, d.handshake_max_buffered);
+        assert_eq!(bad.notify_max_size, d.notify_max_size);
+        assert_eq!(bad.notify_queue_max_count, d.notify_queue_max_count);
+        assert_eq!(bad.notify_queue_max_bytes, d.notify_queue_max_bytes);
     }
 
     #[test]

@@ -10,5 +10,6 @@ pub mod handle;
 pub mod log_limit;
 pub mod metadata;
 pub mod rpc;
+pub(crate) mod serve;
 pub mod topology;
 pub mod transport;

@@ -9,14 +9,8 @@ use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::time::{Duration, Instant};
-use transfer_engine::engine::Engine;
 
 const PROMPT: Duration = Duration::from_secs(2);
-
-fn hs_port(e: &Engine) -> u16 {
-    let addr = e.local_ip_and_port();
-    addr.rsplit_once(':').unwrap().1.parse().unwrap()
-}
 
 /// A typed frame, by hand.
 fn typed(kind: u8, payload: &[u8]) -> Vec<u8> {
@@ -77,7 +71,7 @@ fn probe_ok(port: u16) {
 #[test]
 fn probe_gets_success() {
     let e = engine();
-    let port = hs_port(&e);
+    let port = handshake_port(&e);
     probe_ok(port);
     // The server half-closes after its reply, and waits for our EOF.
     let mut c = connect(port);
@@ -98,7 +92,7 @@ fn metadata_returns_our_descriptor() {
     register(&e, &private, false);
     // The request carries the caller's own descriptor, which is ignored.
     let caller = tcp_descriptor(1, 2, 2, 0x1000_0000, 4096).to_string() + "\n";
-    let (kind, d) = parse_typed(&exchange(hs_port(&e), &typed(1, caller.as_bytes())));
+    let (kind, d) = parse_typed(&exchange(handshake_port(&e), &typed(1, caller.as_bytes())));
     assert_eq!(kind, 1);
     assert_eq!(d["name"], Value::from(e.local_name()));
     assert_eq!(d["protocol"], "tcp");
@@ -135,7 +129,7 @@ fn metadata_returns_our_descriptor() {
 fn notify_is_queued_for_the_engine() {
     let e = engine();
     let (kind, v) = parse_typed(&exchange(
-        hs_port(&e),
+        handshake_port(&e),
         &typed(2, br#"{"name":"n","notify_msg":"m"}"#),
     ));
     assert_eq!(kind, 2);
@@ -155,7 +149,7 @@ fn connection_request_is_refused_without_rdma() {
         "qp_num": [17, 18], "reply_msg": ""
     });
     let (kind, v) = parse_typed(&exchange(
-        hs_port(&e),
+        handshake_port(&e),
         &typed(0, req.to_string().as_bytes()),
     ));
     assert_eq!(kind, 0);
@@ -169,7 +163,7 @@ fn legacy_untyped_frame_is_answered_without_type_byte() {
     let e = engine();
     let req =
         json!({"local_nic_path": "a@b", "peer_nic_path": "c@d", "qp_num": [], "reply_msg": ""});
-    let reply = exchange(hs_port(&e), &untyped(req.to_string().as_bytes()));
+    let reply = exchange(handshake_port(&e), &untyped(req.to_string().as_bytes()));
     assert!(reply.len() > 8);
     let len = reply[..8]
         .iter()
@@ -186,7 +180,7 @@ fn legacy_untyped_frame_is_answered_without_type_byte() {
 #[test]
 fn frames_at_the_limits_are_served() {
     let e = engine();
-    let port = hs_port(&e);
+    let port = handshake_port(&e);
     // Length 790 encodes as 16 03 00 ...: TLS-like, but a valid frame.
     let mut payload = b"{}".to_vec();
     payload.resize(789, b' ');
@@ -206,7 +200,7 @@ fn frames_at_the_limits_are_served() {
 #[test]
 fn bad_frames_close_only_their_connection() {
     let e = engine();
-    let port = hs_port(&e);
+    let port = handshake_port(&e);
     let mut big = ((1u64 << 20) + 2).to_le_bytes().to_vec();
     big.push(1);
     big.extend_from_slice(&[b' '; 4096]);

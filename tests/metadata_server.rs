@@ -4,6 +4,9 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -11,7 +14,7 @@ use transfer_engine::error::Error;
 use transfer_engine::metadata::descriptor::{BufferDesc, SegmentDesc};
 use transfer_engine::metadata::http::HttpStore;
 use transfer_engine::metadata::keys::{RpcMeta, rpc_meta_key, segment_key};
-use transfer_engine::metadata::server::MetadataServer;
+use transfer_engine::metadata::server::{MetadataServer, ServerOptions};
 use transfer_engine::metadata::store::MetadataStore;
 
 /// A fresh directory under the system temp dir, removed on drop.
@@ -231,4 +234,199 @@ fn silent_server_times_out() {
     let took = start.elapsed();
     assert!(took < Duration::from_secs(10), "{took:?}");
     drop(listener);
+}
+
+/// Connections that trickle a request one byte at a time (16 in the
+/// headers, 16 in a PUT body), held open by a thread until `stop`.
+fn trickle(addr: SocketAddr, stop: Arc<AtomicBool>) -> thread::JoinHandle<usize> {
+    thread::spawn(move || {
+        let body = vec![b'x'; 4096];
+        let mut conns: Vec<(TcpStream, Vec<u8>, usize)> = (0..32)
+            .map(|i| {
+                let s = TcpStream::connect(addr).unwrap();
+                s.set_nodelay(true).unwrap();
+                s.set_write_timeout(Some(Duration::from_secs(1))).unwrap();
+                let head = format!(
+                    "PUT /metadata?key=slow{i} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                );
+                let mut req = head.into_bytes();
+                let sent = if i % 2 == 0 { 0 } else { req.len() };
+                if sent > 0 {
+                    (&s).write_all(&req).unwrap();
+                }
+                req.extend_from_slice(&body);
+                (s, req, sent)
+            })
+            .collect();
+        let end = Instant::now() + Duration::from_secs(60);
+        let mut bytes = 0;
+        while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+            for (s, req, sent) in &mut conns {
+                if *sent < req.len() && s.write_all(&req[*sent..*sent + 1]).is_ok() {
+                    *sent += 1;
+                    bytes += 1;
+                }
+            }
+            thread::sleep(Duration::from_millis(200));
+        }
+        bytes
+    })
+}
+
+#[test]
+fn slow_clients_do_not_block_others() {
+    let server = MetadataServer::start("127.0.0.1:0", "/metadata", None).unwrap();
+    let addr = server.local_addr();
+    let k = "/metadata?key=fast";
+    assert_eq!(raw(addr, "PUT", k, b"{\"v\":1}").0, 200);
+    let stop = Arc::new(AtomicBool::new(false));
+    let slow = trickle(addr, stop.clone());
+    thread::sleep(Duration::from_millis(500));
+    let mut worst = Duration::ZERO;
+    for i in 0..10 {
+        let t = Instant::now();
+        assert_eq!(
+            raw(addr, "GET", k, b""),
+            (200, "{\"v\":1}".into()),
+            "GET {i}"
+        );
+        let v = format!("{{\"v\":{i}}}");
+        assert_eq!(raw(addr, "PUT", "/metadata?key=other", v.as_bytes()).0, 200);
+        worst = worst.max(t.elapsed());
+        thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let trickled = slow.join().unwrap();
+    println!("32 slow clients ({trickled} bytes trickled): worst GET+PUT {worst:?}");
+    assert!(worst < Duration::from_secs(2), "{worst:?}");
+    server.shutdown();
+}
+
+/// Reads one response (head and `Content-Length` body) from `s`; returns
+/// (status, body).
+fn read_response(s: &mut TcpStream) -> (u16, String) {
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "closed mid-head: {got:?}");
+        got.push(byte[0]);
+    }
+    let head = String::from_utf8(got).unwrap();
+    let status = head[9..12].parse().unwrap();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).unwrap();
+    (status, String::from_utf8(body).unwrap())
+}
+
+#[test]
+fn keep_alive_chunked_bodies_and_expect_continue() {
+    let server = MetadataServer::start("127.0.0.1:0", "/metadata", None).unwrap();
+    let mut s = TcpStream::connect(server.local_addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // curl's way of sending a large body: ask first, then send chunks.
+    s.write_all(
+        b"PUT /metadata?key=k HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\
+          Transfer-Encoding: chunked\r\n\r\n",
+    )
+    .unwrap();
+    let mut cont = [0u8; 25];
+    s.read_exact(&mut cont).unwrap();
+    assert_eq!(&cont, b"HTTP/1.1 100 Continue\r\n\r\n");
+    s.write_all(b"7\r\n{\"a\":1,\r\n5\r\n\"b\":2\r\n1\r\n}\r\n0\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_response(&mut s).0, 200);
+    // The same connection serves the next requests, pipelined.
+    s.write_all(
+        b"GET /metadata?key=k HTTP/1.1\r\nHost: x\r\n\r\n\
+          GET /metadata?key=none HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!(read_response(&mut s), (200, "{\"a\":1,\"b\":2}".into()));
+    assert_eq!(read_response(&mut s), (404, "metadata not found".into()));
+    server.shutdown();
+}
+
+#[test]
+fn body_limit_and_bad_requests() {
+    let opts = ServerOptions {
+        max_body: 1000,
+        ..ServerOptions::default()
+    };
+    let server = MetadataServer::start_with("127.0.0.1:0", "/metadata", None, opts).unwrap();
+    let addr = server.local_addr();
+    let k = "/metadata?key=big";
+    assert_eq!(raw(addr, "PUT", k, &[b'x'; 1000]).0, 200);
+    assert_eq!(raw(addr, "PUT", k, &[b'y'; 1001]).0, 413);
+    assert_eq!(raw(addr, "GET", k, b""), (200, "x".repeat(1000)));
+    assert_eq!(raw(addr, "PUT", k, &[0xff, 0xfe]).0, 400);
+    // Not HTTP at all: an answer of 400, and the connection closes.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&[
+        0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, b'\r', b'\n', b'\r', b'\n',
+    ])
+    .unwrap();
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).unwrap();
+    assert!(
+        resp.starts_with(b"HTTP/1.1 400 "),
+        "{:?}",
+        String::from_utf8_lossy(&resp)
+    );
+    server.shutdown();
+}
+
+#[test]
+fn slow_and_idle_clients_are_closed_at_the_deadline() {
+    let opts = ServerOptions {
+        timeout: Duration::from_secs(1),
+        ..ServerOptions::default()
+    };
+    let server = MetadataServer::start_with("127.0.0.1:0", "/metadata", None, opts).unwrap();
+    let addr = server.local_addr();
+    let t = Instant::now();
+    let idle = TcpStream::connect(addr).unwrap();
+    let slow = TcpStream::connect(addr).unwrap();
+    (&slow)
+        .write_all(b"PUT /metadata?key=s HTTP/1.1\r\nContent-Length: 100\r\n\r\n")
+        .unwrap();
+    // A byte every 100 ms keeps it busy, not alive: it is closed at the
+    // deadline from its start.
+    while t.elapsed() < Duration::from_secs(4) && (&slow).write_all(b"x").is_ok() {
+        thread::sleep(Duration::from_millis(100));
+    }
+    for mut s in [idle, slow] {
+        s.set_read_timeout(Some(Duration::from_secs(4))).unwrap();
+        let mut rest = Vec::new();
+        if let Err(e) = s.read_to_end(&mut rest) {
+            // A reset is a close with our bytes unread; a timeout is not.
+            assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+        }
+        assert!(rest.is_empty(), "no response to an incomplete request");
+    }
+    assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
+    server.shutdown();
+}
+
+#[test]
+fn at_the_connection_bound_idle_clients_make_room() {
+    let opts = ServerOptions {
+        max_connections: 4,
+        ..ServerOptions::default()
+    };
+    let server = MetadataServer::start_with("127.0.0.1:0", "/metadata", None, opts).unwrap();
+    let addr = server.local_addr();
+    let silent: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    for i in 0..5 {
+        let t = Instant::now();
+        assert_eq!(raw(addr, "GET", "/metadata?key=x", b"").0, 404, "GET {i}");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    }
+    drop(silent);
+    server.shutdown();
 }

@@ -4,6 +4,8 @@
 //!
 //! ```text
 //! transfer-engine-metadata-server [--addr 127.0.0.1:8080] [--path /metadata] [--data FILE]
+//!     [--max-body BYTES] [--max-connections N] [--timeout SECS] [--workers N]
+//!     [--max-buffered BYTES]
 //! ```
 //!
 //! Prints `listening on <url>` on stdout once ready; stops on SIGINT or
@@ -15,7 +17,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use transfer_engine::metadata::server::MetadataServer;
+use transfer_engine::metadata::server::{MetadataServer, ServerOptions};
 
 /// Set by the signal handler.
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -24,16 +26,36 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
 }
 
-const USAGE: &str =
-    "usage: transfer-engine-metadata-server [--addr HOST:PORT] [--path /metadata] [--data FILE]
-  --addr  address to listen on (default 127.0.0.1:8080; 0.0.0.0:8080 for all interfaces)
-  --path  URL path of the metadata routes (default /metadata)
-  --data  JSON file that keeps the data across restarts (default: memory only)";
+const USAGE: &str = "\
+usage: transfer-engine-metadata-server [--addr HOST:PORT] [--path /metadata] [--data FILE]
+           [--max-body BYTES] [--max-connections N] [--timeout SECS] [--workers N]
+           [--max-buffered BYTES]
+  --addr             address to listen on (default 127.0.0.1:8080; 0.0.0.0:8080 for all
+                     interfaces)
+  --path             URL path of the metadata routes (default /metadata)
+  --data             JSON file that keeps the data across restarts (default: memory only)
+  --max-body         largest PUT body in bytes; larger ones get 413 (default 67108864)
+  --max-connections  connections open at once; at the bound a new one closes the oldest
+                     idle or incomplete one (default 1024)
+  --timeout          seconds to receive a whole request (headers and body) and to send a
+                     response; idle connections close after it (default 30)
+  --workers          threads that answer complete requests (default 4)
+  --max-buffered     bytes of requests and responses held across all connections
+                     (default 268435456; at least one largest request)";
 
 struct Args {
     addr: String,
     path: String,
     data: Option<PathBuf>,
+    opts: ServerOptions,
+}
+
+/// A positive integer flag value.
+fn number(flag: &str, value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("{flag} needs a positive integer, not {value:?}")),
+    }
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -41,6 +63,7 @@ fn parse_args() -> Result<Args, String> {
         addr: "127.0.0.1:8080".into(),
         path: "/metadata".into(),
         data: None,
+        opts: ServerOptions::default(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -51,7 +74,17 @@ fn parse_args() -> Result<Args, String> {
         if flag == "-h" || flag == "--help" {
             return Err(String::new());
         }
-        if !matches!(flag.as_str(), "--addr" | "--path" | "--data") {
+        const FLAGS: [&str; 8] = [
+            "--addr",
+            "--path",
+            "--data",
+            "--max-body",
+            "--max-connections",
+            "--timeout",
+            "--workers",
+            "--max-buffered",
+        ];
+        if !FLAGS.contains(&flag.as_str()) {
             return Err(format!("unknown option {flag}"));
         }
         let value = match inline.or_else(|| it.next()) {
@@ -61,7 +94,14 @@ fn parse_args() -> Result<Args, String> {
         match flag.as_str() {
             "--addr" => args.addr = value,
             "--path" => args.path = value,
-            _ => args.data = Some(PathBuf::from(value)),
+            "--data" => args.data = Some(PathBuf::from(value)),
+            "--max-body" => args.opts.max_body = number(&flag, &value)?,
+            "--max-connections" => args.opts.max_connections = number(&flag, &value)?,
+            "--timeout" => {
+                args.opts.timeout = Duration::from_secs(number(&flag, &value)? as u64);
+            }
+            "--workers" => args.opts.workers = number(&flag, &value)?,
+            _ => args.opts.max_buffered = number(&flag, &value)?,
         }
     }
     Ok(args)
@@ -96,13 +136,14 @@ fn main() -> ExitCode {
         }
     }
 
-    let server = match MetadataServer::start(&args.addr, &args.path, args.data.clone()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the metadata server");
-            return ExitCode::FAILURE;
-        }
-    };
+    let server =
+        match MetadataServer::start_with(&args.addr, &args.path, args.data.clone(), args.opts) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the metadata server");
+                return ExitCode::FAILURE;
+            }
+        };
     match &args.data {
         Some(f) => tracing::info!(file = %f.display(), "data kept in file"),
         None => tracing::warn!("no --data file: data is lost when the server stops"),

@@ -2,24 +2,95 @@
 //! (Metadata requests), received notifications (Notify), and the refusal of
 //! RDMA connection requests, which this engine's transports do not take.
 
+use crate::config::Config;
 use crate::rpc::FrameKind;
 use crate::rpc::server::RpcHandler;
 use serde_json::{Value, json};
 use std::collections::VecDeque;
 use std::sync::{Mutex, RwLock};
-use tracing::{debug, warn};
+use tracing::debug;
 
-/// Most notifications kept before the oldest are dropped.
-const MAX_QUEUED_NOTIFIES: usize = 1 << 16;
+/// Bounds of the notification queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotifyLimits {
+    /// Largest notification accepted, name and message bytes together
+    /// (`MC_NOTIFY_MAX_SIZE`); a larger one is refused.
+    pub max_size: usize,
+    /// Notifications kept (`MC_NOTIFY_QUEUE_MAX_COUNT`).
+    pub max_count: usize,
+    /// Bytes of notifications kept (`MC_NOTIFY_QUEUE_MAX_BYTES`).
+    pub max_bytes: usize,
+}
+
+impl NotifyLimits {
+    /// The limits of a parsed configuration.
+    pub fn from_config(c: &Config) -> Self {
+        NotifyLimits {
+            max_size: c.notify_max_size,
+            max_count: c.notify_queue_max_count,
+            max_bytes: c.notify_queue_max_bytes,
+        }
+    }
+}
+
+impl Default for NotifyLimits {
+    /// The limits of the default configuration.
+    fn default() -> Self {
+        NotifyLimits::from_config(&Config::default())
+    }
+}
+
+/// Received notifications, oldest first, and their size.
+#[derive(Default)]
+struct NotifyQueue {
+    items: VecDeque<(String, String)>,
+    bytes: usize,
+    /// Dropped to make room since the engine started.
+    dropped: u64,
+    /// Refused for their size since the engine started.
+    refused: u64,
+}
 
 /// State shared between the engine and its handshake listener.
 #[derive(Default)]
 pub struct ControlState {
     local_desc: RwLock<Option<Value>>,
-    notifies: Mutex<VecDeque<(String, String)>>,
+    notifies: Mutex<NotifyQueue>,
+    limits: NotifyLimits,
+}
+
+/// Why a notification was not queued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotifyRefusal {
+    /// Name and message together exceed [`NotifyLimits::max_size`].
+    TooLarge {
+        /// Bytes of name and message.
+        size: usize,
+        /// The limit.
+        max: usize,
+    },
+}
+
+impl std::fmt::Display for NotifyRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotifyRefusal::TooLarge { size, max } => write!(
+                f,
+                "notification of {size} bytes refused: the limit is {max} (MC_NOTIFY_MAX_SIZE)"
+            ),
+        }
+    }
 }
 
 impl ControlState {
+    /// A control state whose notification queue has `limits`.
+    pub fn new(limits: NotifyLimits) -> Self {
+        ControlState {
+            limits,
+            ..ControlState::default()
+        }
+    }
+
     /// Sets the descriptor served to peers.
     pub fn set_local_desc(&self, desc: Value) {
         *self.local_desc.write().unwrap_or_else(|e| e.into_inner()) = Some(desc);
@@ -33,23 +104,55 @@ impl ControlState {
             .clone()
     }
 
-    /// Queues a received notification.
-    pub fn push_notify(&self, name: String, msg: String) {
+    /// Queues a received notification, dropping the oldest ones beyond the
+    /// queue's count and byte bounds; refuses one larger than
+    /// [`NotifyLimits::max_size`].
+    pub fn push_notify(&self, name: String, msg: String) -> Result<(), NotifyRefusal> {
+        let size = name.len() + msg.len();
+        // One notification never exceeds the whole queue.
+        let max = self.limits.max_size.min(self.limits.max_bytes);
         let mut q = self.notifies.lock().unwrap_or_else(|e| e.into_inner());
-        if q.len() >= MAX_QUEUED_NOTIFIES {
-            warn!("notification queue full ({MAX_QUEUED_NOTIFIES}); dropping the oldest");
-            q.pop_front();
+        if size > max {
+            q.refused += 1;
+            crate::warn_limited!(
+                "notification of {size} bytes from {name:.64?} refused: the limit is {max} \
+                 (MC_NOTIFY_MAX_SIZE); {} refused so far",
+                q.refused
+            );
+            return Err(NotifyRefusal::TooLarge { size, max });
         }
-        q.push_back((name, msg));
+        let mut dropped = 0u64;
+        while !q.items.is_empty()
+            && (q.items.len() >= self.limits.max_count || q.bytes + size > self.limits.max_bytes)
+        {
+            if let Some((n, m)) = q.items.pop_front() {
+                q.bytes -= n.len() + m.len();
+                dropped += 1;
+            }
+        }
+        q.items.push_back((name, msg));
+        q.bytes += size;
+        if dropped > 0 {
+            q.dropped += dropped;
+            crate::warn_limited!(
+                "notification queue full ({} notifications, {} bytes; limits \
+                 MC_NOTIFY_QUEUE_MAX_COUNT={}, MC_NOTIFY_QUEUE_MAX_BYTES={}): dropped the \
+                 oldest; {} dropped so far",
+                q.items.len(),
+                q.bytes,
+                self.limits.max_count,
+                self.limits.max_bytes,
+                q.dropped
+            );
+        }
+        Ok(())
     }
 
     /// Takes every queued notification, oldest first.
     pub fn take_notifies(&self) -> Vec<(String, String)> {
-        self.notifies
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-            .collect()
+        let mut q = self.notifies.lock().unwrap_or_else(|e| e.into_inner());
+        q.bytes = 0;
+        q.items.drain(..).collect()
     }
 }
 
@@ -59,15 +162,22 @@ impl RpcHandler for ControlState {
             FrameKind::Metadata => self.local_desc().unwrap_or(Value::Null),
             FrameKind::Notify => {
                 let field = |k: &str| request.get(k).and_then(Value::as_str).map(str::to_string);
+                // A reply without `notify_msg` is a failure to the sender
+                // (Mooncake's client and ours).
                 match (field("name"), field("notify_msg")) {
                     (Some(name), Some(msg)) => {
                         debug!("notification from {name:?}");
-                        self.push_notify(name, msg);
-                        json!({"name": "", "notify_msg": "success"})
+                        match self.push_notify(name, msg) {
+                            Ok(()) => json!({"name": "", "notify_msg": "success"}),
+                            Err(e) => json!({"name": "", "error": e.to_string()}),
+                        }
                     }
                     _ => {
-                        warn!("malformed notification: {request}");
-                        json!({"name": "", "notify_msg": ""})
+                        crate::warn_limited!(
+                            "malformed notification ({} bytes of JSON) refused",
+                            request.to_string().len()
+                        );
+                        json!({"name": "", "error": "a notification needs string fields name and notify_msg"})
                     }
                 }
             }
@@ -81,5 +191,102 @@ impl RpcHandler for ControlState {
             }),
             FrameKind::Probe => json!({"status": "success"}),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(max_size: usize, max_count: usize, max_bytes: usize) -> ControlState {
+        ControlState::new(NotifyLimits {
+            max_size,
+            max_count,
+            max_bytes,
+        })
+    }
+
+    fn notify(name: &str, msg: &str) -> Value {
+        json!({"name": name, "notify_msg": msg})
+    }
+
+    #[test]
+    fn notifications_are_queued_in_order() {
+        let s = ControlState::new(NotifyLimits::default());
+        for i in 0..3 {
+            let reply = s.handle(FrameKind::Notify, notify(&format!("n{i}"), "m"));
+            assert_eq!(reply["notify_msg"], "success");
+        }
+        let got = s.take_notifies();
+        assert_eq!(
+            got.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+            ["n0", "n1", "n2"]
+        );
+        assert!(s.take_notifies().is_empty());
+    }
+
+    #[test]
+    fn oversized_notification_is_refused_with_a_failure_reply() {
+        let s = state(10, 100, 1000);
+        // 10 bytes in all: accepted.
+        assert_eq!(
+            s.handle(FrameKind::Notify, notify("abcd", "efghij"))["notify_msg"],
+            "success"
+        );
+        // 11 bytes: refused, and the reply has no notify_msg.
+        let reply = s.handle(FrameKind::Notify, notify("abcd", "efghijk"));
+        assert!(reply.get("notify_msg").is_none(), "{reply}");
+        assert!(
+            reply["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("MC_NOTIFY_MAX_SIZE"))
+        );
+        assert_eq!(s.take_notifies().len(), 1);
+    }
+
+    #[test]
+    fn malformed_notification_gets_a_failure_reply() {
+        let s = ControlState::new(NotifyLimits::default());
+        let reply = s.handle(FrameKind::Notify, json!({"name": 1}));
+        assert!(reply.get("notify_msg").is_none(), "{reply}");
+        assert!(s.take_notifies().is_empty());
+    }
+
+    #[test]
+    fn count_bound_drops_the_oldest() {
+        let s = state(100, 3, 1 << 20);
+        for i in 0..5 {
+            s.push_notify(format!("n{i}"), String::new())
+                .expect("queued");
+        }
+        let names: Vec<String> = s.take_notifies().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["n2", "n3", "n4"]);
+        assert_eq!(s.notifies.lock().unwrap().dropped, 2);
+    }
+
+    #[test]
+    fn byte_bound_drops_the_oldest_and_keeps_the_total_within_it() {
+        let s = state(1000, 1000, 2500);
+        for i in 0..10 {
+            s.push_notify(format!("{i}"), "x".repeat(999))
+                .expect("queued");
+            let q = s.notifies.lock().unwrap();
+            assert!(q.bytes <= 2500, "{} bytes queued", q.bytes);
+            assert_eq!(
+                q.bytes,
+                q.items
+                    .iter()
+                    .map(|(n, m)| n.len() + m.len())
+                    .sum::<usize>()
+            );
+        }
+        let names: Vec<String> = s.take_notifies().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["8", "9"]);
+        assert_eq!(s.notifies.lock().unwrap().bytes, 0);
+        // A notification as large as the whole byte bound still fits.
+        let s = state(2500, 1000, 2500);
+        s.push_notify("a".into(), "x".repeat(100)).expect("queued");
+        s.push_notify("b".into(), "x".repeat(2499)).expect("queued");
+        assert_eq!(s.take_notifies().len(), 1);
     }
 }

@@ -112,7 +112,7 @@ pub struct NicLoad {
 
 /// Raises the soft limit on open descriptors to the hard limit, as
 /// Mooncake does: connections to many peers need descriptors.
-fn raise_descriptor_limit() {
+pub(crate) fn raise_descriptor_limit() {
     let mut rl = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -146,7 +146,9 @@ impl Engine {
         let store = remote::open_store(&conn)?;
         let loopback = remote::loopback_ip(&local_name, config);
         let binding = remote::bind_rpc(&conn, &local_name, loopback, config)?;
-        let control = Arc::new(ControlState::default());
+        let control = Arc::new(ControlState::new(control::NotifyLimits::from_config(
+            config,
+        )));
         let rpc = RpcServer::start(
             binding.listener,
             control.clone(),

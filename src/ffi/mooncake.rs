@@ -641,7 +641,11 @@ pub unsafe extern "C" fn submitTransferWithNotify(
 }
 
 /// Takes every notification received so far (oldest first). `*size` is set
-/// to their number.
+/// to their number. The engine keeps at most `MC_NOTIFY_QUEUE_MAX_COUNT`
+/// (65536) notifications and `MC_NOTIFY_QUEUE_MAX_BYTES` (64 MiB) of names
+/// and messages between two calls; beyond, the oldest are dropped (and
+/// counted in the log). A notification larger than `MC_NOTIFY_MAX_SIZE`
+/// (64 KiB) is refused to its sender.
 ///
 /// Returns a `malloc`ed array to release with `freeNotifsMsgBuf`, or NULL
 /// when there are none, on allocation failure, or for a NULL or unknown
@@ -709,8 +713,10 @@ pub unsafe extern "C" fn freeNotifsMsgBuf(msg: *mut notify_msg_t, size: c_int) -
 /// Sends a notification now to the owner of segment `target_id`.
 ///
 /// Returns 0; -1 for a NULL or unknown engine or a NULL string; -200 for a
-/// segment that is not open or a reply without `notify_msg`; -101, -102 or
-/// -103 for name resolution, socket or JSON errors.
+/// segment that is not open or a reply without `notify_msg` (the peer
+/// refused it, e.g. as larger than its `MC_NOTIFY_MAX_SIZE`); -101, -102 or
+/// -103 for name resolution, socket or JSON errors. A refused or reset
+/// connection is tried again until `MC_HANDSHAKE_CONNECT_TIMEOUT`.
 ///
 /// # Safety
 /// The notify strings must be NULL or NUL-terminated.

@@ -8,12 +8,14 @@
 //! * [`http`] — the HTTP store client ([`http::HttpStore`]);
 //! * [`etcd`] — the etcd store client ([`etcd::EtcdStore`]);
 //! * [`redis`] — the redis store client ([`redis::RedisStore`]);
-//! * [`server`] — our persistent HTTP metadata server.
+//! * [`server`] — our persistent HTTP metadata server (HTTP/1.1 in
+//!   `http1`).
 
 pub mod conn;
 pub mod descriptor;
 pub mod etcd;
 pub mod http;
+mod http1;
 pub mod keys;
 pub mod redis;
 pub mod server;

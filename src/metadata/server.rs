@@ -7,27 +7,26 @@
 //! * `PUT <path>?key=K` — stores the request body as is (overwriting), 200;
 //! * `DELETE <path>?key=K` — 200, also for an absent key.
 //!
-//! A missing `key` parameter is 400, another method 405, another path 404.
-//! Unlike the Go server, every change is written to the data file (a JSON
-//! object of key to stored body; temp file, fsync, rename) before the answer
-//! goes out, and the file is loaded at start.
+//! A missing `key` parameter is 400, another method 405, another path 404,
+//! a body over the limit 413. Unlike the Go server, every change is written
+//! to the data file (a JSON object of key to stored body; temp file, fsync,
+//! rename) before the answer goes out, and the file is loaded at start.
+//!
+//! The server is event-driven ([`crate::serve`]): one thread reads the
+//! requests of every connection, each with a deadline, and a few threads
+//! answer complete ones, so slow or silent clients cannot hold up others.
+//! Connections are kept alive between requests (HTTP/1.1).
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Read, Write};
-use std::net::SocketAddr;
+use std::io::{self, Write};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
+use std::time::Duration;
 
-use tiny_http::{Header, Method, Request, Response};
-
-/// Number of request-handling threads.
-const WORKERS: usize = 4;
-
-/// Largest value accepted by `PUT`.
-const MAX_VALUE: u64 = 256 << 20;
+use super::http1::{self, Limits};
+use crate::serve::{self, Dispatch, Parse, Reply, Service, Then};
 
 /// Stored values and the file that persists them.
 struct Store {
@@ -124,16 +123,48 @@ fn persist(path: &Path, data: &BTreeMap<String, String>) -> io::Result<()> {
     // The data is in place; a failed directory sync only weakens crash
     // safety, so it is reported, not returned.
     if let Err(e) = fs::File::open(dir).and_then(|d| d.sync_all()) {
-        tracing::warn!(dir = %dir.display(), error = %e, "cannot fsync the data directory");
+        crate::warn_limited!("cannot fsync the data directory {}: {e}", dir.display());
     }
     Ok(())
 }
 
+/// Bounds of a [`MetadataServer`] (the command-line flags of
+/// `transfer-engine-metadata-server`).
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Largest `PUT` body; a larger one is answered 413 (`--max-body`,
+    /// 64 MiB).
+    pub max_body: usize,
+    /// Connections open at once (`--max-connections`, 1024). At the bound a
+    /// new connection closes the oldest one waiting for its client; when
+    /// all have requests being answered, new ones wait in the backlog.
+    pub max_connections: usize,
+    /// Deadline for a whole request (head and body) from the connection's
+    /// start or its previous response, and for sending a response
+    /// (`--timeout`, 30 s). An idle kept-alive connection closes after it.
+    pub timeout: Duration,
+    /// Threads that answer complete requests (`--workers`, 4).
+    pub workers: usize,
+    /// Bytes of requests and responses held across all connections
+    /// (`--max-buffered`, 256 MiB; at least one largest request).
+    pub max_buffered: usize,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            max_body: 64 << 20,
+            max_connections: 1024,
+            timeout: Duration::from_secs(30),
+            workers: 4,
+            max_buffered: 256 << 20,
+        }
+    }
+}
+
 /// A running metadata server; stops on [`MetadataServer::shutdown`] or drop.
 pub struct MetadataServer {
-    server: Arc<tiny_http::Server>,
-    workers: Vec<JoinHandle<()>>,
-    stop: Arc<AtomicBool>,
+    server: serve::Server,
     addr: SocketAddr,
     path: String,
 }
@@ -141,48 +172,58 @@ pub struct MetadataServer {
 impl MetadataServer {
     /// Loads `data_file` (if given and present) and serves on `addr` (e.g.
     /// `127.0.0.1:0` for any free port) under `path` (e.g. `/metadata`; a
-    /// missing leading `/` is added). Fails if the address cannot be bound or
-    /// the data file cannot be read or parsed.
+    /// missing leading `/` is added), with the default [`ServerOptions`].
+    /// Fails if the address cannot be bound or the data file cannot be read
+    /// or parsed.
     pub fn start(addr: &str, path: &str, data_file: Option<PathBuf>) -> io::Result<MetadataServer> {
+        Self::start_with(addr, path, data_file, ServerOptions::default())
+    }
+
+    /// [`MetadataServer::start`] with explicit bounds.
+    pub fn start_with(
+        addr: &str,
+        path: &str,
+        data_file: Option<PathBuf>,
+        opts: ServerOptions,
+    ) -> io::Result<MetadataServer> {
         let path = if path.starts_with('/') {
             path.to_owned()
         } else {
             format!("/{path}")
         };
-        let store = Arc::new(Store::load(data_file)?);
-        let server = Arc::new(tiny_http::Server::http(addr).map_err(|e| {
-            io::Error::new(
-                io::ErrorKind::AddrNotAvailable,
-                format!("cannot listen on {addr}: {e}"),
-            )
-        })?);
-        let local = server.server_addr().to_ip().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{addr} is not an IP address"),
-            )
-        })?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut workers = Vec::with_capacity(WORKERS);
-        for i in 0..WORKERS {
-            let (srv, store, flag, path) =
-                (server.clone(), store.clone(), stop.clone(), path.clone());
-            let spawned = std::thread::Builder::new()
-                .name(format!("metadata-http-{i}"))
-                .spawn(move || serve(&srv, &store, &flag, &path));
-            match spawned {
-                Ok(h) => workers.push(h),
-                Err(e) => {
-                    stop_workers(&server, &stop, workers);
-                    return Err(e);
-                }
-            }
-        }
-        tracing::info!(addr = %local, %path, "metadata server started");
+        let store = Store::load(data_file)?;
+        // The connection bound, not the usual 1024 descriptors, limits
+        // clients.
+        crate::engine::raise_descriptor_limit();
+        let listener = TcpListener::bind(addr)
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+        let local = listener.local_addr()?;
+        let limits = Limits {
+            max_body: opts.max_body,
+        };
+        // One largest request (head, body, and a read beyond) always fits.
+        let min_buffered = opts
+            .max_body
+            .saturating_add(http1::MAX_HEAD)
+            .saturating_add(128 << 10);
+        let serve_opts = serve::Options {
+            max_connections: opts.max_connections.max(1),
+            request_timeout: opts.timeout,
+            write_timeout: opts.timeout,
+            linger_timeout: opts.timeout.min(Duration::from_secs(5)),
+            max_buffered: opts.max_buffered.max(min_buffered),
+            workers: opts.workers.max(1),
+            thread_name: "te-meta",
+        };
+        let service = Arc::new(Http {
+            store,
+            path: path.clone(),
+            limits,
+        });
+        let server = serve::Server::start(listener, service, serve_opts)?;
+        tracing::info!(addr = %local, %path, ?opts, "metadata server started");
         Ok(MetadataServer {
             server,
-            workers,
-            stop,
             addr: local,
             path,
         })
@@ -208,32 +249,89 @@ impl MetadataServer {
 
 impl Drop for MetadataServer {
     fn drop(&mut self) {
-        stop_workers(&self.server, &self.stop, std::mem::take(&mut self.workers));
+        self.server.shutdown();
         tracing::info!(addr = %self.addr, "metadata server stopped");
     }
 }
 
-fn stop_workers(server: &tiny_http::Server, stop: &AtomicBool, workers: Vec<JoinHandle<()>>) {
-    stop.store(true, Ordering::SeqCst);
-    // Each unblock wakes exactly one blocked `recv`.
-    for _ in &workers {
-        server.unblock();
+/// The metadata protocol as a [`Service`].
+struct Http {
+    store: Store,
+    path: String,
+    limits: Limits,
+}
+
+impl Service for Http {
+    type Request = http1::Request;
+    type Parser = http1::Parser;
+    const NAME: &'static str = "metadata server";
+    const SETTINGS: serve::Settings = serve::Settings {
+        connections: "--max-connections",
+        buffered: "--max-buffered",
+        timeout: "--timeout",
+    };
+
+    fn parse(&self, parser: &mut http1::Parser, buf: &mut Vec<u8>) -> Parse<http1::Request> {
+        http1::parse(parser, buf, self.limits)
     }
-    for w in workers {
-        if w.join().is_err() {
-            tracing::error!("a metadata server worker panicked");
-        }
+
+    fn dispatch(&self, request: http1::Request) -> Dispatch<http1::Request> {
+        Dispatch::Work(request)
+    }
+
+    fn handle(&self, _peer: SocketAddr, req: http1::Request) -> Result<Reply, String> {
+        let (status, body) = self.answer(req.method, &req.target, req.body);
+        Ok(Reply {
+            bytes: http1::response(status, body.as_bytes(), req.keep_alive),
+            then: if req.keep_alive {
+                Then::KeepAlive
+            } else {
+                Then::Linger
+            },
+        })
     }
 }
 
-fn serve(server: &tiny_http::Server, store: &Store, stop: &AtomicBool, path: &str) {
-    while !stop.load(Ordering::SeqCst) {
-        match server.recv() {
-            Ok(req) => handle(req, store, path),
-            Err(e) if !stop.load(Ordering::SeqCst) => {
-                tracing::warn!(error = %e, "metadata server accept failed");
+impl Http {
+    /// Status and body of the answer to one request.
+    fn answer(&self, method: String, target: &str, body: Vec<u8>) -> (u16, String) {
+        let (req_path, query) = target.split_once('?').unwrap_or((target, ""));
+        if req_path != self.path {
+            return (404, "not found".into());
+        }
+        if !matches!(method.as_str(), "GET" | "PUT" | "DELETE") {
+            return (405, "method not allowed".into());
+        }
+        let Some(key) = query_key(query) else {
+            return (400, "missing key".into());
+        };
+        let change = match method.as_str() {
+            "GET" => {
+                return match self.store.get(&key) {
+                    Some(v) => (200, v),
+                    None => (404, "metadata not found".into()),
+                };
             }
-            Err(_) => {}
+            "PUT" => match String::from_utf8(body) {
+                Ok(value) => Some(value),
+                Err(_) => return (400, "value is not UTF-8".into()),
+            },
+            _ => None,
+        };
+        let put = change.is_some();
+        match self.store.update(&key, change) {
+            Ok(()) if put => {
+                tracing::debug!(%key, "metadata updated");
+                (200, "metadata updated".into())
+            }
+            Ok(()) => {
+                tracing::debug!(%key, "metadata deleted");
+                (200, "metadata deleted".into())
+            }
+            Err(e) => {
+                crate::log_limited!(error, "cannot persist metadata {key:?}: {e}");
+                (500, "cannot persist metadata".into())
+            }
         }
     }
 }
@@ -252,76 +350,6 @@ fn query_key(query: &str) -> Option<String> {
             .ok()
             .map(|s| s.into_owned())
     })
-}
-
-fn reply(req: Request, status: u16, body: impl Into<Vec<u8>>) {
-    let mut resp = Response::from_data(body.into()).with_status_code(status);
-    if let Ok(h) = Header::from_bytes("Content-Type", "application/json; charset=utf-8") {
-        resp.add_header(h);
-    }
-    if status == 405 {
-        if let Ok(h) = Header::from_bytes("Allow", "GET, PUT, DELETE") {
-            resp.add_header(h);
-        }
-    }
-    if let Err(e) = req.respond(resp) {
-        tracing::debug!(error = %e, "metadata client went away before the answer");
-    }
-}
-
-fn handle(mut req: Request, store: &Store, path: &str) {
-    let url = req.url().to_owned();
-    let (req_path, query) = url.split_once('?').unwrap_or((&url, ""));
-    if req_path != path {
-        return reply(req, 404, "not found");
-    }
-    let method = req.method().clone();
-    if !matches!(method, Method::Get | Method::Put | Method::Delete) {
-        return reply(req, 405, "method not allowed");
-    }
-    let Some(key) = query_key(query) else {
-        return reply(req, 400, "missing key");
-    };
-    match method {
-        Method::Get => match store.get(&key) {
-            Some(v) => reply(req, 200, v),
-            None => reply(req, 404, "metadata not found"),
-        },
-        Method::Put => {
-            let mut body = Vec::new();
-            let read = req.as_reader().take(MAX_VALUE + 1).read_to_end(&mut body);
-            if let Err(e) = read {
-                tracing::warn!(%key, error = %e, "cannot read PUT body");
-                return reply(req, 400, "invalid request");
-            }
-            if body.len() as u64 > MAX_VALUE {
-                return reply(req, 413, "value too large");
-            }
-            let Ok(value) = String::from_utf8(body) else {
-                return reply(req, 400, "value is not UTF-8");
-            };
-            match store.update(&key, Some(value)) {
-                Ok(()) => {
-                    tracing::debug!(%key, "metadata updated");
-                    reply(req, 200, "metadata updated")
-                }
-                Err(e) => {
-                    tracing::error!(%key, error = %e, "cannot persist metadata");
-                    reply(req, 500, "cannot persist metadata")
-                }
-            }
-        }
-        _ => match store.update(&key, None) {
-            Ok(()) => {
-                tracing::debug!(%key, "metadata deleted");
-                reply(req, 200, "metadata deleted")
-            }
-            Err(e) => {
-                tracing::error!(%key, error = %e, "cannot persist metadata");
-                reply(req, 500, "cannot persist metadata")
-            }
-        },
-    }
 }
 
 #[cfg(test)]

@@ -1,19 +1,30 @@
 //! The handshake client (spec §3.3): one connection per request.
+//!
+//! A handshake that is refused, reset or closed before the reply (a peer
+//! that is starting, restarting, or shedding connections at its bound) is
+//! tried again after a short backoff, until the connect deadline.
 
 use super::DeadlineReader;
-use super::frame::{Frame, FrameKind, encode_json, read_frame};
+use super::frame::{Frame, FrameError, FrameKind, encode_json, read_frame};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use serde_json::Value;
-use std::io::Write;
+use std::io::{self, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::debug;
+
+/// First pause before trying a refused or reset handshake again; it
+/// doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(10);
+/// Longest pause between two tries.
+const MAX_BACKOFF: Duration = Duration::from_millis(250);
 
 /// Timeouts and limits of [`call`].
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
-    /// Bound on each TCP connect (`MC_HANDSHAKE_CONNECT_TIMEOUT`, 5 s).
+    /// Bound on connecting, including the tries again after a refused or
+    /// reset handshake (`MC_HANDSHAKE_CONNECT_TIMEOUT`, 5 s).
     pub connect_timeout: Duration,
     /// Bound on sending the request and on reading the reply (60 s, as
     /// Mooncake's `SO_RCVTIMEO`).
@@ -68,47 +79,76 @@ fn resolve(host: &str, port: u16, ipv6_first: bool) -> Result<Vec<SocketAddr>> {
     Ok(addrs)
 }
 
-/// One request/reply exchange with one address.
+/// Whether an I/O error means the peer refused or dropped the connection
+/// (worth another try) rather than a timeout or a local failure.
+fn refused_or_reset(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::UnexpectedEof
+    )
+}
+
+/// A failed exchange, and whether another try may succeed.
+struct Failure {
+    error: Error,
+    retry: bool,
+}
+
+/// One request/reply exchange with one address; the connect must finish
+/// by `connect_by`.
 fn exchange(
     addr: SocketAddr,
     kind: FrameKind,
     request: &Value,
     opts: &ClientOptions,
-) -> Result<Value> {
-    let sock_err = |what: &str, e: &dyn std::fmt::Display| {
-        Error::Socket(format!("handshake {kind:?} with {addr}: {what}: {e}"))
+    connect_by: Instant,
+) -> std::result::Result<Value, Failure> {
+    let fail = |what: &str, e: &dyn std::fmt::Display, retry: bool| Failure {
+        error: Error::Socket(format!("handshake {kind:?} with {addr}: {what}: {e}")),
+        retry,
     };
-    let stream = TcpStream::connect_timeout(&addr, opts.connect_timeout)
-        .map_err(|e| sock_err("connect", &e))?;
+    let io_fail = |what: &str, e: &io::Error| fail(what, e, refused_or_reset(e));
+    let left = connect_by.saturating_duration_since(Instant::now());
+    let stream = TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1)))
+        .map_err(|e| io_fail("connect", &e))?;
     stream
         .set_write_timeout(Some(opts.io_timeout))
-        .map_err(|e| sock_err("setsockopt", &e))?;
+        .map_err(|e| io_fail("setsockopt", &e))?;
     let mut writer = &stream;
     writer
         .write_all(&encode_json(Some(kind), request))
-        .map_err(|e| sock_err("send", &e))?;
+        .map_err(|e| io_fail("send", &e))?;
     let frame = read_frame(
         &mut DeadlineReader::new(&stream, opts.io_timeout),
         opts.max_frame_len,
     )
-    .map_err(|e| sock_err("reply", &e))?;
+    .map_err(|e| match &e {
+        FrameError::Io(io) => io_fail("reply", io),
+        _ => fail("reply", &e, false),
+    })?;
     let payload = match frame {
         Frame::Typed(k, p) if k == kind => p,
         Frame::Typed(k, _) => {
-            return Err(sock_err(
+            return Err(fail(
                 "reply",
                 &format_args!("type {k:?} instead of {kind:?}"),
+                false,
             ));
         }
         Frame::Legacy(_) => {
-            return Err(sock_err("reply", &"untyped (legacy) frame"));
+            return Err(fail("reply", &"untyped (legacy) frame", false));
         }
     };
-    serde_json::from_slice(&payload).map_err(|e| {
-        Error::MalformedJson(format!(
+    serde_json::from_slice(&payload).map_err(|e| Failure {
+        error: Error::MalformedJson(format!(
             "handshake {kind:?} reply from {addr} ({} bytes): {e}",
             payload.len()
-        ))
+        )),
+        retry: false,
     })
 }
 
@@ -116,11 +156,16 @@ fn exchange(
 /// returns its JSON reply.
 ///
 /// Every resolved address is tried in turn (preferred family first, see
-/// [`ClientOptions::ipv6`]) until one answers. Errors: the name does not
-/// resolve → [`Error::Dns`]; connect, send or receive failure, a reply
-/// frame that is invalid or of another type → [`Error::Socket`] (from the
-/// last address tried); a reply that is not JSON → [`Error::MalformedJson`]
-/// at once, without trying further addresses.
+/// [`ClientOptions::ipv6`]) until one answers. When every address refused
+/// the connection, reset it or closed it before a complete reply, all are
+/// tried again after a short backoff (10 ms, doubling up to 250 ms) until
+/// [`ClientOptions::connect_timeout`] from the call has passed. A request
+/// may therefore reach the peer's handler more than once.
+///
+/// Errors: the name does not resolve → [`Error::Dns`]; connect, send or
+/// receive failure, a reply frame that is invalid or of another type →
+/// [`Error::Socket`] (from the last address tried); a reply that is not
+/// JSON → [`Error::MalformedJson`] at once, without trying further.
 pub fn call(
     host: &str,
     port: u16,
@@ -128,18 +173,34 @@ pub fn call(
     request: &Value,
     opts: &ClientOptions,
 ) -> Result<Value> {
-    let mut last = None;
-    for addr in resolve(host, port, opts.ipv6)? {
-        match exchange(addr, kind, request, opts) {
-            Ok(v) => return Ok(v),
-            Err(e @ Error::MalformedJson(_)) => return Err(e),
-            Err(e) => {
-                debug!("{e}");
-                last = Some(e);
+    let addrs = resolve(host, port, opts.ipv6)?;
+    let deadline = Instant::now() + opts.connect_timeout;
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let mut last = None;
+        let mut retry = true;
+        for addr in &addrs {
+            match exchange(*addr, kind, request, opts, deadline) {
+                Ok(v) => return Ok(v),
+                Err(Failure {
+                    error: e @ Error::MalformedJson(_),
+                    ..
+                }) => return Err(e),
+                Err(f) => {
+                    debug!("{}", f.error);
+                    retry &= f.retry;
+                    last = Some(f.error);
+                }
             }
         }
+        let last =
+            last.unwrap_or_else(|| Error::Socket(format!("no address to try for {host}:{port}")));
+        if !retry || Instant::now() + backoff >= deadline {
+            return Err(last);
+        }
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
-    Err(last.unwrap_or_else(|| Error::Socket(format!("no address to try for {host}:{port}"))))
 }
 
 #[cfg(test)]
@@ -250,15 +311,98 @@ mod tests {
         let _ = t.join();
     }
 
+    fn unused_port() -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    }
+
     #[test]
-    fn closed_port_is_a_socket_error() {
-        let port = {
-            let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-            l.local_addr().expect("addr").port()
+    fn closed_port_is_retried_until_the_connect_deadline() {
+        let port = unused_port();
+        let o = ClientOptions {
+            connect_timeout: Duration::from_millis(500),
+            ..opts()
         };
-        let err = call("127.0.0.1", port, FrameKind::Probe, &json!({}), &opts())
-            .expect_err("nothing listens");
+        let t = std::time::Instant::now();
+        let err =
+            call("127.0.0.1", port, FrameKind::Probe, &json!({}), &o).expect_err("nothing listens");
         assert!(matches!(err, Error::Socket(_)), "{err:?}");
+        let took = t.elapsed();
+        assert!(
+            took >= Duration::from_millis(250) && took < Duration::from_secs(3),
+            "{took:?}"
+        );
+    }
+
+    #[test]
+    fn refused_handshake_is_retried_until_the_peer_listens() {
+        let port = unused_port();
+        let late = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(300));
+            let l = TcpListener::bind(("127.0.0.1", port)).expect("bind the same port");
+            let (mut s, _) = l.accept().expect("accept");
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            read_frame(&mut s, 1 << 20).expect("request");
+            s.write_all(&encode(Some(FrameKind::Probe), b"{\"late\":1}\n"))
+                .expect("reply");
+        });
+        let reply = call("127.0.0.1", port, FrameKind::Probe, &json!({}), &opts())
+            .expect("served once the listener is up");
+        assert_eq!(reply, json!({"late": 1}));
+        late.join().expect("late listener");
+    }
+
+    #[test]
+    fn connection_closed_before_the_reply_is_retried() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let t = thread::spawn(move || {
+            let mut seen = 0;
+            for (i, conn) in l.incoming().take(3).enumerate() {
+                let mut s = conn.expect("accept");
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                read_frame(&mut s, 1 << 20).expect("request");
+                seen += 1;
+                // The first is closed without a reply, the second reset.
+                match i {
+                    0 => drop(s),
+                    1 => {
+                        socket2::SockRef::from(&s)
+                            .set_linger(Some(Duration::ZERO))
+                            .unwrap();
+                        drop(s);
+                    }
+                    _ => {
+                        s.write_all(&encode(Some(FrameKind::Notify), b"{\"n\":3}\n"))
+                            .expect("reply");
+                        let _ = s.read_to_end(&mut Vec::new());
+                        return seen;
+                    }
+                }
+            }
+            seen
+        });
+        let reply = call("127.0.0.1", port, FrameKind::Notify, &json!({}), &opts())
+            .expect("served at the third try");
+        assert_eq!(reply, json!({"n": 3}));
+        assert_eq!(t.join().expect("server"), 3);
+    }
+
+    #[test]
+    fn silent_peer_is_not_retried() {
+        // Accepted by the kernel, never answered: the read deadline ends
+        // the call, once.
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let o = ClientOptions {
+            io_timeout: Duration::from_millis(300),
+            ..opts()
+        };
+        let t = std::time::Instant::now();
+        let err = call("127.0.0.1", port, FrameKind::Probe, &json!({}), &o).expect_err("no reply");
+        assert!(matches!(err, Error::Socket(_)), "{err:?}");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        drop(l);
     }
 
     #[test]

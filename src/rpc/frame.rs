@@ -116,18 +116,60 @@ pub fn encode_json(kind: Option<FrameKind>, v: &serde_json::Value) -> Vec<u8> {
     encode(kind, text.as_bytes())
 }
 
-/// Reads one frame. The length must be in `1..=max_len`; the body is read
-/// as it arrives (no allocation of the announced length up front).
-pub fn read_frame(r: &mut impl Read, max_len: u64) -> Result<Frame, FrameError> {
-    let mut len_buf = [0u8; 8];
-    r.read_exact(&mut len_buf)?;
-    let len = u64::from_ne_bytes(len_buf);
+/// Checks a decoded length field against `1..=max_len`.
+fn check_len(len: u64, max_len: u64) -> Result<(), FrameError> {
     if len == 0 {
         return Err(FrameError::ZeroLength);
     }
     if len > max_len {
         return Err(FrameError::TooLong { len, max: max_len });
     }
+    Ok(())
+}
+
+/// A frame cut from received bytes, or how far it is.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Taken {
+    /// The frame is incomplete; once whole it spans this many bytes (when
+    /// the length field has arrived).
+    Partial(Option<usize>),
+    /// A whole frame.
+    Whole(Frame),
+}
+
+/// Cuts one frame from the front of `buf`, which holds bytes received so
+/// far: [`Taken::Partial`] while the frame is incomplete (`buf` unchanged),
+/// the frame once it is whole (its bytes removed from `buf`; any bytes
+/// after it stay). The length field is checked as soon as its 8 bytes are
+/// there.
+pub fn take_frame(buf: &mut Vec<u8>, max_len: u64) -> Result<Taken, FrameError> {
+    let Some(len_bytes) = buf.first_chunk::<8>() else {
+        return Ok(Taken::Partial(None));
+    };
+    let len = u64::from_ne_bytes(*len_bytes);
+    check_len(len, max_len)?;
+    // `len <= max_len`, a configured limit far below the address space.
+    let end = 8 + len as usize;
+    if buf.len() < end {
+        return Ok(Taken::Partial(Some(end)));
+    }
+    let rest = buf.split_off(end);
+    let mut frame = std::mem::replace(buf, rest);
+    let kind = FrameKind::from_byte(frame[8]);
+    frame.drain(..if kind.is_some() { 9 } else { 8 });
+    Ok(Taken::Whole(match kind {
+        Some(kind) => Frame::Typed(kind, frame),
+        None => Frame::Legacy(frame),
+    }))
+}
+
+/// Reads one frame. The length must be in `1..=max_len`; the body is read
+/// as it arrives (no allocation of the announced length up front).
+pub fn read_frame(r: &mut impl Read, max_len: u64) -> Result<Frame, FrameError> {
+    let mut len_buf = [0u8; 8];
+    r.read_exact(&mut len_buf)?;
+    let len = u64::from_ne_bytes(len_buf);
+    check_len(len, max_len)?;
     // The first byte tells a typed frame from a legacy one; reading it
     // apart keeps the payload where it lands.
     let mut first = [0u8; 1];
@@ -263,6 +305,46 @@ mod tests {
             0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03, 0x00,
         ];
         assert!(matches!(decode(&hello), Err(FrameError::TooLong { .. })));
+    }
+
+    #[test]
+    fn take_frame_waits_for_the_whole_frame_and_keeps_what_follows() {
+        for (kind, payload) in [
+            (Some(FrameKind::Probe), &b"{}\n"[..]),
+            (Some(FrameKind::Metadata), &b""[..]),
+            (None, &b"{\"qp_num\":[1]}"[..]),
+        ] {
+            let bytes = encode(kind, payload);
+            let mut buf = Vec::new();
+            // Byte by byte: nothing until the last byte, and the frame then.
+            for (i, b) in bytes.iter().enumerate() {
+                buf.push(*b);
+                let got = take_frame(&mut buf, MAX).expect("valid so far");
+                if i + 1 < 8 {
+                    assert_eq!(got, Taken::Partial(None));
+                } else if i + 1 < bytes.len() {
+                    assert_eq!(got, Taken::Partial(Some(bytes.len())));
+                    assert_eq!(buf.len(), i + 1);
+                } else {
+                    assert_eq!(got, Taken::Whole(decode(&bytes).expect("frame")));
+                    assert!(buf.is_empty());
+                }
+            }
+            // What follows the frame stays in the buffer.
+            let mut buf = bytes.clone();
+            buf.extend_from_slice(b"next");
+            assert!(matches!(take_frame(&mut buf, MAX), Ok(Taken::Whole(_))));
+            assert_eq!(buf, b"next");
+        }
+        let mut big = (MAX + 1).to_ne_bytes().to_vec();
+        assert!(matches!(
+            take_frame(&mut big, MAX),
+            Err(FrameError::TooLong { .. })
+        ));
+        assert!(matches!(
+            take_frame(&mut vec![0; 8], MAX),
+            Err(FrameError::ZeroLength)
+        ));
     }
 
     #[test]

@@ -4,31 +4,27 @@
 //! frame, parse its JSON, dispatch by type, write the reply with the same
 //! type (a legacy frame is answered without a type byte), `shutdown(SHUT_WR)`,
 //! wait for the client's EOF, close. Unlike Mooncake's single serial thread,
-//! connections are served concurrently (up to
-//! [`ServerOptions::max_connections`]), every read is bounded by a deadline,
-//! and a bad frame, bad JSON or a panicking handler closes only that
-//! connection.
+//! the listener is event-driven ([`crate::serve`]): one thread reads the
+//! frames of many connections, each with a deadline from its accept, and a
+//! small pool of threads runs the handlers of complete requests (Probe is
+//! answered at once). A slow, silent or malformed client, or a panicking
+//! handler, closes only its own connection; at the connection bound the
+//! oldest connection still waiting for its client makes room for a new one.
 
-use super::DeadlineReader;
-use super::frame::{Frame, FrameKind, encode_json, read_frame};
+use super::frame::{Frame, FrameKind, Taken, encode_json, take_frame};
 use crate::config::Config;
+use crate::serve::{self, Dispatch, Parse, Reply, Service, Then};
 use serde_json::{Value, json};
 use socket2::{Domain, Socket, Type};
-use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::io::{self, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
-use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::{self, JoinHandle};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::time::Duration;
-use tracing::{debug, warn};
+use tracing::debug;
 
-/// How often the accept loop looks at the stop flag.
-const ACCEPT_POLL: Duration = Duration::from_millis(100);
 /// Attempts of [`bind_in_range`] before it gives up (Mooncake's value).
 const BIND_ATTEMPTS: u32 = 500;
 /// Backlog [`bind_in_range`] listens with; [`RpcServer::start`] then
@@ -40,7 +36,8 @@ const DEFAULT_BACKLOG: libc::c_int = 128;
 pub trait RpcHandler: Send + Sync + 'static {
     /// Returns the reply to one request. Legacy (untyped) frames arrive as
     /// [`FrameKind::Connection`]. A panic closes that connection without a
-    /// reply; the server keeps serving.
+    /// reply; the server keeps serving. Handlers run on a small pool of
+    /// threads ([`ServerOptions::workers`]): one that blocks holds a thread.
     fn handle(&self, kind: FrameKind, request: Value) -> Value;
 }
 
@@ -49,11 +46,21 @@ pub trait RpcHandler: Send + Sync + 'static {
 pub struct ServerOptions {
     /// Largest accepted frame length (`MC_HANDSHAKE_MAX_LENGTH`).
     pub max_frame_len: u64,
-    /// Deadline for reading one request, for writing the reply, and for
-    /// the client's EOF after the reply (5 s, as Mooncake's `SO_RCVTIMEO`).
+    /// Deadline for the whole request from the accept, for writing the
+    /// reply, and for the client's EOF after the reply
+    /// (`MC_HANDSHAKE_IO_TIMEOUT`, 5 s, as Mooncake's `SO_RCVTIMEO`).
     pub io_timeout: Duration,
-    /// Connections served at once; more are closed on arrival (64).
+    /// Connections open at once (`MC_HANDSHAKE_MAX_CONNECTIONS`, 256). At
+    /// the bound a new connection closes the oldest one still waiting for
+    /// its client; when all have requests in handlers, new ones wait in the
+    /// listen backlog.
     pub max_connections: usize,
+    /// Threads that run handlers (`MC_HANDSHAKE_WORKERS`, 4).
+    pub workers: usize,
+    /// Bytes of requests and replies buffered across all connections
+    /// (`MC_HANDSHAKE_MAX_BUFFERED`, 64 MiB; at least one frame of
+    /// [`ServerOptions::max_frame_len`]).
+    pub max_buffered: u64,
     /// Listen backlog applied to the listener (`MC_HANDSHAKE_LISTEN_BACKLOG`).
     pub listen_backlog: u32,
 }
@@ -63,8 +70,10 @@ impl ServerOptions {
     pub fn from_config(c: &Config) -> Self {
         ServerOptions {
             max_frame_len: c.handshake_max_length,
-            io_timeout: Duration::from_secs(5),
-            max_connections: 64,
+            io_timeout: Duration::from_secs(c.handshake_io_timeout_secs),
+            max_connections: c.handshake_max_connections,
+            workers: c.handshake_workers,
+            max_buffered: c.handshake_max_buffered,
             listen_backlog: c.handshake_listen_backlog,
         }
     }
@@ -77,31 +86,85 @@ impl Default for ServerOptions {
     }
 }
 
-/// A running handshake listener: one accept thread plus one thread per
-/// connection in progress. [`RpcServer::shutdown`] (also run on drop)
-/// stops and joins all of them.
+/// A running handshake listener: one poll thread and
+/// [`ServerOptions::workers`] handler threads. [`RpcServer::shutdown`]
+/// (also run on drop) stops and joins all of them.
 pub struct RpcServer {
     port: u16,
-    shared: Arc<Shared>,
-    accept_thread: Mutex<Option<JoinHandle<()>>>,
+    server: serve::Server,
 }
 
-/// State shared by the accept thread and [`RpcServer::shutdown`].
-struct Shared {
-    stop: AtomicBool,
-    conns: Mutex<HashMap<u64, Conn>>,
+/// The handshake protocol as a [`Service`].
+struct Handshake {
+    handler: Arc<dyn RpcHandler>,
+    max_frame_len: u64,
 }
 
-/// One connection in progress: a handle on its socket (to cut it off at
-/// shutdown) and its thread.
-struct Conn {
-    stream: TcpStream,
-    thread: JoinHandle<()>,
+/// A complete request: its kind, the kind of the reply (`None` for a
+/// legacy frame), and its JSON text.
+type HandshakeRequest = (FrameKind, Option<FrameKind>, Vec<u8>);
+
+impl Handshake {
+    fn json(kind: FrameKind, payload: &[u8]) -> Result<Value, String> {
+        serde_json::from_slice(payload).map_err(|e| {
+            format!(
+                "malformed JSON in {kind:?} request ({} bytes): {e}",
+                payload.len()
+            )
+        })
+    }
+
+    fn reply(reply_kind: Option<FrameKind>, v: &Value) -> Reply {
+        Reply {
+            bytes: encode_json(reply_kind, v),
+            then: Then::Linger,
+        }
+    }
 }
 
-/// Locks a mutex whose data stays consistent even if a holder panicked.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+impl Service for Handshake {
+    type Request = HandshakeRequest;
+    type Parser = ();
+    const NAME: &'static str = "handshake";
+    const SETTINGS: serve::Settings = serve::Settings {
+        connections: "MC_HANDSHAKE_MAX_CONNECTIONS",
+        buffered: "MC_HANDSHAKE_MAX_BUFFERED",
+        timeout: "MC_HANDSHAKE_IO_TIMEOUT",
+    };
+
+    fn parse(&self, _: &mut (), buf: &mut Vec<u8>) -> Parse<HandshakeRequest> {
+        match take_frame(buf, self.max_frame_len) {
+            Ok(Taken::Partial(want)) => Parse::More {
+                interim: None,
+                want,
+            },
+            Ok(Taken::Whole(Frame::Typed(k, p))) => Parse::Done((k, Some(k), p)),
+            Ok(Taken::Whole(Frame::Legacy(p))) => Parse::Done((FrameKind::Connection, None, p)),
+            Err(e) => Parse::Invalid {
+                reason: e.to_string(),
+                reply: None,
+            },
+        }
+    }
+
+    fn dispatch(&self, request: HandshakeRequest) -> Dispatch<HandshakeRequest> {
+        let (kind, reply_kind, payload) = request;
+        if kind != FrameKind::Probe {
+            return Dispatch::Work((kind, reply_kind, payload));
+        }
+        match Self::json(kind, &payload) {
+            Ok(_) => Dispatch::Reply(Self::reply(reply_kind, &json!({"status": "success"}))),
+            Err(e) => Dispatch::Close(e),
+        }
+    }
+
+    fn handle(&self, _peer: SocketAddr, request: HandshakeRequest) -> Result<Reply, String> {
+        let (kind, reply_kind, payload) = request;
+        let request = Self::json(kind, &payload)?;
+        drop(payload);
+        let reply = self.handler.handle(kind, request);
+        Ok(Self::reply(reply_kind, &reply))
+    }
 }
 
 impl RpcServer {
@@ -114,27 +177,31 @@ impl RpcServer {
         opts: ServerOptions,
     ) -> io::Result<RpcServer> {
         let port = listener.local_addr()?.port();
-        listener.set_nonblocking(true)?;
         let backlog = libc::c_int::try_from(opts.listen_backlog).unwrap_or(libc::c_int::MAX);
         // SAFETY: the fd is a live socket owned by `listener`; listen() on a
         // listening socket only updates its backlog (Linux).
         if unsafe { libc::listen(listener.as_raw_fd(), backlog) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        let shared = Arc::new(Shared {
-            stop: AtomicBool::new(false),
-            conns: Mutex::new(HashMap::new()),
+        // One frame of the largest length, and one read beyond it, always fit.
+        let min_buffered = opts.max_frame_len.saturating_add(128 << 10);
+        let serve_opts = serve::Options {
+            max_connections: opts.max_connections.max(1),
+            request_timeout: opts.io_timeout,
+            write_timeout: opts.io_timeout,
+            linger_timeout: opts.io_timeout,
+            max_buffered: usize::try_from(opts.max_buffered.max(min_buffered))
+                .unwrap_or(usize::MAX),
+            workers: opts.workers.max(1),
+            thread_name: "te-rpc",
+        };
+        let service = Arc::new(Handshake {
+            handler,
+            max_frame_len: opts.max_frame_len,
         });
-        let loop_shared = Arc::clone(&shared);
-        let accept_thread = thread::Builder::new()
-            .name("te-rpc-accept".into())
-            .spawn(move || accept_loop(listener, handler, opts, loop_shared))?;
+        let server = serve::Server::start(listener, service, serve_opts)?;
         debug!("handshake listener serving port {port}");
-        Ok(RpcServer {
-            port,
-            shared,
-            accept_thread: Mutex::new(Some(accept_thread)),
-        })
+        Ok(RpcServer { port, server })
     }
 
     /// The port the listener is bound to.
@@ -142,230 +209,17 @@ impl RpcServer {
         self.port
     }
 
-    /// Stops accepting, cuts off the connections in progress and joins
-    /// every thread the server started. Returns within about 100 ms plus
-    /// the time handlers already running take to return. Idempotent.
+    /// Stops accepting, closes the connections in progress and joins every
+    /// thread the server started: returns at once unless handlers are
+    /// running, then as soon as they return (their replies are still sent).
+    /// Idempotent.
     ///
     /// Called from a handler (directly, or by dropping the last owner of
-    /// the server), it leaves that handler's connection to send its reply
-    /// and does not join the calling thread, which ends right after.
+    /// the server), it does not wait: that handler's reply is still sent,
+    /// and the server's threads end by themselves right after.
     pub fn shutdown(&self) {
-        self.shared.stop.store(true, Ordering::Release);
-        let me = thread::current().id();
-        if let Some(t) = lock(&self.accept_thread).take() {
-            if t.thread().id() != me && t.join().is_err() {
-                warn!("handshake accept thread panicked");
-            }
-        }
-        // The accept thread is gone: nobody adds connections any more. A
-        // handler may shut the server down from its own connection thread
-        // (e.g. by dropping the last owner): that connection is left to
-        // finish its reply, and its thread to end by itself.
-        let conns: Vec<Conn> = lock(&self.shared.conns)
-            .drain()
-            .map(|(_, c)| c)
-            .filter(|c| c.thread.thread().id() != me)
-            .collect();
-        for c in &conns {
-            // Wakes a thread blocked reading from a slow or silent client.
-            let _ = c.stream.shutdown(Shutdown::Both);
-        }
-        for c in conns {
-            if c.thread.join().is_err() {
-                warn!("handshake connection thread panicked");
-            }
-        }
+        self.server.shutdown();
     }
-}
-
-impl Drop for RpcServer {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
-/// Waits up to `timeout` for `fd` to become readable.
-fn wait_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: `pfd` is a valid pollfd array of length 1 for the whole call.
-    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-    match n {
-        n if n > 0 => Ok(true),
-        0 => Ok(false),
-        _ => {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                Ok(false)
-            } else {
-                Err(e)
-            }
-        }
-    }
-}
-
-/// Accepts connections until the stop flag is set, one thread each.
-fn accept_loop(
-    listener: TcpListener,
-    handler: Arc<dyn RpcHandler>,
-    opts: ServerOptions,
-    shared: Arc<Shared>,
-) {
-    let (done_tx, done_rx) = crossbeam_channel::unbounded::<u64>();
-    let mut next_id: u64 = 0;
-    while !shared.stop.load(Ordering::Acquire) {
-        // Join the threads of finished connections.
-        for id in done_rx.try_iter() {
-            let finished = lock(&shared.conns).remove(&id);
-            if let Some(c) = finished {
-                if c.thread.join().is_err() {
-                    warn!("handshake connection thread panicked");
-                }
-            }
-        }
-        match wait_readable(listener.as_raw_fd(), ACCEPT_POLL) {
-            Ok(true) => {}
-            Ok(false) => continue,
-            Err(e) => {
-                warn!("handshake listener poll failed: {e}");
-                thread::sleep(ACCEPT_POLL);
-                continue;
-            }
-        }
-        let (stream, peer) = match listener.accept() {
-            Ok(a) => a,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) =>
-            {
-                continue;
-            }
-            Err(e) => {
-                // E.g. EMFILE: back off instead of spinning on the pending
-                // connection.
-                warn!("handshake listener accept failed: {e}");
-                thread::sleep(ACCEPT_POLL);
-                continue;
-            }
-        };
-        let mut conns = lock(&shared.conns);
-        if conns.len() >= opts.max_connections {
-            warn!(
-                "handshake connection from {peer} closed: {} connections already in progress",
-                conns.len()
-            );
-            continue;
-        }
-        let handle = match stream.try_clone() {
-            Ok(h) => h,
-            Err(e) => {
-                warn!("handshake connection from {peer} closed: {e}");
-                continue;
-            }
-        };
-        let id = next_id;
-        next_id += 1;
-        let (handler, opts, tx, shared) = (
-            Arc::clone(&handler),
-            opts.clone(),
-            done_tx.clone(),
-            Arc::clone(&shared),
-        );
-        let spawned = thread::Builder::new()
-            .name("te-rpc-conn".into())
-            .spawn(move || {
-                if let Err(e) = serve_connection(&stream, &*handler, &opts) {
-                    if shared.stop.load(Ordering::Acquire) {
-                        debug!("handshake connection from {peer} cut off at shutdown: {e}");
-                    } else {
-                        warn!("handshake connection from {peer} closed: {e}");
-                    }
-                }
-                // Send FIN now: the accept loop closes the fd when it reaps
-                // this thread, up to 100 ms later.
-                let _ = stream.shutdown(Shutdown::Both);
-                drop(stream);
-                // The receiver lives as long as the accept loop; after it
-                // ends, shutdown joins this thread directly.
-                let _ = tx.send(id);
-            });
-        match spawned {
-            Ok(thread) => {
-                conns.insert(
-                    id,
-                    Conn {
-                        stream: handle,
-                        thread,
-                    },
-                );
-            }
-            Err(e) => warn!("handshake connection from {peer} closed: no thread: {e}"),
-        }
-    }
-}
-
-/// The text of a panic payload.
-fn panic_message(p: &(dyn std::any::Any + Send)) -> &str {
-    p.downcast_ref::<&str>()
-        .copied()
-        .or_else(|| p.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("non-string panic payload")
-}
-
-/// Serves the one request of a connection. An error means the connection
-/// is closed without (or after a failed) reply.
-fn serve_connection(
-    stream: &TcpStream,
-    handler: &dyn RpcHandler,
-    opts: &ServerOptions,
-) -> Result<(), String> {
-    stream.set_nonblocking(false).map_err(|e| e.to_string())?;
-    stream
-        .set_write_timeout(Some(opts.io_timeout))
-        .map_err(|e| e.to_string())?;
-    let frame = read_frame(
-        &mut DeadlineReader::new(stream, opts.io_timeout),
-        opts.max_frame_len,
-    )
-    .map_err(|e| e.to_string())?;
-    let (kind, reply_kind, payload) = match frame {
-        Frame::Typed(k, p) => (k, Some(k), p),
-        Frame::Legacy(p) => (FrameKind::Connection, None, p),
-    };
-    let request: Value = serde_json::from_slice(&payload).map_err(|e| {
-        format!(
-            "malformed JSON in {kind:?} request ({} bytes): {e}",
-            payload.len()
-        )
-    })?;
-    let reply = if kind == FrameKind::Probe {
-        json!({"status": "success"})
-    } else {
-        panic::catch_unwind(AssertUnwindSafe(|| handler.handle(kind, request)))
-            .map_err(|p| format!("{kind:?} handler panicked: {}", panic_message(&*p)))?
-    };
-    // std sends with MSG_NOSIGNAL: a vanished peer is an error, not SIGPIPE.
-    let mut writer = stream;
-    writer
-        .write_all(&encode_json(reply_kind, &reply))
-        .map_err(|e| format!("writing the {kind:?} reply failed: {e}"))?;
-    stream
-        .shutdown(Shutdown::Write)
-        .map_err(|e| format!("shutdown after the reply failed: {e}"))?;
-    // Let the client close first (its side then holds TIME_WAIT).
-    let mut byte = [0u8; 1];
-    match DeadlineReader::new(stream, opts.io_timeout).read(&mut byte) {
-        Ok(0) => {}
-        Ok(_) => debug!("handshake client sent data after the reply"),
-        Err(e) => debug!("handshake client did not close after the reply: {e}"),
-    }
-    Ok(())
 }
 
 /// A pseudo-random number (std's randomly keyed SipHash of `seed`).
@@ -439,9 +293,17 @@ mod tests {
     use super::*;
     use crate::error::Error;
     use crate::rpc::client::{ClientOptions, call};
-    use crate::rpc::frame::encode;
-    use std::sync::atomic::AtomicUsize;
+    use crate::rpc::frame::{encode, read_frame};
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Mutex, MutexGuard};
+    use std::thread;
     use std::time::Instant;
+
+    fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
 
     /// Echoes the request with the kind it arrived as; panics on request.
     struct Echo {
@@ -606,31 +468,172 @@ mod tests {
     }
 
     #[test]
-    fn connections_beyond_the_limit_are_closed() {
+    fn at_the_bound_the_oldest_waiting_connection_makes_room() {
         let opts = ServerOptions {
-            max_connections: 1,
+            max_connections: 2,
             ..ServerOptions::default()
         };
         let (server, _echo) = start(opts);
-        let first = raw(server.port());
-        let second = raw(server.port());
-        // The first (silent) connection holds the only slot.
-        assert!(closed_by_server(second));
-        drop(first);
+        let port = server.port();
+        let oldest = raw(port);
+        let mut younger = raw(port);
+        younger.write_all(&50u64.to_ne_bytes()).expect("write");
+        // Both silent connections hold the two slots; a real client takes
+        // the oldest one's.
+        call("127.0.0.1", port, FrameKind::Probe, &json!({}), &client())
+            .expect("served at the bound");
+        assert!(closed_by_server(oldest));
+        // The younger one is still open: it gets the reply to its frame.
+        younger.write_all(&[3]).expect("write");
+        younger
+            .write_all(&[b' '; 47])
+            .and_then(|()| younger.write_all(b"{}"))
+            .expect("write");
+        let frame = read_frame(&mut younger, 1 << 20).expect("reply to the younger");
+        let Frame::Typed(FrameKind::Probe, payload) = frame else {
+            panic!("expected a Probe reply, got {frame:?}");
+        };
+        let reply: Value = serde_json::from_slice(&payload).expect("json");
+        assert_eq!(reply, json!({"status": "success"}));
+    }
+
+    /// Blocks in its handler until released.
+    struct Gate {
+        open: AtomicBool,
+        entered: AtomicUsize,
+    }
+
+    impl RpcHandler for Gate {
+        fn handle(&self, _kind: FrameKind, request: Value) -> Value {
+            self.entered.fetch_add(1, Ordering::SeqCst);
+            let end = Instant::now() + Duration::from_secs(20);
+            while !self.open.load(Ordering::SeqCst) && Instant::now() < end {
+                thread::sleep(Duration::from_millis(5));
+            }
+            request
+        }
     }
 
     #[test]
-    fn handler_panic_keeps_the_server_alive() {
+    fn when_every_connection_is_in_a_handler_new_ones_wait_in_the_backlog() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let gate = Arc::new(Gate {
+            open: AtomicBool::new(false),
+            entered: AtomicUsize::new(0),
+        });
+        let opts = ServerOptions {
+            max_connections: 1,
+            workers: 1,
+            ..ServerOptions::default()
+        };
+        let server = RpcServer::start(listener, gate.clone(), opts).expect("start");
+        let port = server.port();
+        let first = thread::spawn(move || {
+            call(
+                "127.0.0.1",
+                port,
+                FrameKind::Metadata,
+                &json!({"n": 1}),
+                &client(),
+            )
+        });
+        while gate.entered.load(Ordering::SeqCst) == 0 {
+            thread::sleep(Duration::from_millis(5));
+        }
+        // The only slot is busy: the second connection is not accepted
+        // (nor refused) until the first is answered.
+        let second = thread::spawn(move || {
+            call(
+                "127.0.0.1",
+                port,
+                FrameKind::Metadata,
+                &json!({"n": 2}),
+                &client(),
+            )
+        });
+        thread::sleep(Duration::from_millis(300));
+        assert_eq!(gate.entered.load(Ordering::SeqCst), 1);
+        gate.open.store(true, Ordering::SeqCst);
+        assert_eq!(first.join().expect("first").expect("call"), json!({"n": 1}));
+        assert_eq!(
+            second.join().expect("second").expect("call"),
+            json!({"n": 2})
+        );
+    }
+
+    #[test]
+    fn trickling_client_is_closed_at_the_deadline_from_accept() {
+        let opts = ServerOptions {
+            io_timeout: Duration::from_millis(500),
+            ..ServerOptions::default()
+        };
+        let (server, _echo) = start(opts);
+        let mut s = raw(server.port());
+        let t = Instant::now();
+        let frame = encode(Some(FrameKind::Metadata), &[b' '; 100]);
+        // One byte every 50 ms keeps the connection busy, but the frame is
+        // not complete within the deadline.
+        let mut closed = false;
+        for b in &frame {
+            if s.write_all(&[*b]).is_err() {
+                closed = true;
+                break;
+            }
+            thread::sleep(Duration::from_millis(50));
+            if t.elapsed() > Duration::from_secs(3) {
+                break;
+            }
+        }
+        assert!(closed || closed_by_server(s));
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn buffered_bytes_are_bounded_across_connections() {
+        // The bound is raised to one largest frame and a read beyond it.
+        let opts = ServerOptions {
+            max_buffered: 0,
+            ..ServerOptions::default()
+        };
+        let (server, _echo) = start(opts);
+        let port = server.port();
+        let part = |s: &mut TcpStream| {
+            let frame = encode(Some(FrameKind::Metadata), &vec![b' '; (1 << 20) - 1]);
+            s.write_all(&frame[..700 << 10]).expect("write");
+        };
+        let mut first = raw(port);
+        part(&mut first);
+        // The server holds the first one's 700 KiB before the second comes.
+        call("127.0.0.1", port, FrameKind::Probe, &json!({}), &client()).expect("probe");
+        let mut second = raw(port);
+        part(&mut second);
+        // Two incomplete frames do not fit: the oldest is closed.
+        assert!(closed_by_server(first));
+        call("127.0.0.1", port, FrameKind::Probe, &json!({}), &client())
+            .expect("small requests are still served");
+        drop(second);
+    }
+
+    #[test]
+    fn handler_panic_closes_only_its_connection() {
         let (server, echo) = start(ServerOptions::default());
+        // Closed before the reply, the request is tried again until the
+        // client's connect deadline.
+        let opts = ClientOptions {
+            connect_timeout: Duration::from_millis(300),
+            ..client()
+        };
         let err = call(
             "127.0.0.1",
             server.port(),
             FrameKind::Connection,
             &json!({"panic": true}),
-            &client(),
+            &opts,
         )
         .expect_err("no reply after a panic");
         assert!(matches!(err, Error::Socket(_)), "{err:?}");
+        let panics = echo.calls.load(Ordering::SeqCst);
+        assert!(panics >= 1, "{panics}");
         let reply = call(
             "127.0.0.1",
             server.port(),
@@ -640,7 +643,7 @@ mod tests {
         )
         .expect("served after the panic");
         assert_eq!(reply["kind"], json!(2));
-        assert_eq!(echo.calls.load(Ordering::SeqCst), 2);
+        assert_eq!(echo.calls.load(Ordering::SeqCst), panics + 1);
     }
 
     #[test]

@@ -24,8 +24,16 @@ pub(super) struct HwlocFacts {
 }
 
 /// Builds an hwloc topology with I/O objects kept and reads it.
+///
+/// hwloc's `pci` component (the libpciaccess plugin) is not used: it leaks
+/// the PCI vendor and device name strings libpciaccess allocates (about
+/// 0.6 MB per discovery), and its only extra over the `linux` component,
+/// which reads the same PCI devices, addresses and localities from sysfs,
+/// is those names.
 pub(super) fn discover() -> Result<HwlocFacts, String> {
     let topo = HwTopology::builder()
+        .without_component("pci")
+        .map_err(|e| format!("cannot leave out the pci component: {e}"))?
         .with_io_type_filter(TypeFilter::KeepAll)
         .map_err(|e| format!("cannot keep I/O objects: {e}"))?
         .build()
@@ -126,5 +134,22 @@ mod tests {
             facts.openfabrics.is_empty(),
             "no RDMA hardware on the test machines"
         );
+    }
+
+    #[test]
+    fn pci_network_devices_are_found_without_the_pci_component() {
+        // The linux component reads the PCI tree from sysfs: every netdev
+        // that sysfs places on a PCI function is on the same one in hwloc.
+        let facts = discover().unwrap_or_else(|e| panic!("hwloc failed here: {e}"));
+        for nic in super::super::sysfs::net_interfaces() {
+            let Some(pci) = nic.pci_bus_id else { continue };
+            let hw = facts.network.get(&nic.name);
+            assert_eq!(
+                hw.and_then(|l| l.pci_bus_id.as_deref()),
+                Some(pci.as_str()),
+                "{} in hwloc: {hw:?}",
+                nic.name
+            );
+        }
     }
 }

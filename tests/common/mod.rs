@@ -10,6 +10,7 @@
 
 #![allow(dead_code)]
 
+pub mod proc;
 pub mod servers;
 
 use serde_json::{Value, json};
@@ -274,6 +275,13 @@ pub fn read_until_closed(s: &mut TcpStream, within: Duration) -> Vec<u8> {
             Err(e) => panic!("reading until close: {e}"),
         }
     }
+}
+
+/// The port of an engine's handshake listener.
+pub fn handshake_port(e: &Engine) -> u16 {
+    let addr = e.local_ip_and_port();
+    let (_, port) = addr.rsplit_once(':').expect("ip:port");
+    port.parse().expect("port")
 }
 
 /// Fetches an engine's descriptor with a Metadata RPC to its handshake port.

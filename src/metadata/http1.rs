@@ -1,0 +1,525 @@
+//! HTTP/1.1 for the metadata server: requests cut incrementally out of the
+//! bytes a connection receives (head parsed with `httparse`, bodies by
+//! `Content-Length` or chunked), and responses.
+//!
+//! Every part a client controls is bounded: the head (16 KiB, 64 header
+//! fields), the body ([`Limits::max_body`], checked against the declared
+//! length before the body arrives, and while a chunked body is decoded),
+//! chunk-size lines. A chunked body is decoded in place, so a request
+//! never holds more than the bytes it was sent.
+
+use crate::serve::Parse;
+
+/// Largest request head (request line and header fields).
+pub(super) const MAX_HEAD: usize = 16 << 10;
+/// Most header fields in a request head.
+const MAX_HEADERS: usize = 64;
+/// Longest chunk-size line (with extensions) or trailer section.
+const MAX_CHUNK_LINE: usize = 4 << 10;
+/// Sent when a client asks `Expect: 100-continue` before its body.
+const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// Request bounds.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    /// Largest body accepted; a larger one is answered 413.
+    pub max_body: usize,
+}
+
+/// One complete request.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Request {
+    /// The method, as sent (`GET`, `PUT`, ...).
+    pub method: String,
+    /// The request target (`/metadata?key=...`).
+    pub target: String,
+    /// The body, decoded.
+    pub body: Vec<u8>,
+    /// Whether the connection stays open for another request.
+    pub keep_alive: bool,
+}
+
+/// How the body of a request is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Body {
+    Length(usize),
+    /// Chunked: `read` is where the next chunk-size line starts in the
+    /// buffer, `written` the end of the body decoded so far (in place, at
+    /// the front of the buffer).
+    Chunked {
+        read: usize,
+        written: usize,
+    },
+}
+
+/// A parsed head, waiting for its body.
+#[derive(Debug)]
+struct Head {
+    method: String,
+    target: String,
+    keep_alive: bool,
+    body: Body,
+    expect_continue: bool,
+}
+
+/// Per-connection parsing state: the head once it is parsed (its bytes
+/// are then gone from the buffer, which holds only the body).
+#[derive(Debug, Default)]
+pub(super) struct Parser {
+    head: Option<Head>,
+}
+
+/// The reason phrase of the status codes the server sends.
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        413 => "Payload Too Large",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        _ => "Unknown",
+    }
+}
+
+/// Encodes a response with a JSON content type (as Mooncake's Go server
+/// sends), `Allow` on 405, and `Connection: close` unless `keep_alive`.
+pub(super) fn response(status: u16, body: &[u8], keep_alive: bool) -> Vec<u8> {
+    let mut out = format!(
+        "HTTP/1.1 {status} {}\r\nContent-Type: application/json; charset=utf-8\r\n\
+         Content-Length: {}\r\n",
+        reason(status),
+        body.len()
+    )
+    .into_bytes();
+    if status == 405 {
+        out.extend_from_slice(b"Allow: GET, PUT, DELETE\r\n");
+    }
+    if !keep_alive {
+        out.extend_from_slice(b"Connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    out
+}
+
+fn invalid(status: u16, reason: String, body: &str) -> Parse<Request> {
+    Parse::Invalid {
+        reason,
+        reply: Some(response(status, body.as_bytes(), false)),
+    }
+}
+
+/// Whether a comma-separated header value lists `token` (case-insensitive).
+fn has_token(value: &[u8], token: &str) -> bool {
+    value
+        .split(|b| *b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+}
+
+/// Parses the head at the front of `buf`; `Ok(None)` while incomplete.
+fn parse_head(buf: &[u8], limits: Limits) -> Result<Option<(Head, usize)>, Parse<Request>> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut fields);
+    let head_len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
+            return Err(invalid(
+                431,
+                format!("request head over {MAX_HEAD} bytes"),
+                "request head too large",
+            ));
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(invalid(
+                431,
+                format!("more than {MAX_HEADERS} header fields"),
+                "too many header fields",
+            ));
+        }
+        Err(e) => {
+            return Err(invalid(
+                400,
+                format!("bad request head: {e}"),
+                "bad request",
+            ));
+        }
+    };
+    if head_len > MAX_HEAD {
+        return Err(invalid(
+            431,
+            format!("request head of {head_len} bytes"),
+            "request head too large",
+        ));
+    }
+    let http10 = req.version == Some(0);
+    let mut keep_alive = !http10;
+    let mut length: Option<usize> = None;
+    let mut chunked = false;
+    let mut expect_continue = false;
+    for h in req.headers.iter() {
+        let name = h.name;
+        if name.eq_ignore_ascii_case("content-length") {
+            let n = std::str::from_utf8(h.value)
+                .ok()
+                .map(str::trim)
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse::<usize>().ok());
+            match (n, length) {
+                (Some(n), None) => length = Some(n),
+                (Some(n), Some(m)) if n == m => {}
+                _ => {
+                    return Err(invalid(
+                        400,
+                        "invalid or conflicting Content-Length".into(),
+                        "bad request",
+                    ));
+                }
+            }
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            let codings: Vec<&[u8]> = h
+                .value
+                .split(|b| *b == b',')
+                .map(<[u8]>::trim_ascii)
+                .collect();
+            if codings.iter().all(|c| c.eq_ignore_ascii_case(b"chunked")) && codings.len() == 1 {
+                chunked = true;
+            } else {
+                return Err(invalid(
+                    501,
+                    format!(
+                        "transfer coding {:?} not supported",
+                        String::from_utf8_lossy(h.value)
+                    ),
+                    "only the chunked transfer coding is supported",
+                ));
+            }
+        } else if name.eq_ignore_ascii_case("connection") {
+            if has_token(h.value, "close") {
+                keep_alive = false;
+            }
+        } else if name.eq_ignore_ascii_case("expect") && has_token(h.value, "100-continue") {
+            expect_continue = true;
+        }
+    }
+    // HTTP/1.0 clients get one response per connection.
+    if http10 {
+        keep_alive = false;
+    }
+    let body = match (chunked, length) {
+        (true, Some(_)) => {
+            return Err(invalid(
+                400,
+                "both Transfer-Encoding and Content-Length".into(),
+                "bad request",
+            ));
+        }
+        (true, None) => Body::Chunked {
+            read: 0,
+            written: 0,
+        },
+        (false, Some(n)) if n > limits.max_body => {
+            return Err(invalid(
+                413,
+                format!("body of {n} bytes over the limit of {}", limits.max_body),
+                "value too large",
+            ));
+        }
+        (false, n) => Body::Length(n.unwrap_or(0)),
+    };
+    let head = Head {
+        method: req.method.unwrap_or_default().to_owned(),
+        target: req.path.unwrap_or_default().to_owned(),
+        keep_alive,
+        body,
+        expect_continue,
+    };
+    Ok(Some((head, head_len)))
+}
+
+/// Decodes the chunks that have arrived, in place; `Ok(Some(end))` once
+/// the last chunk and trailers are in, with `end` the first byte after
+/// them.
+fn decode_chunks(
+    buf: &mut [u8],
+    read: &mut usize,
+    written: &mut usize,
+    limits: Limits,
+) -> Result<Option<usize>, Parse<Request>> {
+    loop {
+        let line = &buf[*read..];
+        let (line_len, size) = match httparse::parse_chunk_size(line) {
+            Ok(httparse::Status::Complete(c)) => c,
+            Ok(httparse::Status::Partial) if line.len() > MAX_CHUNK_LINE => {
+                return Err(invalid(
+                    400,
+                    "chunk-size line too long".into(),
+                    "bad request",
+                ));
+            }
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(_) => return Err(invalid(400, "bad chunk-size line".into(), "bad request")),
+        };
+        let size = usize::try_from(size).unwrap_or(usize::MAX);
+        if size == 0 {
+            // Optional trailer fields, then an empty line.
+            let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let rest = &line[line_len..];
+            return match httparse::parse_headers(rest, &mut fields) {
+                Ok(httparse::Status::Complete((n, _))) => Ok(Some(*read + line_len + n)),
+                Ok(httparse::Status::Partial) if rest.len() > MAX_CHUNK_LINE => Err(invalid(
+                    400,
+                    "trailer section too long".into(),
+                    "bad request",
+                )),
+                Ok(httparse::Status::Partial) => Ok(None),
+                Err(_) => Err(invalid(400, "bad trailer section".into(), "bad request")),
+            };
+        }
+        if size > limits.max_body.saturating_sub(*written) {
+            return Err(invalid(
+                413,
+                format!("chunked body over the limit of {}", limits.max_body),
+                "value too large",
+            ));
+        }
+        let data = *read + line_len;
+        let Some(end) = data.checked_add(size).and_then(|e| e.checked_add(2)) else {
+            return Err(invalid(400, "chunk too large".into(), "bad request"));
+        };
+        if buf.len() < end {
+            return Ok(None);
+        }
+        if &buf[end - 2..end] != b"\r\n" {
+            return Err(invalid(400, "chunk without CRLF".into(), "bad request"));
+        }
+        buf.copy_within(data..data + size, *written);
+        *written += size;
+        *read = end;
+    }
+}
+
+/// Looks at the bytes received: a complete request is removed from the
+/// front of `buf` (what follows it stays), with the head and any decoded
+/// chunks removed as soon as they are parsed.
+pub(super) fn parse(parser: &mut Parser, buf: &mut Vec<u8>, limits: Limits) -> Parse<Request> {
+    if parser.head.is_none() {
+        match parse_head(buf, limits) {
+            Ok(None) => {
+                return Parse::More {
+                    interim: None,
+                    want: None,
+                };
+            }
+            Ok(Some((head, len))) => {
+                buf.drain(..len);
+                parser.head = Some(head);
+            }
+            Err(reply) => return reply,
+        }
+    }
+    let Some(head) = &mut parser.head else {
+        return Parse::More {
+            interim: None,
+            want: None,
+        };
+    };
+    let end = match &mut head.body {
+        Body::Length(n) => (buf.len() >= *n).then_some((*n, *n)),
+        Body::Chunked { read, written } => match decode_chunks(buf, read, written, limits) {
+            Ok(end) => end.map(|e| (*written, e)),
+            Err(reply) => return reply,
+        },
+    };
+    let Some((body_len, consumed)) = end else {
+        // Ask for the body once, if the client waits to be asked.
+        let interim = std::mem::take(&mut head.expect_continue).then_some(CONTINUE);
+        let want = match head.body {
+            Body::Length(n) => Some(n),
+            Body::Chunked { .. } => None,
+        };
+        return Parse::More { interim, want };
+    };
+    let rest = buf.split_off(consumed);
+    let mut body = std::mem::replace(buf, rest);
+    body.truncate(body_len);
+    let Some(head) = parser.head.take() else {
+        return Parse::More {
+            interim: None,
+            want: None,
+        };
+    };
+    Parse::Done(Request {
+        method: head.method,
+        target: head.target,
+        body,
+        keep_alive: head.keep_alive,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits { max_body: 100 };
+
+    /// What feeding a request byte by byte gave: the requests (or the
+    /// reason and error reply of a refusal), the interim replies, and the
+    /// bytes left in the buffer.
+    type Fed = (
+        Vec<Result<Request, (String, Vec<u8>)>>,
+        Vec<&'static [u8]>,
+        Vec<u8>,
+    );
+
+    /// Feeds `bytes` one at a time.
+    fn feed(bytes: &[u8]) -> Fed {
+        let mut p = Parser::default();
+        let mut buf = Vec::new();
+        let mut out = Vec::new();
+        let mut interims = Vec::new();
+        for b in bytes {
+            buf.push(*b);
+            loop {
+                match parse(&mut p, &mut buf, LIMITS) {
+                    Parse::More { interim, .. } => {
+                        interims.extend(interim);
+                        break;
+                    }
+                    Parse::Done(r) => out.push(Ok(r)),
+                    Parse::Invalid { reason, reply } => {
+                        out.push(Err((reason, reply.unwrap_or_default())));
+                        return (out, interims, buf);
+                    }
+                }
+            }
+        }
+        (out, interims, buf)
+    }
+
+    fn status_of(reply: &[u8]) -> u16 {
+        String::from_utf8_lossy(reply)[9..12]
+            .parse()
+            .expect("status")
+    }
+
+    #[test]
+    fn content_length_requests_one_byte_at_a_time_and_pipelined() {
+        let (out, interims, rest) = feed(
+            b"PUT /metadata?key=a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello\
+              GET /metadata?key=a HTTP/1.1\r\nConnection: close\r\n\r\nDELETE",
+        );
+        assert!(interims.is_empty());
+        assert_eq!(
+            out,
+            vec![
+                Ok(Request {
+                    method: "PUT".into(),
+                    target: "/metadata?key=a".into(),
+                    body: b"hello".to_vec(),
+                    keep_alive: true,
+                }),
+                Ok(Request {
+                    method: "GET".into(),
+                    target: "/metadata?key=a".into(),
+                    body: Vec::new(),
+                    keep_alive: false,
+                }),
+            ]
+        );
+        assert_eq!(rest, b"DELETE");
+    }
+
+    #[test]
+    fn chunked_body_is_decoded_in_place() {
+        let (out, _, rest) = feed(
+            b"PUT /m HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n\
+              5;ext=1\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\nTrailer: x\r\n\r\nNEXT",
+        );
+        assert_eq!(out.len(), 1);
+        let r = out.into_iter().next().unwrap().expect("request");
+        assert_eq!(r.body, b"hello world");
+        assert_eq!(rest, b"NEXT");
+        let (out, _, _) = feed(b"PUT /m HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+        assert_eq!(out[0].as_ref().expect("request").body, b"");
+    }
+
+    #[test]
+    fn expect_continue_is_answered_once_before_the_body() {
+        let (out, interims, _) =
+            feed(b"PUT /m HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc");
+        assert_eq!(interims, vec![CONTINUE]);
+        assert_eq!(out[0].as_ref().expect("request").body, b"abc");
+    }
+
+    #[test]
+    fn http10_closes_after_the_response() {
+        let (out, _, _) = feed(b"GET /m?key=a HTTP/1.0\r\n\r\n");
+        assert!(!out[0].as_ref().expect("request").keep_alive);
+    }
+
+    #[test]
+    fn oversized_bodies_are_refused_before_they_arrive() {
+        let (out, _, _) = feed(b"PUT /m HTTP/1.1\r\nContent-Length: 101\r\n\r\n");
+        let (_, reply) = out[0].as_ref().expect_err("refused");
+        assert_eq!(status_of(reply), 413);
+        let mut chunked = b"PUT /m HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        chunked.extend_from_slice(b"64\r\n");
+        chunked.extend_from_slice(&[b'x'; 100]);
+        chunked.extend_from_slice(b"\r\n1\r\n");
+        let (out, _, _) = feed(&chunked);
+        let (_, reply) = out[0].as_ref().expect_err("refused");
+        assert_eq!(status_of(reply), 413);
+    }
+
+    #[test]
+    fn malformed_heads_are_refused() {
+        for (bytes, status) in [
+            (&b"\x16\x03\x01\x00 garbage\r\n\r\n"[..], 400),
+            (
+                b"PUT /m HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+                400,
+            ),
+            (b"PUT /m HTTP/1.1\r\nContent-Length: -3\r\n\r\n", 400),
+            (b"PUT /m HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
+            (
+                b"PUT /m HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+                400,
+            ),
+            (
+                b"PUT /m HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+                400,
+            ),
+            (
+                b"PUT /m HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nabc",
+                400,
+            ),
+        ] {
+            let (out, _, _) = feed(bytes);
+            let (reason, reply) = out
+                .last()
+                .and_then(|r| r.as_ref().err())
+                .unwrap_or_else(|| panic!("{:?} accepted", String::from_utf8_lossy(bytes)));
+            assert_eq!(status_of(reply), status, "{reason}");
+        }
+        let mut long = b"GET /m HTTP/1.1\r\nX: ".to_vec();
+        long.resize(MAX_HEAD + 10, b'a');
+        let (out, _, _) = feed(&long);
+        assert_eq!(status_of(&out[0].as_ref().expect_err("refused").1), 431);
+    }
+
+    #[test]
+    fn responses() {
+        let r = String::from_utf8(response(405, b"no", false)).unwrap();
+        assert_eq!(
+            r,
+            "HTTP/1.1 405 Method Not Allowed\r\nContent-Type: application/json; charset=utf-8\r\n\
+             Content-Length: 2\r\nAllow: GET, PUT, DELETE\r\nConnection: close\r\n\r\nno"
+        );
+        let r = String::from_utf8(response(200, b"{}", true)).unwrap();
+        assert!(r.starts_with("HTTP/1.1 200 OK\r\n") && !r.contains("Connection"));
+    }
+}
