@@ -7,6 +7,7 @@
 
 mod common;
 
+use common::proc::threads;
 use common::*;
 use std::io::Read;
 use std::net::TcpStream;
@@ -15,14 +16,6 @@ use transfer_engine::rpc::{ClientOptions, FrameKind, call};
 
 const CAP: usize = 256;
 const ATTACKERS: usize = 3000;
-
-fn threads() -> usize {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    s.lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap()
-}
 
 fn fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()

@@ -7,6 +7,7 @@
 
 mod common;
 
+use common::proc::threads;
 use common::*;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -30,14 +31,6 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountWarns {
             self.0.fetch_add(1, Ordering::Relaxed);
         }
     }
-}
-
-fn threads() -> usize {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    s.lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap()
 }
 
 /// The target, in the child: serves a buffer until it is killed.
