@@ -26,6 +26,9 @@ use tracing::{debug, warn};
 
 /// How often timers are checked.
 pub const SWEEP: Duration = Duration::from_millis(100);
+/// At the session bound, a session idle or stuck in an incomplete request
+/// for this long may be closed to make room.
+const EVICT_AFTER: Duration = Duration::from_secs(1);
 /// Connections accepted by one thread per wake-up before others run.
 const ACCEPTS_PER_TURN: usize = 64;
 
@@ -96,6 +99,7 @@ impl IoThreads {
                 conns: HashMap::new(),
                 resume: VecDeque::new(),
                 accept_pending: false,
+                accept_blocked: false,
             };
             let t = std::thread::Builder::new()
                 .name(format!("te-tcp-io-{i}"))
@@ -170,6 +174,9 @@ struct Io {
     /// Connections whose turn ended with work left.
     resume: VecDeque<Token>,
     accept_pending: bool,
+    /// At the session bound with none to close: connections wait in the
+    /// listen backlog until a session ends or the next sweep.
+    accept_blocked: bool,
 }
 
 impl Io {
@@ -177,7 +184,8 @@ impl Io {
         let mut events = Events::with_capacity(1024);
         let mut last_sweep = Instant::now();
         loop {
-            let timeout = if self.resume.is_empty() && !self.accept_pending {
+            let accepting = self.accept_pending && !self.accept_blocked;
+            let timeout = if self.resume.is_empty() && !accepting {
                 SWEEP
             } else {
                 Duration::ZERO
@@ -195,7 +203,7 @@ impl Io {
                     t => self.drive(t),
                 }
             }
-            if self.accept_pending {
+            if self.accept_pending && !self.accept_blocked {
                 self.accept();
             }
             while let Ok(cmd) = self.rx.try_recv() {
@@ -211,6 +219,7 @@ impl Io {
             let now = Instant::now();
             if now.duration_since(last_sweep) >= SWEEP {
                 last_sweep = now;
+                self.accept_blocked = false;
                 self.sweep(now);
             }
         }
@@ -220,8 +229,21 @@ impl Io {
         self.poll.registry()
     }
 
+    /// Accepts waiting connections within the session bound: at the bound
+    /// a session that has been idle or stuck long enough is closed to make
+    /// room; with none, the connections wait in the listen backlog, in
+    /// order, instead of being refused.
     fn accept(&mut self) {
         for _ in 0..ACCEPTS_PER_TURN {
+            let shared = &self.server;
+            if shared.open.load(Ordering::Acquire) >= shared.max_sessions && !self.make_room() {
+                crate::warn_limited!(
+                    "tcp: {} data connections are open (MC_TCP_MAX_DATA_CONNECTIONS), none idle or stuck for {EVICT_AFTER:?}: new connections wait in the listen backlog",
+                    self.server.max_sessions
+                );
+                self.accept_blocked = true;
+                return;
+            }
             let (stream, peer) = match self.listener.accept() {
                 Ok(a) => a,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -232,7 +254,7 @@ impl Io {
                 Err(e) => {
                     // E.g. EMFILE: the connection waits in the backlog.
                     crate::warn_limited!("tcp: accept failed: {e}");
-                    self.accept_pending = false;
+                    self.accept_blocked = true;
                     return;
                 }
             };
@@ -240,19 +262,8 @@ impl Io {
         }
     }
 
-    /// Takes an accepted connection, within the session bound: at the bound
-    /// the session idle the longest is closed for it, and without an idle
-    /// one the new connection is refused.
+    /// Takes an accepted connection.
     fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr) {
-        let shared = self.server.clone();
-        if shared.open.load(Ordering::Acquire) >= shared.max_sessions && !self.evict_idle() {
-            crate::warn_limited!(
-                "tcp: refused a data connection from {peer}: {} sessions are open (MC_TCP_MAX_DATA_CONNECTIONS) and none is idle",
-                shared.max_sessions
-            );
-            abort(&stream);
-            return;
-        }
         if let Err(e) = tune(&stream) {
             debug!("tcp: socket options for {peer}: {e}");
         }
@@ -271,28 +282,37 @@ impl Io {
         self.drive(token);
     }
 
-    /// Closes this thread's session idle the longest; false if none is.
-    fn evict_idle(&mut self) -> bool {
+    /// Makes room for a connection at the session bound: closes the
+    /// session of this thread that has been idle, or stuck in an incomplete
+    /// request, the longest, if that is at least [`EVICT_AFTER`] (so a new
+    /// connection is never taken for one that just arrived). False if none
+    /// qualifies.
+    fn make_room(&mut self) -> bool {
+        let now = Instant::now();
         let victim = self
             .conns
             .iter()
             .filter_map(|(t, c)| match c {
-                Conn::Session(s) if s.idle() => Some((*t, s.last_active())),
+                Conn::Session(s) if s.idle() => Some((*t, s.last_active(), Turn::Close)),
+                Conn::Session(s) => s.started().map(|since| (*t, since, Turn::Abort)),
                 _ => None,
             })
-            .min_by_key(|(_, at)| *at)
-            .map(|(t, _)| t);
-        match victim {
-            Some(t) => {
-                crate::warn_limited!(
-                    "tcp: closing the longest-idle data connection: {} sessions are open (MC_TCP_MAX_DATA_CONNECTIONS)",
-                    self.server.max_sessions
-                );
-                self.close(t, Turn::Close);
-                true
+            .filter(|(_, since, _)| now.duration_since(*since) >= EVICT_AFTER)
+            .min_by_key(|(_, since, _)| *since);
+        let Some((t, _, how)) = victim else {
+            return false;
+        };
+        crate::warn_limited!(
+            "tcp: {} sessions are open (MC_TCP_MAX_DATA_CONNECTIONS): closing the {} one for a new connection",
+            self.server.max_sessions,
+            if how == Turn::Close {
+                "longest-idle"
+            } else {
+                "longest-stuck"
             }
-            None => false,
-        }
+        );
+        self.close(t, how);
+        true
     }
 
     /// Serves a connection's turn.
@@ -330,6 +350,7 @@ impl Io {
 
     fn close(&mut self, t: Token, how: Turn) {
         if let Some(Conn::Session(mut s)) = self.conns.remove(&t) {
+            self.accept_blocked = false;
             if how == Turn::Abort {
                 abort(s.stream());
             } else {

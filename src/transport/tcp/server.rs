@@ -29,6 +29,8 @@ const RECV_BUF: usize = 64 * 1024;
 /// Most replies or reply bytes queued before they are sent.
 const MAX_REPLIES: usize = 128;
 const MAX_REPLY_BYTES: usize = 4 << 20;
+/// A request header must arrive whole within this long of its first byte.
+const HEADER_DEADLINE: Duration = Duration::from_secs(10);
 /// An idle session releases its receive buffer after this long.
 const TRIM_AFTER: Duration = Duration::from_secs(1);
 /// Bytes one session may move per turn before others get theirs.
@@ -162,6 +164,11 @@ pub struct Session {
     last_active: Instant,
     /// Whether a byte moved in this turn.
     moved: bool,
+    /// Whether a request was completed in this turn.
+    completed: bool,
+    /// Since when the request in progress (a partial header or a WRITE
+    /// payload) has been incomplete at the end of a turn.
+    started: Option<Instant>,
 }
 
 impl Session {
@@ -177,6 +184,8 @@ impl Session {
             eof: false,
             last_active: Instant::now(),
             moved: false,
+            completed: false,
+            started: None,
         }
     }
 
@@ -197,24 +206,48 @@ impl Session {
         self.last_active
     }
 
+    /// Since when the request in progress has been incomplete, if one is.
+    pub fn started(&self) -> Option<Instant> {
+        self.started
+    }
+
+    /// Whether a request is half received: a partial header, or a WRITE
+    /// whose payload is still arriving.
+    fn mid_request(&self) -> bool {
+        self.incoming.is_some() || self.rbuf.as_ref().is_some_and(|b| !b.is_empty())
+    }
+
     /// Whether the session must be closed now: idle too long, or a request
     /// in progress stalled.
     pub fn expired(&self, now: Instant, shared: &ServerShared) -> Option<Turn> {
         let quiet = now.duration_since(self.last_active);
         if self.idle() {
-            (quiet >= shared.idle_timeout).then_some(Turn::Close)
-        } else {
-            (quiet >= shared.stall).then(|| {
-                debug!("tcp: request from {} stalled for {quiet:?}", self.peer);
-                Turn::Abort
-            })
+            return (quiet >= shared.idle_timeout).then_some(Turn::Close);
         }
+        // A header must arrive whole within a deadline, however it trickles.
+        let header_late = self.incoming.is_none()
+            && self
+                .started
+                .is_some_and(|t| now.duration_since(t) >= HEADER_DEADLINE);
+        (quiet >= shared.stall || header_late).then(|| {
+            debug!(
+                "tcp: request from {} stalled (no byte for {quiet:?}{})",
+                self.peer,
+                if header_late {
+                    ", header incomplete"
+                } else {
+                    ""
+                }
+            );
+            Turn::Abort
+        })
     }
 
     /// Serves the connection until the socket would block, the turn's
     /// byte budget is used, or the session ends.
     pub fn drive(&mut self, shared: &ServerShared) -> Turn {
         self.moved = false;
+        self.completed = false;
         let turn = match self.turn(shared) {
             Ok(t) => t,
             Err(e) => {
@@ -223,7 +256,13 @@ impl Session {
             }
         };
         if self.moved {
-            self.last_active = Instant::now();
+            let now = Instant::now();
+            self.last_active = now;
+            if self.completed || self.started.is_none() {
+                self.started = self.mid_request().then_some(now);
+            }
+        } else if !self.mid_request() {
+            self.started = None;
         }
         turn
     }
@@ -312,6 +351,7 @@ impl Session {
                     self.replies.word(STATUS_OK);
                 }
                 self.replies.data(fence, h.addr, h.size as usize);
+                self.completed = true;
             }
         }
     }
@@ -355,6 +395,7 @@ impl Session {
         if inc.left == 0 {
             let v2 = inc.v2;
             self.incoming = None;
+            self.completed = true;
             if v2 {
                 self.replies.word(STATUS_OK);
             }
