@@ -138,6 +138,9 @@ pub struct Config {
     /// task still waiting this long after its slices were posted reports
     /// `STATUS_TIMEOUT`.
     pub slice_timeout_secs: u64,
+    /// `MC_TRANSFER_TIMEOUT` in seconds (30, 5..=86400): how long the
+    /// Python binding's synchronous transfers wait, plus 1 ns per byte.
+    pub transfer_timeout_secs: u64,
     /// The warnings parsing produced (bad values and what was kept).
     pub warnings: Vec<String>,
 }
@@ -186,6 +189,7 @@ impl Default for Config {
             redis_password: None,
             redis_db_index: 0,
             slice_timeout_secs: 0,
+            transfer_timeout_secs: 30,
             warnings: Vec::new(),
         }
     }
@@ -446,6 +450,7 @@ impl Config {
             redis_password: r.string("MC_REDIS_PASSWORD"),
             redis_db_index: r.number("MC_REDIS_DB_INDEX", 0, 0, 255),
             slice_timeout_secs: r.number("MC_SLICE_TIMEOUT", 0, 1, 65535),
+            transfer_timeout_secs: r.number("MC_TRANSFER_TIMEOUT", 30, 5, 86400),
             warnings: r.warnings.into_inner(),
         }
     }
@@ -493,6 +498,7 @@ mod tests {
         assert_eq!(c.handshake_max_length, 1 << 20);
         assert_eq!(c.tcp_lanes_per_peer, 4);
         assert_eq!(c.tcp_status_timeout_secs, 30);
+        assert_eq!(c.transfer_timeout_secs, 30);
         assert!(c.metacache);
         assert_eq!(c.endpoint_store_type, EndpointStoreType::Sieve);
         assert_eq!(c.handshake_io_timeout_secs, 5);
@@ -549,12 +555,14 @@ mod tests {
             ("MC_HANDSHAKE_MAX_LENGTH", "1000"),
             ("MC_TCP_LANES_PER_PEER", "17"),
             ("MC_LOG_LEVEL", "LOUD"),
+            ("MC_TRANSFER_TIMEOUT", "2"),
         ]);
         assert_eq!(c.slice_size, 65536);
         assert_eq!(c.retry_cnt, 9);
         assert_eq!(c.handshake_max_length, 1 << 20);
         assert_eq!(c.tcp_lanes_per_peer, 4);
         assert_eq!(c.log_level, LogLevel::Info);
+        assert_eq!(c.transfer_timeout_secs, 30);
         assert_eq!(parse(&[("MC_SLICE_SIZE", "-100")]).slice_size, 65536);
     }
 
@@ -608,6 +616,7 @@ mod tests {
             ("MC_DISABLE_METACACHE", "1"),
             ("MC_TE_FILTERS", "mlx5_0, mlx5_1"),
             ("MC_TCP_PROTO", "1"),
+            ("MC_TRANSFER_TIMEOUT", "120"),
         ]);
         assert_eq!(c.slice_size, 131072);
         assert_eq!(c.fragment_limit, 16384);
@@ -616,6 +625,7 @@ mod tests {
         assert!(!c.metacache);
         assert_eq!(c.te_filters, vec!["mlx5_0", "mlx5_1"]);
         assert!(c.tcp_force_v1);
+        assert_eq!(c.transfer_timeout_secs, 120);
     }
 
     #[test]

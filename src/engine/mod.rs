@@ -224,6 +224,11 @@ impl Engine {
         format!("{}:{}", self.rpc_ip, self.rpc.port())
     }
 
+    /// Port of the handshake listener (Mooncake's `getRpcPort`).
+    pub fn rpc_port(&self) -> u16 {
+        self.rpc.port()
+    }
+
     /// Installs the transport for an auto-discovered machine: RDMA needs
     /// devices this engine does not drive, so TCP serves, as in Mooncake
     /// when no HCA is found.

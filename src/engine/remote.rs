@@ -461,6 +461,25 @@ impl Engine {
         Ok(())
     }
 
+    /// Asks the handshake listener of segment `name` whether it is alive
+    /// (Mooncake's `sendProbe`): its address comes from the name in P2P
+    /// mode, from its `rpc_meta` entry with a store.
+    pub fn send_probe(&self, name: &str) -> Result<()> {
+        let name = name.trim_start_matches('/');
+        if name.is_empty() {
+            return Err(Error::InvalidArgument("segment name is empty".into()));
+        }
+        let (host, port) = self.rpc_address(name)?;
+        crate::rpc::call(
+            &host,
+            port,
+            FrameKind::Probe,
+            &json!({}),
+            &self.rpc_options(),
+        )
+        .map(|_| ())
+    }
+
     /// Sends a notification now to the owner of segment `target_id`.
     pub fn send_notify(&self, target_id: u64, name: &str, msg: &str) -> Result<()> {
         let segment = match i32::try_from(target_id) {

@@ -9,3 +9,5 @@ mod graceful;
 mod mooncake;
 mod notify;
 pub mod types;
+
+pub use boundary::init_logging;
