@@ -1,0 +1,1141 @@
+//! `TransferEngine`: the methods of Mooncake's `mooncake.engine.TransferEngine`
+//! with its signatures, defaults and return codes, and beside them methods
+//! that take Python buffers and raise `TransferError` with the engine's
+//! error text.
+//!
+//! Rule for arguments: where Mooncake returns a code, the same code is
+//! returned (and the reason logged); where Mooncake would crash or read out
+//! of bounds (an uninitialized engine, a NULL address, a length beyond the
+//! bytes given), a Python exception is raised instead. Every call that can
+//! block (network, waiting for transfers, topology discovery) releases the
+//! GIL.
+
+use crate::core::{Core, Failure, OpResult, Piece, lock};
+use crate::errors::TransferError;
+use crate::local::{Access, Local};
+use crate::notify::TransferNotify;
+use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+use std::sync::{Arc, RwLock};
+use tracing::error;
+use transfer_engine::engine::memory::{Location, Region};
+use transfer_engine::engine::{Engine, Opcode};
+use transfer_engine::topology::{PriorityMatrix, Topology};
+
+/// Mooncake's `kWildcardLocation`.
+const ANY_LOCATION: &str = "*";
+
+/// A transfer engine with the API of Mooncake's `mooncake.engine.TransferEngine`.
+///
+/// Create it, call `initialize(...)`, register memory, then move bytes to
+/// and from peers by name. Methods named as Mooncake's return Mooncake's
+/// integer codes; `write`, `read`, `batch_write`, `batch_read`, `register`
+/// and `unregister` take Python buffers and raise `TransferError`.
+#[pyclass(frozen, module = "transfer_engine._native")]
+pub struct TransferEngine {
+    core: RwLock<Option<Arc<Core>>>,
+}
+
+/// Logs a failure the way Mooncake's binding does and returns its code.
+fn code_of(func: &str, f: &Failure) -> i32 {
+    error!("{func}: {}", f.message);
+    f.code
+}
+
+fn raise(f: Failure) -> PyErr {
+    TransferError::new_err((f.message, f.code))
+}
+
+fn opcode_of(obj: &Bound<'_, PyAny>) -> PyResult<Opcode> {
+    let v: i64 = obj.extract().map_err(|_| {
+        PyValueError::new_err("opcode must be TransferOpcode.Read (0) or TransferOpcode.Write (1)")
+    })?;
+    i32::try_from(v)
+        .ok()
+        .and_then(|v| Opcode::from_raw(v).ok())
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "opcode {v} is neither TransferOpcode.Read (0) nor TransferOpcode.Write (1)"
+            ))
+        })
+}
+
+fn access_of(opcode: Opcode) -> Access {
+    match opcode {
+        Opcode::Write => Access::Read,
+        Opcode::Read => Access::Write,
+    }
+}
+
+/// Local buffers and their pieces; `None` when the three lists differ in
+/// length (Mooncake's -1 case).
+fn pieces_of(
+    buffers: &[Bound<'_, PyAny>],
+    peers: &[u64],
+    lengths: Option<&[u64]>,
+    access: Access,
+) -> PyResult<Option<(Vec<Local>, Vec<Piece>)>> {
+    if buffers.len() != peers.len() || lengths.is_some_and(|l| l.len() != buffers.len()) {
+        return Ok(None);
+    }
+    let mut locals = Vec::with_capacity(buffers.len());
+    let mut pieces = Vec::with_capacity(buffers.len());
+    for (i, (obj, &remote)) in buffers.iter().zip(peers).enumerate() {
+        let local = Local::extract(obj, access)?;
+        let len = local.span(lengths.map(|l| l[i]))?;
+        pieces.push(Piece {
+            local: local.addr(),
+            remote,
+            len,
+        });
+        locals.push(local);
+    }
+    Ok(Some((locals, pieces)))
+}
+
+const SIZE_MISMATCH: &str = "buffers, peer_buffer_addresses and lengths have different sizes";
+
+/// Rejects a NULL address where Mooncake would dereference it.
+fn non_null(addr: u64, what: &str) -> PyResult<()> {
+    if addr == 0 {
+        return Err(PyValueError::new_err(format!("{what} is NULL (0)")));
+    }
+    Ok(())
+}
+
+fn cuda_only(name: &str) -> PyErr {
+    PyNotImplementedError::new_err(format!(
+        "{name} needs a CUDA build of the transfer engine; this build has none (SUPPORT_CUDA is False)"
+    ))
+}
+
+fn location_regions(entries: &[(u64, u64)], location: &str, remote: bool) -> OpResult<Vec<Region>> {
+    let location = Location::parse(location).map_err(|e| Failure::from_engine(&e))?;
+    Ok(entries
+        .iter()
+        .map(|&(addr, length)| Region {
+            addr,
+            length,
+            location: location.clone(),
+            remote_accessible: remote,
+        })
+        .collect())
+}
+
+impl TransferEngine {
+    /// The initialized engine, or `RuntimeError`.
+    fn core(&self) -> PyResult<Arc<Core>> {
+        self.core
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| {
+                PyRuntimeError::new_err(
+                    "the TransferEngine is not initialized; call initialize() first",
+                )
+            })
+    }
+
+    /// Creates the engine (`initializeExt` with the connection string
+    /// already built) and replaces any earlier one.
+    fn start(&self, py: Python<'_>, local_hostname: &str, conn: &str) -> OpResult<()> {
+        let engine = py
+            .detach(|| Engine::new(conn, local_hostname, true))
+            .map_err(|e| Failure::with_code(-1, "initialize", &e))?;
+        let old = self
+            .core
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(Arc::new(Core::new(engine)));
+        py.detach(move || drop(old));
+        Ok(())
+    }
+
+    fn sync_transfer(
+        &self,
+        py: Python<'_>,
+        target: &str,
+        opcode: Opcode,
+        pieces: &[Piece],
+        notify: Option<(String, String)>,
+    ) -> PyResult<OpResult<()>> {
+        let core = self.core()?;
+        Ok(py.detach(|| core.transfer_sync(target, opcode, pieces, notify)))
+    }
+
+    fn async_transfer(
+        &self,
+        py: Python<'_>,
+        target: &str,
+        buffers: Vec<Bound<'_, PyAny>>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        opcode: Opcode,
+    ) -> PyResult<u64> {
+        let core = self.core()?;
+        let Some((_locals, pieces)) = pieces_of(
+            &buffers,
+            &peer_buffer_addresses,
+            Some(&lengths),
+            access_of(opcode),
+        )?
+        else {
+            error!("batch_transfer_async: {SIZE_MISMATCH}");
+            return Ok(0);
+        };
+        // The caller keeps the buffers alive until the batch ends, as with
+        // Mooncake: an asynchronous batch cannot hold Python objects.
+        match py.detach(|| core.transfer_async(target, opcode, &pieces)) {
+            Ok(id) => Ok(id),
+            Err(f) => {
+                code_of("batch_transfer_async", &f);
+                Ok(0)
+            }
+        }
+    }
+
+    fn register_entries(
+        &self,
+        py: Python<'_>,
+        entries: &[(u64, u64)],
+        location: &str,
+        remote: bool,
+    ) -> PyResult<OpResult<()>> {
+        let core = self.core()?;
+        let regions = match location_regions(entries, location, remote) {
+            Ok(r) => r,
+            Err(f) => return Ok(Err(f)),
+        };
+        Ok(py.detach(|| {
+            core.engine
+                .register(&regions)
+                .map_err(|e| Failure::from_engine(&e))
+        }))
+    }
+
+    fn unregister_addrs(&self, py: Python<'_>, addrs: &[u64]) -> PyResult<OpResult<()>> {
+        let core = self.core()?;
+        let result = py.detach(|| {
+            core.engine
+                .unregister(addrs)
+                .map_err(|e| Failure::from_engine(&e))
+        });
+        // Objects pinned by `register` are released once the engine no
+        // longer reaches them.
+        let released: Vec<Local> = {
+            let mut pinned = lock(&core.pinned);
+            addrs.iter().filter_map(|a| pinned.remove(a)).collect()
+        };
+        drop(released);
+        Ok(result)
+    }
+
+    /// One synchronous transfer of `length` bytes (default: the whole
+    /// buffer).
+    #[allow(clippy::too_many_arguments)]
+    fn sync_one(
+        &self,
+        py: Python<'_>,
+        target: &str,
+        buffer: &Bound<'_, PyAny>,
+        peer_address: u64,
+        length: Option<u64>,
+        opcode: Opcode,
+        notify: Option<(String, String)>,
+    ) -> PyResult<OpResult<()>> {
+        let local = Local::extract(buffer, access_of(opcode))?;
+        let piece = Piece {
+            local: local.addr(),
+            remote: peer_address,
+            len: local.span(length)?,
+        };
+        let result = self.sync_transfer(py, target, opcode, &[piece], notify)?;
+        drop(local);
+        Ok(result)
+    }
+
+    /// One synchronous batch; `None` when the lists differ in length.
+    #[allow(clippy::too_many_arguments)]
+    fn sync_many(
+        &self,
+        py: Python<'_>,
+        target: &str,
+        buffers: &[Bound<'_, PyAny>],
+        peer_addresses: &[u64],
+        lengths: Option<&[u64]>,
+        opcode: Opcode,
+        notify: Option<(String, String)>,
+    ) -> PyResult<Option<OpResult<()>>> {
+        let Some((locals, pieces)) =
+            pieces_of(buffers, peer_addresses, lengths, access_of(opcode))?
+        else {
+            return Ok(None);
+        };
+        let result = self.sync_transfer(py, target, opcode, &pieces, notify)?;
+        drop(locals);
+        Ok(Some(result))
+    }
+}
+
+/// The integer-returning form of a synchronous transfer: 0 or -1.
+fn sync_code(func: &str, r: Option<OpResult<()>>) -> i32 {
+    match r {
+        Some(Ok(())) => 0,
+        Some(Err(f)) => code_of(func, &f),
+        None => {
+            error!("{func}: {SIZE_MISMATCH}");
+            -1
+        }
+    }
+}
+
+/// The raising form of a synchronous transfer.
+fn sync_raise(r: Option<OpResult<()>>) -> PyResult<()> {
+    match r {
+        Some(r) => r.map_err(raise),
+        None => Err(PyValueError::new_err(
+            "buffers, peer_addresses and lengths have different sizes",
+        )),
+    }
+}
+
+#[pymethods]
+impl TransferEngine {
+    #[new]
+    fn new() -> Self {
+        TransferEngine {
+            core: RwLock::new(None),
+        }
+    }
+
+    /// Creates the engine named `local_hostname` whose peers are found
+    /// through `metadata_server`: `"P2PHANDSHAKE"`, `"http://host:port/path"`,
+    /// `"etcd://host:port"` (or a bare `"host:port"`), `"redis://host:port"`.
+    /// The transport is chosen by auto-discovery, as in Mooncake (TCP on a
+    /// machine without RDMA devices); `protocol` only selects Mooncake's
+    /// GPU allocators, and `"xgmi"` is refused. In P2P mode the engine's
+    /// name becomes `"<local_hostname host>:<get_rpc_port()>"`.
+    ///
+    /// Returns 0, or -1 (logged) when the engine cannot be created.
+    #[pyo3(signature = (local_hostname, metadata_server, protocol, device_name = None))]
+    fn initialize(
+        &self,
+        py: Python<'_>,
+        local_hostname: &str,
+        metadata_server: &str,
+        protocol: Option<&str>,
+        device_name: Option<&str>,
+    ) -> i32 {
+        self.initialize_ext(
+            py,
+            local_hostname,
+            metadata_server,
+            protocol,
+            device_name,
+            None,
+        )
+    }
+
+    /// `initialize` with the metadata type separate: `metadata_server`
+    /// without `"://"` becomes `"<metadata_type>://<metadata_server>"`
+    /// (unless it is `"P2PHANDSHAKE"`).
+    ///
+    /// Returns 0, or -1 (logged).
+    #[pyo3(signature = (local_hostname, metadata_server, protocol, device_name = None, metadata_type = None))]
+    fn initialize_ext(
+        &self,
+        py: Python<'_>,
+        local_hostname: &str,
+        metadata_server: &str,
+        protocol: Option<&str>,
+        device_name: Option<&str>,
+        metadata_type: Option<&str>,
+    ) -> i32 {
+        let _ = device_name;
+        if protocol == Some("xgmi") {
+            error!("Protocol 'xgmi' is not exposed in the Python API. Use 'hip' instead.");
+            return -1;
+        }
+        let conn = match metadata_type {
+            Some(t) if metadata_server != "P2PHANDSHAKE" && !metadata_server.contains("://") => {
+                format!("{t}://{metadata_server}")
+            }
+            _ => metadata_server.to_string(),
+        };
+        match self.start(py, local_hostname, &conn) {
+            Ok(()) => 0,
+            Err(f) => code_of("initialize", &f),
+        }
+    }
+
+    /// The port of the engine's handshake (RPC) listener. In P2P mode peers
+    /// open this engine as `"<host>:<port>"`.
+    fn get_rpc_port(&self) -> PyResult<i32> {
+        Ok(i32::from(self.core()?.engine.rpc_port()))
+    }
+
+    /// The name peers open this engine's segment by (`"host:port"` in P2P
+    /// mode, `local_hostname` with a metadata store).
+    #[getter]
+    fn local_name(&self) -> PyResult<String> {
+        Ok(self.core()?.engine.local_name().to_string())
+    }
+
+    /// Registered memory of at least `length` bytes, from Mooncake's
+    /// allocator (2 GiB registered chunks split in blocks of 8 KiB to
+    /// 256 MiB; larger requests are registered alone).
+    ///
+    /// Returns the address, or 0 (logged) when memory cannot be mapped or
+    /// registered.
+    fn allocate_managed_buffer(&self, py: Python<'_>, length: usize) -> PyResult<u64> {
+        let core = self.core()?;
+        let result = py.detach(|| lock(&core.managed).allocate(&core.engine, length));
+        Ok(result.unwrap_or_else(|e| {
+            error!("allocate_managed_buffer({length}): {e}");
+            0
+        }))
+    }
+
+    /// Returns a buffer from `allocate_managed_buffer` to the allocator.
+    ///
+    /// Returns 0, or -1 (logged) for an address the allocator did not hand
+    /// out or that was already freed (Mooncake returns 0 and corrupts its
+    /// free list).
+    fn free_managed_buffer(
+        &self,
+        py: Python<'_>,
+        buffer_addr: u64,
+        length: usize,
+    ) -> PyResult<i32> {
+        let core = self.core()?;
+        let result = py.detach(|| lock(&core.managed).free(&core.engine, buffer_addr, length));
+        Ok(match result {
+            Ok(()) => 0,
+            Err(e) => {
+                error!("free_managed_buffer: {e}");
+                -1
+            }
+        })
+    }
+
+    /// Writes `length` bytes from local `buffer` to `peer_buffer_address`
+    /// in the segment `target_hostname` and waits for the end.
+    /// `buffer` is an address or any buffer-protocol object (or tensor).
+    ///
+    /// Returns 0, or -1 (logged).
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = ""))]
+    fn transfer_sync_write(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffer: &Bound<'_, PyAny>,
+        peer_buffer_address: u64,
+        length: u64,
+        transport_hint: &str,
+    ) -> PyResult<i32> {
+        let _ = transport_hint;
+        let r = self.sync_one(
+            py,
+            target_hostname,
+            buffer,
+            peer_buffer_address,
+            Some(length),
+            Opcode::Write,
+            None,
+        )?;
+        Ok(sync_code("transfer_sync_write", Some(r)))
+    }
+
+    /// Reads `length` bytes at `peer_buffer_address` of the segment
+    /// `target_hostname` into local `buffer` and waits for the end.
+    ///
+    /// Returns 0, or -1 (logged).
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = ""))]
+    fn transfer_sync_read(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffer: &Bound<'_, PyAny>,
+        peer_buffer_address: u64,
+        length: u64,
+        transport_hint: &str,
+    ) -> PyResult<i32> {
+        let _ = transport_hint;
+        let r = self.sync_one(
+            py,
+            target_hostname,
+            buffer,
+            peer_buffer_address,
+            Some(length),
+            Opcode::Read,
+            None,
+        )?;
+        Ok(sync_code("transfer_sync_read", Some(r)))
+    }
+
+    /// One READ or WRITE (`opcode`), waited for. With `notify`, the owner
+    /// of the segment receives it (`get_notifies`) once the transfer has
+    /// completed. `transport_hint` is accepted and ignored, as in
+    /// Mooncake's builds without TENT.
+    ///
+    /// Returns 0, or -1 (logged).
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, opcode, notify = None, transport_hint = ""))]
+    #[allow(clippy::too_many_arguments)]
+    fn transfer_sync(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffer: &Bound<'_, PyAny>,
+        peer_buffer_address: u64,
+        length: u64,
+        opcode: &Bound<'_, PyAny>,
+        notify: Option<PyRef<'_, TransferNotify>>,
+        transport_hint: &str,
+    ) -> PyResult<i32> {
+        let _ = transport_hint;
+        let opcode = opcode_of(opcode)?;
+        let notify = notify.map(|n| n.pair());
+        let r = self.sync_one(
+            py,
+            target_hostname,
+            buffer,
+            peer_buffer_address,
+            Some(length),
+            opcode,
+            notify,
+        )?;
+        Ok(sync_code("transfer_sync", Some(r)))
+    }
+
+    /// Writes several local buffers to several peer addresses of one
+    /// segment, as one batch, and waits for the end.
+    ///
+    /// Returns 0, or -1 (logged), also when the lists differ in length.
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = ""))]
+    fn batch_transfer_sync_write(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: Vec<Bound<'_, PyAny>>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        transport_hint: &str,
+    ) -> PyResult<i32> {
+        let _ = transport_hint;
+        let r = self.sync_many(
+            py,
+            target_hostname,
+            &buffers,
+            &peer_buffer_addresses,
+            Some(&lengths),
+            Opcode::Write,
+            None,
+        )?;
+        Ok(sync_code("batch_transfer_sync_write", r))
+    }
+
+    /// Reads several peer ranges of one segment into local buffers, as one
+    /// batch, and waits for the end.
+    ///
+    /// Returns 0, or -1 (logged).
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = ""))]
+    fn batch_transfer_sync_read(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: Vec<Bound<'_, PyAny>>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        transport_hint: &str,
+    ) -> PyResult<i32> {
+        let _ = transport_hint;
+        let r = self.sync_many(
+            py,
+            target_hostname,
+            &buffers,
+            &peer_buffer_addresses,
+            Some(&lengths),
+            Opcode::Read,
+            None,
+        )?;
+        Ok(sync_code("batch_transfer_sync_read", r))
+    }
+
+    /// A batch of READs or WRITEs (`opcode`) to one segment, waited for;
+    /// with `notify`, sent to the segment's owner once all completed.
+    ///
+    /// Returns 0, or -1 (logged).
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify = None, transport_hint = ""))]
+    #[allow(clippy::too_many_arguments)]
+    fn batch_transfer_sync(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: Vec<Bound<'_, PyAny>>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        opcode: &Bound<'_, PyAny>,
+        notify: Option<PyRef<'_, TransferNotify>>,
+        transport_hint: &str,
+    ) -> PyResult<i32> {
+        let _ = transport_hint;
+        let opcode = opcode_of(opcode)?;
+        let notify = notify.map(|n| n.pair());
+        let r = self.sync_many(
+            py,
+            target_hostname,
+            &buffers,
+            &peer_buffer_addresses,
+            Some(&lengths),
+            opcode,
+            notify,
+        )?;
+        Ok(sync_code("batch_transfer_sync", r))
+    }
+
+    /// Submits a batch of WRITEs and returns its id without waiting; wait
+    /// with `get_batch_transfer_status([id])` or `transfer_check_status(id)`.
+    /// The buffers must stay alive until then.
+    ///
+    /// Returns the batch id, or 0 (logged).
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = ""))]
+    fn batch_transfer_async_write(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: Vec<Bound<'_, PyAny>>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        transport_hint: &str,
+    ) -> PyResult<u64> {
+        let _ = transport_hint;
+        self.async_transfer(
+            py,
+            target_hostname,
+            buffers,
+            peer_buffer_addresses,
+            lengths,
+            Opcode::Write,
+        )
+    }
+
+    /// Submits a batch of READs and returns its id without waiting.
+    ///
+    /// Returns the batch id, or 0 (logged).
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = ""))]
+    fn batch_transfer_async_read(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: Vec<Bound<'_, PyAny>>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        transport_hint: &str,
+    ) -> PyResult<u64> {
+        let _ = transport_hint;
+        self.async_transfer(
+            py,
+            target_hostname,
+            buffers,
+            peer_buffer_addresses,
+            lengths,
+            Opcode::Read,
+        )
+    }
+
+    /// Submits a batch of READs or WRITEs (`opcode`) without waiting.
+    ///
+    /// Returns the batch id, or 0 (logged).
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, opcode, transport_hint = ""))]
+    #[allow(clippy::too_many_arguments)]
+    fn batch_transfer_async(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffers: Vec<Bound<'_, PyAny>>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        opcode: &Bound<'_, PyAny>,
+        transport_hint: &str,
+    ) -> PyResult<u64> {
+        let _ = transport_hint;
+        let opcode = opcode_of(opcode)?;
+        self.async_transfer(
+            py,
+            target_hostname,
+            buffers,
+            peer_buffer_addresses,
+            lengths,
+            opcode,
+        )
+    }
+
+    /// Waits for asynchronous batches: each completed batch is freed.
+    ///
+    /// Returns 0 when all completed; -1 (logged) at the first failure or
+    /// expired deadline (`MC_TRANSFER_TIMEOUT` plus 1 ns per byte), or for
+    /// an id that is not a pending asynchronous batch of this engine.
+    fn get_batch_transfer_status(&self, py: Python<'_>, batch_ids: Vec<u64>) -> PyResult<i32> {
+        let core = self.core()?;
+        Ok(match py.detach(|| core.wait_batches(&batch_ids)) {
+            Ok(()) => 0,
+            Err(f) => code_of("get_batch_transfer_status", &f),
+        })
+    }
+
+    /// Submits one WRITE and returns its batch id without waiting; poll it
+    /// with `transfer_check_status`.
+    ///
+    /// Returns the batch id, or 0 (logged).
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = ""))]
+    fn transfer_submit_write(
+        &self,
+        py: Python<'_>,
+        target_hostname: &str,
+        buffer: &Bound<'_, PyAny>,
+        peer_buffer_address: u64,
+        length: u64,
+        transport_hint: &str,
+    ) -> PyResult<u64> {
+        let _ = transport_hint;
+        self.async_transfer(
+            py,
+            target_hostname,
+            vec![buffer.clone()],
+            vec![peer_buffer_address],
+            vec![length],
+            Opcode::Write,
+        )
+    }
+
+    /// Polls a batch from `transfer_submit_write` (or an asynchronous
+    /// batch) once, without blocking.
+    ///
+    /// Returns 1 completed, -1 failed (the batch is freed in both cases),
+    /// 0 still running, -2 still running past its deadline; -1 (logged) for
+    /// an id that is not a pending asynchronous batch.
+    fn transfer_check_status(&self, py: Python<'_>, batch_id: u64) -> PyResult<i32> {
+        let core = self.core()?;
+        Ok(match py.detach(|| core.check_status(batch_id)) {
+            Ok(code) => code,
+            Err(f) => code_of("transfer_check_status", &f),
+        })
+    }
+
+    /// Copies the first `length` bytes of `src` (bytes, str as UTF-8, or
+    /// any buffer) to `dest_address`.
+    ///
+    /// Returns 0. Raises `ValueError` for address 0 or a `length` beyond
+    /// `src`.
+    fn write_bytes_to_buffer(
+        &self,
+        dest_address: u64,
+        src: &Bound<'_, PyAny>,
+        length: usize,
+    ) -> PyResult<i32> {
+        non_null(dest_address, "dest_address")?;
+        let copy = |data: &[u8]| -> PyResult<i32> {
+            if length > data.len() {
+                return Err(PyValueError::new_err(format!(
+                    "length {length} exceeds the {} bytes given",
+                    data.len()
+                )));
+            }
+            // SAFETY: `data` holds at least `length` bytes (checked); the
+            // caller vouches for `dest_address`, as with Mooncake's memcpy.
+            unsafe {
+                std::ptr::copy(data.as_ptr(), dest_address as *mut u8, length);
+            }
+            Ok(0)
+        };
+        if let Ok(s) = src.cast::<PyString>() {
+            return copy(s.to_str()?.as_bytes());
+        }
+        let local = Local::extract(src, Access::Read)?;
+        let size = local.size().ok_or_else(|| {
+            PyValueError::new_err("src must be bytes, str or a buffer, not an address")
+        })?;
+        // SAFETY: the buffer export (held by `local`) covers `size` bytes.
+        let data = unsafe { std::slice::from_raw_parts(local.addr() as *const u8, size as usize) };
+        copy(data)
+    }
+
+    /// The `length` bytes at `source_address`, as `bytes`.
+    ///
+    /// Raises `ValueError` for address 0.
+    fn read_bytes_from_buffer<'py>(
+        &self,
+        py: Python<'py>,
+        source_address: u64,
+        length: usize,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        non_null(source_address, "source_address")?;
+        // SAFETY: the caller vouches for `length` readable bytes at
+        // `source_address`, as with Mooncake's binding.
+        let data = unsafe { std::slice::from_raw_parts(source_address as *const u8, length) };
+        Ok(PyBytes::new(py, data))
+    }
+
+    /// Registers `capacity` bytes at `buffer_addr` (reachable by peers).
+    /// `location` is `"cpu:N"`, `"cuda:N"` or `"*"`.
+    ///
+    /// Returns 0; -1 for a zero length, NULL address or other location
+    /// string; -7 when the range overlaps a registered buffer.
+    #[pyo3(signature = (buffer_addr, capacity, location = ANY_LOCATION))]
+    fn register_memory(
+        &self,
+        py: Python<'_>,
+        buffer_addr: u64,
+        capacity: u64,
+        location: &str,
+    ) -> PyResult<i32> {
+        Ok(
+            match self.register_entries(py, &[(buffer_addr, capacity)], location, true)? {
+                Ok(()) => 0,
+                Err(f) => code_of("register_memory", &f),
+            },
+        )
+    }
+
+    /// Unregisters the buffer registered at exactly `buffer_addr`.
+    ///
+    /// Returns 0, or -3 when no buffer starts there.
+    fn unregister_memory(&self, py: Python<'_>, buffer_addr: u64) -> PyResult<i32> {
+        Ok(match self.unregister_addrs(py, &[buffer_addr])? {
+            Ok(()) => 0,
+            Err(f) => code_of("unregister_memory", &f),
+        })
+    }
+
+    /// Registers several buffers with one location; all or none.
+    ///
+    /// Returns 0; -1 for a zero length or lists of different lengths; -7
+    /// for overlaps.
+    #[pyo3(signature = (buffer_addresses, capacities, location = ANY_LOCATION))]
+    fn batch_register_memory(
+        &self,
+        py: Python<'_>,
+        buffer_addresses: Vec<u64>,
+        capacities: Vec<u64>,
+        location: &str,
+    ) -> PyResult<i32> {
+        if buffer_addresses.len() != capacities.len() {
+            error!("batch_register_memory: buffer_addresses and capacities have different sizes");
+            return Ok(-1);
+        }
+        let entries: Vec<(u64, u64)> = buffer_addresses.into_iter().zip(capacities).collect();
+        Ok(match self.register_entries(py, &entries, location, true)? {
+            Ok(()) => 0,
+            Err(f) => code_of("batch_register_memory", &f),
+        })
+    }
+
+    /// Unregisters several buffers; every registered one is removed.
+    ///
+    /// Returns 0, or -3 when an address is not a registered base.
+    fn batch_unregister_memory(&self, py: Python<'_>, buffer_addresses: Vec<u64>) -> PyResult<i32> {
+        Ok(match self.unregister_addrs(py, &buffer_addresses)? {
+            Ok(()) => 0,
+            Err(f) => code_of("batch_unregister_memory", &f),
+        })
+    }
+
+    /// The machine's NIC priority matrix as Mooncake's JSON
+    /// (`{"cpu:0": [[preferred HCAs], [other HCAs]], ...}`), restricted to
+    /// the comma-separated `device_name` list when given. Needs no
+    /// initialized engine.
+    #[pyo3(signature = (device_name = None))]
+    fn get_local_topology(&self, py: Python<'_>, device_name: Option<&str>) -> String {
+        let filters: Vec<String> = device_name
+            .unwrap_or("")
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect();
+        py.detach(|| {
+            let matrix = PriorityMatrix::from_topology(&Topology::discover(&filters)).to_json();
+            serde_json_pretty(&matrix)
+        })
+    }
+
+    /// The address of the first buffer (the lowest address) that segment
+    /// `segment_name` offers; this engine's own name gives its own.
+    ///
+    /// Returns the address, or 0 when the segment cannot be opened or has
+    /// no buffer.
+    fn get_first_buffer_address(&self, py: Python<'_>, segment_name: &str) -> PyResult<u64> {
+        let core = self.core()?;
+        Ok(py.detach(|| {
+            let id = match core.engine.open_segment(segment_name) {
+                Ok(id) => id,
+                Err(e) => {
+                    error!("get_first_buffer_address({segment_name:?}): {e}");
+                    return 0;
+                }
+            };
+            core.engine
+                .segment_buffers(id)
+                .and_then(|b| b.first().map(|&(addr, _)| addr))
+                .unwrap_or(0)
+        }))
+    }
+
+    /// Pre-connects EFA endpoints; this build has no EFA transport.
+    ///
+    /// Returns 0.
+    fn warmup_efa_segment(&self, segment_name: &str) -> i32 {
+        let _ = segment_name;
+        0
+    }
+
+    /// Takes the notifications received so far, oldest first.
+    fn get_notifies(&self) -> PyResult<Vec<TransferNotify>> {
+        Ok(self
+            .core()?
+            .engine
+            .take_notifies()
+            .into_iter()
+            .map(|(name, msg)| TransferNotify::from_pair(name, msg))
+            .collect())
+    }
+
+    /// Checks that the handshake listener of `peer_server_name` answers.
+    ///
+    /// Returns 0; -101 when the name does not resolve, -102 when the peer
+    /// cannot be reached, -200 when a metadata store has no entry for it.
+    fn send_probe(&self, py: Python<'_>, peer_server_name: &str) -> PyResult<i32> {
+        let core = self.core()?;
+        Ok(
+            match py.detach(|| core.engine.send_probe(peer_server_name)) {
+                Ok(()) => 0,
+                Err(e) => code_of("send_probe", &Failure::from_engine(&e)),
+            },
+        )
+    }
+
+    /// Mooncake returns its C++ engine object; there is none here.
+    fn get_engine(&self) -> PyResult<()> {
+        Err(PyNotImplementedError::new_err(
+            "get_engine returns Mooncake's C++ TransferEngine; this engine is written in Rust \
+             and has no such object",
+        ))
+    }
+
+    /// Mooncake returns the address of its C++ engine; there is none here.
+    fn get_engine_ptr(&self) -> PyResult<()> {
+        Err(PyNotImplementedError::new_err(
+            "get_engine_ptr returns the address of Mooncake's C++ TransferEngine; this engine \
+             is written in Rust and has no such object",
+        ))
+    }
+
+    /// CUDA-stream-ordered WRITE (Mooncake CUDA builds only).
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn transfer_write_on_cuda(
+        &self,
+        _args: &Bound<'_, pyo3::types::PyTuple>,
+        _kwargs: Option<&Bound<'_, pyo3::types::PyDict>>,
+    ) -> PyResult<()> {
+        Err(cuda_only("transfer_write_on_cuda"))
+    }
+
+    /// CUDA-stream-ordered READ (Mooncake CUDA builds only).
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn transfer_read_on_cuda(
+        &self,
+        _args: &Bound<'_, pyo3::types::PyTuple>,
+        _kwargs: Option<&Bound<'_, pyo3::types::PyDict>>,
+    ) -> PyResult<()> {
+        Err(cuda_only("transfer_read_on_cuda"))
+    }
+
+    /// CUDA-stream-ordered batch WRITE (Mooncake CUDA builds only).
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn batch_transfer_write_on_cuda(
+        &self,
+        _args: &Bound<'_, pyo3::types::PyTuple>,
+        _kwargs: Option<&Bound<'_, pyo3::types::PyDict>>,
+    ) -> PyResult<()> {
+        Err(cuda_only("batch_transfer_write_on_cuda"))
+    }
+
+    /// CUDA-stream-ordered batch READ (Mooncake CUDA builds only).
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn batch_transfer_read_on_cuda(
+        &self,
+        _args: &Bound<'_, pyo3::types::PyTuple>,
+        _kwargs: Option<&Bound<'_, pyo3::types::PyDict>>,
+    ) -> PyResult<()> {
+        Err(cuda_only("batch_transfer_read_on_cuda"))
+    }
+
+    // ---- Beyond Mooncake: Python buffers in, exceptions out. ----
+
+    /// Writes local `buffer` (a buffer-protocol object, a CPU tensor, or an
+    /// address with `length`) to `peer_address` of segment `target` and
+    /// waits. `length` defaults to the whole buffer.
+    ///
+    /// Raises `TransferError` (with `.code`) on failure.
+    #[pyo3(signature = (target, buffer, peer_address, length = None))]
+    fn write(
+        &self,
+        py: Python<'_>,
+        target: &str,
+        buffer: &Bound<'_, PyAny>,
+        peer_address: u64,
+        length: Option<u64>,
+    ) -> PyResult<()> {
+        sync_raise(Some(self.sync_one(
+            py,
+            target,
+            buffer,
+            peer_address,
+            length,
+            Opcode::Write,
+            None,
+        )?))
+    }
+
+    /// Reads from `peer_address` of segment `target` into local `buffer`
+    /// (writable) and waits. `length` defaults to the whole buffer.
+    ///
+    /// Raises `TransferError` (with `.code`) on failure.
+    #[pyo3(signature = (target, buffer, peer_address, length = None))]
+    fn read(
+        &self,
+        py: Python<'_>,
+        target: &str,
+        buffer: &Bound<'_, PyAny>,
+        peer_address: u64,
+        length: Option<u64>,
+    ) -> PyResult<()> {
+        sync_raise(Some(self.sync_one(
+            py,
+            target,
+            buffer,
+            peer_address,
+            length,
+            Opcode::Read,
+            None,
+        )?))
+    }
+
+    /// Writes several local buffers to `peer_addresses` of `target` as one
+    /// batch and waits; `lengths` default to each buffer's size.
+    ///
+    /// Raises `TransferError` on failure, `ValueError` for lists of
+    /// different lengths.
+    #[pyo3(signature = (target, buffers, peer_addresses, lengths = None))]
+    fn batch_write(
+        &self,
+        py: Python<'_>,
+        target: &str,
+        buffers: Vec<Bound<'_, PyAny>>,
+        peer_addresses: Vec<u64>,
+        lengths: Option<Vec<u64>>,
+    ) -> PyResult<()> {
+        sync_raise(self.sync_many(
+            py,
+            target,
+            &buffers,
+            &peer_addresses,
+            lengths.as_deref(),
+            Opcode::Write,
+            None,
+        )?)
+    }
+
+    /// Reads several peer ranges of `target` into local buffers as one
+    /// batch and waits.
+    ///
+    /// Raises `TransferError` on failure, `ValueError` for lists of
+    /// different lengths.
+    #[pyo3(signature = (target, buffers, peer_addresses, lengths = None))]
+    fn batch_read(
+        &self,
+        py: Python<'_>,
+        target: &str,
+        buffers: Vec<Bound<'_, PyAny>>,
+        peer_addresses: Vec<u64>,
+        lengths: Option<Vec<u64>>,
+    ) -> PyResult<()> {
+        sync_raise(self.sync_many(
+            py,
+            target,
+            &buffers,
+            &peer_addresses,
+            lengths.as_deref(),
+            Opcode::Read,
+            None,
+        )?)
+    }
+
+    /// Registers the memory of `buffer` (writable buffer-protocol object or
+    /// CPU tensor) and keeps a reference to it until `unregister`, so it
+    /// can be neither freed nor resized meanwhile. Returns its address,
+    /// which peers target.
+    ///
+    /// Raises `TransferError` (-1 bad location or empty buffer, -7 overlap).
+    #[pyo3(signature = (buffer, location = ANY_LOCATION, remote_accessible = true))]
+    fn register(
+        &self,
+        py: Python<'_>,
+        buffer: &Bound<'_, PyAny>,
+        location: &str,
+        remote_accessible: bool,
+    ) -> PyResult<u64> {
+        let local = Local::extract(buffer, Access::Write)?;
+        let Some(len) = local.size() else {
+            return Err(PyValueError::new_err(
+                "register takes a buffer object; use register_memory(address, capacity) for addresses",
+            ));
+        };
+        let addr = local.addr();
+        self.register_entries(py, &[(addr, len)], location, remote_accessible)?
+            .map_err(raise)?;
+        lock(&self.core()?.pinned).insert(addr, local);
+        Ok(addr)
+    }
+
+    /// Unregisters a buffer given to `register` (the object or its
+    /// address) or registered with `register_memory` (its address), and
+    /// releases the reference `register` kept.
+    ///
+    /// Raises `TransferError` (-3 when nothing is registered there).
+    fn unregister(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
+        let addr = Local::extract(buffer, Access::Read)?.addr();
+        self.unregister_addrs(py, &[addr])?.map_err(raise)
+    }
+
+    /// Stops the engine: its listeners and threads end, its metadata is
+    /// removed, managed buffers and registered objects are released. The
+    /// object can be initialized again. Idempotent.
+    fn close(&self, py: Python<'_>) {
+        let old = self.core.write().unwrap_or_else(|e| e.into_inner()).take();
+        py.detach(move || drop(old));
+    }
+
+    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close(py);
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        match self.core.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            Some(c) => format!("<TransferEngine {}>", c.engine.local_name()),
+            None => "<TransferEngine (not initialized)>".to_string(),
+        }
+    }
+}
+
+/// Pretty JSON like the `Json::StyledWriter` output Mooncake returns.
+fn serde_json_pretty(v: &serde_json::Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+}

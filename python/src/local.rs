@@ -1,0 +1,136 @@
+//! Local memory as Python passes it: an integer address (Mooncake's way),
+//! any object exposing the buffer protocol (`bytearray`, `memoryview`,
+//! `numpy` arrays, `mmap`, ...), or an object with `data_ptr()` such as a
+//! `torch.Tensor` on the CPU.
+//!
+//! A [`Local`] keeps the object (and its buffer export) alive, so memory a
+//! transfer uses cannot be freed or resized while the GIL is released.
+
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::exceptions::{PyNotImplementedError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyInt;
+
+/// Memory the caller passed for one side of a transfer.
+pub enum Local {
+    /// A raw address; its size is whatever the caller says.
+    Addr(u64),
+    /// A buffer-protocol export, released on drop.
+    Buffer(PyUntypedBuffer),
+    /// An object with `data_ptr()`, kept alive by this reference.
+    DataPtr {
+        _owner: Py<PyAny>,
+        addr: u64,
+        len: u64,
+    },
+}
+
+/// Whether the memory will be written (a READ lands in it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Only read from (the source of a WRITE).
+    Read,
+    /// Written to (the destination of a READ).
+    Write,
+}
+
+impl Local {
+    /// Interprets `obj` as local memory.
+    pub fn extract(obj: &Bound<'_, PyAny>, access: Access) -> PyResult<Local> {
+        if obj.is_instance_of::<PyInt>() {
+            return obj.extract::<u64>().map(Local::Addr).map_err(|_| {
+                PyValueError::new_err("an address must be a non-negative integer below 2**64")
+            });
+        }
+        if let Ok(buf) = PyUntypedBuffer::get(obj) {
+            if !buf.is_c_contiguous() {
+                return Err(PyValueError::new_err(
+                    "the buffer is not C-contiguous; pass a contiguous copy",
+                ));
+            }
+            if access == Access::Write && buf.readonly() {
+                return Err(PyTypeError::new_err(
+                    "the buffer is read-only; a READ needs writable memory (e.g. a bytearray)",
+                ));
+            }
+            return Ok(Local::Buffer(buf));
+        }
+        if obj.hasattr("data_ptr")? {
+            return data_ptr_object(obj);
+        }
+        Err(PyTypeError::new_err(format!(
+            "expected an integer address, an object supporting the buffer protocol, or a \
+             tensor with data_ptr(); got {}",
+            obj.get_type().name()?
+        )))
+    }
+
+    /// The address of byte 0.
+    pub fn addr(&self) -> u64 {
+        match self {
+            Local::Addr(a) => *a,
+            Local::Buffer(b) => b.buf_ptr() as u64,
+            Local::DataPtr { addr, .. } => *addr,
+        }
+    }
+
+    /// The size in bytes, unless it is a bare address.
+    pub fn size(&self) -> Option<u64> {
+        match self {
+            Local::Addr(_) => None,
+            Local::Buffer(b) => Some(b.len_bytes() as u64),
+            Local::DataPtr { len, .. } => Some(*len),
+        }
+    }
+
+    /// The number of bytes to move: `length` when given (it must fit in the
+    /// object), else the object's whole size.
+    pub fn span(&self, length: Option<u64>) -> PyResult<u64> {
+        match (length, self.size()) {
+            (Some(n), Some(size)) if n > size => Err(PyValueError::new_err(format!(
+                "length {n} exceeds the {size} bytes of the buffer"
+            ))),
+            (Some(n), _) => Ok(n),
+            (None, Some(size)) => Ok(size),
+            (None, None) => Err(PyValueError::new_err(
+                "length is required when the buffer is given as an integer address",
+            )),
+        }
+    }
+}
+
+/// A tensor-like object: `data_ptr()` and `nbytes` (or `numel()` times
+/// `element_size()`), contiguous, in host memory.
+fn data_ptr_object(obj: &Bound<'_, PyAny>) -> PyResult<Local> {
+    if obj
+        .getattr("is_cuda")
+        .and_then(|v| v.is_truthy())
+        .unwrap_or(false)
+    {
+        return Err(PyNotImplementedError::new_err(
+            "CUDA tensors need a CUDA build of the transfer engine (SUPPORT_CUDA is False); \
+             pass host memory",
+        ));
+    }
+    if obj.hasattr("is_contiguous")? && !obj.call_method0("is_contiguous")?.is_truthy()? {
+        return Err(PyValueError::new_err(
+            "the tensor is not contiguous; pass tensor.contiguous()",
+        ));
+    }
+    let addr: u64 = obj.call_method0("data_ptr")?.extract()?;
+    let len: u64 = match obj.getattr("nbytes") {
+        Ok(n) => n.extract()?,
+        Err(_) => {
+            let numel: u64 = obj.call_method0("numel")?.extract()?;
+            let elem: u64 = obj.call_method0("element_size")?.extract()?;
+            numel.checked_mul(elem).ok_or_else(|| {
+                PyValueError::new_err("the tensor's size in bytes overflows 64 bits")
+            })?
+        }
+    };
+    Ok(Local::DataPtr {
+        _owner: obj.clone().unbind(),
+        addr,
+        len,
+    })
+}
