@@ -180,6 +180,39 @@ fn many_threads_share_an_initiator() {
     target.shutdown();
 }
 
+/// A buffer the target registers after the initiator cached its
+/// descriptor is reachable (the descriptor is fetched again), as with
+/// Mooncake; memory the target never registered still fails.
+#[test]
+fn buffers_registered_after_open_are_reachable() {
+    let target = engine("P2PHANDSHAKE", "127.0.0.1:0");
+    let initiator = engine("P2PHANDSHAKE", "127.0.0.1:0");
+    let mut first = vec![0u8; 4096];
+    register(&target, &mut first, true);
+    let seg = initiator.open_segment(target.local_name()).unwrap();
+    let mut late = vec![0u8; 1 << 20];
+    register(&target, &mut late, true);
+    let data = pattern(late.len(), 9);
+    let w = Request {
+        opcode: Opcode::Write,
+        source: data.as_ptr() as u64,
+        target_id: seg,
+        target_offset: late.as_ptr() as u64,
+        length: data.len() as u64,
+    };
+    assert_eq!(run(&initiator, &[w]), vec![TaskStatus::Completed]);
+    assert!(late == data, "the late buffer holds other bytes");
+    let unregistered = vec![0u8; 4096];
+    let bad = Request {
+        target_offset: unregistered.as_ptr() as u64,
+        length: 16,
+        ..w
+    };
+    assert_eq!(run(&initiator, &[bad]), vec![TaskStatus::Failed]);
+    initiator.shutdown();
+    target.shutdown();
+}
+
 /// `auto_discover` with no RDMA device installs TCP, as Mooncake does.
 #[test]
 fn auto_discover_installs_tcp() {

@@ -424,7 +424,10 @@ impl Engine {
             let stale = same_name_restarts
                 && !refreshed.contains(&r.target_id)
                 && seg.route.get().is_some_and(|route| route.take_refetch());
-            if (stale || !self.config.metacache) && !refreshed.contains(&r.target_id) {
+            // Memory the peer registered after its descriptor was cached is
+            // reachable, as with Mooncake, whose initiator does not check.
+            let unlisted = r.length > 0 && !seg.covers(r.target_offset, r.length);
+            if (stale || unlisted || !self.config.metacache) && !refreshed.contains(&r.target_id) {
                 refreshed.push(r.target_id);
                 self.sync_segment(&seg.name);
                 seg = self.segments.get(r.target_id).unwrap_or(seg);
@@ -534,14 +537,7 @@ impl Engine {
             }
             return;
         }
-        let inside = seg.desc.buffers.iter().any(|b| {
-            r.target_offset >= b.addr
-                && r.target_offset
-                    .checked_add(r.length)
-                    .zip(b.addr.checked_add(b.length))
-                    .is_some_and(|(end, b_end)| end <= b_end)
-        });
-        if !inside {
+        if !seg.covers(r.target_offset, r.length) {
             return Self::fail_task(
                 batch,
                 id,

@@ -47,6 +47,18 @@ impl RemoteSegment {
             })
             .collect()
     }
+
+    /// Whether one buffer of the descriptor holds all of
+    /// `[addr, addr + len)`.
+    pub fn covers(&self, addr: u64, len: u64) -> bool {
+        self.desc.buffers.iter().any(|b| {
+            addr >= b.addr
+                && addr
+                    .checked_add(len)
+                    .zip(b.addr.checked_add(b.length))
+                    .is_some_and(|(end, b_end)| end <= b_end)
+        })
+    }
 }
 
 #[derive(Default)]
