@@ -23,9 +23,6 @@ use transfer_engine::engine::memory::{Location, Region};
 use transfer_engine::engine::{Engine, Opcode};
 use transfer_engine::topology::{PriorityMatrix, Topology};
 
-/// Mooncake's `kWildcardLocation`.
-const ANY_LOCATION: &str = "*";
-
 /// A transfer engine with the API of Mooncake's `mooncake.engine.TransferEngine`.
 ///
 /// Create it, call `initialize(...)`, register memory, then move bytes to
@@ -782,7 +779,7 @@ impl TransferEngine {
     ///
     /// Returns 0; -1 for a zero length, NULL address or other location
     /// string; -7 when the range overlaps a registered buffer.
-    #[pyo3(signature = (buffer_addr, capacity, location = ANY_LOCATION))]
+    #[pyo3(signature = (buffer_addr, capacity, location = "*"))]
     fn register_memory(
         &self,
         py: Python<'_>,
@@ -812,7 +809,7 @@ impl TransferEngine {
     ///
     /// Returns 0; -1 for a zero length or lists of different lengths; -7
     /// for overlaps.
-    #[pyo3(signature = (buffer_addresses, capacities, location = ANY_LOCATION))]
+    #[pyo3(signature = (buffer_addresses, capacities, location = "*"))]
     fn batch_register_memory(
         &self,
         py: Python<'_>,
@@ -1078,7 +1075,7 @@ impl TransferEngine {
     /// which peers target.
     ///
     /// Raises `TransferError` (-1 bad location or empty buffer, -7 overlap).
-    #[pyo3(signature = (buffer, location = ANY_LOCATION, remote_accessible = true))]
+    #[pyo3(signature = (buffer, location = "*", remote_accessible = true))]
     fn register(
         &self,
         py: Python<'_>,
@@ -1117,10 +1114,12 @@ impl TransferEngine {
         py.detach(move || drop(old));
     }
 
+    /// Returns the engine; `with` closes it on exit.
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
         slf
     }
 
+    /// Closes the engine; exceptions propagate.
     #[pyo3(signature = (*_exc))]
     fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
         self.close(py);

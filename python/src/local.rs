@@ -5,11 +5,13 @@
 //!
 //! A [`Local`] keeps the object (and its buffer export) alive, so memory a
 //! transfer uses cannot be freed or resized while the GIL is released.
+//! `ctypes` arrays, whose exports lack strides, are taken through a
+//! `memoryview`.
 
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyNotImplementedError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyInt;
+use pyo3::types::{PyInt, PyMemoryView};
 
 /// Memory the caller passed for one side of a transfer.
 pub enum Local {
@@ -42,7 +44,14 @@ impl Local {
                 PyValueError::new_err("an address must be a non-negative integer below 2**64")
             });
         }
-        if let Ok(buf) = PyUntypedBuffer::get(obj) {
+        // Some exporters (ctypes arrays) leave out strides, which PyO3
+        // requires; a memoryview of them fills them in.
+        let buffer = PyUntypedBuffer::get(obj).or_else(|e| {
+            PyMemoryView::from(obj)
+                .and_then(|view| PyUntypedBuffer::get(view.as_any()))
+                .map_err(|_| e)
+        });
+        if let Ok(buf) = buffer {
             if !buf.is_c_contiguous() {
                 return Err(PyValueError::new_err(
                     "the buffer is not C-contiguous; pass a contiguous copy",
@@ -58,9 +67,10 @@ impl Local {
         if obj.hasattr("data_ptr")? {
             return data_ptr_object(obj);
         }
+        let why = buffer.err().map(|e| e.to_string()).unwrap_or_default();
         Err(PyTypeError::new_err(format!(
             "expected an integer address, an object supporting the buffer protocol, or a \
-             tensor with data_ptr(); got {}",
+             tensor with data_ptr(); got {} ({why})",
             obj.get_type().name()?
         )))
     }
