@@ -3,8 +3,10 @@
 # the C libraries behind the rdma and hwloc features (with hwloc's plugins,
 # as most machines have them, so the tests see the libpciaccess component
 # the engine must leave out), CMake, pkg-config and binutils (the install
-# test), and the servers and tools the tests start (etcd, redis, iperf3,
-# iproute2). Idempotent. It never stops, starts or
+# test), the servers and tools the tests start (etcd, redis, iperf3,
+# iproute2), and the libraries Mooncake's Python wheel (the interop peer of
+# the Python tests) loads besides libibverbs (libnuma, libcurl).
+# Idempotent. It never stops, starts or
 # reconfigures a service: the tests run private servers on free ports, so
 # a system etcd or redis (which Debian's packages start) can keep running.
 set -euo pipefail
@@ -13,6 +15,7 @@ packages=(
   build-essential binutils pkg-config cmake libclang-dev
   libibverbs-dev librdmacm-dev libhwloc-dev libhwloc-plugins libudev-dev
   etcd-server redis-server iperf3 iproute2 procps
+  libnuma1 libcurl4
 )
 
 missing=()

@@ -48,6 +48,7 @@ suite lint scripts/suites/lint.sh
 suite cargo scripts/suites/cargo.sh
 suite cargo-no-default-features scripts/suites/cargo.sh --no-default-features
 suite ctest scripts/suites/ctest.sh
+suite python scripts/test-python.sh
 
 scripts/suites/summary.sh "$TE_RESULTS_DIR"
 summary_rc=$?

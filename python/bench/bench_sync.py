@@ -13,8 +13,9 @@ process of the same implementation registers 64 MiB on loopback
 implementation sees the same machine state; the table shows medians over
 `--runs`. With `--c-bench` (default: build/transfer_bench when present) the
 C API's own loop (allocateBatchID, submitTransfer, getTransferStatus,
-freeBatchID; `transfer_bench --batch_size 1 --threads 1`) is timed against
-our target as the limit the Python call is measured against.
+freeBatchID: `transfer_bench --batch_size 1`, same sizes and threads) is
+timed against our target in the same runs: the limit the Python call is
+measured against.
 
 A benchmark, not a test: its verdict is the table. GB = 1e9 bytes.
 """
@@ -103,21 +104,23 @@ def spawn(args: list) -> subprocess.Popen:
     )
 
 
-def c_bench_us(exe: str, target: dict, seconds: float) -> float:
-    """Microseconds per 4 KiB WRITE of the C API loop, one thread, batch 1."""
+def c_bench(exe: str, target: dict, size: int, threads: int, seconds: float) -> float:
+    """Seconds per WRITE (wall time over all threads) of the C API loop of
+    transfer_bench: batch 1, `size` bytes, `threads` threads, against our
+    target."""
     r = subprocess.run(
         [
             exe, "--mode", "initiator", "--segment_id", target["name"],
             "--target_base", str(target["addr"]), "--target_size", str(TARGET_SIZE),
-            "--operation", "write", "--block_size", "4096", "--batch_size", "1",
-            "--threads", "1", "--duration", str(seconds),
+            "--operation", "write", "--block_size", str(size), "--batch_size", "1",
+            "--threads", str(threads), "--duration", str(seconds),
         ],
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     m = re.search(r"duration ([\d.]+), batch count (\d+)", r.stdout)
     if not m:
         raise SystemExit(f"unexpected transfer_bench output: {r.stdout!r}")
-    return float(m.group(1)) / int(m.group(2)) * 1e6
+    return float(m.group(1)) / int(m.group(2))
 
 
 def main() -> None:
@@ -152,8 +155,10 @@ def main() -> None:
             procs.append(proc)
             targets[impl] = json.loads(proc.stdout.readline())
         results = {impl: [] for impl in impls}
-        c_us = []
         c_exe = a.c_bench if os.access(a.c_bench, os.X_OK) else None
+        if not c_exe:
+            print(f"{a.c_bench} not found: no C API column (build it with CMake)", file=sys.stderr)
+        c_runs = []
         for run in range(a.runs):
             for impl in impls:
                 t = targets[impl]
@@ -164,31 +169,35 @@ def main() -> None:
                 if proc.returncode != 0:
                     raise SystemExit(f"{impl} initiator failed (exit {proc.returncode})")
                 results[impl].append(json.loads(out.strip().splitlines()[-1]))
-            if c_exe:
-                c_us.append(c_bench_us(c_exe, targets["ours"], 2))
+            if c_exe and "ours" in targets:
+                c = {}
+                for t in threads:
+                    c[f"us_4k_{t}"] = c_bench(c_exe, targets["ours"], 4096, t, 2) * 1e6
+                    c[f"gbs_1m_{t}"] = MiB / c_bench(c_exe, targets["ours"], MiB, t, 2) / 1e9
+                c_runs.append(c)
             print(f"run {run + 1}/{a.runs} done", file=sys.stderr)
     finally:
         for proc in procs:
             proc.stdin.close()
             proc.wait(30)
 
-    med = {impl: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for impl, rs in results.items()}
+    if c_runs:
+        results["C API"] = c_runs
+    cols = list(results)
+    med = {col: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for col, rs in results.items()}
+    ratios = [(x, y) for x, y in (("ours", "mooncake"), ("ours", "C API")) if x in med and y in med]
     print(f"\ntransfer_sync_write over loopback TCP (P2PHANDSHAKE), medians of {a.runs} runs")
-    print(f"{'':28}" + "".join(f"{impl:>14}" for impl in impls) + ("  ours/mooncake" if len(impls) == 2 else ""))
-    rows = []
+    print("ours, mooncake: Python; C API: transfer_bench's loop (batch 1) against our target")
+    print(f"{'':32}" + "".join(f"{c:>12}" for c in cols) + "".join(f"{x + '/' + y:>16}" for x, y in ratios))
     for t in threads:
-        rows.append((f"4 KiB, {t} thread(s), us/call", f"us_4k_{t}", "{:14.1f}"))
-        rows.append((f"1 MiB, {t} thread(s), GB/s", f"gbs_1m_{t}", "{:14.3f}"))
-    for label, key, fmt in rows:
-        line = f"{label:28}" + "".join(fmt.format(med[impl][key]) for impl in impls)
-        if len(impls) == 2:
-            line += f"{med['ours'][key] / med['mooncake'][key]:14.2f}"
-        print(line)
-    if c_us:
-        c = statistics.median(c_us)
-        ours = med["ours"]["us_4k_1"]
-        print(f"\nC API loop (transfer_bench, batch 1, 1 thread, 4 KiB WRITE): {c:.1f} us/op")
-        print(f"Python transfer_sync_write (ours) costs {ours - c:+.1f} us over it ({ours / c:.2f}x)")
+        for label, key, fmt in (
+            (f"4 KiB, {t} thread(s), us/call", f"us_4k_{t}", "{:12.1f}"),
+            (f"1 MiB, {t} thread(s), GB/s", f"gbs_1m_{t}", "{:12.3f}"),
+        ):
+            line = f"{label:32}" + "".join(fmt.format(med[c][key]) for c in cols)
+            line += "".join(f"{med[x][key] / med[y][key]:16.2f}" for x, y in ratios)
+            print(line)
+    print("(us/call with several threads: wall time divided by the calls of all threads)")
 
 
 if __name__ == "__main__":

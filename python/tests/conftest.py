@@ -266,7 +266,6 @@ class Peer:
             [sys.executable, str(PEER), impl, conn, name, str(size), protocol],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL if os.environ.get("TE_PEER_QUIET") else None,
             text=True,
         )
         self.replies: queue.Queue = queue.Queue()

@@ -84,6 +84,16 @@ def test_initialize_failures_return_minus_one(metadata_server):
     e.close()
 
 
+def test_p2p_renames_the_engine_to_its_rpc_port():
+    """As Mooncake: in P2P mode the name's port is replaced by the port of
+    the handshake listener, chosen in MC_MIN_RPC_PORT..MC_MAX_RPC_PORT."""
+    with TransferEngine() as e:
+        assert e.initialize("127.0.0.1:12345", "P2PHANDSHAKE", "tcp", "") == 0
+        port = e.get_rpc_port()
+        assert 15000 <= port <= 17000
+        assert e.local_name == f"127.0.0.1:{port}"
+
+
 def test_initialize_again_replaces_the_engine():
     e = TransferEngine()
     assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", None) == 0
@@ -274,24 +284,29 @@ def test_register_and_unregister_codes(engine):
 
 
 def test_managed_buffers_are_registered_and_reused(pair):
+    """Mooncake's allocator: blocks of 8 KiB to 256 MiB carved from one
+    registered 2 GiB chunk, larger buffers registered alone."""
     a, b, _ = pair
-    sizes = [1, 8192, 9000, MiB, 256 * MiB]
+    sizes = [0, 1, 8192, 8193, 9000, MiB, 3 * MiB, 256 * MiB]
     addrs = [b.allocate_managed_buffer(n) for n in sizes]
     assert all(addrs)
-    spans = sorted(zip(addrs, sizes))
+    # Each block spans its class: the next power of two, at least 8 KiB.
+    spans = sorted((addr, max(8192, 1 << (max(n, 1) - 1).bit_length())) for addr, n in zip(addrs, sizes))
     for (x, n), (y, _) in zip(spans, spans[1:]):
-        assert x + n <= y, "managed buffers overlap"
+        assert x + n <= y, "managed blocks overlap"
+    assert spans[-1][0] + spans[-1][1] - spans[0][0] <= 2 << 30, "more than one chunk"
     for addr, n in zip(addrs, sizes):
-        k = min(n, 65536)
+        k = min(max(n, 1), 65536)
         data = bytearray(pattern(k, n & 0xFF))
-        assert a.transfer_sync_write(b.local_name, data, addr + n - k, k) == 0
-        assert b.read_bytes_from_buffer(addr + n - k, k) == data
-    assert b.free_managed_buffer(addrs[1], sizes[1]) == 0
-    assert b.free_managed_buffer(addrs[1], sizes[1]) == -1
+        assert a.transfer_sync_write(b.local_name, data, addr + max(n, 1) - k, k) == 0
+        assert b.read_bytes_from_buffer(addr + max(n, 1) - k, k) == data
+    assert b.free_managed_buffer(addrs[2], sizes[2]) == 0
+    assert b.free_managed_buffer(addrs[2], sizes[2]) == -1
     assert b.free_managed_buffer(12345, 10) == -1
-    assert b.allocate_managed_buffer(sizes[1]) == addrs[1]
+    assert b.allocate_managed_buffer(sizes[2]) == addrs[2]
+    # Above 256 MiB: a registration of its own, gone when freed.
     big = b.allocate_managed_buffer(300 * MiB)
-    assert big
+    assert big and not (spans[0][0] <= big < spans[0][0] + (2 << 30))
     assert a.transfer_sync_write(b.local_name, b"end", big + 300 * MiB - 3, 3) == 0
     assert b.free_managed_buffer(big, 300 * MiB) == 0
     assert a.transfer_sync_write(b.local_name, b"end", big + 300 * MiB - 3, 3) == -1

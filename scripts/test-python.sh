@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Tests the Python package: checks the binding crate (fmt, clippy), builds and installs the wheel into a clean virtualenv exactly as a
+# user would (`pip install ./python`), installs pytest, numpy and Mooncake's
+# own wheel (the interop peer), and runs python/tests.
+#
+#   scripts/test-python.sh [pytest arguments]
+#
+# Writes "passed failed skipped" to $TE_RESULTS_DIR/python.counts
+# (TE_RESULTS_DIR defaults to build/test-results). The virtualenv is
+# build/pyvenv (TE_PY_VENV), recreated each run; the interpreter is
+# $PYTHON (python3). With CI=true a missing prerequisite (a server binary,
+# Mooncake's wheel) fails its tests instead of skipping them.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+results=${TE_RESULTS_DIR:-$root/build/test-results}
+mkdir -p "$results"
+counts=$results/python.counts
+rm -f "$counts"
+# A run that stops before pytest reports counts of one failure.
+trap '[ -s "$counts" ] || echo "0 1 0" > "$counts"' EXIT
+
+python=${PYTHON:-python3}
+venv=${TE_PY_VENV:-$root/build/pyvenv}
+# Versions the suite is known to work with; Mooncake's wheel is the peer
+# of the interop tests.
+pytest_req="pytest==9.2.0"
+numpy_req="numpy==2.4.6"
+mooncake_req="mooncake-transfer-engine-non-cuda==0.3.13.post1"
+
+export RUST_BACKTRACE=1
+echo "== python: binding crate checks"
+cargo fmt --check --manifest-path python/Cargo.toml
+cargo clippy --manifest-path python/Cargo.toml --all-targets -- -D warnings
+# The HTTP metadata server the tests start.
+cargo build --locked --bin transfer-engine-metadata-server
+export TE_METADATA_SERVER_BIN=$root/target/debug/transfer-engine-metadata-server
+
+echo "== python: clean virtualenv $venv ($("$python" --version))"
+rm -rf "$venv"
+"$python" -m venv "$venv"
+echo "== python: pip install ./python"
+"$venv/bin/python" -m pip install ./python
+"$venv/bin/python" -m pip install --quiet "$pytest_req" "$numpy_req"
+if ! "$venv/bin/python" -m pip install --quiet "$mooncake_req"; then
+  if [ "${CI:-}" = "true" ]; then
+    echo "test-python.sh: cannot install $mooncake_req (needed for the interop tests)" >&2
+    exit 1
+  fi
+  echo "test-python.sh: $mooncake_req not installed; its tests will be skipped" >&2
+fi
+(cd /tmp && "$venv/bin/python" -c "from transfer_engine import TransferEngine; print('import ok:', TransferEngine)")
+
+echo "== python: pytest"
+junit=$results/python-junit.xml
+set +e
+"$venv/bin/pytest" python/tests -ra --junitxml="$junit" "$@"
+status=$?
+set -e
+"$venv/bin/python" - "$junit" "$counts" <<'EOF'
+import sys
+import xml.etree.ElementTree as ET
+
+root = ET.parse(sys.argv[1]).getroot()
+suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+total = sum(int(s.get("tests", 0)) for s in suites)
+failed = sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites)
+skipped = sum(int(s.get("skipped", 0)) for s in suites)
+with open(sys.argv[2], "w") as f:
+    f.write(f"{total - failed - skipped} {failed} {skipped}\n")
+EOF
+echo "python: $(cat "$counts") (passed failed skipped)"
+exit "$status"
