@@ -267,7 +267,7 @@ impl Core {
                 }
             }
         }
-        let mut backoff = Backoff::new();
+        let backoff = Backoff::new();
         let mut failure = None;
         while !waiting.is_empty() && failure.is_none() {
             let mut progressed = false;
