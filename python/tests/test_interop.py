@@ -3,25 +3,27 @@ PyPI) move verified bytes in both directions: our engine in this process,
 Mooncake's `mooncake.engine.TransferEngine` in a peer process, each side
 initiating WRITEs, READs, batches and notifications.
 
-`protocol` is the transport both sides are initialized with; RDMA joins
-the list where RDMA devices exist. The metadata backends are those the
-Mooncake wheel supports (it has no redis plugin).
+`protocol` is what both sides pass to `initialize` (the transport itself
+is chosen by auto-discovery, in both engines): `tcp` by default, and the
+comma-separated list in TE_INTEROP_PROTOCOLS where more exist (e.g.
+`tcp,rdma` on a machine with RDMA devices). The metadata backends are
+those the Mooncake wheel supports (it has no redis plugin).
 """
+
+import os
 
 import pytest
 from checks import exchange
-from conftest import connection
+from conftest import connection, engine_name
 
-PROTOCOLS = ["tcp"]
+from transfer_engine import TransferEngine
+
+PROTOCOLS = os.environ.get("TE_INTEROP_PROTOCOLS", "tcp").split(",")
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("metadata", ["P2PHANDSHAKE", "http", "etcd"])
 def test_ours_and_mooncake_move_bytes_both_ways(protocol, metadata, request, spawn_peer):
-    from conftest import engine_name
-
-    from transfer_engine import TransferEngine
-
     conn = connection(request, metadata)
     peer = spawn_peer("mooncake", conn, protocol=protocol)
     local = TransferEngine()
