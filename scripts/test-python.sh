@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Tests the Python package: checks the binding crate (fmt, clippy), builds and installs the wheel into a clean virtualenv exactly as a
-# user would (`pip install ./python`), installs pytest, numpy and Mooncake's
-# own wheel (the interop peer), and runs python/tests.
+# Tests the Python package: checks the binding crate (fmt, clippy), builds
+# and installs the wheel into a clean virtualenv exactly as a user would
+# (`pip install ./python`), installs pytest, numpy and Mooncake's own wheel
+# (the interop peer), runs python/tests, and checks that `pip install .`
+# from the repository root installs the package too.
 #
 #   scripts/test-python.sh [pytest arguments]
 #
@@ -71,4 +73,8 @@ with open(sys.argv[2], "w") as f:
     f.write(f"{total - failed - skipped} {failed} {skipped}\n")
 EOF
 echo "python: $(cat "$counts") (passed failed skipped)"
+# The repository root installs the same package (pyproject.toml there).
+echo "== python: pip install . (repository root)"
+"$venv/bin/python" -m pip install --quiet --no-deps --force-reinstall .
+(cd /tmp && "$venv/bin/python" -c "from transfer_engine import TransferEngine; print('import ok:', TransferEngine)")
 exit "$status"
