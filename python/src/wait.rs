@@ -69,17 +69,16 @@ pub fn deadline(start: Instant, timeout: Duration, bytes: u64) -> Instant {
     start + timeout + Duration::from_nanos(bytes)
 }
 
-/// How long a waiter only yields before it starts to sleep.
-const YIELD_FOR: Duration = Duration::from_micros(50);
-/// The shortest sleep between two polls.
-const SHORTEST_NAP: Duration = Duration::from_micros(20);
+/// How long a waiter only yields before it starts to sleep: longer than a
+/// small transfer takes on a busy machine, so those are noticed at once.
+const YIELD_FOR: Duration = Duration::from_millis(1);
 /// The longest sleep between two polls.
 const LONGEST_NAP: Duration = Duration::from_millis(1);
 
 /// Yields the CPU for the first [`YIELD_FOR`], then sleeps an eighth of the
-/// time waited so far (within [`SHORTEST_NAP`]..=[`LONGEST_NAP`]): a
-/// transfer is noticed at most about 12% after it ends, and waiting threads
-/// leave the cores to the engine's threads.
+/// time waited so far (at most [`LONGEST_NAP`]): a long
+/// transfer is noticed at most about 12% after it ends, and threads waiting
+/// on long transfers leave the cores to the engine's threads.
 pub struct Backoff {
     start: Instant,
 }
@@ -98,7 +97,7 @@ impl Backoff {
         if waited < YIELD_FOR {
             thread::yield_now();
         } else {
-            thread::sleep((waited / 8).clamp(SHORTEST_NAP, LONGEST_NAP));
+            thread::sleep((waited / 8).min(LONGEST_NAP));
         }
     }
 }
