@@ -112,7 +112,7 @@ impl Core {
         };
         list.retain(
             |&(batch, tasks)| match wait::batch_state(&self.engine, batch, tasks) {
-                Ok(BatchState::Waiting) => true,
+                Ok(BatchState::Waiting | BatchState::TimedOut) => true,
                 Ok(_) => self.engine.free_batch(batch).is_err(),
                 Err(_) => false,
             },
@@ -219,9 +219,10 @@ impl Core {
                 Err(Failure::new(
                     -1,
                     format!(
-                        "{} did not finish within {:?} (MC_TRANSFER_TIMEOUT plus 1 ns per byte)",
+                        "{} did not finish within {:?} (MC_TRANSFER_TIMEOUT plus 1 ns per \
+                         byte, or MC_SLICE_TIMEOUT)",
                         what(),
-                        deadline - start
+                        start.elapsed()
                     ),
                 ))
             }
@@ -289,7 +290,9 @@ impl Core {
                         failure = Some(format!("batch {id:#x}: {e}"));
                         true
                     }
-                    Ok(BatchState::Waiting) => {
+                    // Like Mooncake, a task past MC_SLICE_TIMEOUT is waited
+                    // for until the batch's own deadline.
+                    Ok(BatchState::Waiting | BatchState::TimedOut) => {
                         if Instant::now() >= wait::deadline(p.start, self.timeout, p.bytes) {
                             failure = Some(format!(
                                 "batch {id:#x} did not finish in time (MC_TRANSFER_TIMEOUT \
@@ -311,8 +314,9 @@ impl Core {
     }
 
     /// Mooncake's `transferCheckStatus`: 1 completed, -1 failed (the batch
-    /// is freed in both cases), 0 still running, -2 still running past its
-    /// deadline. An id that is not a pending asynchronous batch gives -1.
+    /// is freed in both cases), 0 still running, -2 still running past
+    /// `MC_SLICE_TIMEOUT` or its deadline. An id that is not a pending
+    /// asynchronous batch gives -1.
     pub fn check_status(&self, id: u64) -> OpResult<i32> {
         let Some(p) = lock(&self.pending).get(&id).copied() else {
             return Err(Failure::new(
@@ -335,6 +339,7 @@ impl Core {
             {
                 Ok(-2)
             }
+            BatchState::TimedOut => Ok(-2),
             BatchState::Waiting => Ok(0),
         }
     }

@@ -710,8 +710,9 @@ impl TransferEngine {
     /// batch) once, without blocking.
     ///
     /// Returns 1 completed, -1 failed (the batch is freed in both cases),
-    /// 0 still running, -2 still running past its deadline; -1 (logged) for
-    /// an id that is not a pending asynchronous batch.
+    /// 0 still running, -2 still running past `MC_SLICE_TIMEOUT` or its
+    /// deadline; -1 (logged) for an id that is not a pending asynchronous
+    /// batch.
     fn transfer_check_status(&self, py: Python<'_>, batch_id: u64) -> PyResult<i32> {
         let core = self.core()?;
         Ok(match py.detach(|| core.check_status(batch_id)) {
@@ -857,8 +858,9 @@ impl TransferEngine {
         })
     }
 
-    /// The address of the first buffer (the lowest address) that segment
-    /// `segment_name` offers; this engine's own name gives its own.
+    /// The address of the first buffer segment `segment_name` lists (its
+    /// owner's order: ours by address, Mooncake's by registration); this
+    /// engine's own name gives its lowest registered buffer.
     ///
     /// Returns the address, or 0 when the segment cannot be opened or has
     /// no buffer.
@@ -874,7 +876,8 @@ impl TransferEngine {
             };
             core.engine
                 .segment_buffers(id)
-                .and_then(|b| b.first().map(|&(addr, _)| addr))
+                .ok()
+                .and_then(|b| b.first().map(|b| b.addr))
                 .unwrap_or(0)
         }))
     }

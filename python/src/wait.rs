@@ -14,28 +14,35 @@ use transfer_engine::error::Result;
 pub enum BatchState {
     /// A task is still running.
     Waiting,
+    /// A task is still running past `MC_SLICE_TIMEOUT`: the engine reports
+    /// it TIMEOUT, but it is not cancelled and may still end.
+    TimedOut,
     /// Every task completed.
     Completed,
-    /// Every task is terminal and at least one failed (or timed out).
+    /// Every task ended and at least one failed.
     Failed,
 }
 
-/// The state of the `tasks` tasks of `batch`. Every terminal task is
-/// recorded as seen, so the batch can be freed once this is not `Waiting`.
+/// The state of the `tasks` tasks of `batch`. Every ended task is recorded
+/// as seen, so the batch can be freed once it is `Completed` or `Failed`.
 pub fn batch_state(engine: &Engine, batch: u64, tasks: usize) -> Result<BatchState> {
-    let mut waiting = false;
-    let mut failed = false;
+    let (mut waiting, mut timed_out, mut failed) = (false, false, false);
     for task in 0..tasks {
         match engine.status(batch, task)?.0 {
             TaskStatus::Completed => {}
-            TaskStatus::Failed | TaskStatus::Timeout | TaskStatus::Canceled => failed = true,
+            TaskStatus::Failed => failed = true,
+            TaskStatus::Timeout => timed_out = true,
             _ => waiting = true,
         }
     }
-    Ok(match (waiting, failed) {
-        (true, _) => BatchState::Waiting,
-        (false, true) => BatchState::Failed,
-        (false, false) => BatchState::Completed,
+    Ok(if timed_out {
+        BatchState::TimedOut
+    } else if waiting {
+        BatchState::Waiting
+    } else if failed {
+        BatchState::Failed
+    } else {
+        BatchState::Completed
     })
 }
 
@@ -46,17 +53,19 @@ pub enum Outcome {
     Completed,
     /// Every task ended and one failed.
     Failed,
-    /// The deadline passed with a task still running.
+    /// A task is still running at the deadline, or past `MC_SLICE_TIMEOUT`.
     TimedOut,
 }
 
-/// Polls `batch` until it is no longer waiting or `deadline` passes.
+/// Polls `batch` until it ends, the engine reports a task TIMEOUT, or
+/// `deadline` passes (Mooncake's synchronous calls stop at either).
 pub fn wait_batch(engine: &Engine, batch: u64, tasks: usize, deadline: Instant) -> Result<Outcome> {
     let backoff = Backoff::new();
     loop {
         match batch_state(engine, batch, tasks)? {
             BatchState::Completed => return Ok(Outcome::Completed),
             BatchState::Failed => return Ok(Outcome::Failed),
+            BatchState::TimedOut => return Ok(Outcome::TimedOut),
             BatchState::Waiting if Instant::now() >= deadline => return Ok(Outcome::TimedOut),
             BatchState::Waiting => backoff.pause(),
         }

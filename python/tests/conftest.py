@@ -24,7 +24,13 @@ import uuid
 
 import pytest
 
-from transfer_engine import TransferEngine
+# Many tests contact dead peers on purpose; the handshake client retries a
+# refused connection until MC_HANDSHAKE_CONNECT_TIMEOUT (5 s) has passed.
+# The engine reads its configuration when the package is imported; peer
+# processes inherit it.
+os.environ.setdefault("MC_HANDSHAKE_CONNECT_TIMEOUT", "1")
+
+from transfer_engine import TransferEngine  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PEER = pathlib.Path(__file__).resolve().with_name("peer.py")
@@ -259,7 +265,9 @@ def engine(make_engine) -> TransferEngine:
 class Peer:
     """A peer process (tests/peer.py) running our engine or Mooncake's."""
 
-    def __init__(self, impl: str, conn: str, size: int, protocol: str = "tcp") -> None:
+    def __init__(
+        self, impl: str, conn: str, size: int, protocol: str = "tcp", env: dict | None = None
+    ) -> None:
         self.impl = impl
         name = engine_name(conn, impl)
         self.proc = subprocess.Popen(
@@ -267,6 +275,7 @@ class Peer:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env={**os.environ, **(env or {})},
         )
         self.replies: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -311,16 +320,21 @@ class Peer:
             self.proc.kill()
             self.proc.wait()
 
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
 
 @pytest.fixture
 def spawn_peer():
     """Starts peer processes; they quit (or are killed) after the test."""
     peers = []
 
-    def spawn(impl: str, conn: str, size: int = 4 << 20, protocol: str = "tcp") -> Peer:
+    def spawn(
+        impl: str, conn: str, size: int = 4 << 20, protocol: str = "tcp", env: dict | None = None
+    ) -> Peer:
         if impl == "mooncake":
             mooncake_engine()
-        peer = Peer(impl, conn, size, protocol)
+        peer = Peer(impl, conn, size, protocol, env)
         peers.append(peer)
         return peer
 
