@@ -9,7 +9,8 @@ from the `mooncake-transfer-engine-non-cuda` wheel, when installed) a target
 process of the same implementation registers 64 MiB on loopback
 (P2PHANDSHAKE, TCP), and an initiator process times synchronous WRITEs:
 `--calls` of 4 KiB (microseconds per call) and `--mib-calls` of 1 MiB
-(GB/s), with 1 and with 8 Python threads. Runs are interleaved so every
+(GB/s), with 1 and with 8 Python threads, and 4 KiB WRITEs to its own
+segment (no network: the cost of the call itself). Runs are interleaved so every
 implementation sees the same machine state; the table shows medians over
 `--runs`. With `--c-bench` (default: build/transfer_bench when present) the
 C API's own loop (allocateBatchID, submitTransfer, getTransferStatus,
@@ -88,6 +89,13 @@ def initiate(impl: str, target: str, base: int, calls: int, mib_calls: int, thre
     assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
     timed(engine, target, base, 4096, 500, 1)  # connect and warm up
     out = {}
+    # The engine's own segment: no network, so what is left is the cost of
+    # the call itself (batch, submit, poll, free, GIL) and a 4 KiB copy.
+    own = ctypes.create_string_buffer(REGION)
+    assert engine.register_memory(ctypes.addressof(own), REGION) == 0
+    me = f"127.0.0.1:{engine.get_rpc_port()}"
+    timed(engine, me, ctypes.addressof(own), 4096, 500, 1)
+    out["us_own_1"] = timed(engine, me, ctypes.addressof(own), 4096, calls, 1) / calls * 1e6
     for t in threads:
         out[f"us_4k_{t}"] = timed(engine, target, base, 4096, calls, t) / calls * 1e6
         out[f"gbs_1m_{t}"] = mib_calls * MiB / timed(engine, target, base, MiB, mib_calls, t) / 1e9
@@ -189,6 +197,8 @@ def main() -> None:
     print(f"\ntransfer_sync_write over loopback TCP (P2PHANDSHAKE), medians of {a.runs} runs")
     print("ours, mooncake: Python; C API: transfer_bench's loop (batch 1) against our target")
     print(f"{'':32}" + "".join(f"{c:>12}" for c in cols) + "".join(f"{x + '/' + y:>16}" for x, y in ratios))
+    own = "4 KiB to its own segment, us/call"
+    print(f"{own:32}" + "".join(f"{med[c]['us_own_1']:12.1f}" if "us_own_1" in med[c] else f"{'-':>12}" for c in cols))
     for t in threads:
         for label, key, fmt in (
             (f"4 KiB, {t} thread(s), us/call", f"us_4k_{t}", "{:12.1f}"),
