@@ -34,7 +34,9 @@ mooncake_req="mooncake-transfer-engine-non-cuda==0.3.13.post1"
 export RUST_BACKTRACE=1
 echo "== python: binding crate checks"
 cargo fmt --check --manifest-path python/Cargo.toml
-cargo clippy --manifest-path python/Cargo.toml --all-targets -- -D warnings
+# --locked: python/Cargo.lock must follow the main crate (regenerate it with
+# `cargo update --manifest-path python/Cargo.toml -p transfer-engine`).
+cargo clippy --locked --manifest-path python/Cargo.toml --all-targets -- -D warnings
 # The HTTP metadata server the tests start.
 cargo build --locked --bin transfer-engine-metadata-server
 export TE_METADATA_SERVER_BIN=$root/target/debug/transfer-engine-metadata-server

@@ -128,6 +128,10 @@ pub(crate) fn raise_descriptor_limit() {
     }
 }
 
+/// Shortest interval between refetches of a peer's descriptor for requests
+/// it does not cover (memory the peer may have registered since).
+const UNCOVERED_REFETCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Handle returned for the installed TCP transport.
 const TCP_TRANSPORT_HANDLE: u64 = 1;
 
@@ -426,7 +430,12 @@ impl Engine {
                 && seg.route.get().is_some_and(|route| route.take_refetch());
             // Memory the peer registered after its descriptor was cached is
             // reachable, as with Mooncake, whose initiator does not check.
-            let unlisted = r.length > 0 && !seg.covers(r.target_offset, r.length);
+            let unlisted = r.length > 0
+                && !seg.covers(r.target_offset, r.length)
+                && !refreshed.contains(&r.target_id)
+                && self
+                    .segments
+                    .may_refetch_uncovered(r.target_id, UNCOVERED_REFETCH_INTERVAL);
             if (stale || unlisted || !self.config.metacache) && !refreshed.contains(&r.target_id) {
                 refreshed.push(r.target_id);
                 self.sync_segment(&seg.name);

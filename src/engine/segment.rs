@@ -6,6 +6,7 @@ use crate::metadata::descriptor::SegmentDesc;
 use once_cell::sync::OnceCell;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 /// A remote segment as this engine knows it.
 #[derive(Debug, Clone)]
@@ -66,6 +67,9 @@ struct Table {
     by_name: HashMap<String, i32>,
     by_id: HashMap<i32, Arc<RemoteSegment>>,
     next_id: i32,
+    /// When each segment was last refetched for a request its cached
+    /// descriptor does not cover.
+    refetched: HashMap<i32, Instant>,
 }
 
 /// Name <-> id <-> descriptor of opened remote segments.
@@ -75,6 +79,21 @@ pub struct SegmentCache {
 }
 
 impl SegmentCache {
+    /// Whether segment `id` may be refetched now for a request its cached
+    /// descriptor does not cover: at most once per `interval`, so a caller
+    /// repeating a bad request does not make every submit wait on the peer.
+    pub fn may_refetch_uncovered(&self, id: i32, interval: Duration) -> bool {
+        let mut t = self.table.write().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        match t.refetched.get(&id) {
+            Some(at) if now.duration_since(*at) < interval => false,
+            _ => {
+                t.refetched.insert(id, now);
+                true
+            }
+        }
+    }
+
     /// The id of a cached name.
     pub fn id_of(&self, name: &str) -> Option<i32> {
         self.table
