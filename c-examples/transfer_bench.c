@@ -16,7 +16,7 @@
  *
  * Flags are Mooncake's (spec section 8), as "--flag value" or "--flag=value":
  *   --mode initiator|target (initiator)     --operation read|write (read)
- *   --protocol tcp (only tcp here)          --metadata_server (P2PHANDSHAKE;
+ *   --protocol tcp|rdma (tcp)               --metadata_server (P2PHANDSHAKE;
  *       "http://host:port/path" for our metadata server; Mooncake's default is etcd)
  *   --local_server_name (127.0.0.1)         --segment_id (the target's name)
  *   --buffer_size (1 GiB; the initiator raises it to block*batch*threads)
@@ -43,8 +43,8 @@
  *                        seen to change the target). A WRITE run and a later
  *                        READ run with the same seed and request layout check
  *                        end to end that the READ gets what the WRITE put.
- *   --device_name a,b    Mooncake's flag: the devices (for tcp: network
- *                        interfaces) to use, as the matrix
+ *   --device_name a,b    Mooncake's flag: the devices (RDMA devices, or for
+ *                        tcp network interfaces) to use, as the matrix
  *                        {"cpu:0": [["a","b"],[]]} given to installTransport.
  *   --nic_priority_matrix FILE
  *                        Mooncake's flag: a priority-matrix JSON file given
@@ -152,7 +152,7 @@ static void usage(const char *why) {
   if (why) fprintf(stderr, "transfer_bench: %s\n", why);
   fprintf(stderr,
           "usage: transfer_bench --mode target|initiator [--metadata_server P2PHANDSHAKE|http://...]\n"
-          "         [--local_server_name HOST] [--protocol tcp] [--buffer_size BYTES] [--verify]\n"
+          "         [--local_server_name HOST] [--protocol tcp|rdma] [--buffer_size BYTES] [--verify]\n"
           "       initiator: --segment_id NAME [--target_base ADDR] [--target_size BYTES]\n"
           "         [--operation read|write] [--block_size B] [--batch_size N] [--threads N]\n"
           "         [--duration S] [--report_unit GB|GiB|Gb|MB|MiB|Mb|KB|KiB|Kb]\n"
@@ -273,10 +273,8 @@ static void parse_args(int argc, char **argv) {
     usage("--mode must be initiator or target");
   if (strcmp(opt.operation, "read") && strcmp(opt.operation, "write"))
     usage("--operation must be read or write");
-  if (strcmp(opt.protocol, "tcp")) {
-    fprintf(stderr,
-            "transfer_bench: --protocol %s is not supported by this benchmark; only tcp is "
-            "(rdma needs the library's rdma feature and hardware)\n",
+  if (strcmp(opt.protocol, "tcp") && strcmp(opt.protocol, "rdma")) {
+    fprintf(stderr, "transfer_bench: --protocol %s is not supported; use tcp or rdma\n",
             opt.protocol);
     exit(2);
   }

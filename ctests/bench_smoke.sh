@@ -5,7 +5,8 @@
 # a target with --verify and an initiator doing READ then WRITE for 1 s
 # each with --verify (every byte of the last batch checked), flags given in
 # both "--flag value" and "--flag=value" forms; the result line must have
-# Mooncake's format; an unsupported protocol must be refused clearly. Then
+# Mooncake's format; an unsupported protocol (and rdma on a machine
+# without RDMA devices) must be refused clearly. Then
 # a READ for 2.5 s without --target_base and --target_size (the bench finds
 # the target's first buffer with te_segment_buffers) that must read what the
 # WRITE put there (its blocks are among the WRITE's) and print progress
@@ -22,10 +23,17 @@ bench=$build/transfer_bench
 [ -x "$bench" ] || net_fail "$bench not built"
 
 rc=0
-"$bench" --mode=initiator --protocol rdma --segment_id x --target_base 1 \
+"$bench" --mode=initiator --protocol efa --segment_id x --target_base 1 \
   >"$NET_TMP/proto.out" 2>&1 || rc=$?
-[ "$rc" -ne 0 ] || net_fail "--protocol rdma was accepted"
-grep -q 'protocol rdma is not supported' "$NET_TMP/proto.out" || net_fail "unclear error: $(cat "$NET_TMP/proto.out")"
+[ "$rc" -ne 0 ] || net_fail "--protocol efa was accepted"
+grep -q 'protocol efa is not supported' "$NET_TMP/proto.out" || net_fail "unclear error: $(cat "$NET_TMP/proto.out")"
+# rdma without RDMA devices (this machine): refused at install, saying why.
+if ! ls /sys/class/infiniband/* >/dev/null 2>&1; then
+  rc=0
+  "$bench" --mode=target --protocol rdma >"$NET_TMP/rdma.out" 2>&1 || rc=$?
+  [ "$rc" -ne 0 ] || net_fail "--protocol rdma without RDMA devices was accepted"
+  grep -q 'no RDMA device' "$NET_TMP/rdma.out" || net_fail "unclear error: $(cat "$NET_TMP/rdma.out")"
+fi
 
 net_start target "$bench" --mode target --metadata_server=P2PHANDSHAKE \
   --local_server_name 127.0.0.1 --buffer_size=$((64 << 20)) --verify

@@ -3,8 +3,11 @@
  * three modes. The shell drivers (run_two_process.sh, kill_target.sh,
  * netns_two_hosts.sh) start them and read their output.
  *
+ *   The transport is TCP, or $TE_PROTOCOL (rdma) on the devices of
+ *   $TE_DEVICES (a comma list).
+ *
  *   net_peer target CONN NAME SIZE
- *     Creates an engine, installs tcp, registers SIZE bytes filled with the
+ *     Creates an engine, installs the transport, registers SIZE bytes filled with the
  *     pattern TARGET_SEED (byte k = te_pattern-like(TARGET_SEED, k)), prints
  *       segment <name> base <address> size <bytes>
  *     and serves until SIGINT/SIGTERM (then exits 0). Every notification it
@@ -77,11 +80,28 @@ static unsigned char *map_buffer(uint64_t size) {
   return p;
 }
 
+/* The transport: $TE_PROTOCOL (tcp by default) on the devices of
+ * $TE_DEVICES (a comma list, as the matrix {"cpu:0": [[...], []]}; unset:
+ * the engine's own choice). */
+static void *install(transfer_engine_t e) {
+  const char *proto = getenv("TE_PROTOCOL");
+  const char *devs = getenv("TE_DEVICES");
+  if (!proto || !*proto) proto = "tcp";
+  if (!devs || !*devs) return installTransport(e, proto, NULL);
+  char matrix[1024];
+  size_t n = (size_t)snprintf(matrix, sizeof matrix, "{\"cpu:0\": [[\"");
+  for (const char *p = devs; *p && n + 8 < sizeof matrix; p++)
+    n += (size_t)snprintf(matrix + n, sizeof matrix - n, *p == ',' ? "\",\"" : "%c", *p);
+  snprintf(matrix + n, sizeof matrix - n, "\"], []]}");
+  char *args[] = {matrix, NULL};
+  return installTransport(e, proto, (void **)args);
+}
+
 static transfer_engine_t make_engine(const char *conn, const char *name, char *out, size_t len) {
   transfer_engine_t e = createTransferEngine(conn, name, NULL, 0, 0);
   if (!e) fprintf(stderr, "createTransferEngine(%s, %s) returned NULL\n", conn, name);
   REQUIRE(e != NULL);
-  REQUIRE(installTransport(e, "tcp", NULL) != NULL);
+  REQUIRE(install(e) != NULL);
   if (!strcmp(conn, "P2PHANDSHAKE")) REQUIRE(getLocalIpAndPort(e, out, len) == 0);
   else snprintf(out, len, "%s", name);
   return e;

@@ -372,7 +372,9 @@ extern "C" {
  * `"etcd://host:port[,host:port]"`, `"redis://host:port"`, or a plain
  * `"host:port"` list meaning etcd. `ip_or_host_name` and `rpc_port` are
  * ignored, as in Mooncake. With `auto_discover` non-zero a transport is
- * installed from the machine's topology.
+ * installed from the machine's topology, as Mooncake does: `"rdma"` when
+ * RDMA devices with an active port exist (unless `MC_FORCE_TCP` is set),
+ * `"tcp"` otherwise.
  *
  * Returns the engine, or NULL (with an error log) when an argument is NULL,
  * the connection string is malformed, or its backend is unavailable.
@@ -410,14 +412,18 @@ int discoverTopology(transfer_engine_t engine);
 int getLocalIpAndPort(transfer_engine_t engine, char *buf_out, size_t buf_len);
 
 /**
- * Installs the transport `proto` (`"tcp"`, or `"rdma"` on RDMA hardware).
- * When `args` and `args[0]` are non-NULL, `args[0]` is a NIC priority
- * matrix JSON string. Buffers registered earlier are registered with the
- * new transport. Installing an installed protocol returns the same handle.
+ * Installs the transport `proto`: `"tcp"`, or `"rdma"` (RDMA READ and
+ * WRITE over RDMA devices). When `args` and `args[0]` are non-NULL,
+ * `args[0]` is a NIC priority matrix JSON string whose devices are used
+ * (network interfaces for tcp, RDMA devices for rdma); otherwise
+ * `MC_CUSTOM_TOPO_JSON`, else the discovered topology. Buffers registered
+ * earlier are registered with the new transport. Installing an installed
+ * protocol returns the same handle; an engine runs one transport.
  *
  * Returns an opaque non-NULL handle, or NULL (with an error log) for a
- * NULL or unknown engine or protocol, a malformed matrix, or a transport
- * that failed to start.
+ * NULL or unknown engine or protocol, a malformed matrix, no usable RDMA
+ * device, another transport already installed, or a transport that failed
+ * to start.
  *
  * # Safety
  * `proto` must be NULL or NUL-terminated; `args` NULL or an array whose

@@ -49,6 +49,8 @@ suite cargo scripts/suites/cargo.sh
 suite cargo-no-default-features scripts/suites/cargo.sh --no-default-features
 suite ctest scripts/suites/ctest.sh
 suite python scripts/test-python.sh
+# RDMA on real verbs: soft-RoCE in a qemu guest (scripts/rdma-vm/), serially.
+suite rdma-vm scripts/rdma-vm/test.sh
 
 scripts/suites/summary.sh "$TE_RESULTS_DIR"
 summary_rc=$?

@@ -143,6 +143,54 @@ pub struct Config {
     pub transfer_timeout_secs: u64,
     /// The warnings parsing produced (bad values and what was kept).
     pub warnings: Vec<String>,
+    /// `MC_IB_PORT`: the device port RDMA uses (1, 1..=255).
+    pub ib_port: u8,
+    /// `MC_GID_INDEX` (else `NCCL_IB_GID_INDEX`): the GID index; `None`
+    /// (-1, the default) ranks the GID table.
+    pub gid_index: Option<u32>,
+    /// `MC_MTU`: largest RDMA path MTU in bytes (4096; 512, 1024, 2048 or
+    /// 4096); the port's active MTU when smaller.
+    pub mtu: u32,
+    /// `MC_NUM_QP_PER_EP`: queue pairs per endpoint (2, 1..=255).
+    pub num_qp_per_ep: usize,
+    /// `MC_MAX_WR`: work requests per queue pair (256, 1..=65535).
+    pub max_wr: u32,
+    /// `MC_MAX_SGE`: scatter/gather entries per work request (4, 1..=65535).
+    pub max_sge: u32,
+    /// `MC_MAX_INLINE`: inline bytes per work request (64, 0..=65535).
+    pub max_inline: u32,
+    /// `MC_MAX_CQE_PER_CTX`: completion queue entries per device (4096,
+    /// 1..=65535).
+    pub max_cqe_per_ctx: u32,
+    /// `MC_WORKERS_PER_CTX`: worker threads per device (2, 1..=8).
+    pub workers_per_ctx: usize,
+    /// `MC_PKEY_INDEX` (0, 0..=65535).
+    pub pkey_index: u16,
+    /// `MC_IB_TC`: GRH traffic class (-1 = the device default, 0..=255).
+    pub ib_traffic_class: Option<u8>,
+    /// `MC_IB_SL`: service level (-1 = 0, 0..=15).
+    pub ib_service_level: Option<u8>,
+    /// `MC_IB_PCI_RELAXED_ORDERING`: request relaxed ordering for memory
+    /// regions where the device supports it (1; 0 = off, 1 and 2 = on).
+    pub ib_relaxed_ordering: bool,
+    /// `MC_MAX_MR_SIZE`: largest memory region (1 TiB), further limited by
+    /// the device.
+    pub max_mr_size: u64,
+    /// `MC_IB_TIMEOUT`: the local ACK timeout of RDMA queue pairs as the
+    /// verbs exponent, 4.096 us * 2^n (14, about 67 ms, Mooncake's value;
+    /// 1..=31). Soft-RoCE on an overloaded host needs more.
+    pub ib_timeout: u8,
+    /// `MC_RDMA_SIGNAL_INTERVAL`: of the RDMA work requests posted as one
+    /// chain, every n-th and the last ask for a completion (1, every one,
+    /// as Mooncake; 1..=64). A larger n saves completion work; an
+    /// unsignaled request counts as done when a later one of its queue
+    /// pair completes, which soft-RoCE (rdma_rxe of Linux 6.1) does not
+    /// honour under load.
+    pub rdma_signal_interval: usize,
+    /// `MC_RDMA_COMPLETION_TIMEOUT`: seconds a queue pair may hold work
+    /// requests without completing any before its endpoint is torn down
+    /// and its slices fail over (10, 1..=3600).
+    pub rdma_completion_timeout_secs: u64,
 }
 
 impl Default for Config {
@@ -191,6 +239,23 @@ impl Default for Config {
             slice_timeout_secs: 0,
             transfer_timeout_secs: 30,
             warnings: Vec::new(),
+            ib_port: 1,
+            gid_index: None,
+            mtu: 4096,
+            num_qp_per_ep: 2,
+            max_wr: 256,
+            max_sge: 4,
+            max_inline: 64,
+            max_cqe_per_ctx: 4096,
+            workers_per_ctx: 2,
+            pkey_index: 0,
+            ib_traffic_class: None,
+            ib_service_level: None,
+            ib_relaxed_ordering: true,
+            max_mr_size: 1 << 40,
+            ib_timeout: 14,
+            rdma_signal_interval: 1,
+            rdma_completion_timeout_secs: 10,
         }
     }
 }
@@ -355,6 +420,32 @@ impl Config {
                 false
             }
         };
+        let gid_var = if r.raw("MC_GID_INDEX").is_some() {
+            "MC_GID_INDEX"
+        } else {
+            "NCCL_IB_GID_INDEX"
+        };
+        let gid_index = match r.number::<i32>(gid_var, -1, -1, 255) {
+            -1 => None,
+            n => Some(n as u32),
+        };
+        let mtu = match r.raw("MC_MTU") {
+            None => d.mtu,
+            Some(v) => match v.parse::<u32>() {
+                Ok(m @ (512 | 1024 | 2048 | 4096)) => m,
+                _ => {
+                    r.warn(format!(
+                        "MC_MTU={v} is not 512, 1024, 2048 or 4096; using {}",
+                        d.mtu
+                    ));
+                    d.mtu
+                }
+            },
+        };
+        let optional_u8 = |name: &str, hi: i32| match r.number::<i32>(name, -1, -1, hi) {
+            -1 => None,
+            n => Some(n as u8),
+        };
         Config {
             slice_size,
             fragment_limit,
@@ -451,6 +542,33 @@ impl Config {
             redis_db_index: r.number("MC_REDIS_DB_INDEX", 0, 0, 255),
             slice_timeout_secs: r.number("MC_SLICE_TIMEOUT", 0, 1, 65535),
             transfer_timeout_secs: r.number("MC_TRANSFER_TIMEOUT", 30, 5, 86400),
+            ib_port: r.number("MC_IB_PORT", d.ib_port, 1, 255),
+            gid_index,
+            mtu,
+            num_qp_per_ep: r.number("MC_NUM_QP_PER_EP", d.num_qp_per_ep, 1, 255),
+            max_wr: r.number("MC_MAX_WR", d.max_wr, 1, 65535),
+            max_sge: r.number("MC_MAX_SGE", d.max_sge, 1, 65535),
+            max_inline: r.number("MC_MAX_INLINE", d.max_inline, 0, 65535),
+            max_cqe_per_ctx: r.number("MC_MAX_CQE_PER_CTX", d.max_cqe_per_ctx, 1, 65535),
+            workers_per_ctx: r.number("MC_WORKERS_PER_CTX", d.workers_per_ctx, 1, 8),
+            pkey_index: r.number("MC_PKEY_INDEX", d.pkey_index, 0, 65535),
+            ib_traffic_class: optional_u8("MC_IB_TC", 255),
+            ib_service_level: optional_u8("MC_IB_SL", 15),
+            ib_relaxed_ordering: r.number("MC_IB_PCI_RELAXED_ORDERING", 1u8, 0, 2) != 0,
+            max_mr_size: r.number("MC_MAX_MR_SIZE", d.max_mr_size, 1, u64::MAX),
+            ib_timeout: r.number("MC_IB_TIMEOUT", d.ib_timeout, 1, 31),
+            rdma_signal_interval: r.number(
+                "MC_RDMA_SIGNAL_INTERVAL",
+                d.rdma_signal_interval,
+                1,
+                64,
+            ),
+            rdma_completion_timeout_secs: r.number(
+                "MC_RDMA_COMPLETION_TIMEOUT",
+                d.rdma_completion_timeout_secs,
+                1,
+                3600,
+            ),
             warnings: r.warnings.into_inner(),
         }
     }
@@ -545,6 +663,56 @@ mod tests {
         assert_eq!(bad.notify_max_size, d.notify_max_size);
         assert_eq!(bad.notify_queue_max_count, d.notify_queue_max_count);
         assert_eq!(bad.notify_queue_max_bytes, d.notify_queue_max_bytes);
+        assert_eq!((c.ib_port, c.gid_index, c.mtu), (1, None, 4096));
+        assert_eq!(
+            (c.num_qp_per_ep, c.max_wr, c.max_sge, c.max_inline),
+            (2, 256, 4, 64)
+        );
+        assert_eq!((c.max_cqe_per_ctx, c.workers_per_ctx), (4096, 2));
+        assert_eq!((c.ib_traffic_class, c.ib_service_level), (None, None));
+        assert!(c.ib_relaxed_ordering);
+        assert_eq!(c.rdma_completion_timeout_secs, 10);
+        assert_eq!(c.ib_timeout, 14);
+        assert_eq!(c.rdma_signal_interval, 1);
+    }
+
+    #[test]
+    fn rdma_variables() {
+        let c = parse(&[
+            ("MC_GID_INDEX", "3"),
+            ("MC_MTU", "1024"),
+            ("MC_NUM_QP_PER_EP", "4"),
+            ("MC_WORKERS_PER_CTX", "1"),
+            ("MC_IB_TC", "106"),
+            ("MC_IB_SL", "3"),
+            ("MC_IB_PCI_RELAXED_ORDERING", "0"),
+            ("MC_RDMA_COMPLETION_TIMEOUT", "3"),
+            ("MC_IB_TIMEOUT", "18"),
+        ]);
+        assert_eq!(c.gid_index, Some(3));
+        assert_eq!(c.mtu, 1024);
+        assert_eq!(c.num_qp_per_ep, 4);
+        assert_eq!(c.workers_per_ctx, 1);
+        assert_eq!(
+            (c.ib_traffic_class, c.ib_service_level),
+            (Some(106), Some(3))
+        );
+        assert!(!c.ib_relaxed_ordering);
+        assert_eq!(c.rdma_completion_timeout_secs, 3);
+        assert_eq!(c.ib_timeout, 18);
+        assert_eq!(parse(&[("NCCL_IB_GID_INDEX", "1")]).gid_index, Some(1));
+        let bad = parse(&[
+            ("MC_GID_INDEX", "256"),
+            ("MC_MTU", "1500"),
+            ("MC_WORKERS_PER_CTX", "9"),
+            ("MC_IB_SL", "16"),
+            ("MC_IB_PCI_RELAXED_ORDERING", "3"),
+        ]);
+        assert_eq!(bad.gid_index, None);
+        assert_eq!(bad.mtu, 4096);
+        assert_eq!(bad.workers_per_ctx, 2);
+        assert_eq!(bad.ib_service_level, None);
+        assert!(bad.ib_relaxed_ordering);
     }
 
     #[test]

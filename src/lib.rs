@@ -13,3 +13,5 @@ pub mod rpc;
 pub(crate) mod serve;
 pub mod topology;
 pub mod transport;
+#[cfg(feature = "rdma")]
+pub mod verbs;

@@ -1,6 +1,7 @@
 //! What the handshake listener serves: the engine's own segment descriptor
-//! (Metadata requests), received notifications (Notify), and the refusal of
-//! RDMA connection requests, which this engine's transports do not take.
+//! (Metadata requests), received notifications (Notify), and RDMA
+//! connection requests (Connection), which go to the RDMA transport when
+//! one is installed and are refused otherwise.
 
 use crate::config::Config;
 use crate::rpc::FrameKind;
@@ -51,12 +52,16 @@ struct NotifyQueue {
     refused: u64,
 }
 
+/// Answers a Connection request (the RDMA transport's passive handshake).
+pub type ConnectionHandler = Box<dyn Fn(&Value) -> Value + Send + Sync>;
+
 /// State shared between the engine and its handshake listener.
 #[derive(Default)]
 pub struct ControlState {
     local_desc: RwLock<Option<Value>>,
     notifies: Mutex<NotifyQueue>,
     limits: NotifyLimits,
+    connection: RwLock<Option<ConnectionHandler>>,
 }
 
 /// Why a notification was not queued.
@@ -89,6 +94,19 @@ impl ControlState {
             limits,
             ..ControlState::default()
         }
+    }
+
+    /// Routes Connection requests to `handler` from now on.
+    pub fn set_connection_handler(&self, handler: ConnectionHandler) {
+        *self.connection.write().unwrap_or_else(|e| e.into_inner()) = Some(handler);
+    }
+
+    /// Refuses Connection requests again (the transport is gone).
+    pub fn clear_connection_handler(&self) {
+        self.connection
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
     }
 
     /// Sets the descriptor served to peers.
@@ -181,14 +199,20 @@ impl RpcHandler for ControlState {
                     }
                 }
             }
-            FrameKind::Connection => json!({
-                "local_nic_path": "",
-                "local_lid": 0,
-                "local_gid": "",
-                "peer_nic_path": "",
-                "qp_num": [],
-                "reply_msg": "this engine has no RDMA transport installed",
-            }),
+            FrameKind::Connection => {
+                let handler = self.connection.read().unwrap_or_else(|e| e.into_inner());
+                match handler.as_ref() {
+                    Some(h) => h(&request),
+                    None => json!({
+                        "local_nic_path": "",
+                        "local_lid": 0,
+                        "local_gid": "",
+                        "peer_nic_path": "",
+                        "qp_num": [],
+                        "reply_msg": "this engine has no RDMA transport installed",
+                    }),
+                }
+            }
             FrameKind::Probe => json!({"status": "success"}),
         }
     }

@@ -3,6 +3,9 @@
 //! in `crate::ffi`.
 
 pub mod batch;
+#[cfg(feature = "rdma")]
+pub mod carrier_rdma;
+pub mod carrier_tcp;
 pub mod control;
 mod keeper;
 pub mod memory;
@@ -22,6 +25,9 @@ use crate::topology::{PriorityMatrix, Topology};
 use crate::transport::local::{CopyJob, LocalCopier, copy_bytes};
 use crate::transport::tcp::TcpTransport;
 use batch::{Batch, PendingNotify, TaskStatus};
+#[cfg(feature = "rdma")]
+use carrier_rdma::RdmaCarrier;
+use carrier_tcp::TcpCarrier;
 use control::ControlState;
 use memory::{MemoryRegistry, Region};
 use once_cell::sync::OnceCell;
@@ -86,7 +92,7 @@ pub struct Engine {
     segments: SegmentCache,
     batches: HandleTable<Batch>,
     local: LocalCopier,
-    sched: OnceCell<Arc<Scheduler>>,
+    sched: OnceCell<Installed>,
     topology: Mutex<Option<(Topology, PriorityMatrix)>>,
     keeper: OnceCell<keeper::Keeper>,
     /// A store write of our entries failed; the keeper retries it.
@@ -134,6 +140,67 @@ const UNCOVERED_REFETCH_INTERVAL: std::time::Duration = std::time::Duration::fro
 
 /// Handle returned for the installed TCP transport.
 const TCP_TRANSPORT_HANDLE: u64 = 1;
+/// Handle returned for the installed RDMA transport.
+#[cfg(feature = "rdma")]
+const RDMA_TRANSPORT_HANDLE: u64 = 2;
+
+/// The transport an engine moves remote data with, and its scheduler.
+enum Installed {
+    Tcp(Arc<Scheduler<TcpCarrier>>),
+    #[cfg(feature = "rdma")]
+    Rdma(Arc<Scheduler<RdmaCarrier>>),
+}
+
+impl Installed {
+    /// The protocol name, as in descriptors.
+    fn protocol(&self) -> &'static str {
+        match self {
+            Installed::Tcp(_) => "tcp",
+            #[cfg(feature = "rdma")]
+            Installed::Rdma(_) => "rdma",
+        }
+    }
+
+    /// The handle `installTransport` returns.
+    fn handle(&self) -> u64 {
+        match self {
+            Installed::Tcp(_) => TCP_TRANSPORT_HANDLE,
+            #[cfg(feature = "rdma")]
+            Installed::Rdma(_) => RDMA_TRANSPORT_HANDLE,
+        }
+    }
+
+    fn submit(
+        &self,
+        batch: &Arc<Batch>,
+        task: usize,
+        seg: &Arc<RemoteSegment>,
+        memory: &MemoryRegistry,
+        xfer: Transfer,
+    ) {
+        match self {
+            Installed::Tcp(s) => s.submit(batch, task, seg, memory, xfer),
+            #[cfg(feature = "rdma")]
+            Installed::Rdma(s) => s.submit(batch, task, seg, memory, xfer),
+        }
+    }
+
+    fn nic_loads(&self) -> Vec<NicLoad> {
+        match self {
+            Installed::Tcp(s) => s.nic_loads(),
+            #[cfg(feature = "rdma")]
+            Installed::Rdma(s) => s.nic_loads(),
+        }
+    }
+
+    fn shutdown(&self) {
+        match self {
+            Installed::Tcp(s) => s.shutdown(),
+            #[cfg(feature = "rdma")]
+            Installed::Rdma(s) => s.shutdown(),
+        }
+    }
+}
 
 impl Engine {
     /// Creates an engine named `local_name` with the metadata backend of
@@ -233,16 +300,27 @@ impl Engine {
         self.rpc.port()
     }
 
-    /// Installs the transport for an auto-discovered machine: RDMA needs
-    /// devices this engine does not drive, so TCP serves, as in Mooncake
-    /// when no HCA is found.
+    /// Installs the transport for an auto-discovered machine, as Mooncake
+    /// does: RDMA when RDMA devices with an active port exist (and
+    /// `MC_FORCE_TCP` is not set), TCP otherwise. If no RDMA device can be
+    /// set up after all, TCP serves (with a warning).
     fn auto_install(&self) -> Result<()> {
         let topo = self.discover_topology();
-        if !topo.rdma_devices.is_empty() && !self.config.force_tcp {
-            warn!(
-                "{} RDMA device(s) found, but this build moves data over TCP; installing tcp",
-                topo.rdma_devices.len()
-            );
+        let usable = topo.rdma_devices.iter().filter(|d| d.ports_active).count();
+        if usable > 0 && !self.config.force_tcp {
+            if cfg!(feature = "rdma") {
+                match self.install_transport("rdma", None) {
+                    Ok(_) => return Ok(()),
+                    Err(e) => {
+                        warn!("auto discovery: rdma could not be installed ({e}); installing tcp")
+                    }
+                }
+            } else {
+                warn!(
+                    "{usable} RDMA device(s) found, but this build has no RDMA transport \
+                     (feature \"rdma\"); installing tcp"
+                );
+            }
         }
         self.install_transport("tcp", None).map(|_| ())
     }
@@ -284,69 +362,195 @@ impl Engine {
 
     /// Installs a transport by protocol name and returns its handle.
     /// `matrix` is a NIC priority matrix JSON (`{"cpu:0": [[preferred],
-    /// [available]], ...}`); for TCP its devices are network interfaces,
-    /// and without one every interface that is up serves.
+    /// [available]], ...}`), else `MC_CUSTOM_TOPO_JSON`'s, else the
+    /// discovered one. For TCP its devices are network interfaces (without
+    /// a matrix every interface that is up serves); for RDMA they are RDMA
+    /// devices. One transport per engine: installing the installed one
+    /// again returns its handle; another one is refused.
     pub fn install_transport(&self, proto: &str, matrix: Option<&str>) -> Result<u64> {
         let given = match matrix {
             Some(json) => Some(PriorityMatrix::parse(json)?),
             None => self.custom_matrix()?,
         };
-        match proto {
-            "tcp" => {
-                if self.sched.get().is_some() {
-                    warn!("transport tcp is already installed");
-                    return Ok(TCP_TRANSPORT_HANDLE);
-                }
-                let topo = self.discover_topology();
-                let named = given.is_some();
-                let tcp_matrix = given.unwrap_or_else(|| PriorityMatrix::from_topology_tcp(&topo));
-                let devices = match self.loopback {
-                    None => scheduler::tcp_devices(
-                        &tcp_matrix,
-                        &topo.net_interfaces,
-                        &self.config.te_filters,
-                    ),
-                    Some(ip) => {
-                        if named {
-                            warn!(
-                                "this engine is confined to loopback ({ip}); the priority \
-                                 matrix's devices are not used"
-                            );
-                        }
-                        remote::loopback_devices(&topo.net_interfaces, ip)
-                    }
-                };
-                info!(
-                    "tcp devices: {:?}",
-                    devices
-                        .iter()
-                        .map(|d| format!("{} {}", d.name, d.addr))
-                        .collect::<Vec<_>>()
-                );
-                let (min, max) = (self.config.min_rpc_port, self.config.max_rpc_port);
-                let listener = match self.loopback {
-                    Some(ip) => crate::rpc::bind_in_range_on(min, max, ip),
-                    None => crate::rpc::bind_in_range(min, max, true)
-                        .or_else(|_| crate::rpc::bind_in_range(min, max, false)),
-                }
-                .map_err(|e| Error::Socket(format!("no free tcp data port: {e}")))?;
-                let tcp = TcpTransport::start(listener, self.memory.clone(), self.config)?;
-                let sched = Scheduler::new(Arc::new(tcp), devices, tcp_matrix, self.config);
-                if let Err(lost) = self.sched.set(Arc::new(sched)) {
-                    lost.shutdown();
-                    return Ok(TCP_TRANSPORT_HANDLE);
-                }
-                self.publish_local_desc()?;
-                Ok(TCP_TRANSPORT_HANDLE)
+        if let Some(installed) = self.sched.get() {
+            if installed.protocol() == proto {
+                warn!("transport {proto} is already installed");
+                return Ok(installed.handle());
             }
-            "rdma" | "efa" | "barex" => Err(Error::DeviceNotFound(format!(
-                "transport {proto:?} needs RDMA devices; none is usable on this machine \
-                 (install \"tcp\" instead)"
-            ))),
-            other => Err(Error::InvalidArgument(format!(
-                "transport {other:?} is unknown; this build provides \"tcp\""
-            ))),
+            return Err(Error::InvalidArgument(format!(
+                "transport {} is installed; an engine runs one transport, so {proto:?} is not \
+                 installed",
+                installed.protocol()
+            )));
         }
+        let installed = match proto {
+            "tcp" => self.start_tcp(given)?,
+            #[cfg(feature = "rdma")]
+            "rdma" => self.start_rdma(given)?,
+            #[cfg(not(feature = "rdma"))]
+            "rdma" => {
+                return Err(Error::DeviceNotFound(
+                    "transport \"rdma\" is not available in this build (install \"tcp\", or \
+                     build with the \"rdma\" feature)"
+                        .into(),
+                ));
+            }
+            "efa" | "barex" => {
+                return Err(Error::DeviceNotFound(format!(
+                    "transport {proto:?} (a vendor variant of RDMA) is not available; install \
+                     \"rdma\" or \"tcp\""
+                )));
+            }
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "transport {other:?} is unknown; this build provides \"tcp\"{}",
+                    if cfg!(feature = "rdma") {
+                        " and \"rdma\""
+                    } else {
+                        ""
+                    }
+                )));
+            }
+        };
+        let handle = installed.handle();
+        if let Err(lost) = self.sched.set(installed) {
+            lost.shutdown();
+            return self.sched.get().map_or(Ok(handle), |i| Ok(i.handle()));
+        }
+        #[cfg(feature = "rdma")]
+        if let Some(Installed::Rdma(s)) = self.sched.get() {
+            let rdma = s.carrier().transport().clone();
+            self.control
+                .set_connection_handler(Box::new(move |req| rdma.accept(req)));
+        }
+        self.publish_local_desc()?;
+        Ok(handle)
+    }
+
+    /// Starts the TCP transport over the interfaces of `given` (or every
+    /// interface that is up).
+    fn start_tcp(&self, given: Option<PriorityMatrix>) -> Result<Installed> {
+        let topo = self.discover_topology();
+        let named = given.is_some();
+        let tcp_matrix = given.unwrap_or_else(|| PriorityMatrix::from_topology_tcp(&topo));
+        let devices = match self.loopback {
+            None => {
+                carrier_tcp::tcp_devices(&tcp_matrix, &topo.net_interfaces, &self.config.te_filters)
+            }
+            Some(ip) => {
+                if named {
+                    warn!(
+                        "this engine is confined to loopback ({ip}); the priority \
+                         matrix's devices are not used"
+                    );
+                }
+                remote::loopback_devices(&topo.net_interfaces, ip)
+            }
+        };
+        info!(
+            "tcp devices: {:?}",
+            devices
+                .iter()
+                .map(|d| format!("{} {}", d.name, d.addr))
+                .collect::<Vec<_>>()
+        );
+        let (min, max) = (self.config.min_rpc_port, self.config.max_rpc_port);
+        let listener = match self.loopback {
+            Some(ip) => crate::rpc::bind_in_range_on(min, max, ip),
+            None => crate::rpc::bind_in_range(min, max, true)
+                .or_else(|_| crate::rpc::bind_in_range(min, max, false)),
+        }
+        .map_err(|e| Error::Socket(format!("no free tcp data port: {e}")))?;
+        let tcp = TcpTransport::start(listener, self.memory.clone(), self.config)?;
+        let carrier = TcpCarrier::new(Arc::new(tcp), devices, self.config.tcp_force_v1);
+        Ok(Installed::Tcp(Arc::new(Scheduler::new(
+            carrier,
+            tcp_matrix,
+            self.config,
+        ))))
+    }
+
+    /// Starts the RDMA transport on the devices of `given` (or of the
+    /// discovered topology), restricted by `MC_TE_FILTERS`, and registers
+    /// every buffer registered so far on them.
+    #[cfg(feature = "rdma")]
+    fn start_rdma(&self, given: Option<PriorityMatrix>) -> Result<Installed> {
+        // Discovery (hwloc) is only needed to build a matrix.
+        let mut matrix = match given {
+            Some(m) => m,
+            None => {
+                let topo = self.discover_topology();
+                if !topo.rdma_devices.iter().any(|d| d.ports_active) {
+                    return Err(Error::DeviceNotFound(
+                        "no RDMA device with an active port on this machine (rdma needs an \
+                         InfiniBand, RoCE or iWARP NIC, or soft-RoCE); install \"tcp\" instead"
+                            .into(),
+                    ));
+                }
+                PriorityMatrix::from_topology(&topo)
+            }
+        };
+        let filters = &self.config.te_filters;
+        let wanted: Vec<String> = matrix
+            .devices()
+            .iter()
+            .filter(|d| filters.is_empty() || filters.contains(d))
+            .cloned()
+            .collect();
+        if wanted.is_empty() {
+            return Err(Error::DeviceNotFound(format!(
+                "no RDMA device to use: the priority matrix {} names none{}",
+                matrix.to_json(),
+                if filters.is_empty() {
+                    String::new()
+                } else {
+                    format!(" that MC_TE_FILTERS={} allows", filters.join(","))
+                }
+            )));
+        }
+        let rdma = Arc::new(crate::transport::rdma::RdmaTransport::start(
+            &wanted,
+            &self.local_name,
+            self.config,
+        )?);
+        // Devices that are filtered out or could not be set up leave the
+        // published matrix, so peers index our devices as we do.
+        for d in matrix.devices().to_vec() {
+            if !rdma.device_names().contains(&d) {
+                matrix.disable_device(&d);
+            }
+        }
+        let matrix = PriorityMatrix::parse(&matrix.to_json().to_string())?;
+        if matrix.devices() != rdma.device_names() {
+            rdma.shutdown();
+            return Err(Error::Context(format!(
+                "RDMA devices {:?} do not follow the priority matrix order {:?}",
+                rdma.device_names(),
+                matrix.devices()
+            )));
+        }
+        let regions: Vec<Region> = self
+            .memory
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .regions()
+            .cloned()
+            .collect();
+        for r in &regions {
+            // SAFETY: registered buffers stay mapped until the caller
+            // unregisters them (the C API's contract), which also removes
+            // them from this transport.
+            if let Err(e) = unsafe { rdma.register(r.addr, r.length, r.remote_accessible) } {
+                rdma.shutdown();
+                return Err(e);
+            }
+        }
+        let carrier = RdmaCarrier::new(rdma);
+        Ok(Installed::Rdma(Arc::new(Scheduler::new(
+            carrier,
+            matrix,
+            self.config,
+        ))))
     }
 
     /// Registers buffers: all of them, or none on error. Installed
@@ -356,7 +560,15 @@ impl Engine {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(regions)?;
+        if let Err(e) = self.register_on_transport(regions) {
+            let mut memory = self.memory.write().unwrap_or_else(|e| e.into_inner());
+            for r in regions {
+                let _ = memory.remove(r.addr);
+            }
+            return Err(e);
+        }
         if let Err(e) = self.publish_local_desc() {
+            self.unregister_on_transport(regions.iter().map(|r| r.addr));
             {
                 let mut memory = self.memory.write().unwrap_or_else(|e| e.into_inner());
                 for r in regions {
@@ -371,19 +583,61 @@ impl Engine {
         Ok(())
     }
 
-    /// Unregisters buffers by base address; every known one is removed and
-    /// the first error is returned.
-    pub fn unregister(&self, addrs: &[u64]) -> Result<()> {
-        let mut first_err = None;
-        {
-            let mut memory = self.memory.write().unwrap_or_else(|e| e.into_inner());
-            for &addr in addrs {
-                if let Err(e) = memory.remove(addr) {
-                    warn!("unregister: {e}");
-                    first_err.get_or_insert(e);
+    /// Registers `regions` with the installed transport, if it needs that
+    /// (RDMA: a memory region on every device); all or none.
+    fn register_on_transport(&self, regions: &[Region]) -> Result<()> {
+        #[cfg(feature = "rdma")]
+        if let Some(Installed::Rdma(s)) = self.sched.get() {
+            let rdma = s.carrier().transport();
+            for (i, r) in regions.iter().enumerate() {
+                // SAFETY: the C API requires a registered buffer to stay
+                // mapped until it is unregistered, which also removes it
+                // from the transport.
+                if let Err(e) = unsafe { rdma.register(r.addr, r.length, r.remote_accessible) } {
+                    for done in &regions[..i] {
+                        rdma.unregister(done.addr);
+                    }
+                    return Err(e);
                 }
             }
         }
+        #[cfg(not(feature = "rdma"))]
+        let _ = regions;
+        Ok(())
+    }
+
+    /// Removes buffers from the installed transport; returns once nothing
+    /// it runs touches them.
+    fn unregister_on_transport(&self, addrs: impl Iterator<Item = u64>) {
+        #[cfg(feature = "rdma")]
+        if let Some(Installed::Rdma(s)) = self.sched.get() {
+            for addr in addrs {
+                s.carrier().transport().unregister(addr);
+            }
+        }
+        #[cfg(not(feature = "rdma"))]
+        let _ = addrs.count();
+    }
+
+    /// Unregisters buffers by base address; every known one is removed and
+    /// the first error is returned. When this returns, no transfer touches
+    /// them any more.
+    pub fn unregister(&self, addrs: &[u64]) -> Result<()> {
+        let mut first_err = None;
+        let mut removed = Vec::with_capacity(addrs.len());
+        {
+            let mut memory = self.memory.write().unwrap_or_else(|e| e.into_inner());
+            for &addr in addrs {
+                match memory.remove(addr) {
+                    Ok(_) => removed.push(addr),
+                    Err(e) => {
+                        warn!("unregister: {e}");
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        self.unregister_on_transport(removed.into_iter());
         if let Err(e) = self.publish_local_desc() {
             warn!("unregister: the descriptor could not be republished: {e}");
         }
@@ -427,7 +681,7 @@ impl Engine {
             let same_name_restarts = self.store.is_some() || self.config.legacy_rpc_port_binding;
             let stale = same_name_restarts
                 && !refreshed.contains(&r.target_id)
-                && seg.route.get().is_some_and(|route| route.take_refetch());
+                && seg.freshness.take_refetch();
             // Memory the peer registered after its descriptor was cached is
             // reachable, as with Mooncake, whose initiator does not check.
             let unlisted = r.length > 0
@@ -441,11 +695,25 @@ impl Engine {
                 self.sync_segment(&seg.name);
                 seg = self.segments.get(r.target_id).unwrap_or(seg);
             }
-            if seg.desc.protocol != "tcp" || self.sched.get().is_none() {
+            let installed = self.sched.get().map(Installed::protocol);
+            if installed != Some(seg.desc.protocol.as_str()) {
                 return Err(Error::NotSupportedTransport(format!(
-                    "segment {:?} speaks {:?}, which is not installed here",
-                    seg.name, seg.desc.protocol
+                    "segment {:?} speaks {:?}, which is not installed here ({})",
+                    seg.name,
+                    seg.desc.protocol,
+                    installed.map_or("no transport".to_string(), |p| format!("{p} is"))
                 )));
+            }
+            if seg.desc.protocol == "rdma" && r.length > 0 {
+                // RDMA moves bytes from and to registered memory only.
+                let memory = self.memory.read().unwrap_or_else(|e| e.into_inner());
+                if memory.find(r.source, r.length).is_none() {
+                    return Err(Error::AddressNotRegistered(format!(
+                        "the source {:#x}+{} is not inside one registered buffer (RDMA \
+                         needs registered local memory)",
+                        r.source, r.length
+                    )));
+                }
             }
             targets.push(Some(seg));
         }
@@ -520,23 +788,27 @@ impl Engine {
             return;
         }
         for (off, len) in planner::slices(r.length, cfg.slice_size, cfg.fragment_limit) {
+            let batch = batch.clone();
             self.local.dispatch(CopyJob {
-                batch: batch.clone(),
-                task: id,
                 dst: (dst + off) as usize,
                 src: (src + off) as usize,
                 len: len as usize,
+                done: Box::new(move || {
+                    if let Some(task) = batch.slot(id) {
+                        task.finish_slice(len, true);
+                    }
+                }),
             });
         }
     }
 
-    /// Sends one request to a remote segment over TCP.
+    /// Sends one request to a remote segment over the installed transport.
     fn submit_remote(
         &self,
         batch: &Arc<Batch>,
         id: usize,
         r: &Request,
-        seg: &RemoteSegment,
+        seg: &Arc<RemoteSegment>,
         memory: &MemoryRegistry,
     ) {
         if r.length == 0 {
@@ -546,7 +818,8 @@ impl Engine {
             }
             return;
         }
-        if !seg.covers(r.target_offset, r.length) {
+        let buffer = seg.desc.find_buffer(r.target_offset, r.length);
+        let Some(buffer) = buffer.map(|i| &seg.desc.buffers[i]) else {
             return Self::fail_task(
                 batch,
                 id,
@@ -555,12 +828,22 @@ impl Engine {
                     r.length, r.target_offset, seg.name
                 ),
             );
+        };
+        if seg.desc.protocol == "rdma" && buffer.rkey.is_empty() {
+            return Self::fail_task(
+                batch,
+                id,
+                format_args!(
+                    "buffer {:#x} of segment {:?} is not remotely accessible (no rkey)",
+                    buffer.addr, seg.name
+                ),
+            );
         }
         if let Some(why) = self.source_problem(r, memory) {
             return Self::fail_task(batch, id, format_args!("{why}"));
         }
         let Some(sched) = self.sched.get() else {
-            return Self::fail_task(batch, id, format_args!("no tcp transport"));
+            return Self::fail_task(batch, id, format_args!("no transport installed"));
         };
         let xfer = Transfer {
             local: r.source,
@@ -664,6 +947,7 @@ impl Engine {
         if let Some(k) = self.keeper.get() {
             k.stop();
         }
+        self.control.clear_connection_handler();
         if let Some(s) = self.sched.get() {
             s.shutdown();
         }

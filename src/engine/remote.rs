@@ -2,9 +2,10 @@
 //! publishes, and the descriptors and RPC addresses of the segments it
 //! opens, through the P2P handshake or a metadata store.
 
-use super::scheduler::{GENERATION_KEY, TCP_DEVICES_KEY, TcpDevice};
+use super::carrier_tcp::{TCP_DEVICES_KEY, TcpDevice};
+use super::scheduler::GENERATION_KEY;
 use super::segment::{RemoteSegment, SegmentBuffer};
-use super::{Engine, LOCAL_SEGMENT_ID};
+use super::{Engine, Installed, LOCAL_SEGMENT_ID};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::metadata::conn::MetadataConn;
@@ -197,43 +198,77 @@ impl Engine {
             })
     }
 
-    /// This engine's descriptor, once a transport is installed.
-    /// `generation` (a field Mooncake peers ignore) changes whenever this
-    /// process restarts or its buffers change.
+    /// This engine's descriptor, once a transport is installed, as
+    /// Mooncake writes it for the protocol (spec §2.2). `generation` (a
+    /// field Mooncake peers ignore) changes whenever this process restarts
+    /// or its buffers change.
     fn local_desc(&self, revision: u64) -> Option<SegmentDesc> {
-        let sched = self.sched.get()?;
+        let installed = self.sched.get()?;
         let memory = self.memory.read().unwrap_or_else(|e| e.into_inner());
-        let buffers = memory
-            .regions()
-            .filter(|r| r.remote_accessible)
-            .map(|r| BufferDesc {
-                name: self.local_name.clone(),
-                addr: r.addr,
-                length: r.length,
-                ..Default::default()
-            })
-            .collect();
-        Some(SegmentDesc {
+        let mut extra: serde_json::Map<String, serde_json::Value> = [(
+            GENERATION_KEY.to_string(),
+            format!("{:016x}-{revision}", self.boot_id).into(),
+        )]
+        .into_iter()
+        .collect();
+        let mut desc = SegmentDesc {
             name: self.local_name.clone(),
-            protocol: "tcp".into(),
-            tcp_data_port: sched.tcp().data_port(),
-            tcp_proto_version: 2,
+            protocol: installed.protocol().into(),
             timestamp: now_timestamp(),
-            buffers,
-            extra: [
-                (
-                    TCP_DEVICES_KEY.to_string(),
-                    sched.devices().iter().map(TcpDevice::to_json).collect(),
-                ),
-                (
-                    GENERATION_KEY.to_string(),
-                    format!("{:016x}-{revision}", self.boot_id).into(),
-                ),
-            ]
-            .into_iter()
-            .collect(),
             ..Default::default()
-        })
+        };
+        match installed {
+            Installed::Tcp(sched) => {
+                let tcp = sched.carrier();
+                desc.tcp_data_port = tcp.data_port();
+                desc.tcp_proto_version = 2;
+                desc.buffers = memory
+                    .regions()
+                    .filter(|r| r.remote_accessible)
+                    .map(|r| BufferDesc {
+                        name: self.local_name.clone(),
+                        addr: r.addr,
+                        length: r.length,
+                        ..Default::default()
+                    })
+                    .collect();
+                extra.insert(
+                    TCP_DEVICES_KEY.to_string(),
+                    tcp.tcp_devices().iter().map(TcpDevice::to_json).collect(),
+                );
+            }
+            #[cfg(feature = "rdma")]
+            Installed::Rdma(sched) => {
+                let rdma = sched.carrier().transport();
+                desc.tcp_data_port = 0;
+                desc.tcp_proto_version = 1;
+                desc.devices = rdma
+                    .devices()
+                    .into_iter()
+                    .map(|d| crate::metadata::descriptor::DeviceDesc {
+                        name: d.name,
+                        lid: d.lid,
+                        gid: d.gid,
+                    })
+                    .collect();
+                desc.priority_matrix = Some(sched.matrix().to_json());
+                desc.buffers = memory
+                    .regions()
+                    .filter_map(|r| {
+                        let keys = rdma.keys(r.addr)?;
+                        Some(BufferDesc {
+                            name: r.location.to_string(),
+                            addr: r.addr,
+                            length: r.length,
+                            lkey: keys.lkey,
+                            rkey: keys.rkey,
+                        })
+                    })
+                    .collect();
+            }
+        }
+        desc.extra = extra;
+        Some(desc)
     }
 
     /// Serves the current descriptor to peers and writes it to the store.
@@ -347,20 +382,20 @@ impl Engine {
 
     /// Fetches and validates the descriptor of segment `name`.
     fn fetch_segment(&self, name: &str) -> Result<RemoteSegment> {
-        let (json, data_host) = match &self.store {
+        let (json, (data_host, rpc_port)) = match &self.store {
             None => {
                 let (host, port) = parse_host_port(name, self.config.handshake_port);
                 let mine = self.control.local_desc().unwrap_or(serde_json::Value::Null);
                 let reply =
                     crate::rpc::call(&host, port, FrameKind::Metadata, &mine, &self.rpc_options())?;
-                (reply, host)
+                (reply, (host, port))
             }
             Some(store) => {
                 let key = segment_key(self.cluster(), name);
                 let v = store.get(&key)?.ok_or_else(|| {
                     Error::Metadata(format!("{} has no segment {key}", store.describe()))
                 })?;
-                (v, self.rpc_address(name)?.0)
+                (v, self.rpc_address(name)?)
             }
         };
         if json.is_null() {
@@ -373,7 +408,8 @@ impl Engine {
             name: name.to_string(),
             desc,
             data_host,
-            route: Default::default(),
+            rpc_port,
+            ..Default::default()
         })
     }
 
@@ -392,9 +428,16 @@ impl Engine {
         }
         let seg = self.fetch_segment(name)?;
         info!(
-            "opened segment {name:?} ({} buffers, port {})",
+            "opened segment {name:?} ({}, {} buffers, {})",
+            seg.desc.protocol,
             seg.desc.buffers.len(),
-            seg.desc.tcp_data_port
+            match seg.desc.protocol.as_str() {
+                "tcp" => format!("data port {}", seg.desc.tcp_data_port),
+                _ => format!(
+                    "devices {:?}",
+                    seg.desc.devices.iter().map(|d| &d.name).collect::<Vec<_>>()
+                ),
+            }
         );
         Ok(self.segments.insert(seg))
     }
@@ -430,10 +473,12 @@ impl Engine {
         };
         match self.fetch_segment(name) {
             Ok(seg) => match self.segments.get(id) {
-                Some(old) if old.desc.same_content(&seg.desc) && old.data_host == seg.data_host => {
-                    if let Some(route) = old.route.get() {
-                        route.refreshed();
-                    }
+                Some(old)
+                    if old.desc.same_content(&seg.desc)
+                        && old.data_host == seg.data_host
+                        && old.rpc_port == seg.rpc_port =>
+                {
+                    old.freshness.refreshed();
                 }
                 _ => {
                     info!("segment {name:?} changed; using its new descriptor");

@@ -1,13 +1,17 @@
-//! The slice scheduler: splits a request into slices, picks a rail for each
-//! (local device by the buffer's location through the priority matrix,
-//! then the least-loaded rail to the peer), and retries a failed slice on
-//! another rail up to `MC_RETRY_CNT` times. Rails that fail are paused (see
-//! [`super::rails`]). A task fails only when a slice runs out of attempts
-//! or the peer rejects its address range.
+//! The slice scheduler, shared by every transport: splits a request into
+//! slices, picks a rail for each, and retries a failed slice on another
+//! rail up to `MC_RETRY_CNT` times. Rails that fail are paused (see
+//! [`super::rails`]); `getNicLoadStats` reads the per-device loads kept
+//! here. A task fails only when a slice runs out of attempts or the peer
+//! rejects its address range.
 //!
-//! For TCP a device is a network interface; a rail pairs a local interface
-//! with a peer interface on the same subnet. A peer that publishes no
-//! devices (a Mooncake peer) is reached over one unbound rail.
+//! A rail pairs a local device with a peer device; a [`Carrier`] (one per
+//! transport) says which rails lead to a peer and moves one slice over
+//! one rail. The first choice is the least-loaded open rail among those
+//! the priority matrices prefer: our matrix for the local buffer's
+//! location, and the peer's published matrix for the target buffer's
+//! location (Mooncake's rule). A retry walks the rails the slice has not
+//! failed on, deterministically.
 
 use super::NicLoad;
 use super::batch::Batch;
@@ -16,133 +20,93 @@ use super::planner;
 use super::rails::{DeviceLoad, RailHealth, RailUse};
 use super::segment::RemoteSegment;
 use crate::config::Config;
-use crate::topology::{IfAddr, NetInterface, PriorityMatrix};
-use crate::transport::tcp::{LaneTarget, TcpTransport};
+use crate::topology::PriorityMatrix;
 use crate::transport::{Outcome, Slice};
-use serde_json::{Value, json};
+use std::any::Any;
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use tracing::{debug, warn};
-
-/// Descriptor field listing a host's TCP devices (ignored by Mooncake).
-pub const TCP_DEVICES_KEY: &str = "tcp_devices";
+use std::time::Duration;
+use tracing::debug;
 
 /// Descriptor field that changes when its owner restarts or changes its
 /// buffers (ignored by Mooncake).
 pub const GENERATION_KEY: &str = "generation";
 
-/// Name of the device load of the unbound rail.
+/// Name of the device load of a rail bound to no local device.
 const DEFAULT_DEVICE: &str = "default";
 
-/// A local network interface used as a TCP device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TcpDevice {
-    /// Interface name.
-    pub name: String,
-    /// The address lanes bind to.
-    pub addr: IfAddr,
-}
-
-impl TcpDevice {
-    /// The device entry published in our descriptor.
-    pub fn to_json(&self) -> Value {
-        json!({"name": self.name, "addr": self.addr.ip.to_string(), "prefix_len": self.addr.prefix_len})
-    }
-
-    /// Parses one published device; `None` if malformed.
-    pub fn from_json(v: &Value) -> Option<TcpDevice> {
-        let name = v.get("name")?.as_str()?.to_string();
-        let ip: IpAddr = v.get("addr")?.as_str()?.parse().ok()?;
-        let prefix_len = u8::try_from(v.get("prefix_len")?.as_u64()?).ok()?;
-        (!name.is_empty()).then_some(TcpDevice {
-            name,
-            addr: IfAddr { ip, prefix_len },
-        })
-    }
-}
-
-/// The usable address of an interface: its first IPv4, else its first
-/// IPv6 that is not link-local.
-fn device_addr(nic: &NetInterface) -> Option<IfAddr> {
-    let v4 = nic.addrs.iter().find(|a| a.ip.is_ipv4());
-    let v6 = nic.addrs.iter().find(|a| match a.ip {
-        IpAddr::V6(v6) => !v6.is_loopback() && (v6.segments()[0] & 0xffc0) != 0xfe80,
-        IpAddr::V4(_) => false,
-    });
-    v4.or(v6).copied()
-}
-
-/// The TCP devices named by `matrix`, with their addresses, in matrix
-/// order; names missing here or without an address are skipped (logged).
-pub fn tcp_devices(
-    matrix: &PriorityMatrix,
-    nics: &[NetInterface],
-    filters: &[String],
-) -> Vec<TcpDevice> {
-    let mut out = Vec::new();
-    for name in matrix.devices() {
-        if !filters.is_empty() && !filters.contains(name) {
-            continue;
-        }
-        match nics.iter().find(|n| &n.name == name).and_then(device_addr) {
-            Some(addr) => out.push(TcpDevice {
-                name: name.clone(),
-                addr,
-            }),
-            None => warn!("tcp device {name} has no usable address here; not used"),
-        }
-    }
-    out
-}
-
-/// One rail to a peer.
+/// One rail to a peer: a local device, a peer device, and what the
+/// transport needs to reach it.
 #[derive(Debug, Clone)]
-pub struct Rail {
+pub struct Rail<T> {
     /// Health key: `local@segment/remote`.
-    key: String,
-    /// Index into the scheduler's devices; `None` for the unbound rail.
-    device: Option<usize>,
-    target: LaneTarget,
+    pub key: String,
+    /// Index into the carrier's devices; `None` for an unbound rail.
+    pub device: Option<usize>,
+    /// Index into the peer descriptor's `devices`, if it has any.
+    pub peer_device: Option<usize>,
+    /// The transport's address of the peer device.
+    pub target: T,
 }
 
-/// The rails to one peer segment.
-#[derive(Debug)]
-pub struct Route {
-    rails: Vec<Rail>,
-    /// Set when a connection to the peer failed: its descriptor is
-    /// refetched before the next submit (it may have restarted).
-    stale: AtomicBool,
-    /// When the descriptor was last refetched for that reason.
-    refetched: Mutex<Option<Instant>>,
-}
+/// What the scheduler needs of a transport.
+pub trait Carrier: Send + Sync + 'static {
+    /// The transport's address of a peer device.
+    type Target: Clone + Send + Sync + std::fmt::Debug + 'static;
 
-/// Shortest interval between refetches of a failing peer's descriptor.
-const REFETCH_INTERVAL: Duration = Duration::from_secs(5);
+    /// Local device names; rails index into them.
+    fn devices(&self) -> &[String];
 
-impl Route {
-    /// Whether to refetch the peer's descriptor now: a connection failed
-    /// since the route was made, and no refetch for that happened in the
-    /// last few seconds (so a peer that stays unreachable does not make
-    /// every submit wait on it).
-    pub fn take_refetch(&self) -> bool {
-        if !self.stale.swap(false, Ordering::AcqRel) {
-            return false;
-        }
-        let mut last = self.refetched.lock().unwrap_or_else(|e| e.into_inner());
-        if last.is_some_and(|t| t.elapsed() < REFETCH_INTERVAL) {
-            return false;
-        }
-        *last = Some(Instant::now());
+    /// The rails to a segment (at least one if it can be reached at all).
+    fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<Self::Target>>;
+
+    /// Moves one slice over `rail`; `remote_key` is the peer's key for
+    /// the target buffer on the rail's peer device (0 where none).
+    fn post(&self, rail: &Rail<Self::Target>, slice: Slice, remote_key: u32);
+
+    /// Tests a rail back from a pause without user data.
+    fn probe(&self, rail: &Rail<Self::Target>, done: Box<dyn FnOnce(bool) + Send>);
+
+    /// Whether local device `device` can carry slices now.
+    fn device_usable(&self, _device: usize) -> bool {
         true
     }
 
-    /// Marks the route fresh again (the descriptor was refetched unchanged).
-    pub fn refreshed(&self) {
-        self.stale.store(false, Ordering::Release);
+    /// Largest slice the transport moves at once.
+    fn max_slice(&self) -> u64 {
+        u64::MAX
     }
+
+    /// Whether some rails are bound to no local device (their load is
+    /// reported as device `default`).
+    fn unbound_rails(&self) -> bool {
+        false
+    }
+
+    /// Whether slices still go to paused rails when every rail to the
+    /// peer is paused (rather than failing at once).
+    fn uses_paused_rails(&self) -> bool {
+        true
+    }
+
+    /// Whether a slice may go back to a rail it had an error on (not a
+    /// failed connect) once every rail failed: true where an error ends
+    /// only the connection it happened on, which is replaced.
+    fn retries_failed_rails(&self) -> bool {
+        false
+    }
+
+    /// Fails in-flight work and stops.
+    fn shutdown(&self);
+}
+
+/// The rails to one peer segment, with the peer's preferences.
+#[derive(Debug)]
+pub struct Route<T> {
+    rails: Vec<Rail<T>>,
+    peer_matrix: Option<PriorityMatrix>,
+    peer_devices: Vec<String>,
 }
 
 /// One request to a remote segment, as the scheduler moves it.
@@ -159,7 +123,7 @@ pub struct Transfer {
 }
 
 /// A slice with what it needs to be retried.
-struct Job {
+struct Job<T> {
     batch: Arc<Batch>,
     task: usize,
     local: u64,
@@ -167,11 +131,16 @@ struct Job {
     len: u64,
     write: bool,
     location: String,
-    route: Arc<Route>,
+    seg: Arc<RemoteSegment>,
+    /// Index of the target buffer in the peer's descriptor.
+    buffer: Option<usize>,
+    route: Arc<Route<T>>,
     attempt: u32,
     rail: usize,
     /// Rails this slice failed on (bit `i % 64` for rail `i`).
     tried: u64,
+    /// Rails this slice failed on hard (could not connect).
+    dead: u64,
 }
 
 fn bit(rail: usize) -> u64 {
@@ -179,139 +148,138 @@ fn bit(rail: usize) -> u64 {
 }
 
 /// Picks rails for slices and retries failed ones on other rails.
-pub struct Scheduler {
-    tcp: Arc<TcpTransport>,
-    devices: Vec<TcpDevice>,
+pub struct Scheduler<C: Carrier> {
+    carrier: C,
     matrix: PriorityMatrix,
-    /// One per device, and the unbound rail's last.
+    /// One per device, and the unbound rails' last.
     loads: Vec<DeviceLoad>,
     rail_loads: Mutex<HashMap<String, u64>>,
     health: Arc<RailHealth>,
     retry_cnt: u32,
     slice_size: u64,
     fragment_limit: u64,
-    force_v1: bool,
     closed: AtomicBool,
 }
 
-impl Scheduler {
-    /// A scheduler over `tcp` with local `devices` chosen by `matrix`.
-    pub fn new(
-        tcp: Arc<TcpTransport>,
-        devices: Vec<TcpDevice>,
-        matrix: PriorityMatrix,
-        cfg: &Config,
-    ) -> Scheduler {
-        let mut loads: Vec<DeviceLoad> = devices
+impl<C: Carrier> Scheduler<C> {
+    /// A scheduler over `carrier` whose local devices are chosen by
+    /// `matrix`.
+    pub fn new(carrier: C, matrix: PriorityMatrix, cfg: &Config) -> Scheduler<C> {
+        let mut loads: Vec<DeviceLoad> = carrier
+            .devices()
             .iter()
-            .map(|d| DeviceLoad::new(d.name.clone()))
+            .map(|d| DeviceLoad::new(d.clone()))
             .collect();
         loads.push(DeviceLoad::new(DEFAULT_DEVICE.into()));
+        let slice_size = cfg.slice_size.min(carrier.max_slice());
         Scheduler {
-            tcp,
-            devices,
+            carrier,
             matrix,
             loads,
             rail_loads: Mutex::new(HashMap::new()),
             health: Arc::new(RailHealth::new(Duration::from_secs(cfg.rail_pause_secs))),
             retry_cnt: cfg.retry_cnt,
-            slice_size: cfg.slice_size,
-            fragment_limit: cfg.fragment_limit,
-            force_v1: cfg.tcp_force_v1,
+            fragment_limit: cfg.fragment_limit.min(slice_size),
+            slice_size,
             closed: AtomicBool::new(false),
         }
     }
 
-    /// The transport.
-    pub fn tcp(&self) -> &TcpTransport {
-        &self.tcp
+    /// The transport adapter.
+    pub fn carrier(&self) -> &C {
+        &self.carrier
     }
 
-    /// The local devices, for the published descriptor.
-    pub fn devices(&self) -> &[TcpDevice] {
-        &self.devices
+    /// The local priority matrix.
+    pub fn matrix(&self) -> &PriorityMatrix {
+        &self.matrix
     }
 
-    /// The rails to `seg`: pairs of a local and a peer device on one
-    /// subnet, or else one unbound rail to the segment's data host.
-    pub fn route(&self, seg: &RemoteSegment) -> Route {
-        let port = seg.desc.tcp_data_port;
-        let v2 = seg.desc.tcp_proto_version >= 2 && !self.force_v1;
-        let peer: Vec<TcpDevice> = seg
-            .desc
-            .extra
-            .get(TCP_DEVICES_KEY)
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(TcpDevice::from_json).collect())
-            .unwrap_or_default();
-        let mut rails = Vec::new();
-        for (i, local) in self.devices.iter().enumerate() {
-            for remote in peer.iter().filter(|r| local.addr.same_subnet(r.addr.ip)) {
-                rails.push(Rail {
-                    key: format!("{}@{}/{}", local.name, seg.name, remote.name),
-                    device: Some(i),
-                    target: LaneTarget {
-                        bind: Some(local.addr.ip),
-                        host: remote.addr.ip.to_string(),
-                        port,
-                        v2,
-                    },
-                });
-            }
-        }
-        if rails.is_empty() {
-            rails.push(Rail {
-                key: format!("{DEFAULT_DEVICE}@{}", seg.name),
-                device: None,
-                target: LaneTarget {
-                    bind: None,
-                    host: seg.data_host.clone(),
-                    port,
-                    v2,
-                },
-            });
-        }
+    fn route(&self, seg: &RemoteSegment) -> Route<C::Target> {
+        let rails = self.carrier.rails(seg);
         debug!(
             "route to {}: {:?}",
             seg.name,
             rails.iter().map(|r| &r.key).collect::<Vec<_>>()
         );
+        let peer_matrix = seg
+            .desc
+            .priority_matrix
+            .as_ref()
+            .and_then(|m| PriorityMatrix::parse(&m.to_string()).ok());
         Route {
             rails,
-            stale: AtomicBool::new(false),
-            refetched: Mutex::new(None),
+            peer_matrix,
+            peer_devices: seg.desc.devices.iter().map(|d| d.name.clone()).collect(),
         }
     }
 
-    fn load_of(&self, rail: &Rail) -> &DeviceLoad {
-        &self.loads[rail.device.unwrap_or(self.devices.len())]
+    /// The cached rails to `seg`, worked out on first use.
+    fn route_of(&self, seg: &RemoteSegment) -> Arc<Route<C::Target>> {
+        let any: Arc<dyn Any + Send + Sync> =
+            seg.route.get_or_init(|| Arc::new(self.route(seg))).clone();
+        any.downcast::<Route<C::Target>>()
+            .unwrap_or_else(|_| Arc::new(self.route(seg)))
     }
 
-    /// Rail indexes in selection order for a location: open rails whose
-    /// local device the matrix prefers first, then the rest (every rail
-    /// when none is open); with the number preferred, and the rails back
-    /// from a pause that wait for a probe.
-    fn candidates(&self, route: &Route, location: &str) -> (Vec<usize>, usize, Vec<usize>) {
+    fn load_of(&self, rail: &Rail<C::Target>) -> &DeviceLoad {
+        &self.loads[rail.device.unwrap_or(self.loads.len() - 1)]
+    }
+
+    /// Rail indexes in selection order for a local and a peer location:
+    /// open rails that both matrices prefer first, then the rest (every
+    /// usable rail when none is open, for carriers that use paused rails);
+    /// with the number preferred, and the rails back from a pause that wait
+    /// for a probe.
+    fn candidates(
+        &self,
+        route: &Route<C::Target>,
+        location: &str,
+        peer_location: &str,
+    ) -> (Vec<usize>, usize, Vec<usize>) {
         let (pref, _) = self
             .matrix
             .entry(location)
             .or_else(|| self.matrix.entry("*"))
             .unwrap_or((&[], &[]));
-        let preferred = |r: &Rail| match r.device {
-            None => true,
-            Some(i) => pref.is_empty() || pref.contains(&self.devices[i].name),
+        let devices = self.carrier.devices();
+        let peer_pref: Option<&[String]> = route.peer_matrix.as_ref().and_then(|m| {
+            m.entry(peer_location)
+                .or_else(|| m.entry("*"))
+                .map(|(p, _)| p)
+                .filter(|p| !p.is_empty())
+        });
+        let preferred = |r: &Rail<C::Target>| {
+            let local = match r.device {
+                None => true,
+                Some(i) => pref.is_empty() || pref.contains(&devices[i]),
+            };
+            let peer = match (peer_pref, r.peer_device) {
+                (Some(p), Some(j)) => route.peer_devices.get(j).is_some_and(|n| p.contains(n)),
+                _ => true,
+            };
+            local && peer
         };
+        let usable = |r: &Rail<C::Target>| r.device.is_none_or(|i| self.carrier.device_usable(i));
         let mut open = Vec::with_capacity(route.rails.len());
         let mut probes = Vec::new();
         for (i, rail) in route.rails.iter().enumerate() {
+            if !usable(rail) {
+                continue;
+            }
             match self.health.state(&rail.key) {
                 RailUse::Open => open.push(i),
                 RailUse::Probe => probes.push(i),
                 RailUse::Closed => {}
             }
         }
-        if open.is_empty() {
-            open = (0..route.rails.len()).collect();
+        if open.is_empty() && self.carrier.uses_paused_rails() {
+            open = (0..route.rails.len())
+                .filter(|&i| usable(&route.rails[i]))
+                .collect();
+            if open.is_empty() {
+                open = (0..route.rails.len()).collect();
+            }
         }
         let (mut first, rest): (Vec<usize>, Vec<usize>) =
             open.into_iter().partition(|&i| preferred(&route.rails[i]));
@@ -322,17 +290,26 @@ impl Scheduler {
 
     /// The rail for a slice, among rails it has not failed on: on the
     /// first attempt the least-loaded open rail of the preferred group, on a
-    /// retry the deterministic walk. `None` when no rail is left. A rail
-    /// back from a pause is probed with a connect in the background; it
-    /// takes slices again once that succeeds.
-    fn pick(&self, route: &Route, location: &str, attempt: u32, tried: u64) -> Option<usize> {
-        let (order, n_pref, probes) = self.candidates(route, location);
+    /// retry the deterministic walk (then, for carriers that allow it, over
+    /// the rails that only had errors). `None` when no rail is left. A rail
+    /// back from a pause is probed in the background; it takes slices
+    /// again once that succeeds.
+    fn pick(
+        &self,
+        route: &Route<C::Target>,
+        location: &str,
+        peer_location: &str,
+        attempt: u32,
+        tried: u64,
+        dead: u64,
+    ) -> Option<usize> {
+        let (order, n_pref, probes) = self.candidates(route, location, peer_location);
         for i in probes {
             let rail = &route.rails[i];
             if self.health.claim_probe(&rail.key) {
                 let (health, key) = (self.health.clone(), rail.key.clone());
-                self.tcp.probe(
-                    &rail.target,
+                self.carrier.probe(
+                    rail,
                     Box::new(move |ok| match ok {
                         true => health.record_success(&key),
                         false => health.record_error(&key, true),
@@ -353,7 +330,12 @@ impl Scheduler {
                 .into_iter()
                 .min_by_key(|&i| loads.get(&route.rails[i].key).copied().unwrap_or(0));
         }
-        let left: Vec<usize> = order.into_iter().filter(untried).collect();
+        let mut left: Vec<usize> = order.iter().copied().filter(untried).collect();
+        if left.is_empty() && self.carrier.retries_failed_rails() {
+            // Every rail failed once: those that only had an error (not a
+            // failed connect) are tried again, up to `MC_RETRY_CNT`.
+            left = order.into_iter().filter(|i| dead & bit(*i) == 0).collect();
+        }
         (!left.is_empty()).then(|| left[(attempt as usize - 1) % left.len()])
     }
 
@@ -364,7 +346,7 @@ impl Scheduler {
         self: &Arc<Self>,
         batch: &Arc<Batch>,
         task: usize,
-        seg: &RemoteSegment,
+        seg: &Arc<RemoteSegment>,
         memory: &MemoryRegistry,
         xfer: Transfer,
     ) {
@@ -380,6 +362,8 @@ impl Scheduler {
         let region = memory.find(local, 1);
         let location = region.map_or_else(|| "*".to_string(), |r| r.location.to_string());
         let boundary = region.map(|r| r.end() - local);
+        let buffer = seg.desc.find_buffer(remote, len);
+        let peer_location = buffer.map_or("*", |b| seg.desc.buffers[b].name.as_str());
         let mut pieces = Vec::new();
         for (off, n) in planner::slices(len, self.slice_size, self.fragment_limit) {
             match boundary {
@@ -391,9 +375,9 @@ impl Scheduler {
             }
         }
         t.add_slices(pieces.len() as u64);
-        let route = seg.route.get_or_init(|| Arc::new(self.route(seg))).clone();
+        let route = self.route_of(seg);
         for (off, n) in pieces {
-            let Some(rail) = self.pick(&route, &location, 0, 0) else {
+            let Some(rail) = self.pick(&route, &location, peer_location, 0, 0, 0) else {
                 t.finish_slice(n, false);
                 continue;
             };
@@ -405,16 +389,20 @@ impl Scheduler {
                 len: n,
                 write,
                 location: location.clone(),
+                seg: seg.clone(),
+                buffer,
                 route: route.clone(),
                 attempt: 0,
                 rail,
                 tried: 0,
+                dead: 0,
             });
         }
     }
 
-    fn post(self: &Arc<Self>, job: Job) {
-        let rail = &job.route.rails[job.rail];
+    fn post(self: &Arc<Self>, job: Job<C::Target>) {
+        let route = job.route.clone();
+        let rail = &route.rails[job.rail];
         self.load_of(rail).start(job.len);
         *self
             .rail_loads
@@ -422,8 +410,10 @@ impl Scheduler {
             .unwrap_or_else(|e| e.into_inner())
             .entry(rail.key.clone())
             .or_default() += job.len;
-        let device = rail.device.map(|i| self.devices[i].name.as_str());
-        let target = rail.target.clone();
+        let remote_key = match (job.buffer, rail.peer_device) {
+            (Some(b), Some(j)) => job.seg.desc.buffers[b].rkey.get(j).copied().unwrap_or(0),
+            _ => 0,
+        };
         let (local, remote, len, write) = (job.local, job.remote, job.len, job.write);
         let me = self.clone();
         let slice = Slice {
@@ -433,10 +423,10 @@ impl Scheduler {
             write,
             done: Box::new(move |o| me.finished(job, o)),
         };
-        self.tcp.post(device, &target, slice);
+        self.carrier.post(rail, slice, remote_key);
     }
 
-    fn finished(self: &Arc<Self>, mut job: Job, outcome: Outcome) {
+    fn finished(self: &Arc<Self>, mut job: Job<C::Target>, outcome: Outcome) {
         let rail = &job.route.rails[job.rail];
         let moved = if outcome == Outcome::Done { job.len } else { 0 };
         self.load_of(rail).finish(job.len, moved);
@@ -449,57 +439,90 @@ impl Scheduler {
             *l = l.saturating_sub(job.len);
         }
         let task = job.batch.slot(job.task);
-        match outcome {
+        let charge = match outcome {
             Outcome::Done => {
                 self.health.record_success(&rail.key);
                 if let Some(t) = task {
                     t.finish_slice(job.len, true);
                 }
+                return;
             }
             Outcome::Rejected => {
                 if let Some(t) = task {
                     t.finish_slice(job.len, false);
                 }
+                return;
             }
-            Outcome::Failed { hard } => {
-                self.health.record_error(&rail.key, hard);
-                job.route.stale.store(true, Ordering::Release);
-                job.attempt += 1;
-                job.tried |= bit(job.rail);
-                let closed = self.closed.load(Ordering::Acquire);
-                let next = if closed || job.attempt >= self.retry_cnt {
-                    None
-                } else {
-                    self.pick(&job.route, &job.location, job.attempt, job.tried)
-                };
-                let Some(next) = next else {
-                    if !closed {
-                        crate::warn_limited!(
-                            "slice of {} bytes at {:#x} failed after {} attempt(s) on {} rail(s)",
-                            job.len,
-                            job.remote,
-                            job.attempt,
-                            job.tried.count_ones()
-                        );
-                    }
-                    if let Some(t) = task {
-                        t.finish_slice(job.len, false);
-                    }
-                    return;
-                };
-                job.rail = next;
-                debug!(
-                    "retrying a slice on rail {} (attempt {})",
-                    job.route.rails[job.rail].key, job.attempt
-                );
-                self.post(job);
+            Outcome::Failed { hard } => Some(hard),
+            Outcome::Interrupted => None,
+        };
+        if let Some(hard) = charge {
+            self.health.record_error(&rail.key, hard);
+            job.seg.freshness.mark_stale();
+            job.tried |= bit(job.rail);
+            if hard {
+                job.dead |= bit(job.rail);
             }
         }
+        job.attempt += 1;
+        let closed = self.closed.load(Ordering::Acquire);
+        let peer_location = job
+            .buffer
+            .map_or("*", |b| job.seg.desc.buffers[b].name.as_str());
+        let next = if closed || job.attempt >= self.retry_cnt {
+            None
+        } else if charge.is_none() {
+            // Not the rail's fault: the same rail again, unless it is out.
+            let (order, _, _) = self.candidates(&job.route, &job.location, peer_location);
+            if order.contains(&job.rail) && job.tried & bit(job.rail) == 0 {
+                Some(job.rail)
+            } else {
+                self.pick(
+                    &job.route,
+                    &job.location,
+                    peer_location,
+                    job.attempt,
+                    job.tried,
+                    job.dead,
+                )
+            }
+        } else {
+            self.pick(
+                &job.route,
+                &job.location,
+                peer_location,
+                job.attempt,
+                job.tried,
+                job.dead,
+            )
+        };
+        let Some(next) = next else {
+            if !closed {
+                crate::warn_limited!(
+                    "slice of {} bytes at {:#x} failed after {} attempt(s) on {} rail(s)",
+                    job.len,
+                    job.remote,
+                    job.attempt,
+                    job.tried.count_ones()
+                );
+            }
+            if let Some(t) = task {
+                t.finish_slice(job.len, false);
+            }
+            return;
+        };
+        job.rail = next;
+        debug!(
+            "retrying a slice on rail {} (attempt {})",
+            job.route.rails[job.rail].key, job.attempt
+        );
+        self.post(job);
     }
 
     /// Per-device in-flight bytes and bandwidth.
     pub fn nic_loads(&self) -> Vec<NicLoad> {
-        self.loads
+        let n = self.loads.len() - usize::from(!self.carrier.unbound_rails());
+        self.loads[..n]
             .iter()
             .map(|d| NicLoad {
                 device: d.name.clone(),
@@ -512,6 +535,6 @@ impl Scheduler {
     /// Stops retrying and closes the transport (in-flight slices fail).
     pub fn shutdown(&self) {
         self.closed.store(true, Ordering::Release);
-        self.tcp.shutdown();
+        self.carrier.shutdown();
     }
 }

@@ -1,25 +1,69 @@
 //! The cache of remote segments: name <-> id <-> descriptor. Ids start at 1
 //! and are never reused; 0 is the engine's own segment.
 
-use super::scheduler::Route;
 use crate::metadata::descriptor::SegmentDesc;
 use once_cell::sync::OnceCell;
+use std::any::Any;
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 /// A remote segment as this engine knows it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Default)]
 pub struct RemoteSegment {
     /// The name it was opened by.
     pub name: String,
     /// Its descriptor.
     pub desc: SegmentDesc,
-    /// Host of its data server (the name's host in P2P mode, the peer's
-    /// published RPC address with a store).
+    /// Host of its data server and handshake listener (the name's host in
+    /// P2P mode, the peer's published RPC address with a store).
     pub data_host: String,
-    /// The rails to it, worked out on first use.
-    pub route: OnceCell<Arc<Route>>,
+    /// Port of its handshake listener.
+    pub rpc_port: u16,
+    /// The scheduler's rails to it, worked out on first use.
+    pub route: OnceCell<Arc<dyn Any + Send + Sync>>,
+    /// Whether its descriptor should be refetched before the next use.
+    pub freshness: Freshness,
+}
+
+/// Shortest interval between refetches of a failing peer's descriptor.
+const REFETCH_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Tracks whether a peer's descriptor may be stale: a transfer to it
+/// failed since it was fetched.
+#[derive(Debug, Default)]
+pub struct Freshness {
+    stale: AtomicBool,
+    refetched: Mutex<Option<Instant>>,
+}
+
+impl Freshness {
+    /// A transfer to the peer failed: it may have restarted.
+    pub fn mark_stale(&self) {
+        self.stale.store(true, Ordering::Release);
+    }
+
+    /// Whether to refetch the peer's descriptor now: a transfer failed
+    /// since it was fetched, and no refetch for that happened in the last
+    /// few seconds (so a peer that stays unreachable does not make every
+    /// submit wait on it).
+    pub fn take_refetch(&self) -> bool {
+        if !self.stale.swap(false, Ordering::AcqRel) {
+            return false;
+        }
+        let mut last = self.refetched.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|t| t.elapsed() < REFETCH_INTERVAL) {
+            return false;
+        }
+        *last = Some(Instant::now());
+        true
+    }
+
+    /// The descriptor was refetched unchanged.
+    pub fn refreshed(&self) {
+        self.stale.store(false, Ordering::Release);
+    }
 }
 
 /// One buffer of a segment, as `te_segment_buffers` reports it.
@@ -52,13 +96,7 @@ impl RemoteSegment {
     /// Whether one buffer of the descriptor holds all of
     /// `[addr, addr + len)`.
     pub fn covers(&self, addr: u64, len: u64) -> bool {
-        self.desc.buffers.iter().any(|b| {
-            addr >= b.addr
-                && addr
-                    .checked_add(len)
-                    .zip(b.addr.checked_add(b.length))
-                    .is_some_and(|(end, b_end)| end <= b_end)
-        })
+        self.desc.find_buffer(addr, len).is_some()
     }
 }
 
@@ -164,7 +202,7 @@ mod tests {
                 ..Default::default()
             },
             data_host: "127.0.0.1".into(),
-            route: OnceCell::new(),
+            ..Default::default()
         }
     }
 

@@ -260,6 +260,17 @@ impl SegmentDesc {
         Ok(desc)
     }
 
+    /// Index of the first buffer that holds all of `[addr, addr + len)`.
+    pub fn find_buffer(&self, addr: u64, len: u64) -> Option<usize> {
+        self.buffers.iter().position(|b| {
+            addr >= b.addr
+                && addr
+                    .checked_add(len)
+                    .zip(b.addr.checked_add(b.length))
+                    .is_some_and(|(end, b_end)| end <= b_end)
+        })
+    }
+
     /// Whether two descriptors describe the same segment, ignoring
     /// `timestamp`.
     pub fn same_content(&self, other: &SegmentDesc) -> bool {

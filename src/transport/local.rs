@@ -3,25 +3,22 @@
 //! a pool of copy threads (one per core) and the threads polling for status
 //! share, so a large request runs on more than one core.
 
-use crate::engine::batch::Batch;
 use crossbeam_channel::{Receiver, Sender};
 use once_cell::sync::OnceCell;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::thread::JoinHandle;
 use tracing::warn;
 
-/// One slice to copy and the task it belongs to.
+/// One slice to copy, and what to do once it is copied.
 pub struct CopyJob {
-    /// The batch that owns the task (kept alive until the slice is done).
-    pub batch: Arc<Batch>,
-    /// The task id within the batch.
-    pub task: usize,
     /// Destination address.
     pub dst: usize,
     /// Source address.
     pub src: usize,
     /// Bytes to copy.
     pub len: usize,
+    /// Called once, after the copy.
+    pub done: Box<dyn FnOnce() + Send>,
 }
 
 /// Copies `len` bytes from `src` to `dst` (the ranges may overlap).
@@ -41,16 +38,14 @@ pub unsafe fn copy_bytes(src: u64, dst: u64, len: u64) {
 }
 
 impl CopyJob {
-    /// Copies the bytes and records the finished slice on its task.
+    /// Copies the bytes and reports the slice done.
     pub fn run(self) {
         // SAFETY: the engine built this job from a destination or source
         // range it checked against the registry, and from the caller's
         // source pointer, which the C API requires to stay valid until the
         // task is terminal.
         unsafe { copy_bytes(self.src as u64, self.dst as u64, self.len as u64) };
-        if let Some(task) = self.batch.slot(self.task) {
-            task.finish_slice(self.len as u64, true);
-        }
+        (self.done)();
     }
 }
 

@@ -5,6 +5,8 @@
 pub mod endpoint;
 pub mod fence;
 pub mod local;
+#[cfg(feature = "rdma")]
+pub mod rdma;
 pub mod tcp;
 
 use fence::Fence;
@@ -31,6 +33,10 @@ pub enum Outcome {
         /// The rail is unusable (connect failed), not just one exchange.
         hard: bool,
     },
+    /// The slice did not run because its connection was torn down for
+    /// another reason (another slice's error, an eviction, a shutdown):
+    /// retry it elsewhere without blaming the rail.
+    Interrupted,
 }
 
 /// One slice handed to a transport: a contiguous range to move, and what

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The RDMA test suite, on real verbs: soft-RoCE in a qemu guest that boots
+# this machine's Debian kernel (see README.md in this directory).
+#
+#   scripts/rdma-vm/test.sh [CASE...]     (cases: see suite.sh; default all)
+#
+# Installs what it needs (setup.sh), builds the C programs (build/) and the
+# Rust RDMA test binaries on the host, boots the guest and runs suite.sh in
+# it, serially. Writes $TE_RESULTS_DIR/rdma-vm.counts ("passed failed
+# skipped"; TE_RESULTS_DIR defaults to target/test-results) and leaves the
+# logs in target/rdma-vm/. Exit status 0 when every case passed.
+# Env: VM_TIMEOUT (1800 s), VM_CPUS, VM_MEM (see run-in-vm.sh).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+repo=$(pwd)
+results=${TE_RESULTS_DIR:-$repo/target/test-results}
+mkdir -p "$results"
+counts=$results/rdma-vm.counts
+t0=$SECONDS
+fail_setup() { echo "rdma-vm: $*" >&2; echo "0 1 0" >"$counts"; exit 1; }
+
+scripts/rdma-vm/setup.sh || fail_setup "setup failed"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null || fail_setup "cmake configure failed"
+cmake --build build -j"$(nproc)" --target net_peer transfer_bench || fail_setup "building the C programs failed"
+cargo test --locked --no-run --test rdma_transfers --test rdma_pool || fail_setup "building the Rust RDMA tests failed"
+
+# The guest writes only under the shared working directory.
+out=target/rdma-vm
+rm -rf "$out" && mkdir -p "$out"
+VM_TIMEOUT=${VM_TIMEOUT:-1800} scripts/rdma-vm/run-in-vm.sh "scripts/rdma-vm/suite.sh $out $*"
+rc=$?
+if [ -s "$out/rdma-vm.counts" ]; then
+  cp "$out/rdma-vm.counts" "$counts"
+else
+  echo "rdma-vm: the suite reported nothing (VM exit $rc: 124 = VM_TIMEOUT, 125 = the VM died)" >&2
+  echo "0 1 0" >"$counts"
+  [ "$rc" -ne 0 ] || rc=1
+fi
+echo "rdma-vm: $(cat "$counts") (passed failed skipped) in $((SECONDS - t0)) s; logs in $out/"
+exit "$rc"

@@ -1,0 +1,614 @@
+//! An endpoint: the `MC_NUM_QP_PER_EP` RC queue pairs between one local
+//! device and one peer NIC path, shared by both directions, with the
+//! slices waiting for them and the work requests in flight on each.
+//!
+//! Life cycle: `New` -> `Connecting` (our handshake is out) or set up
+//! directly by the peer's handshake -> `WaitReadyAck` (queue pairs at RTS,
+//! the confirming message not yet exchanged) -> `Connected` -> `Failed`.
+//! An endpoint never goes back: a failed one leaves the pool and a fresh
+//! one (new queue pairs) replaces it. One that is evicted drains: it takes
+//! no new slices, finishes those it has, then closes.
+
+use super::handshake::HandshakeDesc;
+use super::registry::MrGuard;
+use crate::transport::endpoint::Endpoint;
+use crate::transport::{Outcome, Slice};
+use crate::verbs::{ConnectParams, QueuePair, WorkRequest};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// A slice ready to post: the keys of both sides and the hold on the
+/// local registration.
+pub struct PostJob {
+    /// The slice.
+    pub slice: Slice,
+    /// Local key of the local range (0 for a probe).
+    pub lkey: u32,
+    /// Peer's key of the remote range (0 for a probe).
+    pub rkey: u32,
+    /// Keeps the local buffer registered while the request runs.
+    pub _hold: Option<MrGuard>,
+}
+
+/// Slices that ended, to report once no lock is held.
+pub type Ended = Vec<(Slice, Outcome)>;
+
+/// Reports every ended slice.
+pub fn report(ended: Ended) {
+    for (slice, outcome) in ended {
+        slice.finish(outcome);
+    }
+}
+
+/// Where an endpoint is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Created, never connected.
+    New,
+    /// Our handshake is on its way.
+    Connecting,
+    /// Queue pairs at RTS; the ready ACK is not yet exchanged.
+    WaitReadyAck,
+    /// Serving.
+    Connected,
+    /// Out of service for good.
+    Failed,
+}
+
+struct State {
+    phase: Phase,
+    peer_qpns: Vec<u32>,
+    /// When `WaitReadyAck` began.
+    ready_since: Option<Instant>,
+    /// Left the pool (evicted or failed) at this time.
+    retired_at: Option<Instant>,
+}
+
+struct Posted {
+    seq: u64,
+    job: PostJob,
+}
+
+struct QpInner {
+    qp: Option<QueuePair>,
+    /// Work requests in flight, in posting order (ascending ids).
+    posted: VecDeque<Posted>,
+    last_progress: Instant,
+}
+
+/// Work request ids, unique in the process: a completion left in a
+/// completion queue by a destroyed queue pair can never match a request
+/// of a new queue pair that reuses its number.
+static NEXT_WR_ID: AtomicU64 = AtomicU64::new(1);
+
+struct QpSlot {
+    qp_num: u32,
+    inner: Mutex<QpInner>,
+}
+
+struct Queue {
+    jobs: VecDeque<PostJob>,
+    scheduled: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The queue pairs to one peer NIC path.
+pub struct RdmaEndpoint {
+    /// The peer NIC path (`<server>@<device>`), the pool key.
+    pub peer_nic_path: String,
+    slots: Vec<QpSlot>,
+    state: Mutex<State>,
+    queue: Mutex<Queue>,
+    /// How long a retired endpoint may wait for its work requests.
+    give_up: Duration,
+    closed: AtomicBool,
+    /// The device's count of requests outstanding on its completion queue.
+    cq_outstanding: Arc<AtomicUsize>,
+}
+
+/// What posting from an endpoint left behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Posting {
+    /// Nothing is waiting.
+    Drained,
+    /// Slices wait for room in a queue pair: a completion on this
+    /// endpoint reschedules it.
+    QueueFull,
+    /// Slices wait for room in the completion queue.
+    CqFull,
+    /// Slices wait for the connection.
+    NotReady,
+}
+
+impl RdmaEndpoint {
+    /// An endpoint over `qps` (freshly created, in RESET); its requests
+    /// are counted in `cq_outstanding` while they are outstanding.
+    pub fn new(
+        peer_nic_path: String,
+        qps: Vec<QueuePair>,
+        give_up: Duration,
+        cq_outstanding: Arc<AtomicUsize>,
+    ) -> RdmaEndpoint {
+        let now = Instant::now();
+        RdmaEndpoint {
+            peer_nic_path,
+            slots: qps
+                .into_iter()
+                .map(|qp| QpSlot {
+                    qp_num: qp.qp_num(),
+                    inner: Mutex::new(QpInner {
+                        qp: Some(qp),
+                        posted: VecDeque::new(),
+                        last_progress: now,
+                    }),
+                })
+                .collect(),
+            state: Mutex::new(State {
+                phase: Phase::New,
+                peer_qpns: Vec::new(),
+                ready_since: None,
+                retired_at: None,
+            }),
+            queue: Mutex::new(Queue {
+                jobs: VecDeque::new(),
+                scheduled: false,
+            }),
+            give_up,
+            closed: AtomicBool::new(false),
+            cq_outstanding,
+        }
+    }
+
+    /// Our queue pair numbers.
+    pub fn qpns(&self) -> Vec<u32> {
+        self.slots.iter().map(|s| s.qp_num).collect()
+    }
+
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        lock(&self.state).phase
+    }
+
+    /// Whether it left the pool.
+    pub fn retired(&self) -> bool {
+        lock(&self.state).retired_at.is_some()
+    }
+
+    /// Whether its queue pairs are destroyed.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Queues a job. Returns the phase seen, and whether the caller must
+    /// schedule the endpoint (it is connected and was not scheduled).
+    /// A failed endpoint refuses the job (returned).
+    pub fn enqueue(&self, job: PostJob) -> Result<(Phase, bool), PostJob> {
+        // The phase is read under the queue lock: whoever connects the
+        // endpoint changes the phase first, then looks at the queue.
+        let mut q = lock(&self.queue);
+        let phase = self.phase();
+        if phase == Phase::Failed {
+            return Err(job);
+        }
+        q.jobs.push_back(job);
+        let schedule = phase == Phase::Connected && !q.scheduled;
+        if schedule {
+            q.scheduled = true;
+        }
+        Ok((phase, schedule))
+    }
+
+    /// Marks the endpoint scheduled if it has queued jobs and is not;
+    /// returns whether the caller must put it on the runnable list.
+    pub fn want_schedule(&self) -> bool {
+        if self.phase() != Phase::Connected {
+            return false;
+        }
+        let mut q = lock(&self.queue);
+        if q.jobs.is_empty() || q.scheduled {
+            return false;
+        }
+        q.scheduled = true;
+        true
+    }
+
+    /// `New` -> `Connecting`; false if it was not `New`.
+    pub fn start_connecting(&self) -> bool {
+        let mut s = lock(&self.state);
+        if s.phase != Phase::New {
+            return false;
+        }
+        s.phase = Phase::Connecting;
+        true
+    }
+
+    /// The message describing our side of this endpoint.
+    pub fn local_desc(&self, local_nic_path: &str, lid: u16, gid: &str) -> HandshakeDesc {
+        HandshakeDesc {
+            local_nic_path: local_nic_path.to_string(),
+            local_lid: lid,
+            local_gid: gid.to_string(),
+            peer_nic_path: self.peer_nic_path.clone(),
+            qp_num: self.qpns(),
+            ready_ack: Some(false),
+            reply_msg: String::new(),
+        }
+    }
+
+    fn connect_qps(
+        &self,
+        params: &dyn Fn(u32) -> ConnectParams,
+        peer: &[u32],
+    ) -> Result<(), String> {
+        if peer.len() != self.slots.len() {
+            return Err(format!(
+                "QP count mismatch: the peer has {} queue pairs per endpoint, we have {} \
+                 (MC_NUM_QP_PER_EP must match on both sides)",
+                peer.len(),
+                self.slots.len()
+            ));
+        }
+        for (slot, &qpn) in self.slots.iter().zip(peer) {
+            let inner = lock(&slot.inner);
+            let qp = inner.qp.as_ref().ok_or("the endpoint is closed")?;
+            qp.connect(&params(qpn)).map_err(|(stage, e)| {
+                format!(
+                    "moving QP {} to {stage} towards {} (peer QP {qpn}) failed: {e}; check the \
+                     MTU, GID index and the peer's GID",
+                    slot.qp_num, self.peer_nic_path
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The active side's second half: our handshake was answered with
+    /// `reply`. Connects the queue pairs unless the peer's own handshake
+    /// already did (simultaneous open). Returns whether a ready ACK must
+    /// be sent before the endpoint serves.
+    pub fn finish_active(
+        &self,
+        local: &HandshakeDesc,
+        reply: &HandshakeDesc,
+        params: &dyn Fn(u32) -> ConnectParams,
+    ) -> Result<bool, String> {
+        let mut s = lock(&self.state);
+        match s.phase {
+            Phase::WaitReadyAck | Phase::Connected => {
+                // The peer connected to us while our request was out.
+                if s.peer_qpns == reply.qp_num {
+                    if reply.ready_ack.is_none() {
+                        s.phase = Phase::Connected;
+                    }
+                    return Ok(reply.ready_ack.is_some() && s.phase != Phase::Connected);
+                }
+                return Err(format!(
+                    "simultaneous setup with {} ended with different queue pairs ({:?} vs {:?})",
+                    self.peer_nic_path, s.peer_qpns, reply.qp_num
+                ));
+            }
+            Phase::Connecting => {}
+            other => return Err(format!("endpoint to {} is {other:?}", self.peer_nic_path)),
+        }
+        if !reply.reply_msg.is_empty() {
+            return Err(format!(
+                "{} refused the connection: {}",
+                self.peer_nic_path, reply.reply_msg
+            ));
+        }
+        if reply.local_nic_path != self.peer_nic_path || reply.peer_nic_path != local.local_nic_path
+        {
+            return Err(format!(
+                "handshake reply names {} -> {}, expected {} -> {}",
+                reply.local_nic_path, reply.peer_nic_path, self.peer_nic_path, local.local_nic_path
+            ));
+        }
+        self.connect_qps(params, &reply.qp_num)?;
+        s.peer_qpns = reply.qp_num.clone();
+        let ack = reply.ready_ack.is_some();
+        s.phase = if ack {
+            s.ready_since = Some(Instant::now());
+            Phase::WaitReadyAck
+        } else {
+            Phase::Connected
+        };
+        Ok(ack)
+    }
+
+    /// The active side's ready ACK was accepted: the endpoint serves.
+    pub fn ack_sent(&self) -> bool {
+        let mut s = lock(&self.state);
+        if s.phase == Phase::WaitReadyAck {
+            s.phase = Phase::Connected;
+            s.ready_since = None;
+            return true;
+        }
+        s.phase == Phase::Connected
+    }
+
+    /// The passive side: the peer's handshake `req` (not a ready ACK).
+    /// Connects the queue pairs to the peer's, or confirms an existing
+    /// identical connection. `Err(true)`: the endpoint is connected to
+    /// other queue pairs (the peer restarted): retire it and use a fresh
+    /// one. `Err(false)` with a message: refuse.
+    pub fn accept(
+        &self,
+        req: &HandshakeDesc,
+        params: &dyn Fn(u32) -> ConnectParams,
+    ) -> Result<(), (bool, String)> {
+        let mut s = lock(&self.state);
+        match s.phase {
+            Phase::Failed => return Err((true, String::new())),
+            Phase::WaitReadyAck | Phase::Connected => {
+                if s.peer_qpns != req.qp_num {
+                    return Err((true, String::new()));
+                }
+                if req.ready_ack.is_none() {
+                    s.phase = Phase::Connected;
+                }
+                return Ok(());
+            }
+            Phase::New | Phase::Connecting => {}
+        }
+        self.connect_qps(params, &req.qp_num)
+            .map_err(|e| (false, e))?;
+        s.peer_qpns = req.qp_num.clone();
+        if req.ready_ack.is_some() {
+            s.phase = Phase::WaitReadyAck;
+            s.ready_since = Some(Instant::now());
+        } else {
+            s.phase = Phase::Connected;
+        }
+        Ok(())
+    }
+
+    /// The peer's ready ACK for queue pairs `qpns`.
+    pub fn ready_ack(&self, qpns: &[u32]) -> Result<(), String> {
+        let mut s = lock(&self.state);
+        match s.phase {
+            Phase::WaitReadyAck | Phase::Connected if s.peer_qpns == qpns => {
+                s.phase = Phase::Connected;
+                s.ready_since = None;
+                Ok(())
+            }
+            Phase::WaitReadyAck | Phase::Connected => {
+                Err("received stale RDMA ready ACK with mismatched peer QP numbers".into())
+            }
+            _ => Err("received RDMA ready ACK for unconnected endpoint".into()),
+        }
+    }
+
+    /// Whether it has waited for a ready ACK longer than `limit`.
+    pub fn ready_ack_overdue(&self, limit: Duration) -> bool {
+        let s = lock(&self.state);
+        s.phase == Phase::WaitReadyAck && s.ready_since.is_some_and(|t| t.elapsed() > limit)
+    }
+
+    /// Takes the endpoint out of the pool's service. `fail`: it is broken;
+    /// queued slices end with `outcome` (returned to report), and posted
+    /// ones end through their completions (flushed) or at close. Otherwise
+    /// (eviction) it finishes what it has first.
+    pub fn retire(&self, fail: bool, outcome: Outcome) -> Ended {
+        {
+            let mut s = lock(&self.state);
+            s.retired_at.get_or_insert_with(Instant::now);
+            if fail {
+                s.phase = Phase::Failed;
+            }
+        }
+        if !fail {
+            return Vec::new();
+        }
+        let jobs: Vec<PostJob> = lock(&self.queue).jobs.drain(..).collect();
+        let mut ended: Ended = jobs.into_iter().map(|j| (j.slice, outcome)).collect();
+        // A queue pair in error flushes its requests; move them there.
+        for slot in &self.slots {
+            let inner = lock(&slot.inner);
+            if let (Some(qp), false) = (inner.qp.as_ref(), inner.posted.is_empty()) {
+                if let Err(e) = qp.to_error() {
+                    tracing::debug!("QP {} to ERR: {e}", slot.qp_num);
+                }
+            }
+        }
+        ended.shrink_to_fit();
+        ended
+    }
+
+    /// Posts queued jobs within each queue pair's room (`max_wr`) and the
+    /// completion queue's room (`cq_room`, reduced by what is posted), as
+    /// one chain per queue pair in which every `signal_every`-th request
+    /// and the last are signaled. Returns what is left waiting, and the
+    /// slices whose post failed.
+    pub fn post_queued(
+        &self,
+        max_wr: usize,
+        signal_every: usize,
+        cq_room: &mut usize,
+    ) -> (Posting, Ended) {
+        let signal_every = signal_every.max(1);
+        let mut ended = Vec::new();
+        let mut q = lock(&self.queue);
+        q.scheduled = false;
+        match self.phase() {
+            Phase::Connected => {}
+            Phase::Failed => {
+                ended.extend(q.jobs.drain(..).map(|j| (j.slice, Outcome::Interrupted)));
+                return (Posting::Drained, ended);
+            }
+            _ => return (Posting::NotReady, ended),
+        }
+        let n_qp = self.slots.len();
+        let mut waiting_for = Posting::Drained;
+        for (i, slot) in self.slots.iter().enumerate() {
+            if q.jobs.is_empty() {
+                break;
+            }
+            if *cq_room == 0 {
+                waiting_for = Posting::CqFull;
+                break;
+            }
+            let mut inner = lock(&slot.inner);
+            let room = max_wr.saturating_sub(inner.posted.len());
+            // Spread what is queued over the remaining queue pairs.
+            let share = q.jobs.len().div_ceil(n_qp - i);
+            let n = share.min(room).min(*cq_room);
+            if n == 0 {
+                waiting_for = Posting::QueueFull;
+                continue;
+            }
+            let Some(qp) = inner.qp.as_ref() else {
+                break;
+            };
+            let first_seq = NEXT_WR_ID.fetch_add(n as u64, Ordering::Relaxed);
+            let jobs: Vec<PostJob> = q.jobs.drain(..n).collect();
+            let wrs: Vec<WorkRequest> = jobs
+                .iter()
+                .enumerate()
+                .map(|(k, j)| WorkRequest {
+                    wr_id: first_seq + k as u64,
+                    local_addr: j.slice.local,
+                    len: j.slice.len as u32,
+                    lkey: j.lkey,
+                    remote_addr: j.slice.remote,
+                    rkey: j.rkey,
+                    write: j.slice.write,
+                    signaled: k + 1 == n || (k + 1) % signal_every == 0 || j.slice.len == 0,
+                })
+                .collect();
+            // SAFETY: every local range lies in the registration its job's
+            // guard holds (the scheduler cuts slices at buffer ends), and
+            // the guard lives in the posted list until the request ends.
+            let result = unsafe { qp.post(&wrs) };
+            let posted = match &result {
+                Ok(()) => n,
+                Err(e) => e.posted,
+            };
+            if inner.posted.is_empty() {
+                inner.last_progress = Instant::now();
+            }
+            let mut jobs = jobs.into_iter();
+            for k in 0..posted {
+                let job = jobs.next().expect("n jobs");
+                inner.posted.push_back(Posted {
+                    seq: first_seq + k as u64,
+                    job,
+                });
+            }
+            *cq_room -= posted;
+            self.cq_outstanding.fetch_add(posted, Ordering::AcqRel);
+            if let Err(e) = result {
+                tracing::warn!(
+                    "posting to QP {} ({}) failed: {}",
+                    slot.qp_num,
+                    self.peer_nic_path,
+                    e.error
+                );
+                ended.extend(jobs.map(|j| (j.slice, Outcome::Failed { hard: false })));
+            }
+        }
+        if !q.jobs.is_empty() && waiting_for == Posting::Drained {
+            waiting_for = Posting::QueueFull;
+        }
+        (waiting_for, ended)
+    }
+
+    /// Index of the slot of queue pair `qp_num`.
+    pub fn slot_of(&self, qp_num: u32) -> Option<usize> {
+        self.slots.iter().position(|s| s.qp_num == qp_num)
+    }
+
+    /// A completion for request `seq` on slot `slot`: every earlier request
+    /// on that queue pair succeeded (RC completes in order; an unsignaled
+    /// request produces a completion only if it fails), this one by
+    /// `outcome`. A completion for a request this queue pair does not hold
+    /// (left over from a destroyed queue pair) is ignored. Adds the ended
+    /// slices to `ended`; returns how many requests left the queue pair.
+    pub fn complete(&self, slot: usize, seq: u64, outcome: Outcome, ended: &mut Ended) -> usize {
+        let Some(slot) = self.slots.get(slot) else {
+            return 0;
+        };
+        let mut inner = lock(&slot.inner);
+        let Ok(at) = inner.posted.binary_search_by_key(&seq, |p| p.seq) else {
+            return 0;
+        };
+        let n = at + 1;
+        for (k, p) in inner.posted.drain(..n).enumerate() {
+            let o = if k == at { outcome } else { Outcome::Done };
+            ended.push((p.job.slice, o));
+        }
+        if n > 0 {
+            inner.last_progress = Instant::now();
+            self.cq_outstanding.fetch_sub(n, Ordering::AcqRel);
+        }
+        n
+    }
+
+    /// Whether a queue pair has had requests outstanding without progress
+    /// for longer than `limit`.
+    pub fn stalled(&self, limit: Duration) -> bool {
+        self.slots.iter().any(|s| {
+            let inner = lock(&s.inner);
+            !inner.posted.is_empty() && inner.last_progress.elapsed() > limit
+        })
+    }
+
+    /// Requests outstanding on all queue pairs.
+    pub fn outstanding(&self) -> usize {
+        self.slots.iter().map(|s| lock(&s.inner).posted.len()).sum()
+    }
+
+    /// Destroys the queue pairs (the device stops touching memory for
+    /// them) and returns the requests still outstanding and the queued
+    /// slices, ended (with `outcome`, and `Interrupted`).
+    pub fn destroy(&self, outcome: Outcome) -> Ended {
+        let mut ended = Vec::new();
+        for slot in &self.slots {
+            let mut inner = lock(&slot.inner);
+            drop(inner.qp.take());
+            let n = inner.posted.len();
+            ended.extend(inner.posted.drain(..).map(|p| (p.job.slice, outcome)));
+            self.cq_outstanding.fetch_sub(n, Ordering::AcqRel);
+        }
+        ended.extend(
+            lock(&self.queue)
+                .jobs
+                .drain(..)
+                .map(|j| (j.slice, Outcome::Interrupted)),
+        );
+        self.closed.store(true, Ordering::Release);
+        ended
+    }
+}
+
+impl Endpoint for RdmaEndpoint {
+    /// Nothing queued or outstanding, and not connecting; or retired for
+    /// longer than the completion timeout (what is left is then given up).
+    fn quiescent(&self) -> bool {
+        let s = lock(&self.state);
+        if s.retired_at.is_some_and(|t| t.elapsed() > self.give_up) {
+            return true;
+        }
+        if s.phase == Phase::Connecting {
+            return false;
+        }
+        drop(s);
+        self.outstanding() == 0 && lock(&self.queue).jobs.is_empty()
+    }
+
+    fn close(&self) {
+        let ended = self.destroy(Outcome::Failed { hard: true });
+        if !ended.is_empty() {
+            tracing::warn!(
+                "endpoint to {} closed with {} request(s) outstanding; they failed",
+                self.peer_nic_path,
+                ended.len()
+            );
+        }
+        report(ended);
+    }
+}

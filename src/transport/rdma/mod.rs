@@ -1,0 +1,495 @@
+//! The RDMA transport: one-sided RDMA READ and WRITE over RC queue pairs,
+//! wire-compatible with Mooncake's RDMA transport.
+//!
+//! One [`nic::Nic`] per device of the priority matrix: its context,
+//! protection domain, completion queue and channel, the port, GID and MTU
+//! it uses, its endpoint pool (SIEVE/FIFO, `MC_MAX_EP_PER_CTX`) and
+//! `MC_WORKERS_PER_CTX` worker threads that post chained work requests
+//! within each queue pair's depth and the completion queue's room, and
+//! complete slices from the completions. Endpoints connect through the
+//! handshake RPC (Mooncake's Connection JSON, with the ready ACK); a
+//! connector thread per device runs our side, [`RdmaTransport::accept`]
+//! the peer's. A monitor thread handles asynchronous events (a port that
+//! goes down takes its device out of selection until it is back), tears
+//! down endpoints whose queue pairs stopped completing
+//! (`MC_RDMA_COMPLETION_TIMEOUT`), and closes retired endpoints once
+//! their last request has ended. Every buffer is registered on every
+//! device; [`RdmaTransport::unregister`] returns once the work requests
+//! using it have ended.
+//!
+//! The transport knows nothing of the engine: the scheduler hands it one
+//! slice at a time with the device, the peer (a [`RdmaTarget`]) and the
+//! peer's key, and hears back through the slice's callback.
+
+mod endpoint;
+mod gid;
+mod handshake;
+mod nic;
+mod registry;
+mod wake;
+
+pub use handshake::{HandshakeDesc, nic_path, split_nic_path};
+
+use crate::config::{Config, EndpointStoreType};
+use crate::error::{Error, Result};
+use crate::rpc::ClientOptions;
+use crate::transport::{Outcome, Slice};
+use crate::verbs::{AsyncEventKind, gid_to_string};
+use endpoint::{PostJob, report};
+use nic::Nic;
+use registry::{DeviceDomain, Registry};
+use serde_json::Value;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use tracing::{debug, info, warn};
+use wake::{EventFd, wait_readable};
+
+/// How often the monitor runs its checks.
+const MONITOR_INTERVAL: Duration = Duration::from_millis(500);
+
+/// How long shutdown waits for flushed completions before destroying
+/// queue pairs regardless.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// The transport's settings, from the configuration.
+#[derive(Debug, Clone)]
+pub struct RdmaOptions {
+    /// `MC_IB_PORT`.
+    pub port: u8,
+    /// `MC_GID_INDEX`; `None` ranks the GID table.
+    pub gid_index: Option<u32>,
+    /// `MC_MTU` in bytes.
+    pub mtu: u32,
+    /// `MC_NUM_QP_PER_EP`.
+    pub num_qp_per_ep: usize,
+    /// `MC_MAX_WR`.
+    pub max_wr: u32,
+    /// `MC_MAX_SGE`.
+    pub max_sge: u32,
+    /// `MC_MAX_INLINE`.
+    pub max_inline: u32,
+    /// `MC_MAX_CQE_PER_CTX`.
+    pub max_cqe: u32,
+    /// `MC_WORKERS_PER_CTX`.
+    pub workers: usize,
+    /// `MC_MAX_EP_PER_CTX`.
+    pub max_ep_per_ctx: usize,
+    /// `MC_ENDPOINT_STORE_TYPE`.
+    pub store_type: EndpointStoreType,
+    /// `MC_PKEY_INDEX`.
+    pub pkey_index: u16,
+    /// `MC_IB_TC`.
+    pub traffic_class: Option<u8>,
+    /// `MC_IB_SL`.
+    pub service_level: Option<u8>,
+    /// `MC_IB_PCI_RELAXED_ORDERING`.
+    pub relaxed_ordering: bool,
+    /// `MC_MAX_MR_SIZE`.
+    pub max_mr_size: u64,
+    /// `MC_RDMA_COMPLETION_TIMEOUT`.
+    pub completion_timeout: Duration,
+    /// `MC_IB_TIMEOUT`: the local ACK timeout exponent of queue pairs.
+    pub ack_timeout: u8,
+    /// `MC_RDMA_SIGNAL_INTERVAL`: every how many work requests of a chain
+    /// one is signaled (the last always is).
+    pub signal_every: usize,
+    /// Bound on one handshake exchange and on the wait for a ready ACK
+    /// (twice `MC_HANDSHAKE_CONNECT_TIMEOUT`, 10 s by default, as
+    /// Mooncake's fixed 10 s).
+    pub handshake_timeout: Duration,
+    /// Handshake client options.
+    pub rpc: ClientOptions,
+}
+
+impl RdmaOptions {
+    /// The settings of a configuration.
+    pub fn from_config(c: &Config) -> RdmaOptions {
+        RdmaOptions {
+            port: c.ib_port,
+            gid_index: c.gid_index,
+            mtu: c.mtu,
+            num_qp_per_ep: c.num_qp_per_ep,
+            max_wr: c.max_wr,
+            max_sge: c.max_sge,
+            max_inline: c.max_inline,
+            max_cqe: c.max_cqe_per_ctx,
+            workers: c.workers_per_ctx,
+            max_ep_per_ctx: c.max_ep_per_ctx,
+            store_type: c.endpoint_store_type,
+            pkey_index: c.pkey_index,
+            traffic_class: c.ib_traffic_class,
+            service_level: c.ib_service_level,
+            relaxed_ordering: c.ib_relaxed_ordering,
+            max_mr_size: c.max_mr_size,
+            completion_timeout: Duration::from_secs(c.rdma_completion_timeout_secs),
+            ack_timeout: c.ib_timeout,
+            signal_every: c.rdma_signal_interval,
+            handshake_timeout: Duration::from_secs(2 * c.handshake_connect_timeout_secs),
+            rpc: ClientOptions::from_config(c),
+        }
+    }
+}
+
+/// A peer device as the scheduler names it for one rail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RdmaTarget {
+    /// `<peer server name>@<peer device>`.
+    pub peer_nic_path: String,
+    /// Host of the peer's handshake listener.
+    pub rpc_host: String,
+    /// Port of the peer's handshake listener.
+    pub rpc_port: u16,
+    /// The device's GID from the peer's descriptor (used when the
+    /// handshake reply carries none).
+    pub peer_gid: String,
+    /// The device's LID from the peer's descriptor.
+    pub peer_lid: u16,
+}
+
+/// One of our devices as published in the segment descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Device name.
+    pub name: String,
+    /// LID (0 on RoCE).
+    pub lid: u16,
+    /// GID in Mooncake's text form.
+    pub gid: String,
+}
+
+/// The keys of a registered buffer, per device in device order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BufferKeys {
+    /// Local keys.
+    pub lkey: Vec<u32>,
+    /// Remote keys; empty when the buffer is not remotely accessible.
+    pub rkey: Vec<u32>,
+}
+
+/// A running RDMA transport.
+pub struct RdmaTransport {
+    nics: RwLock<Vec<Arc<Nic>>>,
+    names: Vec<String>,
+    registry: Registry,
+    opts: Arc<RdmaOptions>,
+    monitor: Mutex<Option<JoinHandle<()>>>,
+    monitor_stop: Arc<EventFd>,
+    closed: AtomicBool,
+}
+
+impl RdmaTransport {
+    /// Opens `devices` (in that order, the published device order) for the
+    /// engine named `server_name` and starts their threads. A device that
+    /// cannot be used is left out with a warning; none usable is
+    /// [`Error::DeviceNotFound`].
+    pub fn start(devices: &[String], server_name: &str, cfg: &Config) -> Result<RdmaTransport> {
+        let opts = Arc::new(RdmaOptions::from_config(cfg));
+        let mut nics = Vec::new();
+        for name in devices {
+            match Nic::open(name, server_name, &opts) {
+                Ok(n) => nics.push(Arc::new(n)),
+                Err(e) => warn!("{e}; device {name} is not used"),
+            }
+        }
+        if nics.is_empty() {
+            return Err(Error::DeviceNotFound(format!(
+                "no usable RDMA device among {devices:?} (each needs an active port and a GID)"
+            )));
+        }
+        for n in &nics {
+            n.start()?;
+        }
+        let names: Vec<String> = nics.iter().map(|n| n.name.clone()).collect();
+        let stop = Arc::new(EventFd::new().map_err(|e| Error::Context(format!("eventfd: {e}")))?);
+        let t = Transport {
+            nics: nics.clone(),
+            stop: stop.clone(),
+        };
+        let monitor = std::thread::Builder::new()
+            .name("te-rdma-monitor".into())
+            .spawn(move || t.run())
+            .map_err(|e| Error::Context(format!("starting the RDMA monitor thread: {e}")))?;
+        info!("rdma transport on {names:?}");
+        Ok(RdmaTransport {
+            nics: RwLock::new(nics),
+            names,
+            registry: Registry::default(),
+            opts,
+            monitor: Mutex::new(Some(monitor)),
+            monitor_stop: stop,
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    fn nic(&self, device: usize) -> Option<Arc<Nic>> {
+        self.nics
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(device)
+            .cloned()
+    }
+
+    /// Names of the devices in use, in index order.
+    pub fn device_names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The devices as published: name, LID and GID, in index order.
+    pub fn devices(&self) -> Vec<DeviceInfo> {
+        self.nics
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|n| DeviceInfo {
+                name: n.name.clone(),
+                lid: n.lid,
+                gid: gid_to_string(&n.gid().gid),
+            })
+            .collect()
+    }
+
+    /// Whether device `device` takes slices now (its port is up).
+    pub fn device_usable(&self, device: usize) -> bool {
+        self.nic(device).is_some_and(|n| n.is_active())
+    }
+
+    /// Registers `[addr, addr + len)` on every device, with remote read
+    /// and write when `remote`; returns the keys to publish.
+    ///
+    /// # Safety
+    /// The range must be mapped memory of this process that stays mapped
+    /// until [`RdmaTransport::unregister`] returns for it.
+    pub unsafe fn register(&self, addr: u64, len: u64, remote: bool) -> Result<BufferKeys> {
+        let nics = self.nics.read().unwrap_or_else(|e| e.into_inner());
+        let domains: Vec<DeviceDomain<'_>> = nics
+            .iter()
+            .map(|n| DeviceDomain {
+                name: &n.name,
+                pd: Some(&n.pd),
+            })
+            .collect();
+        let max = nics.iter().map(|n| n.max_mr_size).min().unwrap_or(0);
+        // SAFETY: guaranteed by the caller.
+        let reg = unsafe {
+            self.registry
+                .register(&domains, addr, len, remote, self.opts.relaxed_ordering, max)?
+        };
+        Ok(BufferKeys {
+            lkey: reg.lkeys(),
+            rkey: reg.rkeys(),
+        })
+    }
+
+    /// The keys of the buffer registered at `addr`.
+    pub fn keys(&self, addr: u64) -> Option<BufferKeys> {
+        self.registry.get(addr).map(|reg| BufferKeys {
+            lkey: reg.lkeys(),
+            rkey: reg.rkeys(),
+        })
+    }
+
+    /// Unregisters the buffer at `addr` once the work requests using it
+    /// have ended (bounded by the completion timeout); returns whether one
+    /// was registered there.
+    pub fn unregister(&self, addr: u64) -> bool {
+        let wait = self.opts.completion_timeout + MONITOR_INTERVAL * 4;
+        self.registry.unregister(addr, wait)
+    }
+
+    /// Moves `slice` over device `device` to the peer device `target`
+    /// with the peer's key `rkey` for its remote range. The local range
+    /// must lie in one registered buffer (else the slice is rejected).
+    pub fn post(&self, device: usize, target: &RdmaTarget, slice: Slice, rkey: u32) {
+        if self.closed.load(Ordering::Acquire) {
+            return slice.finish(Outcome::Failed { hard: false });
+        }
+        let Some(nic) = self.nic(device) else {
+            return slice.finish(Outcome::Failed { hard: true });
+        };
+        if slice.len > u64::from(u32::MAX >> 1) {
+            warn!(
+                "a slice of {} bytes is too large for one RDMA work request",
+                slice.len
+            );
+            return slice.finish(Outcome::Rejected);
+        }
+        let Some((lkey, guard)) = self.registry.hold(slice.local, slice.len, device) else {
+            crate::warn_limited!(
+                "{} bytes at {:#x} are not inside a registered buffer (unregistered \
+                 while in flight?); the slice fails",
+                slice.len,
+                slice.local
+            );
+            return slice.finish(Outcome::Rejected);
+        };
+        nic.post(
+            target,
+            PostJob {
+                slice,
+                lkey,
+                rkey,
+                _hold: Some(guard),
+            },
+        );
+    }
+
+    /// Tests the rail from device `device` to `target` in the background:
+    /// connects an endpoint if there is none and completes a zero-length
+    /// RDMA WRITE on it; reports whether that worked.
+    pub fn probe(&self, device: usize, target: &RdmaTarget, done: Box<dyn FnOnce(bool) + Send>) {
+        let slice = Slice {
+            local: 0,
+            remote: 0,
+            len: 0,
+            write: true,
+            done: Box::new(move |o| done(o == Outcome::Done)),
+        };
+        match self.nic(device) {
+            Some(nic) if !self.closed.load(Ordering::Acquire) => nic.post(
+                target,
+                PostJob {
+                    slice,
+                    lkey: 0,
+                    rkey: 0,
+                    _hold: None,
+                },
+            ),
+            _ => report(vec![(slice, Outcome::Failed { hard: true })]),
+        }
+    }
+
+    /// Answers a peer's Connection request (the passive side of the
+    /// handshake).
+    pub fn accept(&self, request: &Value) -> Value {
+        let reply = match HandshakeDesc::from_json(request) {
+            Err(e) => HandshakeDesc::rejection(e),
+            Ok(_) if self.closed.load(Ordering::Acquire) => {
+                HandshakeDesc::rejection("the RDMA transport is shutting down")
+            }
+            Ok(req) => match split_nic_path(&req.peer_nic_path) {
+                None => HandshakeDesc::rejection(format!(
+                    "Invalid peer_nic_path in handshake: {:?}",
+                    req.peer_nic_path
+                )),
+                Some((_, device)) => {
+                    let nic = self
+                        .nics
+                        .read()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .iter()
+                        .find(|n| n.name == device)
+                        .cloned();
+                    match nic {
+                        None => HandshakeDesc::rejection(format!(
+                            "Local RDMA context not found for handshake NIC: {device}"
+                        )),
+                        Some(n) if n.path != req.peer_nic_path => {
+                            HandshakeDesc::rejection(format!(
+                                "Invalid argument: peer nic path inconsistency, expect {}, \
+                                 while got {}",
+                                n.path, req.peer_nic_path
+                            ))
+                        }
+                        Some(n) => n.accept(&req),
+                    }
+                }
+            },
+        };
+        if !reply.reply_msg.is_empty() {
+            debug!("refused a connection request: {}", reply.reply_msg);
+        }
+        reply.to_json()
+    }
+
+    /// Fails queued and in-flight work (each slice ends exactly once),
+    /// stops every thread, and releases every queue pair, memory region
+    /// and device.
+    pub fn shutdown(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.monitor_stop.wake();
+        if let Some(t) = self
+            .monitor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            let _ = t.join();
+        }
+        let nics = std::mem::take(&mut *self.nics.write().unwrap_or_else(|e| e.into_inner()));
+        for n in &nics {
+            n.shutdown(SHUTDOWN_GRACE);
+        }
+        self.registry.clear();
+        drop(nics);
+    }
+}
+
+impl Drop for RdmaTransport {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// What the monitor thread holds.
+struct Transport {
+    nics: Vec<Arc<Nic>>,
+    stop: Arc<EventFd>,
+}
+
+impl Transport {
+    /// Handles asynchronous events and runs the periodic checks until
+    /// stopped.
+    fn run(self) {
+        let mut fds = vec![self.stop.fd()];
+        fds.extend(self.nics.iter().map(|n| n.context().async_fd()));
+        let mut last = std::time::Instant::now();
+        loop {
+            let ready = wait_readable(&fds, MONITOR_INTERVAL);
+            if ready[0] {
+                return;
+            }
+            for (nic, _) in self.nics.iter().zip(&ready[1..]).filter(|(_, r)| **r) {
+                self.events(nic);
+            }
+            if last.elapsed() >= MONITOR_INTERVAL {
+                last = std::time::Instant::now();
+                for nic in &self.nics {
+                    nic.maintain();
+                }
+            }
+        }
+    }
+
+    fn events(&self, nic: &Nic) {
+        loop {
+            let ev = match nic.context().next_async_event() {
+                Ok(Some(ev)) => ev,
+                Ok(None) => return,
+                Err(e) => {
+                    warn!("RDMA device {}: reading async events: {e}", nic.name);
+                    return;
+                }
+            };
+            info!(
+                "RDMA device {}: async event {:?} (type {})",
+                nic.name, ev.kind, ev.raw
+            );
+            match ev.kind {
+                AsyncEventKind::PortError
+                | AsyncEventKind::DeviceFatal
+                | AsyncEventKind::CqError => nic.set_active(false),
+                AsyncEventKind::PortActive | AsyncEventKind::GidChange => nic.set_active(true),
+                AsyncEventKind::QpError => {
+                    if let Some(q) = ev.qp_num {
+                        nic.fail_qp(q);
+                    }
+                }
+                AsyncEventKind::PortChange | AsyncEventKind::Other => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! Helpers of the RDMA tests, which need real verbs devices: the soft-RoCE
+//! VM of `scripts/rdma-vm/` has two "nodes", A (`rxe_a0` on `va0`,
+//! `rxe_a1` on `va1`) and B (`rxe_b0`, `rxe_b1`), joined by one switch.
+//! Outside that VM the tests are ignored (reported as skipped); inside it
+//! they run with `--ignored` and fail, not skip, when a device is missing.
+
+#![allow(dead_code)]
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+use transfer_engine::engine::Engine;
+
+/// Node A's devices and their network interfaces.
+pub const A: [(&str, &str); 2] = [("rxe_a0", "va0"), ("rxe_a1", "va1")];
+/// Node B's devices and their network interfaces.
+pub const B: [(&str, &str); 2] = [("rxe_b0", "vb0"), ("rxe_b1", "vb1")];
+
+/// Sets test-wide variables (before any engine reads the configuration)
+/// and checks that the VM's devices exist.
+pub fn setup(vars: &[(&str, &str)]) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for (k, v) in vars {
+            // SAFETY: the tests of this binary run with --test-threads 1
+            // (scripts/rdma-vm/test.sh), and this runs before any engine
+            // (and any engine thread) exists.
+            unsafe { std::env::set_var(k, v) };
+        }
+    });
+    for (dev, _) in A.iter().chain(&B) {
+        assert!(
+            std::path::Path::new(&format!("/sys/class/infiniband/{dev}")).exists(),
+            "RDMA device {dev} is missing: run this test inside the soft-RoCE VM \
+             (scripts/rdma-vm/test.sh)"
+        );
+    }
+}
+
+/// The priority matrix `{"cpu:0": [[devs...], []]}`.
+pub fn matrix(devs: &[&str]) -> String {
+    let list: Vec<String> = devs.iter().map(|d| format!("\"{d}\"")).collect();
+    format!("{{\"cpu:0\": [[{}], []]}}", list.join(","))
+}
+
+/// A P2P engine on 127.0.0.1 with RDMA on `devs`.
+pub fn engine(devs: &[&str]) -> Arc<Engine> {
+    engine_named("P2PHANDSHAKE", "127.0.0.1", devs)
+}
+
+/// An engine with metadata `conn` and name `name`, RDMA on `devs`.
+pub fn engine_named(conn: &str, name: &str, devs: &[&str]) -> Arc<Engine> {
+    let e = Engine::new(conn, name, false).expect("engine");
+    e.install_transport("rdma", Some(&matrix(devs)))
+        .expect("install rdma");
+    e
+}
+
+/// A hardware counter of a device's port 1.
+pub fn counter(dev: &str, name: &str) -> u64 {
+    let p = format!("/sys/class/infiniband/{dev}/ports/1/hw_counters/{name}");
+    std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("{p}: {e}"))
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{p}: {e}"))
+}
+
+/// Packets a device has sent.
+pub fn sent(dev: &str) -> u64 {
+    counter(dev, "sent_pkts")
+}
+
+/// `rdma resource show` counts of a device: (pd, cq, qp, mr).
+pub fn resources(dev: &str) -> (u64, u64, u64, u64) {
+    let out = Command::new("rdma")
+        .args(["resource", "show"])
+        .output()
+        .expect("rdma resource show");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains(&format!("{dev}:")))
+        .unwrap_or_else(|| panic!("no {dev} in `rdma resource show`: {text}"));
+    let field = |k: &str| -> u64 {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let i = words
+            .iter()
+            .position(|w| *w == k)
+            .unwrap_or_else(|| panic!("no {k} in {line}"));
+        words[i + 1].parse().expect("count")
+    };
+    (field("pd"), field("cq"), field("qp"), field("mr"))
+}
+
+/// Sets a network interface up or down (`ip link set`).
+pub fn set_link(iface: &str, up: bool) {
+    let st = Command::new("ip")
+        .args(["link", "set", iface, if up { "up" } else { "down" }])
+        .status()
+        .expect("ip link set");
+    assert!(st.success(), "ip link set {iface} failed");
+}
+
+/// Brings an interface back up when dropped (also when a test fails).
+pub struct LinkGuard(pub &'static str);
+
+impl Drop for LinkGuard {
+    fn drop(&mut self) {
+        set_link(self.0, true);
+    }
+}
+
+/// Waits until the device's port is ACTIVE.
+pub fn wait_port_active(dev: &str, within: Duration) {
+    let p = format!("/sys/class/infiniband/{dev}/ports/1/state");
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let s = std::fs::read_to_string(&p).unwrap_or_default();
+        if s.contains("ACTIVE") {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{dev} not ACTIVE after {within:?}: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
