@@ -10,7 +10,7 @@ repo=$(cd "$here/../.." && pwd)
 bench=$repo/build/transfer_bench
 export RUST_LOG=warn
 # The same local ACK timeout for perftest (-u) and us (see suite.sh).
-export MC_IB_TIMEOUT=${MC_IB_TIMEOUT:-18}
+export MC_IB_TIMEOUT=${MC_IB_TIMEOUT:-20}
 mkdir -p "$repo/target/rdma-vm"
 tmp=$(mktemp -d "$repo/target/rdma-vm/bench.XXXXXX")   # logs stay on the host
 iters=$(((200 * 1024 * 1024 + block - 1) / block))

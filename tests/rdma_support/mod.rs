@@ -16,16 +16,19 @@ pub const A: [(&str, &str); 2] = [("rxe_a0", "va0"), ("rxe_a1", "va1")];
 /// Node B's devices and their network interfaces.
 pub const B: [(&str, &str); 2] = [("rxe_b0", "vb0"), ("rxe_b1", "vb1")];
 
-/// Sets test-wide variables (before any engine reads the configuration)
-/// and checks that the VM's devices exist.
+/// Sets test-wide variables that the environment does not set already
+/// (before any engine reads the configuration) and checks that the VM's
+/// devices exist.
 pub fn setup(vars: &[(&str, &str)]) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         for (k, v) in vars {
-            // SAFETY: the tests of this binary run with --test-threads 1
-            // (scripts/rdma-vm/test.sh), and this runs before any engine
-            // (and any engine thread) exists.
-            unsafe { std::env::set_var(k, v) };
+            if std::env::var_os(k).is_none() {
+                // SAFETY: the tests of this binary run with --test-threads 1
+                // (scripts/rdma-vm/test.sh), and this runs before any
+                // engine (and any engine thread) exists.
+                unsafe { std::env::set_var(k, v) };
+            }
         }
     });
     for (dev, _) in A.iter().chain(&B) {

@@ -104,6 +104,8 @@ pub struct RdmaEndpoint {
     slots: Vec<QpSlot>,
     state: Mutex<State>,
     queue: Mutex<Queue>,
+    /// The peer's handshake address, once we sent it a slice.
+    peer_rpc: Mutex<Option<(String, u16)>>,
     /// How long a retired endpoint may wait for its work requests.
     give_up: Duration,
     closed: AtomicBool,
@@ -158,10 +160,24 @@ impl RdmaEndpoint {
                 jobs: VecDeque::new(),
                 scheduled: false,
             }),
+            peer_rpc: Mutex::new(None),
             give_up,
             closed: AtomicBool::new(false),
             cq_outstanding,
         }
+    }
+
+    /// Remembers the peer's handshake address.
+    pub fn set_peer_rpc(&self, host: &str, port: u16) {
+        let mut r = lock(&self.peer_rpc);
+        if r.is_none() {
+            *r = Some((host.to_string(), port));
+        }
+    }
+
+    /// The peer's handshake address, if known.
+    pub fn peer_rpc(&self) -> Option<(String, u16)> {
+        lock(&self.peer_rpc).clone()
     }
 
     /// Our queue pair numbers.

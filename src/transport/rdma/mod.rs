@@ -12,8 +12,10 @@
 //! the peer's. A monitor thread handles asynchronous events (a port that
 //! goes down takes its device out of selection until it is back), tears
 //! down endpoints whose queue pairs stopped completing
-//! (`MC_RDMA_COMPLETION_TIMEOUT`), and closes retired endpoints once
-//! their last request has ended. Every buffer is registered on every
+//! (`MC_RDMA_COMPLETION_TIMEOUT`) — and every endpoint to that peer when
+//! its handshake listener does not answer a Probe either (the process is
+//! gone) — and closes retired endpoints once their last request has
+//! ended. Every buffer is registered on every
 //! device; [`RdmaTransport::unregister`] returns once the work requests
 //! using it have ended.
 //!
@@ -32,7 +34,7 @@ pub use handshake::{HandshakeDesc, nic_path, split_nic_path};
 
 use crate::config::{Config, EndpointStoreType};
 use crate::error::{Error, Result};
-use crate::rpc::ClientOptions;
+use crate::rpc::{ClientOptions, FrameKind};
 use crate::transport::{Outcome, Slice};
 use crate::verbs::{AsyncEventKind, gid_to_string};
 use endpoint::{PostJob, report};
@@ -48,6 +50,9 @@ use wake::{EventFd, wait_readable};
 
 /// How often the monitor runs its checks.
 const MONITOR_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Bound on the Probe that tells a gone peer from one stalled queue pair.
+const PEER_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long shutdown waits for flushed completions before destroying
 /// queue pairs regardless.
@@ -206,6 +211,7 @@ impl RdmaTransport {
         let t = Transport {
             nics: nics.clone(),
             stop: stop.clone(),
+            rpc: opts.rpc.clone(),
         };
         let monitor = std::thread::Builder::new()
             .name("te-rdma-monitor".into())
@@ -438,6 +444,7 @@ impl Drop for RdmaTransport {
 struct Transport {
     nics: Vec<Arc<Nic>>,
     stop: Arc<EventFd>,
+    rpc: ClientOptions,
 }
 
 impl Transport {
@@ -457,9 +464,40 @@ impl Transport {
             }
             if last.elapsed() >= MONITOR_INTERVAL {
                 last = std::time::Instant::now();
+                let mut stalled: Vec<(String, Option<(String, u16)>)> = Vec::new();
                 for nic in &self.nics {
-                    nic.maintain();
+                    for s in nic.maintain() {
+                        if !stalled.contains(&s) {
+                            stalled.push(s);
+                        }
+                    }
                 }
+                for (server, rpc) in stalled {
+                    self.check_peer(&server, rpc);
+                }
+            }
+        }
+    }
+
+    /// An endpoint to `server` stopped completing: if its handshake
+    /// listener does not answer a Probe either, the process is gone, and
+    /// every endpoint to it fails over at once.
+    fn check_peer(&self, server: &str, rpc: Option<(String, u16)>) {
+        let Some((host, port)) = rpc else {
+            return;
+        };
+        let opts = ClientOptions {
+            connect_timeout: PEER_PROBE_TIMEOUT,
+            io_timeout: PEER_PROBE_TIMEOUT,
+            ..self.rpc.clone()
+        };
+        let probe = crate::rpc::call(&host, port, FrameKind::Probe, &serde_json::json!({}), &opts);
+        if let Err(e) = probe {
+            warn!(
+                "RDMA peer {server} does not answer on {host}:{port} ({e}); failing every endpoint to it"
+            );
+            for nic in &self.nics {
+                nic.fail_peer(server);
             }
         }
     }

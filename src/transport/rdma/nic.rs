@@ -4,7 +4,7 @@
 
 use super::endpoint::{Ended, Phase, PostJob, Posting, RdmaEndpoint, report};
 use super::gid;
-use super::handshake::{HandshakeDesc, nic_path};
+use super::handshake::{HandshakeDesc, nic_path, split_nic_path};
 use super::wake::{EventFd, wait_readable};
 use super::{RdmaOptions, RdmaTarget};
 use crate::error::{Error, Result};
@@ -427,6 +427,7 @@ impl Nic {
                 return report(vec![(job.slice, Outcome::Failed { hard: true })]);
             }
         };
+        ep.set_peer_rpc(&target.rpc_host, target.rpc_port);
         match ep.enqueue(job) {
             Err(job) => report(vec![(job.slice, Outcome::Interrupted)]),
             Ok((Phase::New, _)) => {
@@ -790,8 +791,10 @@ impl Nic {
 
     /// Periodic checks: endpoints whose queue pairs stopped completing
     /// fail over, overdue ready ACKs fail, retired endpoints that are done
-    /// close.
-    pub fn maintain(&self) {
+    /// close. Returns the peers of the endpoints that stalled (server name
+    /// and, if known, handshake address).
+    pub fn maintain(&self) -> Vec<(String, Option<(String, u16)>)> {
+        let mut stalled = Vec::new();
         let eps: Vec<Arc<RdmaEndpoint>> = {
             let map = lock(&self.qps);
             let mut v: Vec<Arc<RdmaEndpoint>> = Vec::new();
@@ -815,6 +818,9 @@ impl Nic {
                 );
                 self.fail_endpoint(ep, Outcome::Failed { hard: true }, "completions stopped");
                 report(ep.destroy(Outcome::Failed { hard: true }));
+                if let Some((server, _)) = split_nic_path(&ep.peer_nic_path) {
+                    stalled.push((server.to_string(), ep.peer_rpc()));
+                }
             } else if ep.ready_ack_overdue(self.opts.handshake_timeout) {
                 self.fail_endpoint(
                     ep,
@@ -824,6 +830,27 @@ impl Nic {
             }
         }
         self.reclaim();
+        stalled
+    }
+
+    /// Fails every endpoint to the peer `server` (its process is gone):
+    /// what they carry fails over now instead of each stalling in turn.
+    pub fn fail_peer(&self, server: &str) {
+        let eps: Vec<Arc<RdmaEndpoint>> = {
+            let map = lock(&self.qps);
+            let mut v: Vec<Arc<RdmaEndpoint>> = Vec::new();
+            for ep in map.values() {
+                let to_peer = split_nic_path(&ep.peer_nic_path).is_some_and(|(s, _)| s == server);
+                if to_peer && !ep.is_closed() && !v.iter().any(|e| Arc::ptr_eq(e, ep)) {
+                    v.push(ep.clone());
+                }
+            }
+            v
+        };
+        for ep in eps {
+            self.fail_endpoint(&ep, Outcome::Failed { hard: true }, "the peer is gone");
+            report(ep.destroy(Outcome::Failed { hard: true }));
+        }
     }
 
     /// Closes retired endpoints that are quiescent (outside the pool lock:
