@@ -41,10 +41,11 @@ use endpoint::{PostJob, report};
 use nic::Nic;
 use registry::{DeviceDomain, Registry};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 use wake::{EventFd, wait_readable};
 
@@ -106,6 +107,9 @@ pub struct RdmaOptions {
     pub handshake_timeout: Duration,
     /// Handshake client options.
     pub rpc: ClientOptions,
+    /// How long a peer found gone is not connected to again
+    /// (`MC_RDMA_RAIL_PAUSE_SECONDS`).
+    pub peer_gone_for: Duration,
 }
 
 impl RdmaOptions {
@@ -133,6 +137,7 @@ impl RdmaOptions {
             signal_every: c.rdma_signal_interval,
             handshake_timeout: Duration::from_secs(2 * c.handshake_connect_timeout_secs),
             rpc: ClientOptions::from_config(c),
+            peer_gone_for: Duration::from_secs(c.rail_pause_secs),
         }
     }
 }
@@ -191,9 +196,10 @@ impl RdmaTransport {
     /// [`Error::DeviceNotFound`].
     pub fn start(devices: &[String], server_name: &str, cfg: &Config) -> Result<RdmaTransport> {
         let opts = Arc::new(RdmaOptions::from_config(cfg));
+        let gone = Arc::new(GonePeers::default());
         let mut nics = Vec::new();
         for name in devices {
-            match Nic::open(name, server_name, &opts) {
+            match Nic::open(name, server_name, &opts, &gone) {
                 Ok(n) => nics.push(Arc::new(n)),
                 Err(e) => warn!("{e}; device {name} is not used"),
             }
@@ -212,6 +218,8 @@ impl RdmaTransport {
             nics: nics.clone(),
             stop: stop.clone(),
             rpc: opts.rpc.clone(),
+            gone,
+            gone_for: opts.peer_gone_for,
         };
         let monitor = std::thread::Builder::new()
             .name("te-rdma-monitor".into())
@@ -440,11 +448,43 @@ impl Drop for RdmaTransport {
     }
 }
 
+/// Peers (server names) whose process is gone, until when: no handshake
+/// is attempted with them meanwhile.
+#[derive(Default)]
+pub(crate) struct GonePeers {
+    until: Mutex<HashMap<String, Instant>>,
+}
+
+impl GonePeers {
+    /// Marks `server` gone for `dur`.
+    fn mark(&self, server: &str, dur: Duration) {
+        self.until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(server.to_string(), Instant::now() + dur);
+    }
+
+    /// Whether `server` is marked gone now.
+    pub(crate) fn is_gone(&self, server: &str) -> bool {
+        let mut m = self.until.lock().unwrap_or_else(|e| e.into_inner());
+        match m.get(server) {
+            Some(t) if *t > Instant::now() => true,
+            Some(_) => {
+                m.remove(server);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
 /// What the monitor thread holds.
 struct Transport {
     nics: Vec<Arc<Nic>>,
     stop: Arc<EventFd>,
     rpc: ClientOptions,
+    gone: Arc<GonePeers>,
+    gone_for: Duration,
 }
 
 impl Transport {
@@ -494,8 +534,11 @@ impl Transport {
         let probe = crate::rpc::call(&host, port, FrameKind::Probe, &serde_json::json!({}), &opts);
         if let Err(e) = probe {
             warn!(
-                "RDMA peer {server} does not answer on {host}:{port} ({e}); failing every endpoint to it"
+                "RDMA peer {server} does not answer on {host}:{port} ({e}); failing every \
+                 endpoint to it and not connecting to it for {:?}",
+                self.gone_for
             );
+            self.gone.mark(server, self.gone_for);
             for nic in &self.nics {
                 nic.fail_peer(server);
             }

@@ -6,7 +6,7 @@ use super::endpoint::{Ended, Phase, PostJob, Posting, RdmaEndpoint, report};
 use super::gid;
 use super::handshake::{HandshakeDesc, nic_path, split_nic_path};
 use super::wake::{EventFd, wait_readable};
-use super::{RdmaOptions, RdmaTarget};
+use super::{GonePeers, RdmaOptions, RdmaTarget};
 use crate::error::{Error, Result};
 use crate::rpc::{ClientOptions, FrameKind};
 use crate::transport::Outcome;
@@ -99,13 +99,20 @@ pub struct Nic {
     stopping: AtomicBool,
     /// Workers exit now.
     halted: AtomicBool,
+    /// Peers whose process is gone (shared by the transport's devices).
+    gone: Arc<GonePeers>,
 }
 
 impl Nic {
     /// Opens device `name` and sets it up: port `MC_IB_PORT` must be
     /// active; GID, MTU and limits are chosen and logged. Threads start
     /// with [`Nic::start`].
-    pub fn open(name: &str, server: &str, opts: &Arc<RdmaOptions>) -> Result<Nic> {
+    pub fn open(
+        name: &str,
+        server: &str,
+        opts: &Arc<RdmaOptions>,
+        gone: &Arc<GonePeers>,
+    ) -> Result<Nic> {
         let ctx_err = |what: &str, e: std::io::Error| {
             Error::Context(format!("RDMA device {name}: {what} failed: {e}"))
         };
@@ -210,6 +217,7 @@ impl Nic {
             threads: Mutex::new(Vec::new()),
             stopping: AtomicBool::new(false),
             halted: AtomicBool::new(false),
+            gone: gone.clone(),
         })
     }
 
@@ -441,6 +449,14 @@ impl Nic {
     }
 
     fn request_connect(&self, ep: Arc<RdmaEndpoint>, target: RdmaTarget) {
+        let server = split_nic_path(&target.peer_nic_path).map_or("", |(s, _)| s);
+        if self.gone.is_gone(server) {
+            return self.fail_endpoint(
+                &ep,
+                Outcome::Failed { hard: true },
+                "the peer is gone (it answered no Probe); not connecting for now",
+            );
+        }
         let sent = lock(&self.connect_tx)
             .as_ref()
             .map(|tx| {
