@@ -101,6 +101,17 @@ fn non_null(addr: u64, what: &str) -> PyResult<()> {
     Ok(())
 }
 
+/// The devices of a comma-separated `device_name` (empty: every device).
+fn device_list(device_name: Option<&str>) -> Vec<String> {
+    device_name
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
 fn cuda_only(name: &str) -> PyErr {
     PyNotImplementedError::new_err(format!(
         "{name} needs a CUDA build of the transfer engine; this build has none (SUPPORT_CUDA is False)"
@@ -136,9 +147,15 @@ impl TransferEngine {
 
     /// Creates the engine (`initializeExt` with the connection string
     /// already built) and replaces any earlier one.
-    fn start(&self, py: Python<'_>, local_hostname: &str, conn: &str) -> OpResult<()> {
+    fn start(
+        &self,
+        py: Python<'_>,
+        local_hostname: &str,
+        conn: &str,
+        devices: &[String],
+    ) -> OpResult<()> {
         let engine = py
-            .detach(|| Engine::new(conn, local_hostname, true))
+            .detach(|| Engine::new_filtered(conn, local_hostname, true, devices))
             .map_err(|e| Failure::with_code(-1, "initialize", &e))?;
         let old = self
             .core
@@ -309,9 +326,10 @@ impl TransferEngine {
     /// Creates the engine named `local_hostname` whose peers are found
     /// through `metadata_server`: `"P2PHANDSHAKE"`, `"http://host:port/path"`,
     /// `"etcd://host:port"` (or a bare `"host:port"`), `"redis://host:port"`.
-    /// The transport is chosen by auto-discovery, as in Mooncake (TCP on a
-    /// machine without RDMA devices); `protocol` only selects Mooncake's
-    /// GPU allocators, and `"xgmi"` is refused. In P2P mode the engine's
+    /// The transport is chosen by auto-discovery, as in Mooncake: RDMA on
+    /// the machine's RDMA devices (only those of the comma-separated
+    /// `device_name`, when given), TCP on a machine without any; `protocol`
+    /// only selects Mooncake's GPU allocators, and `"xgmi"` is refused. In P2P mode the engine's
     /// name becomes `"<local_hostname host>:<get_rpc_port()>"`.
     ///
     /// Returns 0, or -1 (logged) when the engine cannot be created.
@@ -349,7 +367,6 @@ impl TransferEngine {
         device_name: Option<&str>,
         metadata_type: Option<&str>,
     ) -> i32 {
-        let _ = device_name;
         if protocol == Some("xgmi") {
             error!("Protocol 'xgmi' is not exposed in the Python API. Use 'hip' instead.");
             return -1;
@@ -360,7 +377,7 @@ impl TransferEngine {
             }
             _ => metadata_server.to_string(),
         };
-        match self.start(py, local_hostname, &conn) {
+        match self.start(py, local_hostname, &conn, &device_list(device_name)) {
             Ok(()) => 0,
             Err(f) => code_of("initialize", &f),
         }
@@ -845,13 +862,7 @@ impl TransferEngine {
     /// initialized engine.
     #[pyo3(signature = (device_name = None))]
     fn get_local_topology(&self, py: Python<'_>, device_name: Option<&str>) -> String {
-        let filters: Vec<String> = device_name
-            .unwrap_or("")
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(String::from)
-            .collect();
+        let filters = device_list(device_name);
         py.detach(|| {
             let matrix = PriorityMatrix::from_topology(&Topology::discover(&filters)).to_json();
             serde_json_pretty(&matrix)

@@ -102,6 +102,9 @@ pub struct Engine {
     revision: std::sync::atomic::AtomicU64,
     /// The loopback address this engine is confined to, if any.
     loopback: Option<IpAddr>,
+    /// RDMA devices this engine may use (Mooncake's `TransferEngine`
+    /// device filter; empty: all), beside `MC_TE_FILTERS`.
+    device_filter: Vec<String>,
     closed: AtomicBool,
 }
 
@@ -207,6 +210,18 @@ impl Engine {
     /// `conn`: starts its handshake listener, publishes its RPC address
     /// (store mode) and, with `auto_discover`, installs a transport.
     pub fn new(conn: &str, local_name: &str, auto_discover: bool) -> Result<Arc<Engine>> {
+        Self::new_filtered(conn, local_name, auto_discover, &[])
+    }
+
+    /// [`Engine::new`] restricted to the RDMA devices named in
+    /// `device_filter` (empty: every device), as Mooncake's
+    /// `TransferEngine(auto_discover, filter)`; `MC_TE_FILTERS` applies too.
+    pub fn new_filtered(
+        conn: &str,
+        local_name: &str,
+        auto_discover: bool,
+        device_filter: &[String],
+    ) -> Result<Arc<Engine>> {
         let config = config();
         raise_descriptor_limit();
         let conn = MetadataConn::parse(conn)?;
@@ -246,6 +261,7 @@ impl Engine {
             boot_id: remote::boot_id(),
             revision: Default::default(),
             loopback,
+            device_filter: device_filter.to_vec(),
             closed: AtomicBool::new(false),
         };
         if let Err(e) = engine.publish_rpc_meta() {
@@ -328,7 +344,7 @@ impl Engine {
     /// Scans the machine's topology and keeps it with its priority matrix
     /// (unless a matrix was given explicitly); returns the topology.
     pub fn discover_topology(&self) -> Topology {
-        let topo = Topology::discover(&self.config.te_filters);
+        let topo = Topology::discover(&self.device_filter);
         let mut slot = self.topology.lock().unwrap_or_else(|e| e.into_inner());
         let matrix = match slot.take() {
             Some((_, m)) => m,
@@ -342,7 +358,7 @@ impl Engine {
     pub fn show_links(&self, json: bool) -> String {
         let mut slot = self.topology.lock().unwrap_or_else(|e| e.into_inner());
         let (topo, matrix) = slot.get_or_insert_with(|| {
-            let topo = Topology::discover(&self.config.te_filters);
+            let topo = Topology::discover(&self.device_filter);
             let m = PriorityMatrix::from_topology(&topo);
             (topo, m)
         });
@@ -491,20 +507,29 @@ impl Engine {
             }
         };
         let filters = &self.config.te_filters;
+        let allowed = |d: &String| {
+            (filters.is_empty() || filters.contains(d))
+                && (self.device_filter.is_empty() || self.device_filter.contains(d))
+        };
         let wanted: Vec<String> = matrix
             .devices()
             .iter()
-            .filter(|d| filters.is_empty() || filters.contains(d))
+            .filter(|d| allowed(d))
             .cloned()
             .collect();
         if wanted.is_empty() {
             return Err(Error::DeviceNotFound(format!(
-                "no RDMA device to use: the priority matrix {} names none{}",
+                "no RDMA device to use: the priority matrix {} names none{}{}",
                 matrix.to_json(),
                 if filters.is_empty() {
                     String::new()
                 } else {
                     format!(" that MC_TE_FILTERS={} allows", filters.join(","))
+                },
+                if self.device_filter.is_empty() {
+                    String::new()
+                } else {
+                    format!(" among the devices {}", self.device_filter.join(","))
                 }
             )));
         }
