@@ -31,11 +31,17 @@ def wait_notifies(fetch, want, within: float = 15.0) -> list:
     raise AssertionError(f"notification {want} not received within {within} s; got {seen}")
 
 
-def exchange(local: TransferEngine, peer) -> None:
-    """Moves verified bytes between `local` and `peer` both ways."""
+def exchange(local: TransferEngine, peer, registered_reads: bool = False) -> None:
+    """Moves verified bytes between `local` and `peer` both ways.
+
+    READs land in fresh unregistered buffers, as TCP allows, or with
+    `registered_reads` (RDMA needs registered local memory) in a registered
+    scratch buffer."""
     n_bytes = peer.size
     mine = bytearray(pattern(n_bytes, 11))
     base = local.register(mine)
+    scratch = bytearray(n_bytes)
+    scratch_base = local.register(scratch) if registered_reads else None
     me = local.local_name
     try:
         # Our engine WRITEs into the peer.
@@ -45,12 +51,17 @@ def exchange(local: TransferEngine, peer) -> None:
             assert rc == 0, f"WRITE {n} bytes at +{off} to {peer.impl}: {rc}"
             assert peer.sha(off, n) == sha(mine[off : off + n]), f"WRITE {n} at +{off}"
 
-        # Our engine READs from the peer (into a fresh, unregistered buffer).
+        # Our engine READs from the peer.
         peer.call("fill", seed=33)
         theirs = pattern(n_bytes, 33)
         for n, off in CASES:
-            back = bytearray(n)
-            rc = local.transfer_sync_read(peer.name, back, peer.addr + off, n)
+            if scratch_base is None:
+                back = bytearray(n)
+                rc = local.transfer_sync_read(peer.name, back, peer.addr + off, n)
+            else:
+                scratch[off : off + n] = bytes(n)
+                rc = local.transfer_sync_read(peer.name, scratch_base + off, peer.addr + off, n)
+                back = scratch[off : off + n]
             assert rc == 0, f"READ {n} bytes at +{off} from {peer.impl}: {rc}"
             assert back == theirs[off : off + n], f"READ {n} at +{off}"
 
@@ -103,8 +114,12 @@ def exchange(local: TransferEngine, peer) -> None:
 
         # Both sides see each other's first buffer.
         assert local.get_first_buffer_address(peer.name) == peer.addr
-        assert peer.call("first", target=me)["addr"] == base
+        # Our descriptor lists buffers by address.
+        ours_first = base if scratch_base is None else min(base, scratch_base)
+        assert peer.call("first", target=me)["addr"] == ours_first
         assert local.send_probe(peer.name) == 0
         assert peer.call("probe", target=me)["rc"] == 0
     finally:
         local.unregister(mine)
+        if scratch_base is not None:
+            local.unregister(scratch)

@@ -6,8 +6,9 @@ initiating WRITEs, READs, batches and notifications.
 `protocol` is what both sides pass to `initialize` (the transport itself
 is chosen by auto-discovery, in both engines): `tcp` by default, and the
 comma-separated list in TE_INTEROP_PROTOCOLS where more exist (e.g.
-`tcp,rdma` on a machine with RDMA devices). The metadata backends are
-those the Mooncake wheel supports (it has no redis plugin).
+`tcp,rdma` on a machine with RDMA devices; the RDMA VM suite runs `rdma`).
+The metadata backends are those the Mooncake wheel supports (it has no
+redis plugin).
 """
 
 import os
@@ -29,7 +30,7 @@ def test_ours_and_mooncake_move_bytes_both_ways(protocol, metadata, request, spa
     local = TransferEngine()
     assert local.initialize(engine_name(conn, "ours"), conn, protocol, "") == 0
     try:
-        exchange(local, peer)
+        exchange(local, peer, registered_reads=protocol == "rdma")
     finally:
         local.close()
 

@@ -7,7 +7,7 @@
 #                                 every case (or those named: rust,
 #                                 two_process_one_rail, two_process_two_rails,
 #                                 kill_target, memlock_limit, mooncake_target,
-#                                 mooncake_initiator); prints "PASS|FAIL|SKIP
+#                                 mooncake_initiator, python_interop); prints "PASS|FAIL|SKIP
 #                                 name (s)" and writes RESULTS_DIR/rdma-vm.counts
 #                                 ("passed failed skipped") and the logs
 #   suite.sh --case NAME DIR      one case (used by the suite itself)
@@ -17,7 +17,7 @@
 # READ/WRITE 1 B .. 64 MiB at odd offsets, 8 threads, notifications, bad
 # ranges, every byte checked by both sides) with proof that RDMA carried
 # the data; kill -9 of the target mid-batch; real Mooncake (PyPI wheel) as
-# the target and as the initiator. Nothing is skipped silently: a missing
+# the target and as the initiator, and beside our Python package. Nothing is skipped silently: a missing
 # prerequisite fails the case (with CI=true) or is reported as SKIP.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -194,6 +194,22 @@ case_mooncake_initiator() {
   net_stop target 20
 }
 
+# Our Python package and Mooncake's wheel over RDMA: python/tests'
+# interop tests with the rdma protocol (both engines auto-discover the
+# guest's devices), in the virtualenv scripts/test-python.sh builds.
+case_python_interop() {
+  local venv=${TE_PY_VENV:-$repo/build/pyvenv}
+  if ! [ -x "$venv/bin/pytest" ] || ! "$venv/bin/python" -c 'import transfer_engine, mooncake.engine' 2>/dev/null; then
+    [ "${CI:-}" = true ] && net_fail "no virtualenv with the Python package and Mooncake's wheel ($venv); scripts/test-python.sh builds it"
+    echo "SKIPPED: no virtualenv with the Python package and Mooncake's wheel ($venv); run scripts/test-python.sh first"
+    exit 3
+  fi
+  # Mooncake's handshake daemon answers one peer at a time and sets up
+  # queue pairs before it replies: slow under TCG.
+  (cd "$repo" && MC_HANDSHAKE_CONNECT_TIMEOUT=5 TE_INTEROP_PROTOCOLS=rdma \
+    timeout -k 5 600 "$venv/bin/pytest" -q -p no:cacheprovider python/tests/test_interop.py -k rdma)
+}
+
 # ------------------------------------------------------------------ driver
 if [ "${1:-}" = --case ]; then
   # shellcheck source=../../ctests/net_lib.sh
@@ -245,7 +261,7 @@ for bin in rdma_transfers rdma_pool; do
   fi
 done
 
-for c in two_process_one_rail two_process_two_rails kill_target memlock_limit mooncake_target mooncake_initiator; do
+for c in two_process_one_rail two_process_two_rails kill_target memlock_limit mooncake_target mooncake_initiator python_interop; do
   want "$c" || continue
   t0=$SECONDS
   timeout -k 5 900 "$0" --case "$c" "$out" >"$out/$c.log" 2>&1

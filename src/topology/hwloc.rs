@@ -30,10 +30,18 @@ pub(super) struct HwlocFacts {
 /// 0.6 MB per discovery), and its only extra over the `linux` component,
 /// which reads the same PCI devices, addresses and localities from sysfs,
 /// is those names.
+/// Where hwloc has no `pci` component (its plugins are not installed, or it
+/// did not load), there is nothing to leave out.
 pub(super) fn discover() -> Result<HwlocFacts, String> {
-    let topo = HwTopology::builder()
-        .without_component("pci")
-        .map_err(|e| format!("cannot leave out the pci component: {e}"))?
+    let builder = HwTopology::builder();
+    let builder = match builder.without_component("pci") {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::debug!("hwloc has no pci component to leave out ({e})");
+            HwTopology::builder()
+        }
+    };
+    let topo = builder
         .with_io_type_filter(TypeFilter::KeepAll)
         .map_err(|e| format!("cannot keep I/O objects: {e}"))?
         .build()
