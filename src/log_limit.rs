@@ -5,7 +5,7 @@
 //! first occurrence at a call site, then at most one line per interval,
 //! each saying how many similar lines were suppressed since the last one.
 //!
-//! ```ignore
+//! ```text
 //! warn_limited!("slice to {peer} failed: {e}");
 //! ```
 

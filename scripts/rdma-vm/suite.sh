@@ -205,8 +205,12 @@ case_python_interop() {
     exit 3
   fi
   # Mooncake's handshake daemon answers one peer at a time and sets up
-  # queue pairs before it replies: slow under TCG.
-  (cd "$repo" && MC_HANDSHAKE_CONNECT_TIMEOUT=5 TE_INTEROP_PROTOCOLS=rdma \
+  # queue pairs before it replies: slow under TCG. pytest's capture files
+  # are unlinked while open, which the shared (9p) folder cannot truncate:
+  # its temporary files go to the guest's own tmpfs.
+  local tmp
+  tmp=$(mktemp -d /dev/shm/te-pytest.XXXXXX) || net_fail "no temporary directory in /dev/shm"
+  (cd "$repo" && TMPDIR=$tmp MC_HANDSHAKE_CONNECT_TIMEOUT=5 TE_INTEROP_PROTOCOLS=rdma \
     timeout -k 5 600 "$venv/bin/pytest" -q -p no:cacheprovider python/tests/test_interop.py -k rdma)
 }
 
