@@ -120,15 +120,7 @@ fn cuda_only(name: &str) -> PyErr {
 
 fn location_regions(entries: &[(u64, u64)], location: &str, remote: bool) -> OpResult<Vec<Region>> {
     let location = Location::parse(location).map_err(|e| Failure::from_engine(&e))?;
-    Ok(entries
-        .iter()
-        .map(|&(addr, length)| Region {
-            addr,
-            length,
-            location: location.clone(),
-            remote_accessible: remote,
-        })
-        .collect())
+    Ok(Region::each(entries, &location, remote))
 }
 
 impl TransferEngine {

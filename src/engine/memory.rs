@@ -65,6 +65,24 @@ pub struct Region {
 }
 
 impl Region {
+    /// Regions at each `(addr, length)` of `entries`, all at `location` and
+    /// equally accessible: one registration call's list.
+    pub fn each(
+        entries: &[(u64, u64)],
+        location: &Location,
+        remote_accessible: bool,
+    ) -> Vec<Region> {
+        entries
+            .iter()
+            .map(|&(addr, length)| Region {
+                addr,
+                length,
+                location: location.clone(),
+                remote_accessible,
+            })
+            .collect()
+    }
+
     /// One past the last byte.
     pub fn end(&self) -> u64 {
         self.addr + self.length

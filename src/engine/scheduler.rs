@@ -469,23 +469,15 @@ impl<C: Carrier> Scheduler<C> {
         let peer_location = job
             .buffer
             .map_or("*", |b| job.seg.desc.buffers[b].name.as_str());
+        // Not the rail's fault: the same rail again, unless it is out.
+        let same_rail_usable = || {
+            let (order, _, _) = self.candidates(&job.route, &job.location, peer_location);
+            order.contains(&job.rail) && job.tried & bit(job.rail) == 0
+        };
         let next = if closed || job.attempt >= self.retry_cnt {
             None
-        } else if charge.is_none() {
-            // Not the rail's fault: the same rail again, unless it is out.
-            let (order, _, _) = self.candidates(&job.route, &job.location, peer_location);
-            if order.contains(&job.rail) && job.tried & bit(job.rail) == 0 {
-                Some(job.rail)
-            } else {
-                self.pick(
-                    &job.route,
-                    &job.location,
-                    peer_location,
-                    job.attempt,
-                    job.tried,
-                    job.dead,
-                )
-            }
+        } else if charge.is_none() && same_rail_usable() {
+            Some(job.rail)
         } else {
             self.pick(
                 &job.route,

@@ -359,15 +359,7 @@ fn register(
             return err.err_code();
         }
     };
-    let regions: Vec<Region> = entries
-        .iter()
-        .map(|&(addr, length)| Region {
-            addr,
-            length,
-            location: location.clone(),
-            remote_accessible: remote,
-        })
-        .collect();
+    let regions = Region::each(entries, &location, remote);
     match e.register(&regions) {
         Ok(()) => 0,
         Err(err) => {
