@@ -29,8 +29,9 @@ export RUST_LOG=${RUST_LOG:-info,transfer_engine::topology=warn}
 # Soft-RoCE under TCG on a loaded host often answers later than the 67 ms
 # ACK timeout (MC_IB_TIMEOUT=14): the requester then retransmits, and
 # rdma_rxe (6.1) serves retransmitted READs wrongly now and then (READs
-# completed with bytes never written; seen with Mooncake's engine too). An
-# ACK timeout of ~4 s keeps it from retransmitting needlessly; a queue pair
+# completed with bytes never placed; seen with Mooncake's engine too; see
+# rdma-net.sh for the other cause, reordering, and its cure). An ACK
+# timeout of ~4 s keeps it from retransmitting needlessly; a queue pair
 # is declared stalled after 8 s, beyond one retransmission.
 export MC_IB_TIMEOUT=${MC_IB_TIMEOUT:-20}
 export MC_RDMA_COMPLETION_TIMEOUT=${MC_RDMA_COMPLETION_TIMEOUT:-8}
@@ -284,6 +285,12 @@ else
   echo "rdma resource show differs from the baseline:"; echo "$baseline"; echo "$after"
   record FAIL "resources_back_to_baseline" 0
 fi
+# How often rdma_rxe retransmitted (each one a chance for its READ replay
+# fault): printed so a failure can be laid beside it.
+for d in /sys/class/infiniband/*; do
+  echo "$(basename "$d"): requester retries $(cnt "$(basename "$d")" completer_retry_err)," \
+    "duplicate requests served $(cnt "$(basename "$d")" duplicate_request)"
+done
 echo "$pass $fail $skip" >"$out/rdma-vm.counts"
 echo "rdma-vm suite: $pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]
