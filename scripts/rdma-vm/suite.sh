@@ -287,9 +287,9 @@ else
 fi
 # How often rdma_rxe retransmitted (each one a chance for its READ replay
 # fault): printed so a failure can be laid beside it.
-for d in /sys/class/infiniband/*; do
-  echo "$(basename "$d"): requester retries $(cnt "$(basename "$d")" completer_retry_err)," \
-    "duplicate requests served $(cnt "$(basename "$d")" duplicate_request)"
+for d in $(ls /sys/class/infiniband); do
+  echo "$d: requester retries $(cnt "$d" completer_retry_err)," \
+    "duplicate requests served $(cnt "$d" duplicate_request)"
 done
 echo "$pass $fail $skip" >"$out/rdma-vm.counts"
 echo "rdma-vm suite: $pass passed, $fail failed, $skip skipped"
