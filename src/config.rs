@@ -191,6 +191,16 @@ pub struct Config {
     /// requests without completing any before its endpoint is torn down
     /// and its slices fail over (10, 1..=3600).
     pub rdma_completion_timeout_secs: u64,
+    /// `MC_PEER_MAX_DEVICES` (64, 1..=4096): most devices (RDMA `devices`,
+    /// TCP `tcp_devices`) a peer's descriptor may list.
+    pub peer_max_devices: usize,
+    /// `MC_PEER_MAX_BUFFERS` (65536, 1..=16777216): most buffers a peer's
+    /// descriptor may list.
+    pub peer_max_buffers: usize,
+    /// `MC_PEER_MAX_DESCRIPTOR_BYTES` (64 MiB, 64 KiB..=1 GiB): largest
+    /// descriptor read from a metadata store (in P2P mode the reply frame
+    /// is bounded by `MC_HANDSHAKE_MAX_LENGTH`).
+    pub peer_max_descriptor_bytes: u64,
 }
 
 impl Default for Config {
@@ -256,6 +266,9 @@ impl Default for Config {
             ib_timeout: 14,
             rdma_signal_interval: 1,
             rdma_completion_timeout_secs: 10,
+            peer_max_devices: 64,
+            peer_max_buffers: 1 << 16,
+            peer_max_descriptor_bytes: 64 << 20,
         }
     }
 }
@@ -569,6 +582,14 @@ impl Config {
                 1,
                 3600,
             ),
+            peer_max_devices: r.number("MC_PEER_MAX_DEVICES", d.peer_max_devices, 1, 4096),
+            peer_max_buffers: r.number("MC_PEER_MAX_BUFFERS", d.peer_max_buffers, 1, 1 << 24),
+            peer_max_descriptor_bytes: r.number(
+                "MC_PEER_MAX_DESCRIPTOR_BYTES",
+                d.peer_max_descriptor_bytes,
+                64 << 10,
+                1 << 30,
+            ),
             warnings: r.warnings.into_inner(),
         }
     }
@@ -626,6 +647,41 @@ mod tests {
         assert_eq!(c.notify_max_size, 64 << 10);
         assert_eq!(c.notify_queue_max_count, 65536);
         assert_eq!(c.notify_queue_max_bytes, 64 << 20);
+    }
+
+    #[test]
+    fn peer_descriptor_bounds() {
+        let d = parse(&[]);
+        assert_eq!(
+            (
+                d.peer_max_devices,
+                d.peer_max_buffers,
+                d.peer_max_descriptor_bytes
+            ),
+            (64, 65536, 64 << 20)
+        );
+        let c = parse(&[
+            ("MC_PEER_MAX_DEVICES", "8"),
+            ("MC_PEER_MAX_BUFFERS", "1000"),
+            ("MC_PEER_MAX_DESCRIPTOR_BYTES", "1048576"),
+        ]);
+        assert_eq!(
+            (
+                c.peer_max_devices,
+                c.peer_max_buffers,
+                c.peer_max_descriptor_bytes
+            ),
+            (8, 1000, 1 << 20)
+        );
+        let bad = parse(&[
+            ("MC_PEER_MAX_DEVICES", "0"),
+            ("MC_PEER_MAX_DESCRIPTOR_BYTES", "10"),
+        ]);
+        assert_eq!(
+            (bad.peer_max_devices, bad.peer_max_descriptor_bytes),
+            (64, 64 << 20)
+        );
+        assert_eq!(bad.warnings.len(), 2);
     }
 
     #[test]

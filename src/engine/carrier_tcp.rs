@@ -122,12 +122,19 @@ impl Carrier for TcpCarrier {
     fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<LaneTarget>> {
         let port = seg.desc.tcp_data_port;
         let v2 = seg.desc.tcp_proto_version >= 2 && !self.force_v1;
+        // One rail per peer address, however often the peer lists it.
+        let mut seen = std::collections::HashSet::new();
         let peer: Vec<TcpDevice> = seg
             .desc
             .extra
             .get(TCP_DEVICES_KEY)
             .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(TcpDevice::from_json).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(TcpDevice::from_json)
+                    .filter(|d| seen.insert(d.addr.ip))
+                    .collect()
+            })
             .unwrap_or_default();
         let mut rails = Vec::new();
         for (i, local) in self.devices.iter().enumerate() {

@@ -229,7 +229,7 @@ impl Engine {
         if local_name.is_empty() {
             return Err(Error::InvalidArgument("local server name is empty".into()));
         }
-        let store = remote::open_store(&conn)?;
+        let store = remote::open_store(&conn, config)?;
         let loopback = remote::loopback_ip(&local_name, config);
         let binding = remote::bind_rpc(&conn, &local_name, loopback, config)?;
         let control = Arc::new(ControlState::new(control::NotifyLimits::from_config(

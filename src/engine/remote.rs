@@ -22,14 +22,63 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::sync::atomic::Ordering;
 use tracing::{debug, info, warn};
 
-/// The store behind a connection string (`None` in P2P mode).
-pub(super) fn open_store(conn: &MetadataConn) -> Result<Option<Box<dyn MetadataStore>>> {
+/// The store behind a connection string (`None` in P2P mode); values
+/// larger than `MC_PEER_MAX_DESCRIPTOR_BYTES` are refused.
+pub(super) fn open_store(
+    conn: &MetadataConn,
+    cfg: &Config,
+) -> Result<Option<Box<dyn MetadataStore>>> {
+    let max = cfg.peer_max_descriptor_bytes;
     Ok(match conn {
         MetadataConn::P2p => None,
-        MetadataConn::Http(url) => Some(Box::new(HttpStore::new(url)?)),
-        MetadataConn::Etcd(endpoints) => Some(Box::new(EtcdStore::new(endpoints)?)),
-        MetadataConn::Redis(addr) => Some(Box::new(RedisStore::from_config(addr)?)),
+        MetadataConn::Http(url) => Some(Box::new(HttpStore::new(url)?.limit_values(max))),
+        MetadataConn::Etcd(endpoints) => {
+            Some(Box::new(EtcdStore::new(endpoints)?.limit_values(max)))
+        }
+        MetadataConn::Redis(addr) => {
+            Some(Box::new(RedisStore::from_config(addr)?.limit_values(max)))
+        }
     })
+}
+
+/// Checks that a peer's descriptor stays within `MC_PEER_MAX_DEVICES` and
+/// `MC_PEER_MAX_BUFFERS` before it is decoded, so a hostile or broken peer
+/// cannot make this engine hold, or connect to, what it lists beyond them.
+fn check_peer_bounds(name: &str, json: &serde_json::Value, cfg: &Config) -> Result<()> {
+    let count = |key: &str| {
+        json.get(key)
+            .and_then(serde_json::Value::as_array)
+            .map_or(0, Vec::len)
+    };
+    let bounds = [
+        (
+            "devices",
+            "RDMA devices",
+            cfg.peer_max_devices,
+            "MC_PEER_MAX_DEVICES",
+        ),
+        (
+            TCP_DEVICES_KEY,
+            "TCP devices",
+            cfg.peer_max_devices,
+            "MC_PEER_MAX_DEVICES",
+        ),
+        (
+            "buffers",
+            "buffers",
+            cfg.peer_max_buffers,
+            "MC_PEER_MAX_BUFFERS",
+        ),
+    ];
+    for (key, what, max, var) in bounds {
+        let n = count(key);
+        if n > max {
+            return Err(Error::Metadata(format!(
+                "segment {name:?} publishes {n} {what}; at most {max} are accepted ({var})"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A random number per engine, so a restarted process publishes a new
@@ -403,6 +452,7 @@ impl Engine {
                 "segment {name:?} has no descriptor yet (no transport installed there)"
             )));
         }
+        check_peer_bounds(name, &json, self.config)?;
         let desc = SegmentDesc::from_json(&json)?;
         Ok(RemoteSegment {
             name: name.to_string(),

@@ -137,14 +137,35 @@ struct Job<T> {
     route: Arc<Route<T>>,
     attempt: u32,
     rail: usize,
-    /// Rails this slice failed on (bit `i % 64` for rail `i`).
-    tried: u64,
+    /// Rails this slice failed on.
+    tried: RailSet,
     /// Rails this slice failed on hard (could not connect).
-    dead: u64,
+    dead: RailSet,
 }
 
-fn bit(rail: usize) -> u64 {
-    1 << (rail % 64)
+/// A set of rail indexes, exact for any number of rails; allocates only
+/// when a rail is added (a slice that failed).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct RailSet(Vec<u64>);
+
+impl RailSet {
+    fn insert(&mut self, rail: usize) {
+        let word = rail / 64;
+        if self.0.len() <= word {
+            self.0.resize(word + 1, 0);
+        }
+        self.0[word] |= 1 << (rail % 64);
+    }
+
+    fn contains(&self, rail: usize) -> bool {
+        self.0
+            .get(rail / 64)
+            .is_some_and(|w| w & (1 << (rail % 64)) != 0)
+    }
+
+    fn len(&self) -> usize {
+        self.0.iter().map(|w| w.count_ones() as usize).sum()
+    }
 }
 
 /// Picks rails for slices and retries failed ones on other rails.
@@ -300,8 +321,8 @@ impl<C: Carrier> Scheduler<C> {
         location: &str,
         peer_location: &str,
         attempt: u32,
-        tried: u64,
-        dead: u64,
+        tried: &RailSet,
+        dead: &RailSet,
     ) -> Option<usize> {
         let (order, n_pref, probes) = self.candidates(route, location, peer_location);
         for i in probes {
@@ -317,7 +338,7 @@ impl<C: Carrier> Scheduler<C> {
                 );
             }
         }
-        let untried = |i: &usize| tried & bit(*i) == 0;
+        let untried = |i: &usize| !tried.contains(*i);
         if attempt == 0 {
             let preferred: Vec<usize> = order[..n_pref].iter().copied().filter(untried).collect();
             let group: Vec<usize> = if preferred.is_empty() {
@@ -334,7 +355,7 @@ impl<C: Carrier> Scheduler<C> {
         if left.is_empty() && self.carrier.retries_failed_rails() {
             // Every rail failed once: those that only had an error (not a
             // failed connect) are tried again, up to `MC_RETRY_CNT`.
-            left = order.into_iter().filter(|i| dead & bit(*i) == 0).collect();
+            left = order.into_iter().filter(|i| !dead.contains(*i)).collect();
         }
         (!left.is_empty()).then(|| left[(attempt as usize - 1) % left.len()])
     }
@@ -376,8 +397,9 @@ impl<C: Carrier> Scheduler<C> {
         }
         t.add_slices(pieces.len() as u64);
         let route = self.route_of(seg);
+        let none = RailSet::default();
         for (off, n) in pieces {
-            let Some(rail) = self.pick(&route, &location, peer_location, 0, 0, 0) else {
+            let Some(rail) = self.pick(&route, &location, peer_location, 0, &none, &none) else {
                 t.finish_slice(n, false);
                 continue;
             };
@@ -394,8 +416,8 @@ impl<C: Carrier> Scheduler<C> {
                 route: route.clone(),
                 attempt: 0,
                 rail,
-                tried: 0,
-                dead: 0,
+                tried: RailSet::default(),
+                dead: RailSet::default(),
             });
         }
     }
@@ -459,9 +481,9 @@ impl<C: Carrier> Scheduler<C> {
         if let Some(hard) = charge {
             self.health.record_error(&rail.key, hard);
             job.seg.freshness.mark_stale();
-            job.tried |= bit(job.rail);
+            job.tried.insert(job.rail);
             if hard {
-                job.dead |= bit(job.rail);
+                job.dead.insert(job.rail);
             }
         }
         job.attempt += 1;
@@ -472,7 +494,7 @@ impl<C: Carrier> Scheduler<C> {
         // Not the rail's fault: the same rail again, unless it is out.
         let same_rail_usable = || {
             let (order, _, _) = self.candidates(&job.route, &job.location, peer_location);
-            order.contains(&job.rail) && job.tried & bit(job.rail) == 0
+            order.contains(&job.rail) && !job.tried.contains(job.rail)
         };
         let next = if closed || job.attempt >= self.retry_cnt {
             None
@@ -484,8 +506,8 @@ impl<C: Carrier> Scheduler<C> {
                 &job.location,
                 peer_location,
                 job.attempt,
-                job.tried,
-                job.dead,
+                &job.tried,
+                &job.dead,
             )
         };
         let Some(next) = next else {
@@ -495,7 +517,7 @@ impl<C: Carrier> Scheduler<C> {
                     job.len,
                     job.remote,
                     job.attempt,
-                    job.tried.count_ones()
+                    job.tried.len()
                 );
             }
             if let Some(t) = task {
@@ -528,5 +550,116 @@ impl<C: Carrier> Scheduler<C> {
     pub fn shutdown(&self) {
         self.closed.store(true, Ordering::Release);
         self.carrier.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::batch::TaskStatus;
+    use crate::metadata::descriptor::{BufferDesc, SegmentDesc};
+
+    /// Rails numbered 0..n; a slice posted on any rail but `good` fails.
+    struct Rails {
+        names: Vec<String>,
+        n: usize,
+        good: usize,
+    }
+
+    impl Carrier for Rails {
+        type Target = usize;
+
+        fn devices(&self) -> &[String] {
+            &self.names
+        }
+
+        fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<usize>> {
+            (0..self.n)
+                .map(|i| Rail {
+                    key: format!("rail{i}@{}", seg.name),
+                    device: None,
+                    peer_device: None,
+                    target: i,
+                })
+                .collect()
+        }
+
+        fn post(&self, rail: &Rail<usize>, slice: Slice, _remote_key: u32) {
+            slice.finish(if rail.target == self.good {
+                Outcome::Done
+            } else {
+                Outcome::Failed { hard: false }
+            });
+        }
+
+        fn probe(&self, _rail: &Rail<usize>, done: Box<dyn FnOnce(bool) + Send>) {
+            done(false)
+        }
+
+        fn shutdown(&self) {}
+    }
+
+    #[test]
+    fn a_retry_reaches_every_rail_beyond_64() {
+        let (n, good) = (70, 64);
+        let cfg = Config {
+            retry_cnt: 127,
+            ..Config::default()
+        };
+        let carrier = Rails {
+            names: Vec::new(),
+            n,
+            good,
+        };
+        let matrix = PriorityMatrix::parse("{}").unwrap();
+        let sched = Arc::new(Scheduler::new(carrier, matrix, &cfg));
+        let seg = Arc::new(RemoteSegment {
+            name: "peer".into(),
+            desc: SegmentDesc {
+                protocol: "tcp".into(),
+                buffers: vec![BufferDesc {
+                    name: "peer".into(),
+                    addr: 0x1000,
+                    length: 4096,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        let batch = Arc::new(Batch::new(1, None).unwrap());
+        let memory = MemoryRegistry::default();
+        batch
+            .append(1, |first, _| {
+                sched.submit(
+                    &batch,
+                    first,
+                    &seg,
+                    &memory,
+                    Transfer {
+                        local: 0x9000,
+                        remote: 0x1000,
+                        len: 4096,
+                        write: true,
+                    },
+                );
+                Ok(())
+            })
+            .unwrap();
+        // Rail 64 is the one rail that works: a retry must not take it for
+        // rail 0, which failed first.
+        assert_eq!(batch.poll(0).unwrap(), (TaskStatus::Completed, 4096));
+    }
+
+    #[test]
+    fn rail_sets_are_exact() {
+        let mut s = RailSet::default();
+        assert!(!s.contains(0) && s.len() == 0);
+        s.insert(0);
+        s.insert(64);
+        s.insert(200);
+        assert!(s.contains(0) && s.contains(64) && s.contains(200));
+        assert!(!s.contains(1) && !s.contains(128) && !s.contains(1000));
+        assert_eq!(s.len(), 3);
     }
 }

@@ -35,7 +35,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const OPERATION_BUDGET: Duration = Duration::from_secs(10);
 /// An attempt is not started with less time than this left.
 const MIN_ATTEMPT: Duration = Duration::from_millis(50);
-/// Largest response accepted from etcd (values are base64 in JSON).
+/// Largest response accepted from etcd (values are base64 in JSON) unless
+/// [`EtcdStore::limit_values`] says otherwise.
 const MAX_BODY: u64 = 512 << 20;
 /// Longest excerpt of an error body quoted in messages.
 const MAX_ERROR_BODY: u64 = 512;
@@ -66,6 +67,11 @@ pub struct EtcdStore {
     /// Index of the endpoint that answered last; tried first.
     preferred: AtomicUsize,
     agent: ureq::Agent,
+    /// Largest response read (a value of `max_value` bytes, in base64 and
+    /// JSON).
+    max_body: u64,
+    /// Largest value accepted, for messages.
+    max_value: u64,
 }
 
 /// Normalises one endpoint to `host:port`: strips `http://` and a trailing
@@ -155,7 +161,17 @@ impl EtcdStore {
             endpoints,
             preferred: AtomicUsize::new(0),
             agent,
+            max_body: MAX_BODY,
+            max_value: MAX_BODY / 4 * 3,
         })
+    }
+
+    /// Refuses values larger than about `bytes` (a get of one fails with
+    /// [`Error::Metadata`] without reading it all).
+    pub fn limit_values(mut self, bytes: u64) -> EtcdStore {
+        self.max_value = bytes;
+        self.max_body = bytes.saturating_add(2).div_ceil(3).saturating_mul(4) + (4 << 10);
+        self
     }
 
     /// The endpoints as `host:port`, in the order given.
@@ -249,9 +265,16 @@ impl EtcdStore {
                 let bytes = resp
                     .body_mut()
                     .with_config()
-                    .limit(MAX_BODY)
+                    .limit(self.max_body)
                     .read_to_vec()
-                    .map_err(|e| Failure::Unreachable(describe_ureq(&url, e)))?;
+                    .map_err(|e| match e {
+                        ureq::Error::BodyExceedsLimit(_) => Failure::Refused(format!(
+                            "POST {url}: the value is larger than {} bytes \
+                             (MC_PEER_MAX_DESCRIPTOR_BYTES)",
+                            self.max_value
+                        )),
+                        e => Failure::Unreachable(describe_ureq(&url, e)),
+                    })?;
                 return serde_json::from_slice(&bytes).map_err(|e| {
                     Failure::Unreachable(format!(
                         "POST {url}: answer is not JSON ({e}); is this an etcd client port?"

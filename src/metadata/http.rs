@@ -22,7 +22,8 @@ const CURL_ESCAPE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'~');
 
-/// Largest value body accepted from the server.
+/// Largest value body accepted from the server unless
+/// [`HttpStore::limit_values`] says otherwise.
 const MAX_BODY: u64 = 256 << 20;
 
 /// Longest excerpt of an error body quoted in messages.
@@ -32,6 +33,7 @@ const MAX_ERROR_BODY: u64 = 512;
 pub struct HttpStore {
     conn: String,
     agent: ureq::Agent,
+    max_value: u64,
 }
 
 /// Escapes `key` like `curl_easy_escape`: every byte except `A-Z a-z 0-9 - .
@@ -70,7 +72,15 @@ impl HttpStore {
         Ok(HttpStore {
             conn: conn.to_owned(),
             agent,
+            max_value: MAX_BODY,
         })
+    }
+
+    /// Refuses values larger than `bytes` (a GET of one fails with
+    /// [`Error::Metadata`] without reading it all).
+    pub fn limit_values(mut self, bytes: u64) -> HttpStore {
+        self.max_value = bytes;
+        self
     }
 
     fn url(&self, key: &str) -> String {
@@ -128,9 +138,16 @@ impl MetadataStore for HttpStore {
         let body = resp
             .body_mut()
             .with_config()
-            .limit(MAX_BODY)
+            .limit(self.max_value)
             .read_to_vec()
-            .map_err(|e| self.failed("GET", &url, e))?;
+            .map_err(|e| match e {
+                ureq::Error::BodyExceedsLimit(_) => Error::Metadata(format!(
+                    "GET {url}: the value is larger than {} bytes \
+                     (MC_PEER_MAX_DESCRIPTOR_BYTES)",
+                    self.max_value
+                )),
+                e => self.failed("GET", &url, e),
+            })?;
         serde_json::from_slice(&body)
             .map(Some)
             .map_err(|e| Error::MalformedJson(format!("GET {url}: body is not JSON: {e}")))

@@ -42,6 +42,8 @@ pub struct RedisStore {
     authenticated: bool,
     client: redis::Client,
     conn: Mutex<Option<redis::Connection>>,
+    /// Largest value read; `None`: any.
+    max_value: Option<u64>,
 }
 
 /// Splits `host[:port]` (IPv6 in brackets, or bare without a port) into the
@@ -154,7 +156,15 @@ impl RedisStore {
             authenticated: password.is_some(),
             client,
             conn: Mutex::new(None),
+            max_value: None,
         })
+    }
+
+    /// Refuses values larger than `bytes`: a get reads at most one byte
+    /// more (`GETRANGE`) and fails with [`Error::Metadata`].
+    pub fn limit_values(mut self, bytes: u64) -> RedisStore {
+        self.max_value = Some(bytes);
+        self
     }
 
     /// A store at `addr` with the credentials and database of the process
@@ -277,7 +287,23 @@ impl RedisStore {
 impl MetadataStore for RedisStore {
     fn get(&self, key: &str) -> Result<Option<Value>> {
         let what = format!("GET {key}");
-        let raw: Option<Vec<u8>> = self.run(redis::cmd("GET").arg(key), &what)?;
+        let raw: Option<Vec<u8>> = match self.max_value {
+            None => self.run(redis::cmd("GET").arg(key), &what)?,
+            // GETRANGE answers "" for an absent key; a stored value is
+            // never empty (it is JSON).
+            Some(max) => {
+                let cmd = redis::cmd("GETRANGE").arg(key).arg(0).arg(max).clone();
+                let raw: Vec<u8> = self.run(&cmd, &what)?;
+                if raw.len() as u64 > max {
+                    return Err(Error::Metadata(format!(
+                        "redis at {}: {what}: the value is larger than {max} bytes \
+                         (MC_PEER_MAX_DESCRIPTOR_BYTES)",
+                        self.addr
+                    )));
+                }
+                (!raw.is_empty()).then_some(raw)
+            }
+        };
         let Some(raw) = raw else { return Ok(None) };
         serde_json::from_slice(&raw).map(Some).map_err(|e| {
             Error::MalformedJson(format!(
