@@ -11,6 +11,7 @@ pub mod log_limit;
 pub mod metadata;
 pub mod rpc;
 pub(crate) mod serve;
+pub(crate) mod sync;
 pub mod topology;
 pub mod transport;
 #[cfg(feature = "rdma")]

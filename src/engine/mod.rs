@@ -21,6 +21,7 @@ use crate::handle::HandleTable;
 use crate::metadata::conn::MetadataConn;
 use crate::metadata::store::MetadataStore;
 use crate::rpc::RpcServer;
+use crate::sync::lock;
 use crate::topology::{PriorityMatrix, Topology};
 use crate::transport::local::{CopyJob, LocalCopier, copy_bytes};
 use crate::transport::tcp::TcpTransport;
@@ -105,6 +106,10 @@ pub struct Engine {
     /// RDMA devices this engine may use (Mooncake's `TransferEngine`
     /// device filter; empty: all), beside `MC_TE_FILTERS`.
     device_filter: Vec<String>,
+    /// Orders what changes the registered memory, the installed transport
+    /// and the published descriptor: installs, registrations and shutdown
+    /// run one at a time, and none starts once the engine is closed.
+    changes: Mutex<()>,
     closed: AtomicBool,
 }
 
@@ -262,6 +267,7 @@ impl Engine {
             revision: Default::default(),
             loopback,
             device_filter: device_filter.to_vec(),
+            changes: Mutex::new(()),
             closed: AtomicBool::new(false),
         };
         if let Err(e) = engine.publish_rpc_meta() {
@@ -384,6 +390,7 @@ impl Engine {
     /// devices. One transport per engine: installing the installed one
     /// again returns its handle; another one is refused.
     pub fn install_transport(&self, proto: &str, matrix: Option<&str>) -> Result<u64> {
+        let _change = self.begin_change("installTransport")?;
         let given = match matrix {
             Some(json) => Some(PriorityMatrix::parse(json)?),
             None => self.custom_matrix()?,
@@ -581,6 +588,7 @@ impl Engine {
     /// Registers buffers: all of them, or none on error. Installed
     /// transports publish them at once.
     pub fn register(&self, regions: &[Region]) -> Result<()> {
+        let _change = self.begin_change("registerLocalMemory")?;
         self.memory
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -648,6 +656,7 @@ impl Engine {
     /// the first error is returned. When this returns, no transfer touches
     /// them any more.
     pub fn unregister(&self, addrs: &[u64]) -> Result<()> {
+        let _change = lock(&self.changes);
         let mut first_err = None;
         let mut removed = Vec::with_capacity(addrs.len());
         {
@@ -948,6 +957,9 @@ impl Engine {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
+        // An install or registration under way finishes first; none starts
+        // after this.
+        let _change = lock(&self.changes);
         self.stop_threads();
         self.unpublish(false);
         self.batches.drain();
@@ -966,6 +978,18 @@ impl Engine {
         if published {
             self.unpublish(true);
         }
+    }
+
+    /// Takes the lock that orders installs, registrations and shutdown;
+    /// refuses once the engine is closed (`destroyTransferEngine` has begun).
+    fn begin_change(&self, call: &str) -> Result<std::sync::MutexGuard<'_, ()>> {
+        let guard = lock(&self.changes);
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::InvalidArgument(format!(
+                "{call}: the engine is being destroyed"
+            )));
+        }
+        Ok(guard)
     }
 
     fn stop_threads(&self) {
