@@ -9,6 +9,7 @@ pub mod carrier_tcp;
 pub mod control;
 mod keeper;
 pub mod memory;
+mod peer_work;
 pub mod planner;
 pub mod rails;
 mod remote;
@@ -20,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::handle::HandleTable;
 use crate::metadata::conn::MetadataConn;
 use crate::metadata::store::MetadataStore;
-use crate::rpc::RpcServer;
+use crate::rpc::{Cancel, RpcServer};
 use crate::sync::lock;
 use crate::topology::{PriorityMatrix, Topology};
 use crate::transport::local::{CopyJob, LocalCopier, copy_bytes};
@@ -32,8 +33,10 @@ use carrier_tcp::TcpCarrier;
 use control::ControlState;
 use memory::{MemoryRegistry, Region};
 use once_cell::sync::OnceCell;
+use peer_work::{Finish, Job, PeerWork, Refused};
 use scheduler::{Scheduler, Transfer};
 use segment::{RemoteSegment, SegmentCache};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -110,7 +113,32 @@ pub struct Engine {
     /// and the published descriptor: installs, registrations and shutdown
     /// run one at a time, and none starts once the engine is closed.
     changes: Mutex<()>,
+    /// Notifications and descriptor refetches, run off the caller's thread.
+    work: PeerWork,
+    /// Requests waiting for their segment's descriptor to be refetched,
+    /// by segment id; the refetch job submits them.
+    deferred: Mutex<HashMap<i32, Vec<Deferred>>>,
+    /// Cancels this engine's handshake calls when it is destroyed.
+    cancel: Arc<Cancel>,
     closed: AtomicBool,
+}
+
+/// A request whose task waits for its segment's descriptor.
+struct Deferred {
+    batch: Arc<Batch>,
+    task: usize,
+    request: Request,
+}
+
+/// Where `submit` sends one request.
+enum Target {
+    /// The engine's own segment.
+    Local,
+    /// A remote segment, with its cached descriptor.
+    Remote(Arc<RemoteSegment>),
+    /// A remote segment whose descriptor is refetched first (in the
+    /// background).
+    AfterRefetch(Arc<RemoteSegment>),
 }
 
 /// Load of one local device, for `getNicLoadStats`.
@@ -145,6 +173,14 @@ pub(crate) fn raise_descriptor_limit() {
 /// Shortest interval between refetches of a peer's descriptor for requests
 /// it does not cover (memory the peer may have registered since).
 const UNCOVERED_REFETCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Why background work was refused, for messages.
+fn refused(why: Refused) -> &'static str {
+    match why {
+        Refused::Stopped => "the engine is being destroyed",
+        Refused::Full => "too much background work is waiting (a peer does not answer)",
+    }
+}
 
 /// Handle returned for the installed TCP transport.
 const TCP_TRANSPORT_HANDLE: u64 = 1;
@@ -268,6 +304,9 @@ impl Engine {
             loopback,
             device_filter: device_filter.to_vec(),
             changes: Mutex::new(()),
+            work: PeerWork::default(),
+            deferred: Mutex::default(),
+            cancel: Arc::default(),
             closed: AtomicBool::new(false),
         };
         if let Err(e) = engine.publish_rpc_meta() {
@@ -275,6 +314,7 @@ impl Engine {
             return Err(e);
         }
         let engine = Arc::new(engine);
+        engine.work.attach(Arc::downgrade(&engine));
         let refresh = match config.metadata_refresh_interval_secs {
             0 => None,
             s => Some(std::time::Duration::from_secs(s)),
@@ -696,48 +736,27 @@ impl Engine {
     }
 
     /// Submits requests to a batch. Every check runs before any task is
-    /// created, so an error leaves the batch unchanged.
+    /// created, so an error leaves the batch unchanged. Nothing here waits
+    /// on a peer: a request whose segment's descriptor must be refetched
+    /// first (it does not cover the request, the peer may have restarted,
+    /// or `MC_DISABLE_METACACHE`) waits in its task, which the refetch
+    /// submits or fails in the background.
     pub fn submit(&self, batch_id: u64, requests: &[Request]) -> Result<()> {
         let batch = self.batch(batch_id)?;
-        let mut targets: Vec<Option<Arc<RemoteSegment>>> = Vec::with_capacity(requests.len());
-        let mut refreshed: Vec<i32> = Vec::new();
+        let mut targets: Vec<Target> = Vec::with_capacity(requests.len());
+        let mut refetching: Vec<i32> = Vec::new();
         for r in requests {
             if r.target_id == LOCAL_SEGMENT_ID {
-                targets.push(None);
+                targets.push(Target::Local);
                 continue;
             }
-            let mut seg = self.segments.get(r.target_id).ok_or_else(|| {
+            let seg = self.segments.get(r.target_id).ok_or_else(|| {
                 Error::InvalidArgument(format!("segment id {} is not open", r.target_id))
             })?;
-            // A peer whose connection failed may have restarted under the
-            // same name (store mode, or fixed P2P ports) with other buffers;
-            // without the metadata cache every submit refetches.
-            let same_name_restarts = self.store.is_some() || self.config.legacy_rpc_port_binding;
-            let stale = same_name_restarts
-                && !refreshed.contains(&r.target_id)
-                && seg.freshness.take_refetch();
-            // Memory the peer registered after its descriptor was cached is
-            // reachable, as with Mooncake, whose initiator does not check.
-            let unlisted = r.length > 0
-                && !seg.covers(r.target_offset, r.length)
-                && !refreshed.contains(&r.target_id)
-                && self
-                    .segments
-                    .may_refetch_uncovered(r.target_id, UNCOVERED_REFETCH_INTERVAL);
-            if (stale || unlisted || !self.config.metacache) && !refreshed.contains(&r.target_id) {
-                refreshed.push(r.target_id);
-                self.sync_segment(&seg.name);
-                seg = self.segments.get(r.target_id).unwrap_or(seg);
+            if !refetching.contains(&r.target_id) && self.needs_refetch(&seg, r) {
+                refetching.push(r.target_id);
             }
-            let installed = self.sched.get().map(Installed::protocol);
-            if installed != Some(seg.desc.protocol.as_str()) {
-                return Err(Error::NotSupportedTransport(format!(
-                    "segment {:?} speaks {:?}, which is not installed here ({})",
-                    seg.name,
-                    seg.desc.protocol,
-                    installed.map_or("no transport".to_string(), |p| format!("{p} is"))
-                )));
-            }
+            self.check_protocol(&seg)?;
             if seg.desc.protocol == "rdma" && r.length > 0 {
                 // RDMA moves bytes from and to registered memory only.
                 let memory = self.memory.read().unwrap_or_else(|e| e.into_inner());
@@ -749,18 +768,119 @@ impl Engine {
                     )));
                 }
             }
-            targets.push(Some(seg));
+            targets.push(match refetching.contains(&r.target_id) {
+                true => Target::AfterRefetch(seg),
+                false => Target::Remote(seg),
+            });
         }
         batch.append(requests.len(), |first, _| {
             let memory = self.memory.read().unwrap_or_else(|e| e.into_inner());
             for (i, (r, target)) in requests.iter().zip(&targets).enumerate() {
                 match target {
-                    None => self.submit_local(&batch, first + i, r, &memory),
-                    Some(seg) => self.submit_remote(&batch, first + i, r, seg, &memory),
+                    Target::Local => self.submit_local(&batch, first + i, r, &memory),
+                    Target::Remote(seg) => self.submit_remote(&batch, first + i, r, seg, &memory),
+                    Target::AfterRefetch(seg) => self.defer(&batch, first + i, r, seg),
                 }
             }
             Ok(())
         })
+    }
+
+    /// Whether `r` must wait for its segment's descriptor to be refetched:
+    /// without the metadata cache always; when a transfer to a peer that
+    /// may restart under the same name (store mode, or fixed P2P ports)
+    /// failed since the last fetch; when the descriptor does not cover
+    /// `r` (memory the peer registered since, reachable as with Mooncake,
+    /// whose initiator does not check) and no refetch for that happened in
+    /// the last second, or one is under way.
+    fn needs_refetch(&self, seg: &RemoteSegment, r: &Request) -> bool {
+        if !self.config.metacache {
+            return true;
+        }
+        let same_name_restarts = self.store.is_some() || self.config.legacy_rpc_port_binding;
+        if same_name_restarts && seg.freshness.take_refetch() {
+            return true;
+        }
+        r.length > 0
+            && !seg.covers(r.target_offset, r.length)
+            && (lock(&self.deferred).contains_key(&r.target_id)
+                || self
+                    .segments
+                    .may_refetch_uncovered(r.target_id, UNCOVERED_REFETCH_INTERVAL))
+    }
+
+    /// Whether the installed transport speaks the protocol of `seg`.
+    fn check_protocol(&self, seg: &RemoteSegment) -> Result<()> {
+        let installed = self.sched.get().map(Installed::protocol);
+        if installed == Some(seg.desc.protocol.as_str()) {
+            return Ok(());
+        }
+        Err(Error::NotSupportedTransport(format!(
+            "segment {:?} speaks {:?}, which is not installed here ({})",
+            seg.name,
+            seg.desc.protocol,
+            installed.map_or("no transport".to_string(), |p| format!("{p} is"))
+        )))
+    }
+
+    /// Leaves task `task` waiting until the descriptor of `seg` has been
+    /// refetched in the background (one refetch serves every request
+    /// waiting for it), then submits it.
+    fn defer(&self, batch: &Arc<Batch>, task: usize, r: &Request, seg: &RemoteSegment) {
+        let mut deferred = lock(&self.deferred);
+        let waiting = Deferred {
+            batch: batch.clone(),
+            task,
+            request: *r,
+        };
+        if let Some(list) = deferred.get_mut(&r.target_id) {
+            list.push(waiting);
+            return;
+        }
+        let (id, name) = (r.target_id, seg.name.clone());
+        let job: Job = Box::new(move |e: &Engine| e.refetch_then_submit(id, &name));
+        match self.work.submit(&seg.name, job, Finish::Drop) {
+            Ok(()) => {
+                deferred.insert(id, vec![waiting]);
+            }
+            Err(why) => Self::fail_task(
+                batch,
+                task,
+                format_args!(
+                    "the descriptor of segment {:?} cannot be refetched: {}",
+                    seg.name,
+                    refused(why)
+                ),
+            ),
+        }
+    }
+
+    /// The background half of [`Engine::defer`]: refetches the descriptor
+    /// of segment `id` and submits the requests that waited for it.
+    fn refetch_then_submit(&self, id: i32, name: &str) {
+        self.sync_segment(name);
+        let waiting = lock(&self.deferred).remove(&id).unwrap_or_default();
+        let seg = self.segments.get(id);
+        let memory = self.memory.read().unwrap_or_else(|e| e.into_inner());
+        for Deferred {
+            batch,
+            task,
+            request,
+        } in waiting
+        {
+            let problem = match &seg {
+                None => Some(format!("segment id {id} was closed")),
+                Some(seg) => self.check_protocol(seg).err().map(|e| e.to_string()),
+            };
+            match (problem, &seg) {
+                (None, Some(seg)) => self.submit_remote(&batch, task, &request, seg, &memory),
+                (problem, _) => Self::fail_task(
+                    &batch,
+                    task,
+                    format_args!("{}", problem.unwrap_or_default()),
+                ),
+            }
+        }
     }
 
     /// Fails a task that never reached a transport.
@@ -911,7 +1031,8 @@ impl Engine {
 
     /// Status of one task. A caller polling a task that is still running
     /// first lends its thread to one queued local copy. When the batch has
-    /// completed and carries a notification, it is sent from here.
+    /// completed and carries a notification, it is handed to the
+    /// background to send (this call does not wait on the peer).
     pub fn status(&self, batch_id: u64, task_id: usize) -> Result<(TaskStatus, u64)> {
         let batch = self.batch(batch_id)?;
         let mut result = batch.poll(task_id)?;
@@ -920,11 +1041,7 @@ impl Engine {
         }
         if result.0 == TaskStatus::Completed {
             if let Some(n) = batch.take_notify_if_complete() {
-                if let Err(e) = self.send_notify(n.target_id as u64, &n.name, &n.msg) {
-                    crate::warn_limited!(
-                        "notification after batch {batch_id:#x} could not be sent: {e}"
-                    );
-                }
+                self.notify_later(batch_id, n);
             }
         }
         Ok(result)
@@ -993,6 +1110,14 @@ impl Engine {
     }
 
     fn stop_threads(&self) {
+        // Notifications of completed batches still go out, waiting on their
+        // peers at most the handshake connect timeout; then every handshake
+        // call under way is cancelled.
+        self.work.drain(std::time::Duration::from_secs(
+            self.config.handshake_connect_timeout_secs,
+        ));
+        self.cancel.cancel();
+        self.work.stop();
         if let Some(k) = self.keeper.get() {
             k.stop();
         }

@@ -2,10 +2,12 @@
 //! publishes, and the descriptors and RPC addresses of the segments it
 //! opens, through the P2P handshake or a metadata store.
 
+use super::batch::PendingNotify;
 use super::carrier_tcp::{TCP_DEVICES_KEY, TcpDevice};
+use super::peer_work::{Finish, Job};
 use super::scheduler::GENERATION_KEY;
 use super::segment::{RemoteSegment, SegmentBuffer};
-use super::{Engine, Installed, LOCAL_SEGMENT_ID};
+use super::{Engine, Installed, LOCAL_SEGMENT_ID, refused};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::metadata::conn::MetadataConn;
@@ -221,8 +223,23 @@ impl Engine {
         self.config.metadata_cluster_id.as_deref()
     }
 
+    /// Options of this engine's handshake calls: cancelled when it is
+    /// destroyed.
     fn rpc_options(&self) -> ClientOptions {
-        ClientOptions::from_config(self.config)
+        ClientOptions {
+            cancel: Some(self.cancel.clone()),
+            ..ClientOptions::from_config(self.config)
+        }
+    }
+
+    /// Options of a call whose reply the peer sends at once (a
+    /// notification, a probe): the reply is waited for at most
+    /// `MC_HANDSHAKE_IO_TIMEOUT`, the peer's own bound on answering.
+    fn short_call_options(&self) -> ClientOptions {
+        ClientOptions {
+            io_timeout: std::time::Duration::from_secs(self.config.handshake_io_timeout_secs),
+            ..self.rpc_options()
+        }
     }
 
     /// Publishes `rpc_meta/<name>` (store mode).
@@ -570,26 +587,66 @@ impl Engine {
             port,
             FrameKind::Probe,
             &json!({}),
-            &self.rpc_options(),
+            &self.short_call_options(),
         )
         .map(|_| ())
     }
 
-    /// Sends a notification now to the owner of segment `target_id`.
-    pub fn send_notify(&self, target_id: u64, name: &str, msg: &str) -> Result<()> {
-        let segment = match i32::try_from(target_id) {
+    /// The name of segment `target_id` (this engine's for
+    /// `LOCAL_SEGMENT`).
+    fn segment_name(&self, target_id: u64) -> Result<String> {
+        match i32::try_from(target_id) {
             Ok(LOCAL_SEGMENT_ID) => Some(self.local_name.clone()),
             Ok(id) => self.segments.get(id).map(|s| s.name.clone()),
             Err(_) => None,
         }
-        .ok_or_else(|| Error::Metadata(format!("segment id {target_id} is not open")))?;
-        let (host, port) = self.rpc_address(&segment)?;
+        .ok_or_else(|| Error::Metadata(format!("segment id {target_id} is not open")))
+    }
+
+    /// Sends a notification now to the owner of segment `target_id` and
+    /// waits for its answer (at most `MC_HANDSHAKE_CONNECT_TIMEOUT` plus
+    /// `MC_HANDSHAKE_IO_TIMEOUT`).
+    pub fn send_notify(&self, target_id: u64, name: &str, msg: &str) -> Result<()> {
+        self.notify_segment(&self.segment_name(target_id)?, name, msg)
+    }
+
+    /// Hands the notification of completed batch `batch_id` to the
+    /// background, which sends it to the owner of its segment; a failure is
+    /// logged.
+    pub(super) fn notify_later(&self, batch_id: u64, n: PendingNotify) {
+        let segment = match self.segment_name(n.target_id as u64) {
+            Ok(s) => s,
+            Err(e) => {
+                return crate::warn_limited!(
+                    "notification after batch {batch_id:#x} could not be sent: {e}"
+                );
+            }
+        };
+        let to = segment.clone();
+        let job: Job = Box::new(move |e: &Engine| {
+            if let Err(err) = e.notify_segment(&to, &n.name, &n.msg) {
+                crate::warn_limited!(
+                    "notification after batch {batch_id:#x} to {to:?} could not be sent: {err}"
+                );
+            }
+        });
+        if let Err(why) = self.work.submit(&segment, job, Finish::Flush) {
+            crate::warn_limited!(
+                "notification after batch {batch_id:#x} to {segment:?} dropped: {}",
+                refused(why)
+            );
+        }
+    }
+
+    /// Sends a notification to the owner of segment `segment`.
+    fn notify_segment(&self, segment: &str, name: &str, msg: &str) -> Result<()> {
+        let (host, port) = self.rpc_address(segment)?;
         let reply = crate::rpc::call(
             &host,
             port,
             FrameKind::Notify,
             &json!({"name": name, "notify_msg": msg}),
-            &self.rpc_options(),
+            &self.short_call_options(),
         )?;
         if reply.get("notify_msg").is_none() {
             return Err(Error::Metadata(format!(

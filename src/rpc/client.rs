@@ -11,6 +11,8 @@ use crate::error::{Error, Result};
 use serde_json::Value;
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::debug;
 
@@ -34,6 +36,77 @@ pub struct ClientOptions {
     /// Try IPv6 addresses of the peer first (`MC_USE_IPV6`); otherwise IPv4
     /// first. Addresses of the other family are still tried after them.
     pub ipv6: bool,
+    /// Aborts the call when cancelled (see [`Cancel`]).
+    pub cancel: Option<Arc<Cancel>>,
+}
+
+/// Aborts the handshake calls made with it: [`Cancel::cancel`] shuts down
+/// the sockets of the calls under way, which then fail at once instead of
+/// waiting out their timeouts, and every later call fails before it
+/// connects. An engine cancels its calls when it is destroyed. A connect
+/// in progress is not interrupted (it ends within the connect timeout).
+#[derive(Debug, Default)]
+pub struct Cancel {
+    state: Mutex<CancelState>,
+}
+
+#[derive(Debug, Default)]
+struct CancelState {
+    cancelled: bool,
+    next: u64,
+    /// Sockets of the exchanges under way, by entry number.
+    open: Vec<(u64, std::os::fd::RawFd)>,
+}
+
+impl Cancel {
+    /// Cancels every call under way and to come.
+    pub fn cancel(&self) {
+        let mut s = crate::sync::lock(&self.state);
+        s.cancelled = true;
+        for &(_, fd) in &s.open {
+            // SAFETY: `fd` belongs to a stream of an exchange still under
+            // way: the exchange removes it (under this lock) before the
+            // stream is closed. shutdown(2) only ends its connection.
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        }
+    }
+
+    fn is_cancelled(&self) -> bool {
+        crate::sync::lock(&self.state).cancelled
+    }
+
+    /// Records `stream` as under way; `None` once cancelled.
+    fn enter<'a>(&'a self, stream: &TcpStream) -> Option<Entered<'a>> {
+        let mut s = crate::sync::lock(&self.state);
+        if s.cancelled {
+            return None;
+        }
+        s.next += 1;
+        let id = s.next;
+        s.open.push((id, stream.as_raw_fd()));
+        Some(Entered { cancel: self, id })
+    }
+}
+
+/// A socket recorded in a [`Cancel`]; removed on drop, before its stream
+/// is closed.
+struct Entered<'a> {
+    cancel: &'a Cancel,
+    id: u64,
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        crate::sync::lock(&self.cancel.state)
+            .open
+            .retain(|&(id, _)| id != self.id);
+    }
+}
+
+fn cancelled(host: &str, port: u16) -> Error {
+    Error::Socket(format!(
+        "handshake with {host}:{port}: cancelled (the engine is being destroyed)"
+    ))
 }
 
 impl ClientOptions {
@@ -44,6 +117,7 @@ impl ClientOptions {
             io_timeout: Duration::from_secs(60),
             max_frame_len: c.handshake_max_length,
             ipv6: c.use_ipv6,
+            cancel: None,
         }
     }
 }
@@ -115,6 +189,14 @@ fn exchange(
     let left = connect_by.saturating_duration_since(Instant::now());
     let stream = TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1)))
         .map_err(|e| io_fail("connect", &e))?;
+    // Declared after the stream, so dropped (unrecorded) before it closes.
+    let _entered = match &opts.cancel {
+        None => None,
+        Some(c) => Some(c.enter(&stream).ok_or_else(|| Failure {
+            error: cancelled(&addr.ip().to_string(), addr.port()),
+            retry: false,
+        })?),
+    };
     stream
         .set_write_timeout(Some(opts.io_timeout))
         .map_err(|e| io_fail("setsockopt", &e))?;
@@ -176,7 +258,11 @@ pub fn call(
     let addrs = resolve(host, port, opts.ipv6)?;
     let deadline = Instant::now() + opts.connect_timeout;
     let mut backoff = FIRST_BACKOFF;
+    let is_cancelled = || opts.cancel.as_ref().is_some_and(|c| c.is_cancelled());
     loop {
+        if is_cancelled() {
+            return Err(cancelled(host, port));
+        }
         let mut last = None;
         let mut retry = true;
         for addr in &addrs {
@@ -403,6 +489,31 @@ mod tests {
         assert!(matches!(err, Error::Socket(_)), "{err:?}");
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
         drop(l);
+    }
+
+    #[test]
+    fn cancel_ends_a_call_waiting_on_a_silent_peer_and_every_later_one() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let cancel = Arc::new(Cancel::default());
+        let o = ClientOptions {
+            io_timeout: Duration::from_secs(60),
+            cancel: Some(cancel.clone()),
+            ..opts()
+        };
+        let o2 = o.clone();
+        let t = std::time::Instant::now();
+        let waiting =
+            thread::spawn(move || call("127.0.0.1", port, FrameKind::Probe, &json!({}), &o2));
+        // The call is under way once the listener holds its connection.
+        let (_held, _) = l.accept().expect("accept");
+        thread::sleep(Duration::from_millis(100));
+        cancel.cancel();
+        let err = waiting.join().unwrap().expect_err("cancelled");
+        assert!(err.to_string().contains("cancelled"), "{err}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        let err = call("127.0.0.1", port, FrameKind::Probe, &json!({}), &o).expect_err("later");
+        assert!(err.to_string().contains("cancelled"), "{err}");
     }
 
     #[test]

@@ -11,7 +11,7 @@ pub mod client;
 pub mod frame;
 pub mod server;
 
-pub use client::{ClientOptions, call};
+pub use client::{Cancel, ClientOptions, call};
 pub use frame::{Frame, FrameError, FrameKind, encode, encode_json, read_frame};
 pub use server::{RpcHandler, RpcServer, ServerOptions, bind_in_range, bind_in_range_on};
 
