@@ -4,9 +4,9 @@
 //! `torch.Tensor` on the CPU.
 //!
 //! A [`Local`] keeps the object (and its buffer export) alive, so memory a
-//! transfer uses cannot be freed or resized while the GIL is released.
-//! `ctypes` arrays, whose exports lack strides, are taken through a
-//! `memoryview`.
+//! transfer uses cannot be freed or resized while the GIL is released; a
+//! batch holds its `Local`s until the engine has ended it. `ctypes`
+//! arrays, whose exports lack strides, are taken through a `memoryview`.
 
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyNotImplementedError, PyTypeError, PyValueError};
@@ -106,6 +106,15 @@ impl Local {
                 "length is required when the buffer is given as an integer address",
             )),
         }
+    }
+}
+
+/// Releases `objects` (their buffer exports and references) with the GIL
+/// held. When the interpreter is finalizing and the GIL cannot be taken,
+/// PyO3 leaks them instead.
+pub fn release(objects: Vec<Local>) {
+    if !objects.is_empty() {
+        let _ = Python::try_attach(move |_| drop(objects));
     }
 }
 

@@ -5,6 +5,12 @@ Integer-returning methods return Mooncake's codes (0 success; -1 failure;
 -200 metadata); their reason is logged. ``write``, ``read``,
 ``batch_write``, ``batch_read``, ``register`` and ``unregister`` raise
 :class:`transfer_engine.TransferError` with the engine's explanation.
+
+A buffer object (not an integer address) handed to a transfer is kept
+alive, with its buffer export, until the engine has ended every byte it
+moves: an asynchronous batch holds it until the batch is seen finished or
+the engine is closed, and a synchronous call that gives up (timeout) hands
+it to the abandoned batch, which releases it once the engine has ended it.
 """
 
 from collections.abc import Sequence
@@ -132,7 +138,7 @@ class TransferEngine:
         lengths: Sequence[int],
         transport_hint: str = "",
     ) -> int:
-        """Submits WRITEs; the batch id, or 0."""
+        """Submits WRITEs; the batch id, or 0. The batch keeps the buffer objects."""
     def batch_transfer_async_read(
         self,
         target_hostname: str,
@@ -141,7 +147,7 @@ class TransferEngine:
         lengths: Sequence[int],
         transport_hint: str = "",
     ) -> int:
-        """Submits READs; the batch id, or 0."""
+        """Submits READs; the batch id, or 0. The batch keeps the buffer objects."""
     def batch_transfer_async(
         self,
         target_hostname: str,
@@ -151,7 +157,7 @@ class TransferEngine:
         opcode: int,
         transport_hint: str = "",
     ) -> int:
-        """Submits READs or WRITEs; the batch id, or 0."""
+        """Submits READs or WRITEs; the batch id, or 0. The batch keeps the buffer objects."""
     def get_batch_transfer_status(self, batch_ids: Sequence[int]) -> int:
         """Waits for asynchronous batches and frees them; 0, or -1."""
     def transfer_submit_write(
@@ -162,7 +168,7 @@ class TransferEngine:
         length: int,
         transport_hint: str = "",
     ) -> int:
-        """Submits one WRITE; the batch id, or 0."""
+        """Submits one WRITE; the batch id, or 0. The batch keeps the buffer object."""
     def transfer_check_status(self, batch_id: int) -> int:
         """1 completed, -1 failed, 0 running, -2 running past its deadline."""
     def write_bytes_to_buffer(self, dest_address: int, src: bytes | str | Buffer, length: int) -> int:
@@ -231,6 +237,7 @@ class TransferEngine:
     def unregister(self, buffer: Buffer) -> None:
         """Unregisters a buffer (object or address); raises TransferError."""
     def close(self) -> None:
-        """Stops the engine and releases its memory; idempotent."""
+        """Stops the engine, then releases its memory and the objects its
+        batches held; idempotent."""
     def __enter__(self) -> TransferEngine: ...
     def __exit__(self, *exc: object) -> bool: ...
