@@ -1095,10 +1095,12 @@ impl TransferEngine {
 
     /// Registers the memory of `buffer` (writable buffer-protocol object or
     /// CPU tensor) and keeps a reference to it until `unregister`, so it
-    /// can be neither freed nor resized meanwhile. Returns its address,
-    /// which peers target.
+    /// can be neither freed nor resized meanwhile. Of a tensor, its storage
+    /// is kept; a tensor whose storage can be resized (`resize_` would move
+    /// the bytes) is refused. Returns its address, which peers target.
     ///
-    /// Raises `TransferError` (-1 bad location or empty buffer, -7 overlap).
+    /// Raises `TransferError` (-1 bad location or empty buffer, -7
+    /// overlap), `ValueError` for a tensor with a resizable storage.
     #[pyo3(signature = (buffer, location = "*", remote_accessible = true))]
     fn register(
         &self,
@@ -1107,7 +1109,7 @@ impl TransferEngine {
         location: &str,
         remote_accessible: bool,
     ) -> PyResult<u64> {
-        let local = Local::extract(buffer, Access::Write)?;
+        let local = Local::extract_pinned(buffer)?;
         let Some(len) = local.size() else {
             return Err(PyValueError::new_err(
                 "register takes a buffer object; use register_memory(address, capacity) for addresses",

@@ -5,8 +5,10 @@ hands them to the abandoned batch, and closing the engine releases them
 once no transfer runs. The cases run in a child process under
 ``PYTHONMALLOC=debug`` (lifetime_child.py) against a peer process stopped
 with SIGSTOP, and are judged by the symptom: no crash, no fresh buffer
-receives the peer's bytes, a WRITE delivers the object's bytes."""
+receives the peer's bytes, a WRITE delivers the object's bytes. `register`
+pins what it registers (a tensor's storage) or refuses it."""
 
+import ctypes
 import json
 import os
 import pathlib
@@ -18,6 +20,7 @@ import weakref
 import pytest
 from conftest import pattern
 
+from transfer_engine import TransferEngine, TransferError
 
 CHILD = pathlib.Path(__file__).resolve().with_name("lifetime_child.py")
 SIZE = 8 << 20
@@ -153,3 +156,93 @@ def test_objects_are_released_as_soon_as_their_transfer_has_ended(make_engine):
     assert released(waited)
     assert released(polled)
     assert remote[:4096] == pattern(4096, 1)
+
+
+class Storage:
+    """What `register` uses of a torch.UntypedStorage: data_ptr(), nbytes(),
+    resizable(), and resize_() that moves the bytes to new memory (as
+    torch does, freeing the old memory)."""
+
+    def __init__(self, n: int, resizable: bool) -> None:
+        self.mem = ctypes.create_string_buffer(n)
+        self.can_resize = resizable
+
+    def data_ptr(self) -> int:
+        return ctypes.addressof(self.mem)
+
+    def nbytes(self) -> int:
+        return len(self.mem)
+
+    def resizable(self) -> bool:
+        return self.can_resize
+
+    def resize_(self, n: int) -> None:
+        assert self.can_resize, "Trying to resize storage that is not resizable"
+        old, self.mem = self.mem, ctypes.create_string_buffer(n)
+        ctypes.memmove(self.mem, old, min(n, len(old)))
+
+
+class Tensor:
+    """A CPU tensor over a Storage: data_ptr(), nbytes, untyped_storage(),
+    resize_() and set_() (which points it at another storage, dropping its
+    reference to the old one)."""
+
+    def __init__(self, storage: Storage, offset: int = 0, nbytes: int | None = None) -> None:
+        self.storage, self.offset = storage, offset
+        self.nbytes = storage.nbytes() - offset if nbytes is None else nbytes
+        self.is_cuda = False
+
+    def data_ptr(self) -> int:
+        return self.storage.data_ptr() + self.offset
+
+    def untyped_storage(self) -> Storage:
+        return self.storage
+
+    def is_contiguous(self) -> bool:
+        return True
+
+    def resize_(self, nbytes: int) -> None:
+        self.storage.resize_(self.offset + nbytes)
+        self.nbytes = nbytes
+
+    def set_(self, storage: Storage) -> None:
+        self.storage, self.offset, self.nbytes = storage, 0, storage.nbytes()
+
+
+def test_register_refuses_a_tensor_whose_storage_can_be_resized(engine):
+    """`t.resize_(bigger)` moves a resizable storage's bytes to new memory
+    and frees the registered memory, whatever references are held: such a
+    tensor is refused, and nothing is registered."""
+    t = Tensor(Storage(4096, resizable=True))
+    with pytest.raises(ValueError, match="resizable"):
+        engine.register(t)
+    with pytest.raises(TransferError) as err:
+        engine.unregister(t.data_ptr())
+    assert err.value.code == -3
+
+
+def test_register_pins_a_tensors_storage(make_engine):
+    """A tensor with a fixed-size storage is registered, and the storage
+    itself stays alive while registered, also after the tensor is pointed
+    at other memory and dropped; peers' bytes land in it."""
+    a, b = make_engine(), make_engine()
+    storage = Storage(8192, resizable=False)
+    t = Tensor(storage, offset=4096)
+    base = b.register(t)
+    assert base == storage.data_ptr() + 4096
+    gone = weakref.ref(storage)
+    del storage
+    t.set_(Storage(16, resizable=False))
+    del t
+    assert gone() is not None, "the registered storage was freed"
+    data = pattern(4096, 5)
+    a.write(b.local_name, data, base)
+    assert gone().mem.raw[4096:] == data
+    b.unregister(base)
+    assert gone() is None, "unregister kept the storage"
+
+
+def test_register_refuses_a_tensor_outside_its_storage(engine):
+    t = Tensor(Storage(4096, resizable=False), offset=1024, nbytes=4096)
+    with pytest.raises(ValueError, match="storage"):
+        engine.register(t)

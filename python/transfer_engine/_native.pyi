@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol, Union
 
 class _Tensor(Protocol):
-    """A CPU tensor (e.g. ``torch.Tensor``): ``data_ptr()`` and ``nbytes``."""
+    """A CPU tensor (e.g. ``torch.Tensor``): ``data_ptr()`` and ``nbytes``
+    (``register`` also uses ``untyped_storage()``)."""
 
     def data_ptr(self) -> int: ...
     @property
@@ -233,7 +234,8 @@ class TransferEngine:
     ) -> None:
         """Reads into several buffers as one batch; raises TransferError."""
     def register(self, buffer: Buffer, location: str = "*", remote_accessible: bool = True) -> int:
-        """Registers a buffer object, keeps it until ``unregister``; its address."""
+        """Registers a buffer object, keeps it (a tensor: its storage, which must
+        not be resizable) until ``unregister``; its address."""
     def unregister(self, buffer: Buffer) -> None:
         """Unregisters a buffer (object or address); raises TransferError."""
     def close(self) -> None:
