@@ -6,10 +6,11 @@
 //! integer-returning methods log the text and return the code, the
 //! exception-raising ones raise it.
 
-use crate::local::Local;
+use crate::local::{self, Local};
 use crate::managed::Managed;
 use crate::wait::{self, Backoff, BatchState, Outcome};
 use std::collections::HashMap;
+use std::mem;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use transfer_engine::config::config;
@@ -62,11 +63,20 @@ pub struct Piece {
 
 /// A batch submitted by an asynchronous call, awaiting
 /// `get_batch_transfer_status` or `transfer_check_status`.
-#[derive(Debug, Clone, Copy)]
 struct Pending {
     start: Instant,
     bytes: u64,
     tasks: usize,
+    /// The objects its requests read or write.
+    objects: Vec<Local>,
+}
+
+/// A batch given up on (timed out, or left behind by a failed wait) whose
+/// tasks may still run, with the objects they read or write.
+struct Abandoned {
+    batch: u64,
+    tasks: usize,
+    objects: Vec<Local>,
 }
 
 /// An initialized engine with the binding's own state.
@@ -75,11 +85,14 @@ pub struct Core {
     pub engine: Arc<Engine>,
     /// `allocate_managed_buffer` memory; unmapped after the engine stops.
     pub managed: Mutex<Managed>,
-    /// Asynchronous batches by id.
+    /// Asynchronous batches by id, each holding its objects.
     pending: Mutex<HashMap<u64, Pending>>,
-    /// Batches given up on (timed out, or failed with tasks running):
-    /// freed once every task has ended.
-    abandoned: Mutex<Vec<(u64, usize)>>,
+    /// Batches given up on, each holding its objects: freed once every
+    /// task has ended.
+    abandoned: Mutex<Vec<Abandoned>>,
+    /// Objects of batches that have ended, waiting for a thread that holds
+    /// the GIL to release them ([`Core::take_ended`]).
+    ended: Mutex<Vec<Local>>,
     /// Objects registered by `register`, by address: kept (with their
     /// buffer export) until unregistered, released after the engine stops.
     pub pinned: Mutex<HashMap<u64, Local>>,
@@ -100,27 +113,59 @@ impl Core {
             managed: Mutex::default(),
             pending: Mutex::default(),
             abandoned: Mutex::default(),
+            ended: Mutex::default(),
             pinned: Mutex::default(),
             timeout: Duration::from_secs(config().transfer_timeout_secs),
         }
     }
 
-    /// Frees the abandoned batches whose tasks have all ended.
+    /// Frees the abandoned batches whose tasks have all ended; their
+    /// objects go to [`Core::ended`].
     fn reap(&self) {
         let Ok(mut list) = self.abandoned.try_lock() else {
             return;
         };
-        list.retain(
-            |&(batch, tasks)| match wait::batch_state(&self.engine, batch, tasks) {
-                Ok(BatchState::Waiting | BatchState::TimedOut) => true,
-                Ok(_) => self.engine.free_batch(batch).is_err(),
-                Err(_) => false,
-            },
-        );
+        let mut i = 0;
+        while i < list.len() {
+            let a = &list[i];
+            let over = match wait::batch_state(&self.engine, a.batch, a.tasks) {
+                Ok(BatchState::Waiting | BatchState::TimedOut) => false,
+                Ok(_) => self.engine.free_batch(a.batch).is_ok(),
+                // The engine no longer knows the batch: it was shut down,
+                // after which no transfer runs.
+                Err(_) => true,
+            };
+            if over {
+                let a = list.swap_remove(i);
+                self.retire(a.objects);
+            } else {
+                i += 1;
+            }
+        }
     }
 
-    fn abandon(&self, batch: u64, tasks: usize) {
-        lock(&self.abandoned).push((batch, tasks));
+    /// Gives up on `batch`: it keeps `objects` until its tasks have ended.
+    fn abandon(&self, batch: u64, tasks: usize, objects: Vec<Local>) {
+        lock(&self.abandoned).push(Abandoned {
+            batch,
+            tasks,
+            objects,
+        });
+    }
+
+    /// Hands the objects of an ended batch over for release. Dropping them
+    /// needs the GIL, which this thread may not hold and must not wait for
+    /// while it holds a lock of the core.
+    fn retire(&self, objects: Vec<Local>) {
+        if !objects.is_empty() {
+            lock(&self.ended).extend(objects);
+        }
+    }
+
+    /// The objects of the batches that have ended, for the caller to drop
+    /// while it holds the GIL.
+    pub fn take_ended(&self) -> Vec<Local> {
+        mem::take(&mut *lock(&self.ended))
     }
 
     /// The segment id of `target`, opened (and cached by the engine) on
@@ -144,8 +189,12 @@ impl Core {
             .collect()
     }
 
-    /// Allocates a batch and submits `pieces` to `target`; on error the
-    /// batch is freed again.
+    /// Allocates a batch and submits `pieces`, whose memory `objects` hold,
+    /// to `target`; returns the batch and the objects. On error the batch
+    /// is freed again and the objects retired, unless a task of it runs
+    /// (the engine checks every request before it starts one, so only a
+    /// failure after the submission can leave one): then it is abandoned
+    /// with them.
     fn submit(
         &self,
         target: &str,
@@ -153,44 +202,66 @@ impl Core {
         pieces: &[Piece],
         notify: Option<(String, String)>,
         code: i32,
-    ) -> OpResult<u64> {
+        objects: Vec<Local>,
+    ) -> OpResult<(u64, Vec<Local>)> {
         self.reap();
-        let seg = self.segment(target, code)?;
-        let reqs = Self::requests(seg, opcode, pieces);
-        let batch = self
-            .engine
-            .allocate_batch(reqs.len())
-            .map_err(|e| Failure::with_code(code, "allocating a batch", &e))?;
+        let reqs = match self.segment(target, code) {
+            Ok(seg) => Self::requests(seg, opcode, pieces),
+            Err(f) => {
+                self.retire(objects);
+                return Err(f);
+            }
+        };
+        let batch = match self.engine.allocate_batch(reqs.len()) {
+            Ok(batch) => batch,
+            Err(e) => {
+                self.retire(objects);
+                return Err(Failure::with_code(code, "allocating a batch", &e));
+            }
+        };
         let submitted = match notify {
             None => self.engine.submit(batch, &reqs),
             Some((name, msg)) => self.engine.submit_with_notify(batch, &reqs, name, msg),
         };
         if let Err(e) = submitted {
-            let _ = self.engine.free_batch(batch);
+            match self.engine.free_batch(batch) {
+                Err(Error::BatchBusy) => self.abandon(batch, reqs.len(), objects),
+                _ => self.retire(objects),
+            }
             return Err(Failure::with_code(
                 code,
                 &format!("submitting {} request(s) to {target:?}", reqs.len()),
                 &e,
             ));
         }
-        Ok(batch)
+        Ok((batch, objects))
     }
 
     /// Moves `pieces` and waits until they have all ended (Mooncake's
     /// `transferSync` / `batchTransferSync`). Failure code: -1.
+    ///
+    /// `objects` hold the memory of `pieces`. When the wait gives up while
+    /// a task may still run, the abandoned batch keeps them until the
+    /// engine has ended it; otherwise they are retired at once.
     pub fn transfer_sync(
         &self,
         target: &str,
         opcode: Opcode,
         pieces: &[Piece],
         notify: Option<(String, String)>,
+        objects: Vec<Local>,
     ) -> OpResult<()> {
         let start = Instant::now();
-        let batch = self.submit(target, opcode, pieces, notify, -1)?;
+        let (batch, objects) = self.submit(target, opcode, pieces, notify, -1, objects)?;
         let bytes: u64 = pieces.iter().map(|p| p.len).sum();
         let deadline = wait::deadline(start, self.timeout, bytes);
-        let outcome = wait::wait_batch(&self.engine, batch, pieces.len(), deadline)
-            .map_err(|e| Failure::with_code(-1, "polling the batch", &e))?;
+        let outcome = match wait::wait_batch(&self.engine, batch, pieces.len(), deadline) {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                self.abandon(batch, pieces.len(), objects);
+                return Err(Failure::with_code(-1, "polling the batch", &e));
+            }
+        };
         let what = || {
             format!(
                 "{} of {} request(s), {bytes} bytes, with {target:?}",
@@ -205,17 +276,19 @@ impl Core {
         match outcome {
             Outcome::Completed => {
                 let _ = self.engine.free_batch(batch);
+                self.retire(objects);
                 Ok(())
             }
             Outcome::Failed => {
                 let _ = self.engine.free_batch(batch);
+                self.retire(objects);
                 Err(Failure::new(
                     -1,
                     format!("{} failed (the engine's log says why)", what()),
                 ))
             }
             Outcome::TimedOut => {
-                self.abandon(batch, pieces.len());
+                self.abandon(batch, pieces.len(), objects);
                 Err(Failure::new(
                     -1,
                     format!(
@@ -232,15 +305,25 @@ impl Core {
     /// Submits `pieces` and returns the batch id without waiting
     /// (Mooncake's `batchTransferAsync`, `transferSubmitWrite`). Failure
     /// code: 0, the id Mooncake returns on failure.
-    pub fn transfer_async(&self, target: &str, opcode: Opcode, pieces: &[Piece]) -> OpResult<u64> {
+    ///
+    /// The batch keeps `objects`, which hold the memory of `pieces`, until
+    /// it is seen ended, given up on and ended, or the engine stops.
+    pub fn transfer_async(
+        &self,
+        target: &str,
+        opcode: Opcode,
+        pieces: &[Piece],
+        objects: Vec<Local>,
+    ) -> OpResult<u64> {
         let start = Instant::now();
-        let batch = self.submit(target, opcode, pieces, None, 0)?;
+        let (batch, objects) = self.submit(target, opcode, pieces, None, 0, objects)?;
         lock(&self.pending).insert(
             batch,
             Pending {
                 start,
                 bytes: pieces.iter().map(|p| p.len).sum(),
                 tasks: pieces.len(),
+                objects,
             },
         );
         Ok(batch)
@@ -248,8 +331,10 @@ impl Core {
 
     /// Waits for asynchronous batches (Mooncake's `getBatchTransferStatus`):
     /// completed batches are freed; the first failure or expired deadline
-    /// ends the wait with -1, and the batches still listed are given up.
+    /// ends the wait with -1, and the batches still listed are given up
+    /// with their objects.
     pub fn wait_batches(&self, ids: &[u64]) -> OpResult<()> {
+        self.reap();
         let mut waiting: Vec<(u64, Pending)> = Vec::with_capacity(ids.len());
         {
             let mut pending = lock(&self.pending);
@@ -272,23 +357,23 @@ impl Core {
         let mut failure = None;
         while !waiting.is_empty() && failure.is_none() {
             let mut progressed = false;
-            waiting.retain(|&(id, p)| {
-                if failure.is_some() {
-                    return true;
-                }
+            let mut i = 0;
+            while i < waiting.len() && failure.is_none() {
+                let (id, p) = &waiting[i];
+                let id = *id;
                 match wait::batch_state(&self.engine, id, p.tasks) {
                     Ok(BatchState::Completed) => {
                         let _ = self.engine.free_batch(id);
+                        let (_, p) = waiting.swap_remove(i);
+                        self.retire(p.objects);
                         progressed = true;
-                        false
+                        continue;
                     }
                     Ok(BatchState::Failed) => {
                         failure = Some(format!("batch {id:#x} failed (the engine's log says why)"));
-                        true
                     }
                     Err(e) => {
                         failure = Some(format!("batch {id:#x}: {e}"));
-                        true
                     }
                     // Like Mooncake, a task past MC_SLICE_TIMEOUT is waited
                     // for until the batch's own deadline.
@@ -299,16 +384,17 @@ impl Core {
                                  plus 1 ns per byte)"
                             ));
                         }
-                        true
                     }
                 }
-            });
+                i += 1;
+            }
             if failure.is_none() && !waiting.is_empty() && !progressed {
                 backoff.pause();
             }
         }
+        // A failed batch is freed by the reaper like the others.
         for (id, p) in waiting {
-            self.abandon(id, p.tasks);
+            self.abandon(id, p.tasks, p.objects);
         }
         failure.map_or(Ok(()), |m| Err(Failure::new(-1, m)))
     }
@@ -318,25 +404,30 @@ impl Core {
     /// `MC_SLICE_TIMEOUT` or its deadline. An id that is not a pending
     /// asynchronous batch gives -1.
     pub fn check_status(&self, id: u64) -> OpResult<i32> {
-        let Some(p) = lock(&self.pending).get(&id).copied() else {
+        self.reap();
+        let Some((start, bytes, tasks)) = lock(&self.pending)
+            .get(&id)
+            .map(|p| (p.start, p.bytes, p.tasks))
+        else {
             return Err(Failure::new(
                 -1,
                 format!("batch id {id:#x} is not an asynchronous batch of this engine"),
             ));
         };
-        let state = wait::batch_state(&self.engine, id, p.tasks)
+        let state = wait::batch_state(&self.engine, id, tasks)
             .map_err(|e| Failure::with_code(-1, "polling the batch", &e))?;
         let done = |code| {
-            lock(&self.pending).remove(&id);
+            let ended = lock(&self.pending).remove(&id);
             let _ = self.engine.free_batch(id);
+            if let Some(p) = ended {
+                self.retire(p.objects);
+            }
             Ok(code)
         };
         match state {
             BatchState::Completed => done(1),
             BatchState::Failed => done(-1),
-            BatchState::Waiting
-                if Instant::now() >= wait::deadline(p.start, self.timeout, p.bytes) =>
-            {
+            BatchState::Waiting if Instant::now() >= wait::deadline(start, self.timeout, bytes) => {
                 Ok(-2)
             }
             BatchState::TimedOut => Ok(-2),
@@ -347,8 +438,16 @@ impl Core {
 
 impl Drop for Core {
     fn drop(&mut self) {
-        // No transfer may touch managed memory or a pinned object once it
-        // is released (the fields are dropped after this).
+        // No transfer may touch managed memory or an object once it is
+        // released (the fields are dropped after this).
         self.engine.shutdown();
+        let mut objects = mem::take(self.ended.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let pending = mem::take(self.pending.get_mut().unwrap_or_else(|e| e.into_inner()));
+        objects.extend(pending.into_values().flat_map(|p| p.objects));
+        let abandoned = mem::take(self.abandoned.get_mut().unwrap_or_else(|e| e.into_inner()));
+        objects.extend(abandoned.into_iter().flat_map(|a| a.objects));
+        let pinned = mem::take(self.pinned.get_mut().unwrap_or_else(|e| e.into_inner()));
+        objects.extend(pinned.into_values());
+        local::release(objects);
     }
 }

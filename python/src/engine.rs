@@ -9,6 +9,13 @@
 //! bytes given), a Python exception is raised instead. Every call that can
 //! block (network, waiting for transfers, topology discovery) releases the
 //! GIL.
+//!
+//! Rule for objects: a buffer object (not a bare address) handed to a
+//! transfer stays alive, with its buffer export, until the engine has
+//! ended every byte it moves: an asynchronous batch holds its objects until
+//! it is seen finished, a synchronous call that gives up hands them to the
+//! abandoned batch, and both release them once the engine has ended the
+//! batch or has stopped.
 
 use crate::core::{Core, Failure, OpResult, Piece, lock};
 use crate::errors::TransferError;
@@ -137,6 +144,16 @@ impl TransferEngine {
             })
     }
 
+    /// Runs `op` on the initialized engine with the GIL released, then
+    /// releases, with the GIL, the objects of the batches that ended
+    /// meanwhile.
+    fn run<T: Send>(&self, py: Python<'_>, op: impl FnOnce(&Core) -> T + Send) -> PyResult<T> {
+        let core = self.core()?;
+        let out = py.detach(|| op(&core));
+        drop(core.take_ended());
+        Ok(out)
+    }
+
     /// Creates the engine (`initializeExt` with the connection string
     /// already built) and replaces any earlier one.
     fn start(
@@ -158,6 +175,7 @@ impl TransferEngine {
         Ok(())
     }
 
+    /// A synchronous transfer of `pieces`, whose memory `objects` hold.
     fn sync_transfer(
         &self,
         py: Python<'_>,
@@ -165,9 +183,11 @@ impl TransferEngine {
         opcode: Opcode,
         pieces: &[Piece],
         notify: Option<(String, String)>,
+        objects: Vec<Local>,
     ) -> PyResult<OpResult<()>> {
-        let core = self.core()?;
-        Ok(py.detach(|| core.transfer_sync(target, opcode, pieces, notify)))
+        self.run(py, |core| {
+            core.transfer_sync(target, opcode, pieces, notify, objects)
+        })
     }
 
     fn async_transfer(
@@ -179,8 +199,9 @@ impl TransferEngine {
         lengths: Vec<u64>,
         opcode: Opcode,
     ) -> PyResult<u64> {
-        let core = self.core()?;
-        let Some((_locals, pieces)) = pieces_of(
+        // An uninitialized engine is reported before the arguments.
+        self.core()?;
+        let Some((locals, pieces)) = pieces_of(
             &buffers,
             &peer_buffer_addresses,
             Some(&lengths),
@@ -190,9 +211,10 @@ impl TransferEngine {
             error!("batch_transfer_async: {SIZE_MISMATCH}");
             return Ok(0);
         };
-        // The caller keeps the buffers alive until the batch ends, as with
-        // Mooncake: an asynchronous batch cannot hold Python objects.
-        match py.detach(|| core.transfer_async(target, opcode, &pieces)) {
+        // The batch keeps the objects until it has ended.
+        match self.run(py, |core| {
+            core.transfer_async(target, opcode, &pieces, locals)
+        })? {
             Ok(id) => Ok(id),
             Err(f) => {
                 code_of("batch_transfer_async", &f);
@@ -256,9 +278,7 @@ impl TransferEngine {
             remote: peer_address,
             len: local.span(length)?,
         };
-        let result = self.sync_transfer(py, target, opcode, &[piece], notify)?;
-        drop(local);
-        Ok(result)
+        self.sync_transfer(py, target, opcode, &[piece], notify, vec![local])
     }
 
     /// One synchronous batch; `None` when the lists differ in length.
@@ -278,9 +298,8 @@ impl TransferEngine {
         else {
             return Ok(None);
         };
-        let result = self.sync_transfer(py, target, opcode, &pieces, notify)?;
-        drop(locals);
-        Ok(Some(result))
+        self.sync_transfer(py, target, opcode, &pieces, notify, locals)
+            .map(Some)
     }
 }
 
@@ -602,7 +621,8 @@ impl TransferEngine {
 
     /// Submits a batch of WRITEs and returns its id without waiting; wait
     /// with `get_batch_transfer_status([id])` or `transfer_check_status(id)`.
-    /// The buffers must stay alive until then.
+    /// The batch keeps the buffer objects (not bare addresses, which the
+    /// caller keeps valid) until it has ended or the engine is closed.
     ///
     /// Returns the batch id, or 0 (logged).
     #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = ""))]
@@ -683,8 +703,7 @@ impl TransferEngine {
     /// expired deadline (`MC_TRANSFER_TIMEOUT` plus 1 ns per byte), or for
     /// an id that is not a pending asynchronous batch of this engine.
     fn get_batch_transfer_status(&self, py: Python<'_>, batch_ids: Vec<u64>) -> PyResult<i32> {
-        let core = self.core()?;
-        Ok(match py.detach(|| core.wait_batches(&batch_ids)) {
+        Ok(match self.run(py, |core| core.wait_batches(&batch_ids))? {
             Ok(()) => 0,
             Err(f) => code_of("get_batch_transfer_status", &f),
         })
@@ -723,8 +742,7 @@ impl TransferEngine {
     /// deadline; -1 (logged) for an id that is not a pending asynchronous
     /// batch.
     fn transfer_check_status(&self, py: Python<'_>, batch_id: u64) -> PyResult<i32> {
-        let core = self.core()?;
-        Ok(match py.detach(|| core.check_status(batch_id)) {
+        Ok(match self.run(py, |core| core.check_status(batch_id))? {
             Ok(code) => code,
             Err(f) => code_of("transfer_check_status", &f),
         })
@@ -1077,10 +1095,12 @@ impl TransferEngine {
 
     /// Registers the memory of `buffer` (writable buffer-protocol object or
     /// CPU tensor) and keeps a reference to it until `unregister`, so it
-    /// can be neither freed nor resized meanwhile. Returns its address,
-    /// which peers target.
+    /// can be neither freed nor resized meanwhile. Of a tensor, its storage
+    /// is kept; a tensor whose storage can be resized (`resize_` would move
+    /// the bytes) is refused. Returns its address, which peers target.
     ///
-    /// Raises `TransferError` (-1 bad location or empty buffer, -7 overlap).
+    /// Raises `TransferError` (-1 bad location or empty buffer, -7
+    /// overlap), `ValueError` for a tensor with a resizable storage.
     #[pyo3(signature = (buffer, location = "*", remote_accessible = true))]
     fn register(
         &self,
@@ -1089,7 +1109,7 @@ impl TransferEngine {
         location: &str,
         remote_accessible: bool,
     ) -> PyResult<u64> {
-        let local = Local::extract(buffer, Access::Write)?;
+        let local = Local::extract_pinned(buffer)?;
         let Some(len) = local.size() else {
             return Err(PyValueError::new_err(
                 "register takes a buffer object; use register_memory(address, capacity) for addresses",
@@ -1113,8 +1133,9 @@ impl TransferEngine {
     }
 
     /// Stops the engine: its listeners and threads end, its metadata is
-    /// removed, managed buffers and registered objects are released. The
-    /// object can be initialized again. Idempotent.
+    /// removed; then, with no transfer running any more, managed buffers,
+    /// registered objects and the objects of unfinished batches are
+    /// released. The object can be initialized again. Idempotent.
     fn close(&self, py: Python<'_>) {
         let old = self.core.write().unwrap_or_else(|e| e.into_inner()).take();
         py.detach(move || drop(old));

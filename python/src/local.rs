@@ -4,9 +4,17 @@
 //! `torch.Tensor` on the CPU.
 //!
 //! A [`Local`] keeps the object (and its buffer export) alive, so memory a
-//! transfer uses cannot be freed or resized while the GIL is released.
-//! `ctypes` arrays, whose exports lack strides, are taken through a
-//! `memoryview`.
+//! transfer uses cannot be freed or resized while the GIL is released; a
+//! batch holds its `Local`s until the engine has ended it. `ctypes`
+//! arrays, whose exports lack strides, are taken through a `memoryview`.
+//!
+//! Memory to register ([`Local::extract_pinned`]) must stay put for as
+//! long as peers may reach it. A buffer export does that (a `bytearray` or
+//! `numpy` array cannot be resized while exported). A tensor's memory
+//! belongs to its storage, which `resize_` moves to new memory, freeing
+//! the old, whoever holds a reference: only a tensor whose storage cannot
+//! be resized is registered, and the storage is kept, so it survives the
+//! tensor being pointed elsewhere (`set_`) or dropped.
 
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyNotImplementedError, PyTypeError, PyValueError};
@@ -19,9 +27,11 @@ pub enum Local {
     Addr(u64),
     /// A buffer-protocol export, released on drop.
     Buffer(PyUntypedBuffer),
-    /// An object with `data_ptr()`, kept alive by this reference.
+    /// An object with `data_ptr()`, kept alive by this reference, and for
+    /// registered memory the storage holding its bytes.
     DataPtr {
         _owner: Py<PyAny>,
+        _storage: Option<Py<PyAny>>,
         addr: u64,
         len: u64,
     },
@@ -39,6 +49,18 @@ pub enum Access {
 impl Local {
     /// Interprets `obj` as local memory.
     pub fn extract(obj: &Bound<'_, PyAny>, access: Access) -> PyResult<Local> {
+        Self::extract_with(obj, access, false)
+    }
+
+    /// Interprets `obj` as writable memory to register, which must not move
+    /// while registered: a tensor (an object with `untyped_storage()`) is
+    /// refused unless its storage cannot be resized, and its storage is
+    /// kept with it.
+    pub fn extract_pinned(obj: &Bound<'_, PyAny>) -> PyResult<Local> {
+        Self::extract_with(obj, Access::Write, true)
+    }
+
+    fn extract_with(obj: &Bound<'_, PyAny>, access: Access, pin: bool) -> PyResult<Local> {
         if obj.is_instance_of::<PyInt>() {
             return obj.extract::<u64>().map(Local::Addr).map_err(|_| {
                 PyValueError::new_err("an address must be a non-negative integer below 2**64")
@@ -65,7 +87,7 @@ impl Local {
             return Ok(Local::Buffer(buf));
         }
         if obj.hasattr("data_ptr")? {
-            return data_ptr_object(obj);
+            return data_ptr_object(obj, pin);
         }
         let why = buffer.err().map(|e| e.to_string()).unwrap_or_default();
         Err(PyTypeError::new_err(format!(
@@ -109,9 +131,19 @@ impl Local {
     }
 }
 
+/// Releases `objects` (their buffer exports and references) with the GIL
+/// held. When the interpreter is finalizing and the GIL cannot be taken,
+/// PyO3 leaks them instead.
+pub fn release(objects: Vec<Local>) {
+    if !objects.is_empty() {
+        let _ = Python::try_attach(move |_| drop(objects));
+    }
+}
+
 /// A tensor-like object: `data_ptr()` and `nbytes` (or `numel()` times
-/// `element_size()`), contiguous, in host memory.
-fn data_ptr_object(obj: &Bound<'_, PyAny>) -> PyResult<Local> {
+/// `element_size()`), contiguous, in host memory. With `pin`, its storage
+/// is checked and kept ([`storage_of`]).
+fn data_ptr_object(obj: &Bound<'_, PyAny>, pin: bool) -> PyResult<Local> {
     if obj
         .getattr("is_cuda")
         .and_then(|v| v.is_truthy())
@@ -138,9 +170,46 @@ fn data_ptr_object(obj: &Bound<'_, PyAny>) -> PyResult<Local> {
             })?
         }
     };
+    let storage = if pin {
+        storage_of(obj, addr, len)?
+    } else {
+        None
+    };
     Ok(Local::DataPtr {
         _owner: obj.clone().unbind(),
+        _storage: storage,
         addr,
         len,
     })
+}
+
+/// The storage of a tensor to register (`untyped_storage()`, as torch has
+/// it; `None` for an object without one): it must not be resizable and
+/// must hold the `len` bytes at `addr`.
+fn storage_of(obj: &Bound<'_, PyAny>, addr: u64, len: u64) -> PyResult<Option<Py<PyAny>>> {
+    if !obj.hasattr("untyped_storage")? {
+        return Ok(None);
+    }
+    let storage = obj.call_method0("untyped_storage")?;
+    if storage.call_method0("resizable")?.is_truthy()? {
+        return Err(PyValueError::new_err(
+            "the tensor's storage is resizable: resize_() would move its bytes and free the \
+             registered memory under the engine. Register a tensor whose storage cannot be \
+             resized (torch.from_numpy(array), torch.frombuffer(buffer), or after \
+             t.share_memory_()), or register_memory(t.data_ptr(), t.nbytes) and never resize it",
+        ));
+    }
+    let base: u64 = storage.call_method0("data_ptr")?.extract()?;
+    let size: u64 = storage.call_method0("nbytes")?.extract()?;
+    let inside = addr >= base
+        && addr
+            .checked_add(len)
+            .is_some_and(|end| end <= base.saturating_add(size));
+    if !inside {
+        return Err(PyValueError::new_err(format!(
+            "the tensor's {len} bytes at {addr:#x} are not inside its storage ({size} bytes at \
+             {base:#x})"
+        )));
+    }
+    Ok(Some(storage.unbind()))
 }

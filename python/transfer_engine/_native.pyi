@@ -5,13 +5,20 @@ Integer-returning methods return Mooncake's codes (0 success; -1 failure;
 -200 metadata); their reason is logged. ``write``, ``read``,
 ``batch_write``, ``batch_read``, ``register`` and ``unregister`` raise
 :class:`transfer_engine.TransferError` with the engine's explanation.
+
+A buffer object (not an integer address) handed to a transfer is kept
+alive, with its buffer export, until the engine has ended every byte it
+moves: an asynchronous batch holds it until the batch is seen finished or
+the engine is closed, and a synchronous call that gives up (timeout) hands
+it to the abandoned batch, which releases it once the engine has ended it.
 """
 
 from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol, Union
 
 class _Tensor(Protocol):
-    """A CPU tensor (e.g. ``torch.Tensor``): ``data_ptr()`` and ``nbytes``."""
+    """A CPU tensor (e.g. ``torch.Tensor``): ``data_ptr()`` and ``nbytes``
+    (``register`` also uses ``untyped_storage()``)."""
 
     def data_ptr(self) -> int: ...
     @property
@@ -132,7 +139,7 @@ class TransferEngine:
         lengths: Sequence[int],
         transport_hint: str = "",
     ) -> int:
-        """Submits WRITEs; the batch id, or 0."""
+        """Submits WRITEs; the batch id, or 0. The batch keeps the buffer objects."""
     def batch_transfer_async_read(
         self,
         target_hostname: str,
@@ -141,7 +148,7 @@ class TransferEngine:
         lengths: Sequence[int],
         transport_hint: str = "",
     ) -> int:
-        """Submits READs; the batch id, or 0."""
+        """Submits READs; the batch id, or 0. The batch keeps the buffer objects."""
     def batch_transfer_async(
         self,
         target_hostname: str,
@@ -151,7 +158,7 @@ class TransferEngine:
         opcode: int,
         transport_hint: str = "",
     ) -> int:
-        """Submits READs or WRITEs; the batch id, or 0."""
+        """Submits READs or WRITEs; the batch id, or 0. The batch keeps the buffer objects."""
     def get_batch_transfer_status(self, batch_ids: Sequence[int]) -> int:
         """Waits for asynchronous batches and frees them; 0, or -1."""
     def transfer_submit_write(
@@ -162,7 +169,7 @@ class TransferEngine:
         length: int,
         transport_hint: str = "",
     ) -> int:
-        """Submits one WRITE; the batch id, or 0."""
+        """Submits one WRITE; the batch id, or 0. The batch keeps the buffer object."""
     def transfer_check_status(self, batch_id: int) -> int:
         """1 completed, -1 failed, 0 running, -2 running past its deadline."""
     def write_bytes_to_buffer(self, dest_address: int, src: bytes | str | Buffer, length: int) -> int:
@@ -227,10 +234,12 @@ class TransferEngine:
     ) -> None:
         """Reads into several buffers as one batch; raises TransferError."""
     def register(self, buffer: Buffer, location: str = "*", remote_accessible: bool = True) -> int:
-        """Registers a buffer object, keeps it until ``unregister``; its address."""
+        """Registers a buffer object, keeps it (a tensor: its storage, which must
+        not be resizable) until ``unregister``; its address."""
     def unregister(self, buffer: Buffer) -> None:
         """Unregisters a buffer (object or address); raises TransferError."""
     def close(self) -> None:
-        """Stops the engine and releases its memory; idempotent."""
+        """Stops the engine, then releases its memory and the objects its
+        batches held; idempotent."""
     def __enter__(self) -> TransferEngine: ...
     def __exit__(self, *exc: object) -> bool: ...
