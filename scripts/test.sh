@@ -47,6 +47,7 @@ fi
 suite lint scripts/suites/lint.sh
 suite cargo scripts/suites/cargo.sh
 suite cargo-no-default-features scripts/suites/cargo.sh --no-default-features
+suite asan scripts/suites/asan.sh
 suite ctest scripts/suites/ctest.sh
 suite python scripts/test-python.sh
 # RDMA on real verbs: soft-RoCE in a qemu guest (scripts/rdma-vm/), serially.

@@ -374,6 +374,17 @@ impl Engine {
         let Some(store) = &self.store else {
             return;
         };
+        // Not while a registration publishes (it would be overwritten with
+        // what is served now, which may be older); the next check comes
+        // soon.
+        let _change = match self.changes.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
         let desc = self.control.local_desc();
         let mut lost = self.publish_pending.load(Ordering::Acquire);
         if lost {
