@@ -281,14 +281,15 @@ impl Service for Http {
 
     fn handle(&self, _peer: SocketAddr, req: http1::Request) -> Result<Reply, String> {
         let (status, body) = self.answer(req.method, &req.target, req.body);
-        Ok(Reply {
-            bytes: http1::response(status, body.as_bytes(), req.keep_alive),
-            then: if req.keep_alive {
-                Then::KeepAlive
-            } else {
-                Then::Linger
-            },
-        })
+        let then = if req.keep_alive {
+            Then::KeepAlive
+        } else {
+            Then::Linger
+        };
+        Ok(Reply::owned(
+            http1::response(status, body.as_bytes(), req.keep_alive),
+            then,
+        ))
     }
 }
 

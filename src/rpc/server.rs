@@ -115,10 +115,7 @@ impl Handshake {
     }
 
     fn reply(reply_kind: Option<FrameKind>, v: &Value) -> Reply {
-        Reply {
-            bytes: encode_json(reply_kind, v),
-            then: Then::Linger,
-        }
+        Reply::owned(encode_json(reply_kind, v), Then::Linger)
     }
 }
 
