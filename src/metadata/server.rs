@@ -198,9 +198,7 @@ impl MetadataServer {
         let listener = TcpListener::bind(addr)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
         let local = listener.local_addr()?;
-        let limits = Limits {
-            max_body: opts.max_body,
-        };
+        let limits = Limits::new(opts.max_body);
         // One largest request (head, body, and a read beyond) always fits.
         let min_buffered = opts
             .max_body
