@@ -508,3 +508,56 @@ fn read_until_closed(s: &mut TcpStream) -> Vec<u8> {
         }
     }
 }
+
+#[test]
+fn store_bounds_refuse_growth_with_507() {
+    let opts = ServerOptions {
+        max_keys: 100,
+        max_total_bytes: 64 << 10,
+        ..ServerOptions::default()
+    };
+    let server = MetadataServer::start_with("127.0.0.1:0", "/metadata", None, opts).unwrap();
+    let addr = server.local_addr();
+    // One kept-alive connection PUTs new keys as fast as it is answered.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let value = [b'v'; 100];
+    let mut statuses = Vec::new();
+    for i in 0..1000 {
+        let mut req = format!(
+            "PUT /metadata?key=k{i:04} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+            value.len()
+        )
+        .into_bytes();
+        req.extend_from_slice(&value);
+        s.write_all(&req).unwrap();
+        statuses.push(read_response(&mut s));
+    }
+    // 100 keys of 105 bytes: the key bound, not the byte bound.
+    for (i, (status, body)) in statuses.iter().enumerate() {
+        let want = if i < 100 { 200 } else { 507 };
+        assert_eq!(*status, want, "PUT {i}: {body}");
+    }
+    assert_eq!(statuses[100].1, "metadata store full");
+    // Replacing a key is not a new key; growing it beyond the bytes is
+    // refused and leaves it as it was.
+    assert_eq!(raw(addr, "PUT", "/metadata?key=k0000", b"{}").0, 200);
+    let big = vec![b'b'; 60 << 10];
+    assert_eq!(raw(addr, "PUT", "/metadata?key=k0001", &big).0, 507);
+    assert_eq!(
+        raw(addr, "GET", "/metadata?key=k0001", b""),
+        (200, "v".repeat(100))
+    );
+    // Removing keys makes room again.
+    for i in 1..=10 {
+        let k = format!("/metadata?key=k{i:04}");
+        assert_eq!(raw(addr, "DELETE", &k, b"").0, 200);
+    }
+    assert_eq!(raw(addr, "PUT", "/metadata?key=new", b"1").0, 200);
+    assert_eq!(raw(addr, "PUT", "/metadata?key=k0001", &big).0, 507);
+    assert_eq!(
+        raw(addr, "GET", "/metadata?key=k0000", b""),
+        (200, "{}".into())
+    );
+    server.shutdown();
+}

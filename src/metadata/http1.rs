@@ -110,6 +110,8 @@ fn reason(status: u16) -> &'static str {
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
         501 => "Not Implemented",
+        503 => "Service Unavailable",
+        507 => "Insufficient Storage",
         _ => "Unknown",
     }
 }
@@ -117,11 +119,17 @@ fn reason(status: u16) -> &'static str {
 /// Encodes a response with a JSON content type (as Mooncake's Go server
 /// sends), `Allow` on 405, and `Connection: close` unless `keep_alive`.
 pub(super) fn response(status: u16, body: &[u8], keep_alive: bool) -> Vec<u8> {
+    let mut out = response_head(status, body.len(), keep_alive);
+    out.extend_from_slice(body);
+    out
+}
+
+/// The head of a [`response`] whose body of `len` bytes is sent apart.
+pub(super) fn response_head(status: u16, len: usize, keep_alive: bool) -> Vec<u8> {
     let mut out = format!(
         "HTTP/1.1 {status} {}\r\nContent-Type: application/json; charset=utf-8\r\n\
-         Content-Length: {}\r\n",
+         Content-Length: {len}\r\n",
         reason(status),
-        body.len()
     )
     .into_bytes();
     if status == 405 {
@@ -131,7 +139,6 @@ pub(super) fn response(status: u16, body: &[u8], keep_alive: bool) -> Vec<u8> {
         out.extend_from_slice(b"Connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(body);
     out
 }
 
