@@ -270,7 +270,8 @@ impl<S: Service> EventLoop<S> {
     }
 
     /// Accepts up to [`ACCEPT_BATCH`] waiting connections, making room at
-    /// the bound by closing the oldest waiting ones.
+    /// the bound by closing those that have waited longest for their
+    /// client.
     fn accept(&mut self) {
         if !self.accept_pending || self.accept_retry.is_some_and(|t| Instant::now() < t) {
             return;

@@ -13,9 +13,9 @@
 //!   [`Options::write_timeout`]; after the reply the server waits at most
 //!   [`Options::linger_timeout`] for the client to close;
 //! * connections: at most [`Options::max_connections`] are open. At the
-//!   bound, a new connection replaces the oldest one that is waiting for its
-//!   client (lingering after a reply, then the one that has moved no byte
-//!   of its request or reply for the longest); when every open
+//!   bound, a new connection replaces one that is waiting for its client
+//!   (lingering after a reply, the oldest first, then the one that has
+//!   moved no byte of its request or reply for the longest); when every open
 //!   connection has a request in a handler, new ones wait in the kernel's
 //!   listen backlog;
 //! * memory: a request is buffered as its bytes arrive (a declared length
