@@ -61,15 +61,17 @@ pub struct Config {
     /// the reply, and for the client's EOF after it.
     pub handshake_io_timeout_secs: u64,
     /// `MC_HANDSHAKE_MAX_CONNECTIONS` (256, 1..=65536): handshake
-    /// connections open at once; at the bound the oldest one waiting for its
-    /// client makes room for a new one.
+    /// connections open at once; at the bound the one that has waited
+    /// longest for its client (to send a request or take a reply) makes
+    /// room for a new one.
     pub handshake_max_connections: usize,
     /// `MC_HANDSHAKE_WORKERS` (4, 1..=64): threads that run the handlers of
     /// handshake requests.
     pub handshake_workers: usize,
     /// `MC_HANDSHAKE_MAX_BUFFERED` (64 MiB, 1 MiB..=64 GiB): bytes of
-    /// handshake requests and replies held across all connections (at least
-    /// one frame of `MC_HANDSHAKE_MAX_LENGTH`).
+    /// handshake requests and replies held across all connections, a reply
+    /// until the client has taken it (at least one frame of
+    /// `MC_HANDSHAKE_MAX_LENGTH`).
     pub handshake_max_buffered: u64,
     /// `MC_NOTIFY_MAX_SIZE` (64 KiB, 1..=128 MiB): largest notification
     /// accepted (name and message bytes).

@@ -430,3 +430,134 @@ fn at_the_connection_bound_idle_clients_make_room() {
     drop(silent);
     server.shutdown();
 }
+
+/// Writes `bytes` until done or the server stops taking them; true if all
+/// were sent.
+fn send_all(s: &mut TcpStream, bytes: &[u8]) -> bool {
+    s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(bytes).is_ok()
+}
+
+#[test]
+fn chunk_framing_counts_against_the_request_bound() {
+    let opts = ServerOptions {
+        max_body: 1 << 20,
+        max_buffered: 8 << 20,
+        ..ServerOptions::default()
+    };
+    let server = MetadataServer::start_with("127.0.0.1:0", "/metadata", None, opts).unwrap();
+    let addr = server.local_addr();
+    // A client half way through a 1 MiB PUT.
+    let value: Vec<u8> = (0..1 << 20).map(|i| b'a' + (i % 26) as u8).collect();
+    let mut victim = TcpStream::connect(addr).unwrap();
+    victim
+        .write_all(
+            format!(
+                "PUT /metadata?key=victim HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+                value.len()
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    victim.write_all(&value[..value.len() / 2]).unwrap();
+    // One byte of body per chunk, each chunk with 4000 bytes of extension:
+    // 16 MiB sent for a body of 4 KiB, far within --max-body.
+    let mut attacker = TcpStream::connect(addr).unwrap();
+    let chunk = format!("1;ext={}\r\nx\r\n", "e".repeat(4000));
+    let mut sent = 0;
+    let mut complete = send_all(
+        &mut attacker,
+        b"PUT /metadata?key=attacker HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+    );
+    let batch = chunk.repeat(16);
+    while complete && sent < 16 << 20 {
+        complete = send_all(&mut attacker, batch.as_bytes());
+        sent += batch.len();
+    }
+    // Refused as too large once its raw bytes passed the bound, not
+    // closed for want of buffer space.
+    let reply = read_until_closed(&mut attacker);
+    assert!(
+        reply.starts_with(b"HTTP/1.1 413 "),
+        "after {sent} bytes sent: {:?}",
+        String::from_utf8_lossy(&reply[..reply.len().min(200)])
+    );
+    // The other client's request was kept, and completes.
+    victim
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    victim.write_all(&value[value.len() / 2..]).unwrap();
+    assert_eq!(read_response(&mut victim).0, 200);
+    let (status, body) = raw(addr, "GET", "/metadata?key=victim", b"");
+    assert_eq!(status, 200);
+    assert!(body.as_bytes() == value, "the stored value differs");
+    server.shutdown();
+}
+
+/// Reads until the server closes (EOF or reset), within 20 s.
+fn read_until_closed(s: &mut TcpStream) -> Vec<u8> {
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return out,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return out,
+            Err(e) => panic!("reading until the server closes: {e}"),
+        }
+    }
+}
+
+#[test]
+fn store_bounds_refuse_growth_with_507() {
+    let opts = ServerOptions {
+        max_keys: 100,
+        max_total_bytes: 64 << 10,
+        ..ServerOptions::default()
+    };
+    let server = MetadataServer::start_with("127.0.0.1:0", "/metadata", None, opts).unwrap();
+    let addr = server.local_addr();
+    // One kept-alive connection PUTs new keys as fast as it is answered.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let value = [b'v'; 100];
+    let mut statuses = Vec::new();
+    for i in 0..1000 {
+        let mut req = format!(
+            "PUT /metadata?key=k{i:04} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+            value.len()
+        )
+        .into_bytes();
+        req.extend_from_slice(&value);
+        s.write_all(&req).unwrap();
+        statuses.push(read_response(&mut s));
+    }
+    // 100 keys of 105 bytes: the key bound, not the byte bound.
+    for (i, (status, body)) in statuses.iter().enumerate() {
+        let want = if i < 100 { 200 } else { 507 };
+        assert_eq!(*status, want, "PUT {i}: {body}");
+    }
+    assert_eq!(statuses[100].1, "metadata store full");
+    // Replacing a key is not a new key; growing it beyond the bytes is
+    // refused and leaves it as it was.
+    assert_eq!(raw(addr, "PUT", "/metadata?key=k0000", b"{}").0, 200);
+    let big = vec![b'b'; 60 << 10];
+    assert_eq!(raw(addr, "PUT", "/metadata?key=k0001", &big).0, 507);
+    assert_eq!(
+        raw(addr, "GET", "/metadata?key=k0001", b""),
+        (200, "v".repeat(100))
+    );
+    // Removing keys makes room again.
+    for i in 1..=10 {
+        let k = format!("/metadata?key=k{i:04}");
+        assert_eq!(raw(addr, "DELETE", &k, b"").0, 200);
+    }
+    assert_eq!(raw(addr, "PUT", "/metadata?key=new", b"1").0, 200);
+    assert_eq!(raw(addr, "PUT", "/metadata?key=k0001", &big).0, 507);
+    assert_eq!(
+        raw(addr, "GET", "/metadata?key=k0000", b""),
+        (200, "{}".into())
+    );
+    server.shutdown();
+}

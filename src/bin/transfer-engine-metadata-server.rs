@@ -5,7 +5,7 @@
 //! ```text
 //! transfer-engine-metadata-server [--addr 127.0.0.1:8080] [--path /metadata] [--data FILE]
 //!     [--max-body BYTES] [--max-connections N] [--timeout SECS] [--workers N]
-//!     [--max-buffered BYTES]
+//!     [--max-buffered BYTES] [--max-keys N] [--max-total-bytes BYTES]
 //! ```
 //!
 //! Prints `listening on <url>` on stdout once ready; stops on SIGINT or
@@ -29,19 +29,26 @@ extern "C" fn on_signal(_: libc::c_int) {
 const USAGE: &str = "\
 usage: transfer-engine-metadata-server [--addr HOST:PORT] [--path /metadata] [--data FILE]
            [--max-body BYTES] [--max-connections N] [--timeout SECS] [--workers N]
-           [--max-buffered BYTES]
+           [--max-buffered BYTES] [--max-keys N] [--max-total-bytes BYTES]
   --addr             address to listen on (default 127.0.0.1:8080; 0.0.0.0:8080 for all
                      interfaces)
   --path             URL path of the metadata routes (default /metadata)
-  --data             JSON file that keeps the data across restarts (default: memory only)
-  --max-body         largest PUT body in bytes; larger ones get 413 (default 67108864)
-  --max-connections  connections open at once; at the bound a new one closes the oldest
-                     idle or incomplete one (default 1024)
+  --data             JSON file that keeps the data across restarts, with a log of the
+                     latest changes in FILE.log (default: memory only)
+  --max-body         largest PUT body in bytes; larger ones get 413, as do requests of
+                     more than 1/8 + 80 KiB beyond it as sent (head, chunk framing)
+                     (default 67108864)
+  --max-connections  connections open at once; at the bound a new one closes the one
+                     stalled longest (idle, incomplete, or not taking its reply) (default 1024)
   --timeout          seconds to receive a whole request (headers and body) and to send a
                      response; idle connections close after it (default 30)
   --workers          threads that answer complete requests (default 4)
-  --max-buffered     bytes of requests and responses held across all connections
-                     (default 268435456; at least one largest request)";
+  --max-buffered     bytes of requests and responses held across all connections, a value
+                     sent to several clients counted once; at the bound the client stalled
+                     longest is closed (default 268435456; at least one largest request)
+  --max-keys         keys stored at once; a PUT of a new key beyond gets 507 (default 100000)
+  --max-total-bytes  bytes of keys and values stored at once; a PUT growing the store
+                     beyond gets 507 (default 1073741824)";
 
 struct Args {
     addr: String,
@@ -74,7 +81,7 @@ fn parse_args() -> Result<Args, String> {
         if flag == "-h" || flag == "--help" {
             return Err(String::new());
         }
-        const FLAGS: [&str; 8] = [
+        const FLAGS: [&str; 10] = [
             "--addr",
             "--path",
             "--data",
@@ -83,6 +90,8 @@ fn parse_args() -> Result<Args, String> {
             "--timeout",
             "--workers",
             "--max-buffered",
+            "--max-keys",
+            "--max-total-bytes",
         ];
         if !FLAGS.contains(&flag.as_str()) {
             return Err(format!("unknown option {flag}"));
@@ -101,7 +110,9 @@ fn parse_args() -> Result<Args, String> {
                 args.opts.timeout = Duration::from_secs(number(&flag, &value)? as u64);
             }
             "--workers" => args.opts.workers = number(&flag, &value)?,
-            _ => args.opts.max_buffered = number(&flag, &value)?,
+            "--max-buffered" => args.opts.max_buffered = number(&flag, &value)?,
+            "--max-keys" => args.opts.max_keys = number(&flag, &value)?,
+            _ => args.opts.max_total_bytes = number(&flag, &value)?,
         }
     }
     Ok(args)

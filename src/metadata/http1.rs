@@ -5,8 +5,10 @@
 //! Every part a client controls is bounded: the head (16 KiB, 64 header
 //! fields), the body ([`Limits::max_body`], checked against the declared
 //! length before the body arrives, and while a chunked body is decoded),
-//! chunk-size lines. A chunked body is decoded in place, so a request
-//! never holds more than the bytes it was sent.
+//! chunk-size lines, and the raw bytes of the whole request with its chunk
+//! framing, extensions and trailers ([`Limits::max_request`]). A chunked
+//! body is decoded in place and its framing dropped as it is decoded, so a
+//! request holds its decoded body and at most one chunk not yet complete.
 
 use crate::serve::Parse;
 
@@ -18,12 +20,33 @@ const MAX_HEADERS: usize = 64;
 const MAX_CHUNK_LINE: usize = 4 << 10;
 /// Sent when a client asks `Expect: 100-continue` before its body.
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+/// Chunk framing (size lines, extensions, line ends, trailers) a request
+/// may carry beyond its head and body, besides an eighth of the body limit.
+const FRAMING_ALLOWANCE: usize = 64 << 10;
 
 /// Request bounds.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Limits {
     /// Largest body accepted; a larger one is answered 413.
     pub max_body: usize,
+    /// Largest request as sent (head, body, chunk framing and trailers);
+    /// a larger one is answered 413.
+    pub max_request: usize,
+}
+
+impl Limits {
+    /// The bounds for bodies of at most `max_body` bytes: a request may
+    /// add a head of [`MAX_HEAD`], and chunk framing of an eighth of
+    /// `max_body` plus [`FRAMING_ALLOWANCE`].
+    pub(super) const fn new(max_body: usize) -> Limits {
+        Limits {
+            max_body,
+            max_request: max_body
+                .saturating_add(max_body / 8)
+                .saturating_add(FRAMING_ALLOWANCE)
+                .saturating_add(MAX_HEAD),
+        }
+    }
 }
 
 /// One complete request.
@@ -43,13 +66,20 @@ pub(super) struct Request {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Body {
     Length(usize),
-    /// Chunked: `read` is where the next chunk-size line starts in the
-    /// buffer, `written` the end of the body decoded so far (in place, at
-    /// the front of the buffer).
-    Chunked {
-        read: usize,
-        written: usize,
-    },
+    Chunked(Chunks),
+}
+
+/// Where the decoding of a chunked body is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Chunks {
+    /// Where the next chunk-size line starts in the buffer.
+    read: usize,
+    /// The end of the body decoded so far (in place, at the front of the
+    /// buffer).
+    written: usize,
+    /// Bytes of the request consumed that are not body: its head and the
+    /// framing of the chunks decoded.
+    framing: usize,
 }
 
 /// A parsed head, waiting for its body.
@@ -80,6 +110,8 @@ fn reason(status: u16) -> &'static str {
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
         501 => "Not Implemented",
+        503 => "Service Unavailable",
+        507 => "Insufficient Storage",
         _ => "Unknown",
     }
 }
@@ -87,11 +119,17 @@ fn reason(status: u16) -> &'static str {
 /// Encodes a response with a JSON content type (as Mooncake's Go server
 /// sends), `Allow` on 405, and `Connection: close` unless `keep_alive`.
 pub(super) fn response(status: u16, body: &[u8], keep_alive: bool) -> Vec<u8> {
+    let mut out = response_head(status, body.len(), keep_alive);
+    out.extend_from_slice(body);
+    out
+}
+
+/// The head of a [`response`] whose body of `len` bytes is sent apart.
+pub(super) fn response_head(status: u16, len: usize, keep_alive: bool) -> Vec<u8> {
     let mut out = format!(
         "HTTP/1.1 {status} {}\r\nContent-Type: application/json; charset=utf-8\r\n\
-         Content-Length: {}\r\n",
+         Content-Length: {len}\r\n",
         reason(status),
-        body.len()
     )
     .into_bytes();
     if status == 405 {
@@ -101,7 +139,6 @@ pub(super) fn response(status: u16, body: &[u8], keep_alive: bool) -> Vec<u8> {
         out.extend_from_slice(b"Connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(body);
     out
 }
 
@@ -217,10 +254,11 @@ fn parse_head(buf: &[u8], limits: Limits) -> Result<Option<(Head, usize)>, Parse
                 "bad request",
             ));
         }
-        (true, None) => Body::Chunked {
+        (true, None) => Body::Chunked(Chunks {
             read: 0,
             written: 0,
-        },
+            framing: head_len,
+        }),
         (false, Some(n)) if n > limits.max_body => {
             return Err(invalid(
                 413,
@@ -240,17 +278,38 @@ fn parse_head(buf: &[u8], limits: Limits) -> Result<Option<(Head, usize)>, Parse
     Ok(Some((head, head_len)))
 }
 
-/// Decodes the chunks that have arrived, in place; `Ok(Some(end))` once
-/// the last chunk and trailers are in, with `end` the first byte after
-/// them.
+/// Decodes the chunks that have arrived, in place, and drops their
+/// framing from the buffer; `Ok(Some(end))` once the last chunk and
+/// trailers are in, with `end` the first byte after the request (the body
+/// is then `buf[..c.written]`).
 fn decode_chunks(
-    buf: &mut [u8],
-    read: &mut usize,
-    written: &mut usize,
+    buf: &mut Vec<u8>,
+    c: &mut Chunks,
     limits: Limits,
 ) -> Result<Option<usize>, Parse<Request>> {
+    let done = next_chunks(buf, c, limits)?;
+    let pending = if done { 0 } else { buf.len() - c.read };
+    let raw = c.framing.saturating_add(c.written).saturating_add(pending);
+    if raw > limits.max_request {
+        return Err(invalid(
+            413,
+            format!(
+                "request of {raw} bytes or more as sent (with chunk framing) over the limit of {}",
+                limits.max_request
+            ),
+            "request too large",
+        ));
+    }
+    buf.drain(c.written..c.read);
+    c.read = c.written;
+    Ok(done.then_some(c.written))
+}
+
+/// Decodes the complete chunks at `c.read`; true once the last chunk and
+/// its trailers are in.
+fn next_chunks(buf: &mut [u8], c: &mut Chunks, limits: Limits) -> Result<bool, Parse<Request>> {
     loop {
-        let line = &buf[*read..];
+        let line = &buf[c.read..];
         let (line_len, size) = match httparse::parse_chunk_size(line) {
             Ok(httparse::Status::Complete(c)) => c,
             Ok(httparse::Status::Partial) if line.len() > MAX_CHUNK_LINE => {
@@ -260,7 +319,7 @@ fn decode_chunks(
                     "bad request",
                 ));
             }
-            Ok(httparse::Status::Partial) => return Ok(None),
+            Ok(httparse::Status::Partial) => return Ok(false),
             Err(_) => return Err(invalid(400, "bad chunk-size line".into(), "bad request")),
         };
         let size = usize::try_from(size).unwrap_or(usize::MAX);
@@ -269,36 +328,41 @@ fn decode_chunks(
             let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
             let rest = &line[line_len..];
             return match httparse::parse_headers(rest, &mut fields) {
-                Ok(httparse::Status::Complete((n, _))) => Ok(Some(*read + line_len + n)),
+                Ok(httparse::Status::Complete((n, _))) => {
+                    c.framing += line_len + n;
+                    c.read += line_len + n;
+                    Ok(true)
+                }
                 Ok(httparse::Status::Partial) if rest.len() > MAX_CHUNK_LINE => Err(invalid(
                     400,
                     "trailer section too long".into(),
                     "bad request",
                 )),
-                Ok(httparse::Status::Partial) => Ok(None),
+                Ok(httparse::Status::Partial) => Ok(false),
                 Err(_) => Err(invalid(400, "bad trailer section".into(), "bad request")),
             };
         }
-        if size > limits.max_body.saturating_sub(*written) {
+        if size > limits.max_body.saturating_sub(c.written) {
             return Err(invalid(
                 413,
                 format!("chunked body over the limit of {}", limits.max_body),
                 "value too large",
             ));
         }
-        let data = *read + line_len;
+        let data = c.read + line_len;
         let Some(end) = data.checked_add(size).and_then(|e| e.checked_add(2)) else {
             return Err(invalid(400, "chunk too large".into(), "bad request"));
         };
         if buf.len() < end {
-            return Ok(None);
+            return Ok(false);
         }
         if &buf[end - 2..end] != b"\r\n" {
             return Err(invalid(400, "chunk without CRLF".into(), "bad request"));
         }
-        buf.copy_within(data..data + size, *written);
-        *written += size;
-        *read = end;
+        buf.copy_within(data..data + size, c.written);
+        c.written += size;
+        c.framing += line_len + 2;
+        c.read = end;
     }
 }
 
@@ -329,8 +393,8 @@ pub(super) fn parse(parser: &mut Parser, buf: &mut Vec<u8>, limits: Limits) -> P
     };
     let end = match &mut head.body {
         Body::Length(n) => (buf.len() >= *n).then_some((*n, *n)),
-        Body::Chunked { read, written } => match decode_chunks(buf, read, written, limits) {
-            Ok(end) => end.map(|e| (*written, e)),
+        Body::Chunked(c) => match decode_chunks(buf, c, limits) {
+            Ok(end) => end.map(|e| (c.written, e)),
             Err(reply) => return reply,
         },
     };
@@ -339,7 +403,7 @@ pub(super) fn parse(parser: &mut Parser, buf: &mut Vec<u8>, limits: Limits) -> P
         let interim = std::mem::take(&mut head.expect_continue).then_some(CONTINUE);
         let want = match head.body {
             Body::Length(n) => Some(n),
-            Body::Chunked { .. } => None,
+            Body::Chunked(_) => None,
         };
         return Parse::More { interim, want };
     };
@@ -364,7 +428,7 @@ pub(super) fn parse(parser: &mut Parser, buf: &mut Vec<u8>, limits: Limits) -> P
 mod tests {
     use super::*;
 
-    const LIMITS: Limits = Limits { max_body: 100 };
+    const LIMITS: Limits = Limits::new(100);
 
     /// What feeding a request byte by byte gave: the requests (or the
     /// reason and error reply of a refusal), the interim replies, and the
@@ -473,6 +537,42 @@ mod tests {
         let (out, _, _) = feed(&chunked);
         let (_, reply) = out[0].as_ref().expect_err("refused");
         assert_eq!(status_of(reply), 413);
+    }
+
+    #[test]
+    fn chunk_framing_counts_against_the_request_bound_and_is_dropped() {
+        // Each byte of body in a chunk with 1000 bytes of extension: the
+        // body stays within 100 bytes, the request does not stay within
+        // its bound.
+        let mut req = b"PUT /m HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        let chunk = format!("1;e={}\r\nx\r\n", "a".repeat(1000));
+        let chunks = LIMITS.max_request / chunk.len() + 1;
+        assert!(chunks < 100);
+        for _ in 0..chunks {
+            req.extend_from_slice(chunk.as_bytes());
+        }
+        let (out, _, _) = feed(&req);
+        let (reason, reply) = out[0].as_ref().expect_err("refused");
+        assert_eq!(status_of(reply), 413, "{reason}");
+        // Below the bound, the buffer holds the decoded body and the chunk
+        // in progress, not the framing of the chunks decoded.
+        let mut p = Parser::default();
+        let mut buf = b"PUT /m HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        for _ in 0..10 {
+            buf.extend_from_slice(chunk.as_bytes());
+        }
+        buf.extend_from_slice(b"5;e=1\r\nhel");
+        assert!(matches!(
+            parse(&mut p, &mut buf, LIMITS),
+            Parse::More { .. }
+        ));
+        assert_eq!(buf, b"xxxxxxxxxx5;e=1\r\nhel");
+        buf.extend_from_slice(b"lo\r\n0\r\n\r\n");
+        let Parse::Done(r) = parse(&mut p, &mut buf, LIMITS) else {
+            panic!("not done");
+        };
+        assert_eq!(r.body, b"xxxxxxxxxxhello");
+        assert!(buf.is_empty());
     }
 
     #[test]

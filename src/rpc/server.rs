@@ -8,8 +8,10 @@
 //! frames of many connections, each with a deadline from its accept, and a
 //! small pool of threads runs the handlers of complete requests (Probe is
 //! answered at once). A slow, silent or malformed client, or a panicking
-//! handler, closes only its own connection; at the connection bound the
-//! oldest connection still waiting for its client makes room for a new one.
+//! handler, closes only its own connection; at the connection bound, and
+//! when requests and replies fill the buffer bound, the connection that has
+//! waited longest for its client (to send its request or take its reply)
+//! makes room.
 
 use super::frame::{Frame, FrameKind, Taken, encode_json, take_frame};
 use crate::config::Config;
@@ -51,15 +53,17 @@ pub struct ServerOptions {
     /// (`MC_HANDSHAKE_IO_TIMEOUT`, 5 s, as Mooncake's `SO_RCVTIMEO`).
     pub io_timeout: Duration,
     /// Connections open at once (`MC_HANDSHAKE_MAX_CONNECTIONS`, 256). At
-    /// the bound a new connection closes the oldest one still waiting for
-    /// its client; when all have requests in handlers, new ones wait in the
-    /// listen backlog.
+    /// the bound a new connection closes the one that has waited longest
+    /// for its client (to send its request or take its reply); when all
+    /// have requests in handlers, new ones wait in the listen backlog.
     pub max_connections: usize,
     /// Threads that run handlers (`MC_HANDSHAKE_WORKERS`, 4).
     pub workers: usize,
-    /// Bytes of requests and replies buffered across all connections
-    /// (`MC_HANDSHAKE_MAX_BUFFERED`, 64 MiB; at least one frame of
-    /// [`ServerOptions::max_frame_len`]).
+    /// Bytes of requests and replies buffered across all connections, a
+    /// reply until the client has taken it (`MC_HANDSHAKE_MAX_BUFFERED`,
+    /// 64 MiB; at least one frame of [`ServerOptions::max_frame_len`]). At
+    /// the bound the connection that has waited longest for its client is
+    /// closed.
     pub max_buffered: u64,
     /// Listen backlog applied to the listener (`MC_HANDSHAKE_LISTEN_BACKLOG`).
     pub listen_backlog: u32,
@@ -115,10 +119,7 @@ impl Handshake {
     }
 
     fn reply(reply_kind: Option<FrameKind>, v: &Value) -> Reply {
-        Reply {
-            bytes: encode_json(reply_kind, v),
-            then: Then::Linger,
-        }
+        Reply::owned(encode_json(reply_kind, v), Then::Linger)
     }
 }
 

@@ -5,7 +5,7 @@ use crossbeam_channel::{Receiver, Sender};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 use std::collections::{BTreeSet, HashMap};
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
@@ -85,11 +85,6 @@ enum State {
     Lingering,
 }
 
-/// Which connections may be closed to make room, oldest first: lingering
-/// ones before those still reading.
-const EVICT_LINGERING: usize = 0;
-const EVICT_READING: usize = 1;
-
 struct Conn<P> {
     stream: TcpStream,
     peer: SocketAddr,
@@ -99,10 +94,15 @@ struct Conn<P> {
     /// What the buffer holds once the request is complete, if known.
     want: Option<usize>,
     parser: P,
-    /// The reply being written, and how much of it is out.
+    /// The reply being written: its own bytes, then a shared buffer, and
+    /// how much of both is out.
     out: Vec<u8>,
+    out_shared: Option<Arc<[u8]>>,
     out_pos: usize,
     then: Then,
+    /// When the connection last moved a byte of a request or a reply (or
+    /// entered its state): its place in the eviction order.
+    progress: Instant,
     deadline: Option<Instant>,
     /// Bytes of the request a worker holds.
     job_bytes: usize,
@@ -112,9 +112,26 @@ struct Conn<P> {
 }
 
 impl<P> Conn<P> {
+    /// Bytes held for this connection alone (a shared buffer is counted
+    /// apart, once).
     fn held(&self) -> usize {
         self.buf.capacity() + self.out.capacity() + self.job_bytes
     }
+
+    /// Whether closing it frees bytes: its own, or its share of a buffer.
+    fn holds_bytes(&self) -> bool {
+        self.accounted > 0 || self.out_shared.is_some()
+    }
+
+    /// Bytes of the reply: its own, then the shared ones.
+    fn out_len(&self) -> usize {
+        self.out.len() + self.out_shared.as_ref().map_or(0, |s| s.len())
+    }
+}
+
+/// The key of a shared buffer in [`EventLoop::shared`]: its address.
+fn shared_key(buf: &Arc<[u8]>) -> usize {
+    Arc::as_ptr(buf).cast::<u8>() as usize
 }
 
 /// The poll thread's state.
@@ -128,8 +145,18 @@ pub(super) struct EventLoop<S: Service> {
     conns: HashMap<Token, Conn<S::Parser>>,
     next_token: usize,
     deadlines: BTreeSet<(Instant, Token)>,
-    evictable: [BTreeSet<Token>; 2],
+    /// The connections that may be closed to make room, in the order they
+    /// are: those lingering after their reply (oldest first), then those
+    /// waiting for their client to send a request or take a reply, by their
+    /// last progress (the one stalled longest first).
+    lingering: BTreeSet<Token>,
+    waiting: BTreeSet<(Instant, Token)>,
+    /// Bytes held across connections, counted against
+    /// [`Options::max_buffered`].
     buffered: usize,
+    /// The shared reply buffers being sent, by [`shared_key`]: how many
+    /// connections send each, and its length (counted once in `buffered`).
+    shared: HashMap<usize, (usize, usize)>,
     busy: usize,
     /// The listener may have connections waiting that were left there.
     accept_pending: bool,
@@ -159,8 +186,10 @@ impl<S: Service> EventLoop<S> {
             conns: HashMap::new(),
             next_token: FIRST_CONN,
             deadlines: BTreeSet::new(),
-            evictable: [BTreeSet::new(), BTreeSet::new()],
+            lingering: BTreeSet::new(),
+            waiting: BTreeSet::new(),
             buffered: 0,
+            shared: HashMap::new(),
             busy: 0,
             accept_pending: true,
             accept_retry: None,
@@ -235,11 +264,14 @@ impl<S: Service> EventLoop<S> {
     }
 
     fn can_admit(&self) -> bool {
-        self.conns.len() < self.opts.max_connections || self.evictable.iter().any(|s| !s.is_empty())
+        self.conns.len() < self.opts.max_connections
+            || !self.lingering.is_empty()
+            || !self.waiting.is_empty()
     }
 
     /// Accepts up to [`ACCEPT_BATCH`] waiting connections, making room at
-    /// the bound by closing the oldest waiting ones.
+    /// the bound by closing those that have waited longest for their
+    /// client.
     fn accept(&mut self) {
         if !self.accept_pending || self.accept_retry.is_some_and(|t| Instant::now() < t) {
             return;
@@ -278,16 +310,24 @@ impl<S: Service> EventLoop<S> {
         }
     }
 
-    /// Closes the oldest connection waiting for its client; false if every
-    /// connection is with a worker or writing its reply.
+    /// The connections that may be closed to make room, first to go first.
+    fn victims(&self) -> impl Iterator<Item = Token> + '_ {
+        self.lingering
+            .iter()
+            .copied()
+            .chain(self.waiting.iter().map(|(_, t)| *t))
+    }
+
+    /// Closes the connection that has waited longest for its client; false
+    /// if every connection has its request with a worker.
     fn evict_one(&mut self) -> bool {
-        let Some(t) = self.evictable.iter().find_map(|s| s.first().copied()) else {
+        let Some(t) = self.victims().next() else {
             return false;
         };
         if let Some(c) = self.conns.get(&t) {
             crate::warn_limited!(
-                "{}: {} connections open (the limit, {}); closed the oldest one waiting for \
-                 its client, from {} ({:?})",
+                "{}: {} connections open (the limit, {}); closed the one stalled longest \
+                 waiting for its client, from {} ({:?})",
                 S::NAME,
                 self.conns.len(),
                 S::SETTINGS.connections,
@@ -321,8 +361,10 @@ impl<S: Service> EventLoop<S> {
                 want: None,
                 parser: S::Parser::default(),
                 out: Vec::new(),
+                out_shared: None,
                 out_pos: 0,
                 then: Then::Linger,
+                progress: Instant::now(),
                 deadline: None,
                 job_bytes: 0,
                 accounted: 0,
@@ -333,49 +375,71 @@ impl<S: Service> EventLoop<S> {
         self.read_request(token);
     }
 
+    /// Removes a connection from the eviction order.
+    fn unfile(&mut self, token: Token) {
+        if let Some(c) = self.conns.get(&token) {
+            match c.state {
+                State::Lingering => self.lingering.remove(&token),
+                State::Reading | State::Writing => self.waiting.remove(&(c.progress, token)),
+                State::Busy => false,
+            };
+        }
+    }
+
+    /// Files a connection in the eviction order by its state and progress.
+    fn file(&mut self, token: Token) {
+        if let Some(c) = self.conns.get(&token) {
+            match c.state {
+                State::Lingering => self.lingering.insert(token),
+                State::Reading | State::Writing => self.waiting.insert((c.progress, token)),
+                State::Busy => false,
+            };
+        }
+    }
+
+    /// Notes that a connection moved bytes now.
+    fn progressed(&mut self, token: Token) {
+        self.unfile(token);
+        if let Some(c) = self.conns.get_mut(&token) {
+            c.progress = Instant::now();
+        }
+        self.file(token);
+    }
+
     /// Moves a connection to `state`, with a deadline `timeout` from now
     /// (none while Busy), and files it where eviction finds it.
     fn enter(&mut self, token: Token, state: State, timeout: Duration) {
+        self.unfile(token);
         let Some(c) = self.conns.get_mut(&token) else {
             return;
         };
         if let Some(d) = c.deadline.take() {
             self.deadlines.remove(&(d, token));
         }
-        for s in &mut self.evictable {
-            s.remove(&token);
-        }
         if c.state == State::Busy && state != State::Busy {
             self.busy -= 1;
         } else if c.state != State::Busy && state == State::Busy {
             self.busy += 1;
         }
+        let now = Instant::now();
         c.state = state;
+        c.progress = now;
         if state != State::Busy {
-            let d = Instant::now() + timeout;
+            let d = now + timeout;
             c.deadline = Some(d);
             self.deadlines.insert((d, token));
         }
-        match state {
-            State::Reading => {
-                self.evictable[EVICT_READING].insert(token);
-            }
-            State::Lingering => {
-                self.evictable[EVICT_LINGERING].insert(token);
-            }
-            State::Busy | State::Writing => {}
-        }
+        self.file(token);
     }
 
     fn close(&mut self, token: Token) {
+        self.unfile(token);
+        self.drop_reply(token);
         let Some(mut c) = self.conns.remove(&token) else {
             return;
         };
         if let Some(d) = c.deadline {
             self.deadlines.remove(&(d, token));
-        }
-        for s in &mut self.evictable {
-            s.remove(&token);
         }
         if c.state == State::Busy {
             self.busy -= 1;
@@ -383,6 +447,39 @@ impl<S: Service> EventLoop<S> {
         self.buffered -= c.accounted;
         let _ = self.poll.registry().deregister(&mut c.stream);
         // Dropping the stream closes the socket.
+    }
+
+    /// Counts a connection's new shared buffer, once across connections.
+    fn hold_shared(&mut self, token: Token) {
+        let Some(buf) = self.conns.get(&token).and_then(|c| c.out_shared.as_ref()) else {
+            return;
+        };
+        let (count, len) = self.shared.entry(shared_key(buf)).or_insert((0, buf.len()));
+        if *count == 0 {
+            self.buffered += *len;
+        }
+        *count += 1;
+    }
+
+    /// Forgets a connection's reply (sent or abandoned), and stops counting
+    /// its shared buffer when no other connection sends it.
+    fn drop_reply(&mut self, token: Token) {
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
+        c.out = Vec::new();
+        c.out_pos = 0;
+        if let Some(buf) = c.out_shared.take() {
+            let key = shared_key(&buf);
+            if let Some((count, len)) = self.shared.get_mut(&key) {
+                *count -= 1;
+                if *count == 0 {
+                    self.buffered -= *len;
+                    self.shared.remove(&key);
+                }
+            }
+        }
+        self.account(token);
     }
 
     /// Re-counts a connection's buffers against the global bound.
@@ -407,27 +504,31 @@ impl<S: Service> EventLoop<S> {
         }
     }
 
-    /// Makes room for `more` bytes held by `token`: closes the oldest other
-    /// connections that hold bytes and are waiting for their client. False
-    /// if there is not enough to free.
+    /// Makes room for `more` bytes held by `token`: closes other
+    /// connections that hold bytes and wait for their client (to send the
+    /// rest of a request or take a reply), the one stalled longest first.
+    /// False if there is not enough to free.
     fn make_room(&mut self, token: Token, more: usize) -> bool {
         while self.buffered + more > self.opts.max_buffered {
             let victim = self
-                .evictable
-                .iter()
-                .flat_map(|s| s.iter())
-                .copied()
-                .find(|t| *t != token && self.conns.get(t).is_some_and(|c| c.accounted > 0));
+                .victims()
+                .find(|t| *t != token && self.conns.get(t).is_some_and(Conn::holds_bytes));
             let Some(v) = victim else {
                 return false;
             };
             if let Some(c) = self.conns.get(&v) {
+                let what = match c.state {
+                    State::Writing => "a reply not taken",
+                    State::Lingering => "a connection after its reply",
+                    State::Reading | State::Busy => "an incomplete request",
+                };
                 crate::warn_limited!(
-                    "{}: {} bytes buffered across connections (the limit, {}); closed the \
-                     oldest incomplete request, from {}",
+                    "{}: {} bytes buffered across connections (the limit, {}); closed {what} \
+                     (stalled {:?}), from {}",
                     S::NAME,
                     self.buffered,
                     S::SETTINGS.buffered,
+                    c.progress.elapsed(),
                     c.peer
                 );
             }
@@ -465,13 +566,7 @@ impl<S: Service> EventLoop<S> {
                     self.account(token);
                     crate::warn_limited!("{} connection from {peer} closed: {reason}", S::NAME);
                     match reply {
-                        Some(bytes) => self.send(
-                            token,
-                            Reply {
-                                bytes,
-                                then: Then::Linger,
-                            },
-                        ),
+                        Some(bytes) => self.send(token, Reply::owned(bytes, Then::Linger)),
                         None => self.close(token),
                     }
                     return;
@@ -523,6 +618,7 @@ impl<S: Service> EventLoop<S> {
                 c.buf.extend_from_slice(&self.scratch[..n]);
             }
             self.account(token);
+            self.progressed(token);
         }
     }
 
@@ -567,7 +663,10 @@ impl<S: Service> EventLoop<S> {
             match result {
                 Ok(reply) if stopping => {
                     // Shutting down: one attempt, no waiting.
-                    let _ = c.stream.write(&reply.bytes);
+                    let shared = reply.shared.as_deref().unwrap_or_default();
+                    let _ = c
+                        .stream
+                        .write_vectored(&[IoSlice::new(&reply.bytes), IoSlice::new(shared)]);
                     let _ = c.stream.shutdown(Shutdown::Write);
                     self.close(token);
                 }
@@ -583,29 +682,82 @@ impl<S: Service> EventLoop<S> {
         }
     }
 
-    /// Starts writing a reply.
+    /// Starts writing a reply, once its bytes fit in
+    /// [`Options::max_buffered`]: others waiting for their client make room,
+    /// or the service's refusal goes out instead (or the connection closes).
     fn send(&mut self, token: Token, reply: Reply) {
-        if let Some(c) = self.conns.get_mut(&token) {
-            c.out = reply.bytes;
-            c.out_pos = 0;
-            c.then = reply.then;
-            if c.state != State::Writing {
-                self.enter(token, State::Writing, self.opts.write_timeout);
+        let len = reply.bytes.len() + reply.shared.as_ref().map_or(0, |s| s.len());
+        if !self.take_reply(token, reply) {
+            let Some(c) = self.conns.get(&token) else {
+                return;
+            };
+            crate::warn_limited!(
+                "{}: {} bytes buffered across connections (the limit, {}); the reply of \
+                 {len} bytes to {} does not fit beside the requests with the workers: refused",
+                S::NAME,
+                self.buffered,
+                S::SETTINGS.buffered,
+                c.peer
+            );
+            let refusal = self.service.refusal().map(|r| Reply {
+                then: Then::Linger,
+                ..r
+            });
+            if !refusal.is_some_and(|r| self.take_reply(token, r)) {
+                return self.close(token);
             }
-            self.account(token);
-            self.write_reply(token);
         }
+        self.write_reply(token);
+    }
+
+    /// Makes `reply` the connection's reply if it fits, counting its bytes.
+    fn take_reply(&mut self, token: Token, reply: Reply) -> bool {
+        let Some(c) = self.conns.get_mut(&token) else {
+            return false;
+        };
+        c.out = reply.bytes;
+        c.out_shared = reply.shared;
+        c.out_pos = 0;
+        c.then = reply.then;
+        if c.state != State::Writing {
+            self.enter(token, State::Writing, self.opts.write_timeout);
+        }
+        // Counted before room is made, so that closing others who send the
+        // same shared buffer cannot stop counting it.
+        self.hold_shared(token);
+        self.account(token);
+        if self.make_room(token, 0) {
+            return true;
+        }
+        self.drop_reply(token);
+        false
     }
 
     fn write_reply(&mut self, token: Token) {
         let Some(c) = self.conns.get_mut(&token) else {
             return;
         };
-        while c.out_pos < c.out.len() {
-            match c.stream.write(&c.out[c.out_pos..]) {
+        let mut moved = false;
+        let mut blocked = false;
+        while c.out_pos < c.out_len() {
+            let own = c.out.get(c.out_pos..).unwrap_or_default();
+            let shared = c.out_shared.as_deref().unwrap_or_default();
+            let shared = shared
+                .get(c.out_pos.saturating_sub(c.out.len())..)
+                .unwrap_or_default();
+            match c
+                .stream
+                .write_vectored(&[IoSlice::new(own), IoSlice::new(shared)])
+            {
                 Ok(0) => return self.close(token),
-                Ok(n) => c.out_pos += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Ok(n) => {
+                    c.out_pos += n;
+                    moved = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    blocked = true;
+                    break;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     debug!("{} reply to {} failed: {e}", S::NAME, c.peer);
@@ -613,19 +765,26 @@ impl<S: Service> EventLoop<S> {
                 }
             }
         }
-        c.out = Vec::new();
+        if moved {
+            self.progressed(token);
+        }
+        if blocked {
+            return;
+        }
+        self.drop_reply(token);
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
         match c.then {
             Then::Linger => {
                 if c.stream.shutdown(Shutdown::Write).is_err() {
                     return self.close(token);
                 }
                 c.drained = 0;
-                self.account(token);
                 self.enter(token, State::Lingering, self.opts.linger_timeout);
                 self.linger(token);
             }
             Then::KeepAlive => {
-                self.account(token);
                 self.enter(token, State::Reading, self.opts.request_timeout);
                 self.read_request(token);
             }

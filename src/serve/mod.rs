@@ -13,15 +13,22 @@
 //!   [`Options::write_timeout`]; after the reply the server waits at most
 //!   [`Options::linger_timeout`] for the client to close;
 //! * connections: at most [`Options::max_connections`] are open. At the
-//!   bound, a new connection replaces the oldest one that is waiting for its
-//!   client (a reply sent, or a request incomplete); when every open
+//!   bound, a new connection replaces one that is waiting for its client
+//!   (lingering after a reply, the oldest first, then the one that has
+//!   moved no byte of its request or reply for the longest); when every open
 //!   connection has a request in a handler, new ones wait in the kernel's
 //!   listen backlog;
 //! * memory: a request is buffered as its bytes arrive (a declared length
 //!   allocates nothing), the service bounds each request, and the bytes of
 //!   requests and replies held across all connections stay within
-//!   [`Options::max_buffered`]: a connection that needs more evicts the
-//!   oldest incomplete ones, or is closed;
+//!   [`Options::max_buffered`]. A reply counts until its last byte is
+//!   taken by the client; a buffer shared by several replies
+//!   ([`Reply::shared`]) counts once. A connection that needs more closes
+//!   others waiting for their client (lingering after a reply first, then
+//!   those stalled longest, in a request or a reply); when that is not
+//!   enough, a request is closed, a reply is replaced by the service's
+//!   [`Service::refusal`] (or the connection closed). Beyond the bound are
+//!   only the replies the workers are building;
 //! * threads: one poll thread and [`Options::workers`] workers, whatever
 //!   the number of clients.
 //!
@@ -29,6 +36,8 @@
 //! count ([`crate::warn_limited!`]).
 
 mod event_loop;
+#[cfg(test)]
+mod tests;
 
 use std::io;
 use std::net::SocketAddr;
@@ -64,6 +73,13 @@ pub(crate) trait Service: Send + Sync + 'static {
     /// Answers a request on a worker thread; `Err` closes the connection
     /// without a reply and says why. A panic does the same.
     fn handle(&self, peer: SocketAddr, request: Self::Request) -> Result<Reply, String>;
+
+    /// A small reply sent instead of one that does not fit in
+    /// [`Options::max_buffered`] (e.g. HTTP's 503), after which the
+    /// connection closes; `None` closes it at once.
+    fn refusal(&self) -> Option<Reply> {
+        None
+    }
 }
 
 /// The names of the settings behind a service's bounds.
@@ -112,10 +128,25 @@ pub(crate) enum Dispatch<R> {
 
 /// A reply and what follows it.
 pub(crate) struct Reply {
-    /// The bytes to send.
+    /// The bytes to send first, made for this reply.
     pub bytes: Vec<u8>,
+    /// Bytes sent after `bytes` that other replies (or the service) may
+    /// hold too: counted once against [`Options::max_buffered`] while any
+    /// connection sends them.
+    pub shared: Option<Arc<[u8]>>,
     /// What happens once they are sent.
     pub then: Then,
+}
+
+impl Reply {
+    /// A reply of its own `bytes` only.
+    pub(crate) fn owned(bytes: Vec<u8>, then: Then) -> Reply {
+        Reply {
+            bytes,
+            shared: None,
+            then,
+        }
+    }
 }
 
 /// What happens on a connection after its reply is sent.
@@ -138,7 +169,8 @@ pub(crate) struct Options {
     pub write_timeout: Duration,
     /// After the reply, for the client's EOF.
     pub linger_timeout: Duration,
-    /// Bytes of requests and replies held across all connections.
+    /// Bytes of requests and replies held across all connections (a
+    /// shared reply buffer counted once).
     pub max_buffered: usize,
     /// Threads that run [`Service::handle`].
     pub workers: usize,

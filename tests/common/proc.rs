@@ -1,14 +1,21 @@
-//! What this test process spends, read from `/proc/self`: threads and
-//! resident memory.
+//! What a process spends, read from `/proc`: threads and resident memory
+//! of this process, resident memory of a child.
 
-/// A `kB` field of `/proc/self/status` (`VmRSS`, `VmHWM`, ...), in KiB.
-pub fn status_kb(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+/// A `kB` field of `/proc/<pid>/status` (`VmRSS`, `VmHWM`, ...), in KiB;
+/// `pid` is a process id or `self`.
+pub fn status_kb_of(pid: &str, field: &str) -> u64 {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     status
         .lines()
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
+        .unwrap_or_else(|| panic!("no {field} in {path}"))
+}
+
+/// A `kB` field of `/proc/self/status`, in KiB.
+pub fn status_kb(field: &str) -> u64 {
+    status_kb_of("self", field)
 }
 
 /// Resident set size now, in KiB.

@@ -173,6 +173,11 @@ impl Process {
         self.child = Some(child);
     }
 
+    /// The child's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Whether the child is running (not yet exited).
     pub fn is_running(&mut self) -> bool {
         match self.child.as_mut() {

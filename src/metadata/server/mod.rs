@@ -8,136 +8,45 @@
 //! * `DELETE <path>?key=K` — 200, also for an absent key.
 //!
 //! A missing `key` parameter is 400, another method 405, another path 404,
-//! a body over the limit 413. Unlike the Go server, every change is written
-//! to the data file (a JSON object of key to stored body; temp file, fsync,
-//! rename) before the answer goes out, and the file is loaded at start.
+//! a body over the limit 413, a PUT that would take the store beyond its
+//! bounds of keys or bytes 507. Unlike the Go server, every change is on
+//! disk ([`journal`]: a snapshot in the data file, a JSON object of key to
+//! stored body, and a log of changes beside it) before the answer goes
+//! out, and the data is loaded at start.
 //!
 //! The server is event-driven ([`crate::serve`]): one thread reads the
 //! requests of every connection, each with a deadline, and a few threads
 //! answer complete ones, so slow or silent clients cannot hold up others.
-//! Connections are kept alive between requests (HTTP/1.1).
+//! Connections are kept alive between requests (HTTP/1.1). A value is sent
+//! from the store's copy, shared by every client reading it; when the
+//! replies waiting for their clients fill `--max-buffered`, the client
+//! stalled longest is closed, and a reply that still does not fit is a 503.
 
-use std::collections::BTreeMap;
-use std::fs;
-use std::io::{self, Write};
+mod journal;
+mod store;
+
+use std::io;
 use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::http1::{self, Limits};
+use super::http1;
 use crate::serve::{self, Dispatch, Parse, Reply, Service, Then};
-
-/// Stored values and the file that persists them.
-struct Store {
-    data: Mutex<BTreeMap<String, String>>,
-    file: Option<PathBuf>,
-}
-
-impl Store {
-    fn load(file: Option<PathBuf>) -> io::Result<Store> {
-        let data = match &file {
-            Some(path) => match fs::read(path) {
-                Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!(
-                            "{}: not a JSON object of strings ({e}); \
-                             fix or move the file away",
-                            path.display()
-                        ),
-                    )
-                })?,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => BTreeMap::new(),
-                Err(e) => return Err(e),
-            },
-            None => BTreeMap::new(),
-        };
-        Ok(Store {
-            data: Mutex::new(data),
-            file,
-        })
-    }
-
-    fn get(&self, key: &str) -> Option<String> {
-        self.lock().get(key).cloned()
-    }
-
-    /// Sets (`Some`) or removes (`None`) `key`; the change is on disk when
-    /// this returns `Ok`, and undone in memory when it returns `Err`.
-    fn update(&self, key: &str, value: Option<String>) -> io::Result<()> {
-        let mut data = self.lock();
-        let old = match value {
-            Some(v) => data.insert(key.to_owned(), v),
-            None => match data.remove(key) {
-                Some(old) => Some(old),
-                None => return Ok(()),
-            },
-        };
-        let Some(path) = &self.file else {
-            return Ok(());
-        };
-        let result = persist(path, &data);
-        if result.is_err() {
-            match old {
-                Some(old) => data.insert(key.to_owned(), old),
-                None => data.remove(key),
-            };
-        }
-        result
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
-        // A panic while holding the lock leaves the map consistent (every
-        // change is a single insert or remove), so poisoning is ignored.
-        self.data.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// Writes `data` to `path` atomically: temp file in the same directory,
-/// fsync, rename, fsync of the directory.
-fn persist(path: &Path, data: &BTreeMap<String, String>) -> io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let file_name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "data file has no name"))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(file_name);
-    tmp_name.push(format!(".tmp.{}", std::process::id()));
-    let tmp = dir.join(tmp_name);
-    let bytes = serde_json::to_vec(data).map_err(io::Error::other)?;
-    let written = (|| {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    if let Err(e) = written {
-        // Best effort: the temp file is garbage either way.
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    // The data is in place; a failed directory sync only weakens crash
-    // safety, so it is reported, not returned.
-    if let Err(e) = fs::File::open(dir).and_then(|d| d.sync_all()) {
-        crate::warn_limited!("cannot fsync the data directory {}: {e}", dir.display());
-    }
-    Ok(())
-}
+use store::{Refused, Store};
 
 /// Bounds of a [`MetadataServer`] (the command-line flags of
 /// `transfer-engine-metadata-server`).
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
     /// Largest `PUT` body; a larger one is answered 413 (`--max-body`,
-    /// 64 MiB).
+    /// 64 MiB), as is a request larger as sent (head, body and chunk
+    /// framing) than this, an eighth of it, and 80 KiB.
     pub max_body: usize,
     /// Connections open at once (`--max-connections`, 1024). At the bound a
-    /// new connection closes the oldest one waiting for its client; when
-    /// all have requests being answered, new ones wait in the backlog.
+    /// new connection closes the one that has waited longest for its
+    /// client (idle, sending a request, or not taking its reply); when all
+    /// have requests being answered, new ones wait in the backlog.
     pub max_connections: usize,
     /// Deadline for a whole request (head and body) from the connection's
     /// start or its previous response, and for sending a response
@@ -146,8 +55,16 @@ pub struct ServerOptions {
     /// Threads that answer complete requests (`--workers`, 4).
     pub workers: usize,
     /// Bytes of requests and responses held across all connections
-    /// (`--max-buffered`, 256 MiB; at least one largest request).
+    /// (`--max-buffered`, 256 MiB; at least one largest request). A value
+    /// sent to several clients at once counts once. At the bound the client
+    /// stalled longest is closed.
     pub max_buffered: usize,
+    /// Keys stored at once (`--max-keys`, 100000); a PUT of a new key
+    /// beyond is answered 507.
+    pub max_keys: usize,
+    /// Bytes of keys and values stored at once (`--max-total-bytes`,
+    /// 1 GiB); a PUT that would grow the store beyond is answered 507.
+    pub max_total_bytes: usize,
 }
 
 impl Default for ServerOptions {
@@ -158,6 +75,8 @@ impl Default for ServerOptions {
             timeout: Duration::from_secs(30),
             workers: 4,
             max_buffered: 256 << 20,
+            max_keys: 100_000,
+            max_total_bytes: 1 << 30,
         }
     }
 }
@@ -170,9 +89,10 @@ pub struct MetadataServer {
 }
 
 impl MetadataServer {
-    /// Loads `data_file` (if given and present) and serves on `addr` (e.g.
-    /// `127.0.0.1:0` for any free port) under `path` (e.g. `/metadata`; a
-    /// missing leading `/` is added), with the default [`ServerOptions`].
+    /// Loads `data_file` and its log (if given and present) and serves on
+    /// `addr` (e.g. `127.0.0.1:0` for any free port) under `path` (e.g.
+    /// `/metadata`; a missing leading `/` is added), with the default
+    /// [`ServerOptions`].
     /// Fails if the address cannot be bound or the data file cannot be read
     /// or parsed.
     pub fn start(addr: &str, path: &str, data_file: Option<PathBuf>) -> io::Result<MetadataServer> {
@@ -191,17 +111,22 @@ impl MetadataServer {
         } else {
             format!("/{path}")
         };
-        let store = Store::load(data_file)?;
+        let store = Store::load(
+            data_file,
+            store::Limits {
+                max_keys: opts.max_keys,
+                max_bytes: opts.max_total_bytes,
+            },
+        )?;
         // The connection bound, not the usual 1024 descriptors, limits
         // clients.
         crate::engine::raise_descriptor_limit();
         let listener = TcpListener::bind(addr)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
         let local = listener.local_addr()?;
-        let limits = Limits {
-            max_body: opts.max_body,
-        };
-        // One largest request (head, body, and a read beyond) always fits.
+        let limits = http1::Limits::new(opts.max_body);
+        // One largest request (its body, and a head or a chunk in progress
+        // with a read beyond), or reply, always fits.
         let min_buffered = opts
             .max_body
             .saturating_add(http1::MAX_HEAD)
@@ -219,6 +144,7 @@ impl MetadataServer {
             store,
             path: path.clone(),
             limits,
+            opts: opts.clone(),
         });
         let server = serve::Server::start(listener, service, serve_opts)?;
         tracing::info!(addr = %local, %path, ?opts, "metadata server started");
@@ -258,7 +184,16 @@ impl Drop for MetadataServer {
 struct Http {
     store: Store,
     path: String,
-    limits: Limits,
+    limits: http1::Limits,
+    opts: ServerOptions,
+}
+
+/// The body of an answer.
+enum Body {
+    /// A fixed message.
+    Text(&'static str),
+    /// A stored value, shared with the store.
+    Value(Arc<str>),
 }
 
 impl Service for Http {
@@ -281,40 +216,55 @@ impl Service for Http {
 
     fn handle(&self, _peer: SocketAddr, req: http1::Request) -> Result<Reply, String> {
         let (status, body) = self.answer(req.method, &req.target, req.body);
-        Ok(Reply {
-            bytes: http1::response(status, body.as_bytes(), req.keep_alive),
-            then: if req.keep_alive {
-                Then::KeepAlive
-            } else {
-                Then::Linger
+        let then = if req.keep_alive {
+            Then::KeepAlive
+        } else {
+            Then::Linger
+        };
+        Ok(match body {
+            Body::Text(text) => Reply::owned(
+                http1::response(status, text.as_bytes(), req.keep_alive),
+                then,
+            ),
+            Body::Value(value) => Reply {
+                bytes: http1::response_head(status, value.len(), req.keep_alive),
+                shared: Some(Arc::from(value)),
+                then,
             },
         })
+    }
+
+    fn refusal(&self) -> Option<Reply> {
+        Some(Reply::owned(
+            http1::response(503, b"server busy", false),
+            Then::Linger,
+        ))
     }
 }
 
 impl Http {
     /// Status and body of the answer to one request.
-    fn answer(&self, method: String, target: &str, body: Vec<u8>) -> (u16, String) {
+    fn answer(&self, method: String, target: &str, body: Vec<u8>) -> (u16, Body) {
         let (req_path, query) = target.split_once('?').unwrap_or((target, ""));
         if req_path != self.path {
-            return (404, "not found".into());
+            return (404, Body::Text("not found"));
         }
         if !matches!(method.as_str(), "GET" | "PUT" | "DELETE") {
-            return (405, "method not allowed".into());
+            return (405, Body::Text("method not allowed"));
         }
         let Some(key) = query_key(query) else {
-            return (400, "missing key".into());
+            return (400, Body::Text("missing key"));
         };
         let change = match method.as_str() {
             "GET" => {
                 return match self.store.get(&key) {
-                    Some(v) => (200, v),
-                    None => (404, "metadata not found".into()),
+                    Some(v) => (200, Body::Value(v)),
+                    None => (404, Body::Text("metadata not found")),
                 };
             }
             "PUT" => match String::from_utf8(body) {
-                Ok(value) => Some(value),
-                Err(_) => return (400, "value is not UTF-8".into()),
+                Ok(value) => Some(Arc::from(value)),
+                Err(_) => return (400, Body::Text("value is not UTF-8")),
             },
             _ => None,
         };
@@ -322,17 +272,31 @@ impl Http {
         match self.store.update(&key, change) {
             Ok(()) if put => {
                 tracing::debug!(%key, "metadata updated");
-                (200, "metadata updated".into())
+                (200, Body::Text("metadata updated"))
             }
             Ok(()) => {
                 tracing::debug!(%key, "metadata deleted");
-                (200, "metadata deleted".into())
+                (200, Body::Text("metadata deleted"))
             }
-            Err(e) => {
+            Err(Refused::Io(e)) => {
                 crate::log_limited!(error, "cannot persist metadata {key:?}: {e}");
-                (500, "cannot persist metadata".into())
+                (500, Body::Text("cannot persist metadata"))
             }
+            Err(Refused::Keys) => self.full(&key, "a new key"),
+            Err(Refused::Bytes) => self.full(&key, "more bytes"),
         }
+    }
+
+    /// The answer to a PUT refused at the store's bounds.
+    fn full(&self, key: &str, what: &str) -> (u16, Body) {
+        let (keys, bytes) = self.store.usage();
+        crate::warn_limited!(
+            "metadata store full ({keys} keys, the limit --max-keys is {}; {bytes} bytes, the \
+             limit --max-total-bytes is {}): PUT of {key:.128?} needing {what} refused (507)",
+            self.opts.max_keys,
+            self.opts.max_total_bytes
+        );
+        (507, Body::Text("metadata store full"))
     }
 }
 
@@ -367,32 +331,5 @@ mod tests {
         assert_eq!(query_key("keys=1"), None);
         assert_eq!(query_key(""), None);
         assert_eq!(query_key("key=%FF"), None);
-    }
-
-    #[test]
-    fn store_persists_and_rolls_back() {
-        let dir = std::env::temp_dir().join(format!("te-store-unit-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("data.json");
-        let _ = fs::remove_file(&file);
-        let s = Store::load(Some(file.clone())).unwrap();
-        s.update("a", Some("{\"x\":1}".into())).unwrap();
-        s.update("b", Some("2".into())).unwrap();
-        s.update("b", None).unwrap();
-        s.update("missing", None).unwrap();
-        let again = Store::load(Some(file.clone())).unwrap();
-        assert_eq!(again.get("a").as_deref(), Some("{\"x\":1}"));
-        assert_eq!(again.get("b"), None);
-        // A file in a directory that is gone cannot be written: the change
-        // is refused and undone.
-        let gone = Store::load(Some(dir.join("nodir").join("data.json"))).unwrap();
-        assert!(gone.update("k", Some("v".into())).is_err());
-        assert_eq!(gone.get("k"), None);
-        fs::write(&file, b"[1]").unwrap();
-        assert_eq!(
-            Store::load(Some(file)).err().map(|e| e.kind()),
-            Some(io::ErrorKind::InvalidData)
-        );
-        fs::remove_dir_all(&dir).unwrap();
     }
 }
