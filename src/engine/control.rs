@@ -8,7 +8,7 @@ use crate::rpc::FrameKind;
 use crate::rpc::server::RpcHandler;
 use serde_json::{Value, json};
 use std::collections::VecDeque;
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use tracing::debug;
 
 /// Bounds of the notification queue.
@@ -58,7 +58,9 @@ pub type ConnectionHandler = Box<dyn Fn(&Value) -> Value + Send + Sync>;
 /// State shared between the engine and its handshake listener.
 #[derive(Default)]
 pub struct ControlState {
-    local_desc: RwLock<Option<Value>>,
+    /// The descriptor served to peers, and its JSON text as a Metadata
+    /// reply sends it (shared by the replies under way).
+    local_desc: RwLock<Option<(Value, Arc<[u8]>)>>,
     notifies: Mutex<NotifyQueue>,
     limits: NotifyLimits,
     connection: RwLock<Option<ConnectionHandler>>,
@@ -111,7 +113,8 @@ impl ControlState {
 
     /// Sets the descriptor served to peers.
     pub fn set_local_desc(&self, desc: Value) {
-        *self.local_desc.write().unwrap_or_else(|e| e.into_inner()) = Some(desc);
+        let text: Arc<[u8]> = format!("{desc}\n").into_bytes().into();
+        *self.local_desc.write().unwrap_or_else(|e| e.into_inner()) = Some((desc, text));
     }
 
     /// The descriptor served to peers, once a transport is installed.
@@ -119,7 +122,8 @@ impl ControlState {
         self.local_desc
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .as_ref()
+            .map(|(v, _)| v.clone())
     }
 
     /// Queues a received notification, dropping the oldest ones beyond the
@@ -175,6 +179,17 @@ impl ControlState {
 }
 
 impl RpcHandler for ControlState {
+    fn shared_reply(&self, kind: FrameKind) -> Option<Arc<[u8]>> {
+        if kind != FrameKind::Metadata {
+            return None;
+        }
+        self.local_desc
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|(_, text)| text.clone())
+    }
+
     fn handle(&self, kind: FrameKind, request: Value) -> Value {
         match kind {
             FrameKind::Metadata => self.local_desc().unwrap_or(Value::Null),

@@ -96,14 +96,21 @@ impl From<io::Error> for FrameError {
 /// Encodes one frame: typed when `kind` is `Some`, legacy (no type byte)
 /// when `None`. The length is written in native byte order.
 pub fn encode(kind: Option<FrameKind>, payload: &[u8]) -> Vec<u8> {
+    let mut out = header(kind, payload.len());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The bytes of a frame before its payload of `payload_len` bytes: the
+/// length word and, when typed, the type byte.
+pub fn header(kind: Option<FrameKind>, payload_len: usize) -> Vec<u8> {
     let type_len = usize::from(kind.is_some());
-    let len = (payload.len() + type_len) as u64;
-    let mut out = Vec::with_capacity(8 + type_len + payload.len());
+    let len = (payload_len + type_len) as u64;
+    let mut out = Vec::with_capacity(8 + type_len + payload_len);
     out.extend_from_slice(&len.to_ne_bytes());
     if let Some(k) = kind {
         out.push(k as u8);
     }
-    out.extend_from_slice(payload);
     out
 }
 

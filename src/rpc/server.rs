@@ -13,7 +13,7 @@
 //! waited longest for its client (to send its request or take its reply)
 //! makes room.
 
-use super::frame::{Frame, FrameKind, Taken, encode_json, take_frame};
+use super::frame::{Frame, FrameKind, Taken, encode_json, header, take_frame};
 use crate::config::Config;
 use crate::serve::{self, Dispatch, Parse, Reply, Service, Then};
 use serde_json::{Value, json};
@@ -41,6 +41,14 @@ pub trait RpcHandler: Send + Sync + 'static {
     /// reply; the server keeps serving. Handlers run on a small pool of
     /// threads ([`ServerOptions::workers`]): one that blocks holds a thread.
     fn handle(&self, kind: FrameKind, request: Value) -> Value;
+
+    /// The reply to a `kind` request when it is the same for every client
+    /// (the descriptor): compact JSON ending in `\n`, built once and shared
+    /// by the replies that send it instead of copied into each. `None`:
+    /// [`RpcHandler::handle`] answers.
+    fn shared_reply(&self, _kind: FrameKind) -> Option<Arc<[u8]>> {
+        None
+    }
 }
 
 /// Limits of the handshake listener.
@@ -163,6 +171,13 @@ impl Service for Handshake {
         let (kind, reply_kind, payload) = request;
         let request = Self::json(kind, &payload)?;
         drop(payload);
+        if let Some(text) = self.handler.shared_reply(kind) {
+            return Ok(Reply {
+                bytes: header(reply_kind, text.len()),
+                shared: Some(text),
+                then: Then::Linger,
+            });
+        }
         let reply = self.handler.handle(kind, request);
         Ok(Self::reply(reply_kind, &reply))
     }
