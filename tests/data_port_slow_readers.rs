@@ -2,10 +2,12 @@
 //! own environment: `MC_TCP_MAX_DATA_CONNECTIONS=32` and no minimum rate,
 //! `MC_TCP_MIN_RATE_BYTES_PER_SEC=0`, so that only the bound's choice of
 //! the session to close can let anyone in). Each drainer READs a 64 MiB
-//! buffer through a 4 KiB receive buffer and takes 1 KiB every 2 s, and
-//! 1 MiB at once every 24 s, so that the server, whose kernel holds a few
-//! MiB of the reply, moves a byte within `MC_TCP_STATUS_TIMEOUT_SEC` (42
-//! KiB/s on average); 48 of them, reopened when the server closes them.
+//! buffer through a 16 KiB receive buffer and takes 1 KiB every 2 s, and
+//! 2 MiB at once every 20 s: the server's kernel holds up to 4 MiB of the
+//! reply and lets the server send again only once about a third of that
+//! is taken, and the burst makes the server move a byte within
+//! `MC_TCP_STATUS_TIMEOUT_SEC`; 48 of them, reopened when the server
+//! closes them.
 //! At the bound the session
 //! making the least progress gives way: a real peer opens the segment and
 //! moves verified bytes, a raw reader taking its reply at a steady 2 MiB/s
@@ -16,7 +18,9 @@
 //! variables given win over the defaults above):
 //! `MC_TCP_MAX_DATA_CONNECTIONS=256 TE_SLOW_READERS=300 cargo test --test
 //! data_port_slow_readers -- --nocapture`, with or without
-//! `MC_TCP_MIN_RATE_BYTES_PER_SEC=65536`.
+//! `MC_TCP_MIN_RATE_BYTES_PER_SEC=65536`; `TE_SLOW_READERS_HOLD_SEC` (4)
+//! is how long the drainers hold the port before the real peer arrives,
+//! `TE_SLOW_READERS_BURST` (2097152) the bytes of a burst, 0 for none.
 
 mod common;
 
@@ -34,11 +38,11 @@ const BAIT_SEED: u8 = 3;
 /// What a drainer takes per pass, how often, and its receive buffer.
 const SIP: usize = 1024;
 const SIP_EVERY: Duration = Duration::from_secs(2);
-const DRAINER_RCVBUF: usize = 4096;
-/// Every this many passes a drainer takes a burst: enough for the
-/// server's kernel to let it send again.
-const BURST_EVERY: usize = 12;
-const BURST: usize = 1 << 20;
+const DRAINER_RCVBUF: usize = 16 << 10;
+/// Every this many passes a drainer takes a burst instead (the drainers
+/// take turns): enough for the server's kernel to let it send again.
+const BURST_EVERY: usize = 10;
+const BURST: usize = 2 << 20;
 /// The steady reader: how much of the bait it READs, at what pace.
 const STEADY: usize = 16 << 20;
 const STEADY_RATE: f64 = (2 << 20) as f64;
@@ -60,12 +64,12 @@ fn setting(name: &str, default: usize) -> usize {
 fn gulp(c: &mut Reader, n: usize) -> Took {
     let mut got = 0;
     let mut dry = 0;
-    while got < n && dry < 3 {
+    while got < n && dry < 200 {
         match c.take(n - got) {
             Took::Closed => return Took::Closed,
             Took::Bytes(0) => {
                 dry += 1;
-                std::thread::sleep(Duration::from_millis(1));
+                std::thread::sleep(Duration::from_micros(100));
             }
             Took::Bytes(k) => {
                 got += k;
@@ -100,6 +104,7 @@ fn read_steadily(mut r: Reader) -> Result<Duration, usize> {
 fn slow_readers_give_way_to_a_real_peer() {
     let cap = setting("MC_TCP_MAX_DATA_CONNECTIONS", 32);
     let drainers = setting("TE_SLOW_READERS", cap + 16);
+    let burst = setting("TE_SLOW_READERS_BURST", BURST);
     // SAFETY: set before any engine reads its configuration, with no
     // other thread running yet.
     unsafe {
@@ -135,9 +140,12 @@ fn slow_readers_give_way_to_a_real_peer() {
             let mut pass = 0;
             while !stop.load(Ordering::Relaxed) {
                 pass += 1;
-                let burst = pass % BURST_EVERY == 0;
-                for c in &mut conns {
-                    let took = if burst { gulp(c, BURST) } else { c.take(SIP) };
+                for (i, c) in conns.iter_mut().enumerate() {
+                    let took = if burst > 0 && (pass + i) % BURST_EVERY == 0 {
+                        gulp(c, burst)
+                    } else {
+                        c.take(SIP)
+                    };
                     match took {
                         Took::Bytes(n) => {
                             sipped.fetch_add(n, Ordering::Relaxed);
@@ -156,7 +164,9 @@ fn slow_readers_give_way_to_a_real_peer() {
         })
     };
     // Every drainer connected, the first ones past their first sips.
-    std::thread::sleep(Duration::from_secs(4));
+    std::thread::sleep(Duration::from_secs(
+        setting("TE_SLOW_READERS_HOLD_SEC", 4) as u64
+    ));
     // Sockets of this process now beyond the start: the drainers' and the
     // steady reader's, and the server's sessions.
     let held = (fds() - fds_before).saturating_sub(drainers + 1);
@@ -197,6 +207,12 @@ fn slow_readers_give_way_to_a_real_peer() {
         PEER_DEADLINE,
     );
     let took = t.elapsed();
+    println!(
+        "a real peer opened the segment, WRITE {:?} and READ {:?} of {} MiB, in {took:?} while {drainers} slow drainers held the data port",
+        w[0],
+        r[0],
+        ROUND >> 20
+    );
     assert_eq!(
         (w[0], r[0]),
         (TaskStatus::Completed, TaskStatus::Completed),
@@ -204,10 +220,6 @@ fn slow_readers_give_way_to_a_real_peer() {
     );
     assert!(back.snapshot() == src.snapshot(), "bytes differ");
     assert!(mem.snapshot() == src.snapshot(), "the WRITE did not land");
-    println!(
-        "a real peer opened the segment and moved {} MiB each way, verified, in {took:?} while {drainers} slow drainers held the data port",
-        ROUND >> 20
-    );
 
     let steady = steady.join().unwrap();
     stop.store(true, Ordering::Relaxed);
