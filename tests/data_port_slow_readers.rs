@@ -4,15 +4,15 @@
 //! the session to close can let anyone in). Each drainer READs a 64 MiB
 //! buffer through a 16 KiB receive buffer and takes 1 KiB every 2 s, and
 //! 2 MiB at once every 20 s: the server's kernel holds up to 4 MiB of the
-//! reply and lets the server send again only once about a third of that
-//! is taken, and the burst makes the server move a byte within
-//! `MC_TCP_STATUS_TIMEOUT_SEC`; 48 of them, reopened when the server
-//! closes them.
-//! At the bound the session
-//! making the least progress gives way: a real peer opens the segment and
-//! moves verified bytes, a raw reader taking its reply at a steady 2 MiB/s
-//! keeps its connection to the last byte, and the server holds at most 32
-//! sessions and no thread per connection.
+//! reply and lets the server send again only once about 1 MiB of it is
+//! taken, so the bursts are what keeps the server moving a byte within
+//! `MC_TCP_STATUS_TIMEOUT_SEC` (before the bound chose by progress, 48 such
+//! drainers held a bound of 32 for good). 48 of them, reopened when the
+//! server closes them. At the bound the session making the least progress
+//! gives way: a real peer opens the segment and moves verified bytes, a raw
+//! reader taking its reply at a steady 2 MiB/s keeps its connection to the
+//! last byte, and the server holds at most 32 sessions and no thread per
+//! connection.
 //!
 //! The README's figure is this test with the numbers (the
 //! variables given win over the defaults above):
