@@ -127,6 +127,14 @@ pub struct Config {
     /// `MC_TCP_IDLE_TIMEOUT_SEC`: an idle data connection is closed after
     /// this long by the server, after half of it by the client (300).
     pub tcp_idle_timeout_secs: u64,
+    /// `MC_TCP_MIN_RATE_BYTES_PER_SEC`: the data server drops a request in
+    /// progress whose peer takes fewer bytes per second than this,
+    /// averaged over each `MC_TCP_MIN_RATE_WINDOW_SEC` (65536; 0 = off,
+    /// up to 1 GiB/s).
+    pub tcp_min_rate: u64,
+    /// `MC_TCP_MIN_RATE_WINDOW_SEC`: the window the minimum rate is
+    /// averaged over (10, 1..=3600).
+    pub tcp_min_rate_window_secs: u64,
     /// `MC_TE_STRICT_LOCAL`: fail a request whose local `source` range is
     /// not inside one registered buffer, on every transport.
     pub strict_local: bool,
@@ -244,6 +252,8 @@ impl Default for Config {
             tcp_io_threads: default_io_threads(),
             tcp_max_data_connections: 4096,
             tcp_idle_timeout_secs: 300,
+            tcp_min_rate: 64 << 10,
+            tcp_min_rate_window_secs: 10,
             strict_local: false,
             redis_username: None,
             redis_password: None,
@@ -551,6 +561,13 @@ impl Config {
                 2,
                 86400,
             ),
+            tcp_min_rate: r.number("MC_TCP_MIN_RATE_BYTES_PER_SEC", d.tcp_min_rate, 0, 1 << 30),
+            tcp_min_rate_window_secs: r.number(
+                "MC_TCP_MIN_RATE_WINDOW_SEC",
+                d.tcp_min_rate_window_secs,
+                1,
+                3600,
+            ),
             strict_local: r.flag("MC_TE_STRICT_LOCAL"),
             redis_username: r.string("MC_REDIS_USERNAME"),
             redis_password: r.string("MC_REDIS_PASSWORD"),
@@ -852,6 +869,32 @@ mod tests {
         assert_eq!(c.te_filters, vec!["mlx5_0", "mlx5_1"]);
         assert!(c.tcp_force_v1);
         assert_eq!(c.transfer_timeout_secs, 120);
+    }
+
+    #[test]
+    fn data_port_minimum_rate() {
+        let d = parse(&[]);
+        assert_eq!((d.tcp_min_rate, d.tcp_min_rate_window_secs), (65536, 10));
+        let c = parse(&[
+            ("MC_TCP_MIN_RATE_BYTES_PER_SEC", "0"),
+            ("MC_TCP_MIN_RATE_WINDOW_SEC", "60"),
+        ]);
+        assert_eq!((c.tcp_min_rate, c.tcp_min_rate_window_secs), (0, 60));
+        let bad = parse(&[
+            ("MC_TCP_MIN_RATE_BYTES_PER_SEC", "-1"),
+            ("MC_TCP_MIN_RATE_WINDOW_SEC", "0"),
+        ]);
+        assert_eq!(
+            (bad.tcp_min_rate, bad.tcp_min_rate_window_secs),
+            (65536, 10)
+        );
+        assert_eq!(
+            bad.warnings,
+            [
+                "MC_TCP_MIN_RATE_BYTES_PER_SEC=-1 is not a number; using 65536",
+                "MC_TCP_MIN_RATE_WINDOW_SEC=0 is outside 1..=3600; using 10",
+            ]
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::proc::threads;
+use common::proc::{fds, raise_fd_limit, threads};
 use common::*;
 use std::io::Read;
 use std::net::TcpStream;
@@ -16,28 +16,6 @@ use transfer_engine::rpc::{ClientOptions, FrameKind, call};
 
 const CAP: usize = 256;
 const ATTACKERS: usize = 3000;
-
-fn fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
-
-fn raise_fd_limit() {
-    let mut rl = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: reads and writes one rlimit we own.
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl);
-        rl.rlim_cur = rl.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
-    }
-    assert!(
-        rl.rlim_cur as usize > 2 * ATTACKERS + 1000,
-        "the descriptor limit ({}) is too low for this test",
-        rl.rlim_cur
-    );
-}
 
 /// Whether the server closed this connection (EOF or reset).
 fn closed_by_server(s: &mut TcpStream) -> bool {
@@ -58,7 +36,7 @@ fn idle_connections_are_bounded_and_real_peers_are_served() {
         std::env::set_var("MC_TCP_MAX_DATA_CONNECTIONS", CAP.to_string());
         std::env::set_var("MC_TCP_IDLE_TIMEOUT_SEC", "3");
     }
-    raise_fd_limit();
+    raise_fd_limit(2 * ATTACKERS + 1000);
     let target = engine();
     let initiator = engine();
     let mem = Buf::new(4 << 20, 1);

@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 pub mod proc;
+pub mod readers;
 pub mod servers;
 
 use serde_json::{Value, json};
@@ -156,9 +157,12 @@ pub fn register(e: &Engine, b: &Buf, remote: bool) {
 
 /// Deterministic, position-dependent bytes.
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8 ^ (i >> 16) as u8)
-        .collect()
+    (0..len).map(|i| pattern_byte(i, seed)).collect()
+}
+
+/// Byte `i` of [`pattern`]`(_, seed)`.
+pub fn pattern_byte(i: usize, seed: u8) -> u8 {
+    (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8 ^ (i >> 16) as u8
 }
 
 /// A small deterministic PRNG (xorshift64*), for garbage bytes.

@@ -1,5 +1,6 @@
-//! What a process spends, read from `/proc`: threads and resident memory
-//! of this process, resident memory of a child.
+//! What a process spends, read from `/proc`: threads, descriptors and
+//! resident memory of this process, resident memory of a child; and this
+//! process's descriptor limit.
 
 /// A `kB` field of `/proc/<pid>/status` (`VmRSS`, `VmHWM`, ...), in KiB;
 /// `pid` is a process id or `self`.
@@ -28,4 +29,31 @@ pub fn threads() -> usize {
     std::fs::read_dir("/proc/self/task")
         .expect("/proc/self/task")
         .count()
+}
+
+/// Descriptors this process has open now.
+pub fn fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .count()
+}
+
+/// Raises the soft descriptor limit to the hard one; panics if that is
+/// not above `need`.
+pub fn raise_fd_limit(need: usize) {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: reads and writes one rlimit we own.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl);
+        rl.rlim_cur = rl.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
+    }
+    assert!(
+        rl.rlim_cur as usize > need,
+        "the descriptor limit ({}) is too low for this test (needs {need})",
+        rl.rlim_cur
+    );
 }

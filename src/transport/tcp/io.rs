@@ -7,9 +7,12 @@
 //! Every thread accepts on the data port (edge-triggered; one of them wins
 //! each connection). Sessions and lanes are turns-based: one moves at most
 //! [`server::TURN_BYTES`] before the others get their turn, so a fast peer
-//! cannot starve a slow one. Timers (connect deadlines, stalled requests,
-//! idle connections) are checked every [`SWEEP`].
+//! cannot starve a slow one. Timers (connect deadlines, stalled or slow
+//! requests, idle connections) are checked every [`SWEEP`]. At the session
+//! bound a new connection replaces the session that gives way first among
+//! all threads (see [`super::bound`]).
 
+use super::bound::{self, NONE};
 use super::lane::{Lane, LaneShared, LaneTarget, abort, start_connect, tune};
 use super::server::{ServerShared, Session, Turn};
 use crossbeam_channel::{Receiver, Sender};
@@ -26,9 +29,10 @@ use tracing::{debug, warn};
 
 /// How often timers are checked.
 pub const SWEEP: Duration = Duration::from_millis(100);
-/// At the session bound, a session idle or stuck in an incomplete request
-/// for this long may be closed to make room.
-const EVICT_AFTER: Duration = Duration::from_secs(1);
+/// A thread that sweeps this much later than due was held up (by its own
+/// work, or the process was stopped): the time is not charged to its
+/// sessions' minimum rate.
+const HELD_UP: Duration = Duration::from_secs(1);
 /// Connections accepted by one thread per wake-up before others run.
 const ACCEPTS_PER_TURN: usize = 64;
 
@@ -59,6 +63,9 @@ pub enum Cmd {
     Kick(Arc<LaneShared>),
     /// Test a rail.
     Probe(Probe),
+    /// The session bound is reached and this thread holds the session
+    /// that gives way first: close it.
+    MakeRoom,
     /// Fail everything, close every connection, end the thread.
     Stop,
 }
@@ -68,69 +75,13 @@ struct Handle {
     waker: Waker,
 }
 
-/// The running I/O threads.
-pub struct IoThreads {
-    handles: Vec<Handle>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
-}
+/// How work is handed to each I/O thread.
+struct Inboxes(Vec<Handle>);
 
-impl IoThreads {
-    /// Starts `n` threads serving `listener` and the lanes kicked to them.
-    pub fn start(
-        n: usize,
-        listener: std::net::TcpListener,
-        server: Arc<ServerShared>,
-    ) -> io::Result<IoThreads> {
-        listener.set_nonblocking(true)?;
-        let mut handles = Vec::with_capacity(n);
-        let mut threads = Vec::with_capacity(n);
-        for i in 0..n.max(1) {
-            let poll = Poll::new()?;
-            let waker = Waker::new(poll.registry(), WAKER)?;
-            let mut listener = TcpListener::from_std(listener.try_clone()?);
-            poll.registry()
-                .register(&mut listener, LISTENER, Interest::READABLE)?;
-            let (tx, rx) = crossbeam_channel::unbounded();
-            let io = Io {
-                poll,
-                rx,
-                listener,
-                server: server.clone(),
-                conns: HashMap::new(),
-                resume: VecDeque::new(),
-                accept_pending: false,
-                accept_blocked: false,
-            };
-            let t = std::thread::Builder::new()
-                .name(format!("te-tcp-io-{i}"))
-                .spawn(move || io.run());
-            match t {
-                Ok(t) => threads.push(t),
-                Err(e) => {
-                    let started = IoThreads {
-                        handles,
-                        threads: Mutex::new(threads),
-                    };
-                    started.stop();
-                    return Err(e);
-                }
-            }
-            handles.push(Handle { tx, waker });
-        }
-        Ok(IoThreads {
-            handles,
-            threads: Mutex::new(threads),
-        })
-    }
-
-    /// Number of threads.
-    pub fn count(&self) -> usize {
-        self.handles.len()
-    }
-
+impl Inboxes {
     /// Hands work to thread `i`.
-    pub fn send(&self, i: usize, cmd: Cmd) {
-        let h = &self.handles[i % self.handles.len()];
+    fn send(&self, i: usize, cmd: Cmd) {
+        let h = &self.0[i % self.0.len()];
         if let Err(e) = h.tx.send(cmd) {
             // The thread is gone (shutdown): the transport fails what its
             // lanes still hold once the threads are joined.
@@ -143,14 +94,88 @@ impl IoThreads {
             warn!("tcp: waking an I/O thread failed: {e}");
         }
     }
+}
+
+/// The running I/O threads.
+pub struct IoThreads {
+    inboxes: Arc<Inboxes>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl IoThreads {
+    /// Starts `n` threads serving `listener` and the lanes kicked to them.
+    pub fn start(
+        n: usize,
+        listener: std::net::TcpListener,
+        server: Arc<ServerShared>,
+    ) -> io::Result<IoThreads> {
+        listener.set_nonblocking(true)?;
+        let n = n.max(1);
+        let mut handles = Vec::with_capacity(n);
+        let mut parts = Vec::with_capacity(n);
+        for _ in 0..n {
+            let poll = Poll::new()?;
+            let waker = Waker::new(poll.registry(), WAKER)?;
+            let mut listener = TcpListener::from_std(listener.try_clone()?);
+            poll.registry()
+                .register(&mut listener, LISTENER, Interest::READABLE)?;
+            let (tx, rx) = crossbeam_channel::unbounded();
+            handles.push(Handle { tx, waker });
+            parts.push((poll, rx, listener));
+        }
+        let started = IoThreads {
+            inboxes: Arc::new(Inboxes(handles)),
+            threads: Mutex::new(Vec::with_capacity(n)),
+        };
+        for (index, (poll, rx, listener)) in parts.into_iter().enumerate() {
+            let io = Io {
+                index,
+                poll,
+                rx,
+                listener,
+                server: server.clone(),
+                inboxes: started.inboxes.clone(),
+                conns: HashMap::new(),
+                resume: VecDeque::new(),
+                accept_pending: false,
+                accept_blocked: false,
+            };
+            let t = std::thread::Builder::new()
+                .name(format!("te-tcp-io-{index}"))
+                .spawn(move || io.run());
+            match t {
+                Ok(t) => started.lock_threads().push(t),
+                Err(e) => {
+                    started.stop();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(started)
+    }
+
+    /// The join handles of the threads started.
+    fn lock_threads(&self) -> std::sync::MutexGuard<'_, Vec<JoinHandle<()>>> {
+        self.threads.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Number of threads.
+    pub fn count(&self) -> usize {
+        self.inboxes.0.len()
+    }
+
+    /// Hands work to thread `i`.
+    pub fn send(&self, i: usize, cmd: Cmd) {
+        self.inboxes.send(i, cmd);
+    }
 
     /// Stops every thread and waits for them: afterwards no thread of the
     /// transport touches any memory.
     pub fn stop(&self) {
-        for (i, _) in self.handles.iter().enumerate() {
+        for i in 0..self.count() {
             self.send(i, Cmd::Stop);
         }
-        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        let threads = std::mem::take(&mut *self.lock_threads());
         for t in threads {
             if t.join().is_err() {
                 warn!("tcp: an I/O thread panicked");
@@ -166,10 +191,13 @@ enum Conn {
 }
 
 struct Io {
+    /// This thread's place among the I/O threads.
+    index: usize,
     poll: Poll,
     rx: Receiver<Cmd>,
     listener: TcpListener,
     server: Arc<ServerShared>,
+    inboxes: Arc<Inboxes>,
     conns: HashMap<Token, Conn>,
     /// Connections whose turn ended with work left.
     resume: VecDeque<Token>,
@@ -210,6 +238,7 @@ impl Io {
                 match cmd {
                     Cmd::Kick(lane) => self.kick(lane),
                     Cmd::Probe(p) => self.probe(p),
+                    Cmd::MakeRoom => self.room_asked(),
                     Cmd::Stop => return self.stop(),
                 }
             }
@@ -217,10 +246,11 @@ impl Io {
                 self.drive(t);
             }
             let now = Instant::now();
-            if now.duration_since(last_sweep) >= SWEEP {
+            let since = now.duration_since(last_sweep);
+            if since >= SWEEP {
                 last_sweep = now;
                 self.accept_blocked = false;
-                self.sweep(now);
+                self.sweep(now, since >= HELD_UP);
             }
         }
     }
@@ -230,17 +260,13 @@ impl Io {
     }
 
     /// Accepts waiting connections within the session bound: at the bound
-    /// a session that has been idle or stuck long enough is closed to make
-    /// room; with none, the connections wait in the listen backlog, in
-    /// order, instead of being refused.
+    /// each replaces the session that gives way first, which its own
+    /// thread closes; meanwhile the connections wait in the listen backlog,
+    /// in order, instead of being refused.
     fn accept(&mut self) {
         for _ in 0..ACCEPTS_PER_TURN {
             let shared = &self.server;
             if shared.open.load(Ordering::Acquire) >= shared.max_sessions && !self.make_room() {
-                crate::warn_limited!(
-                    "tcp: {} data connections are open (MC_TCP_MAX_DATA_CONNECTIONS), none idle or stuck for {EVICT_AFTER:?}: new connections wait in the listen backlog",
-                    self.server.max_sessions
-                );
                 self.accept_blocked = true;
                 return;
             }
@@ -282,37 +308,90 @@ impl Io {
         self.drive(token);
     }
 
-    /// Makes room for a connection at the session bound: closes the
-    /// session of this thread that has been idle, or stuck in an incomplete
-    /// request, the longest, if that is at least [`EVICT_AFTER`] (so a new
-    /// connection is never taken for one that just arrived). False if none
-    /// qualifies.
+    /// Makes room for a connection at the session bound: true if this
+    /// thread holds the session that gives way first and closed it; else
+    /// asks the thread that holds it (which accepts once it has made room).
+    /// The standings of other threads are those of their last sweep.
     fn make_room(&mut self) -> bool {
         let now = Instant::now();
-        let victim = self
-            .conns
+        let mine = self.lowest(now);
+        let theirs = self.server.board.lowest_other(self.index);
+        match (mine, theirs) {
+            (Some((t, s)), theirs) if theirs.is_none_or(|(_, o)| s <= o) => {
+                self.give_way(t, s, now);
+                true
+            }
+            (_, Some((i, _))) => {
+                self.inboxes.send(i, Cmd::MakeRoom);
+                false
+            }
+            // No session has reached its thread yet.
+            _ => false,
+        }
+    }
+
+    /// Another thread found this one holding the session that gives way
+    /// first: closes it if the bound is still reached and it still stands
+    /// lowest, else publishes this thread's standing as it is now.
+    fn room_asked(&mut self) {
+        let shared = &self.server;
+        if shared.open.load(Ordering::Acquire) < shared.max_sessions {
+            return;
+        }
+        let now = Instant::now();
+        match self.lowest(now) {
+            Some((t, s))
+                if shared
+                    .board
+                    .lowest_other(self.index)
+                    .is_none_or(|(_, o)| s <= o) =>
+            {
+                self.give_way(t, s, now)
+            }
+            _ => self.publish(now),
+        }
+    }
+
+    /// This thread's session that gives way first, and its standing.
+    fn lowest(&self, now: Instant) -> Option<(Token, u64)> {
+        self.conns
             .iter()
             .filter_map(|(t, c)| match c {
-                Conn::Session(s) if s.idle() => Some((*t, s.last_active(), Turn::Close)),
-                Conn::Session(s) => s.started().map(|since| (*t, since, Turn::Abort)),
+                Conn::Session(s) => Some((*t, s.standing(now))),
                 _ => None,
             })
-            .filter(|(_, since, _)| now.duration_since(*since) >= EVICT_AFTER)
-            .min_by_key(|(_, since, _)| *since);
-        let Some((t, _, how)) = victim else {
-            return false;
+            .min_by_key(|(_, s)| *s)
+    }
+
+    /// Tells the other threads this thread's lowest standing.
+    fn publish(&self, now: Instant) {
+        let lowest = self.lowest(now).map_or(NONE, |(_, s)| s);
+        self.server.board.publish(self.index, lowest);
+    }
+
+    /// Closes session `t` (standing `s`) for a new connection: gracefully
+    /// if it is idle, with a reset if a request is in progress.
+    fn give_way(&mut self, t: Token, s: u64, now: Instant) {
+        let Some(Conn::Session(session)) = self.conns.get(&t) else {
+            return;
+        };
+        let how = if session.idle() {
+            Turn::Close
+        } else {
+            Turn::Abort
         };
         crate::warn_limited!(
-            "tcp: {} sessions are open (MC_TCP_MAX_DATA_CONNECTIONS): closing the {} one for a new connection",
+            "tcp: {} data connections are open (MC_TCP_MAX_DATA_CONNECTIONS): closed the one whose peer took the fewest bytes lately ({} B/s, {}) for a new connection",
             self.server.max_sessions,
+            bound::rate_of(s),
             if how == Turn::Close {
-                "longest-idle"
+                "idle"
             } else {
-                "longest-stuck"
+                "mid-request"
             }
         );
         self.close(t, how);
-        true
+        self.publish(now);
     }
 
     /// Serves a connection's turn.
@@ -400,7 +479,9 @@ impl Io {
         }
     }
 
-    fn sweep(&mut self, now: Instant) {
+    /// Runs every connection's timers; `held_up` if this thread swept
+    /// much later than due.
+    fn sweep(&mut self, now: Instant, held_up: bool) {
         let tokens: Vec<Token> = self.conns.keys().copied().collect();
         for t in tokens {
             let Some(conn) = self.conns.get_mut(&t) else {
@@ -408,8 +489,7 @@ impl Io {
             };
             match conn {
                 Conn::Session(s) => {
-                    s.trim(now);
-                    if let Some(end) = s.expired(now, &self.server) {
+                    if let Some(end) = s.sweep(now, &self.server, held_up) {
                         self.close(t, end);
                     }
                 }
@@ -427,6 +507,7 @@ impl Io {
                 }
             }
         }
+        self.publish(now);
     }
 
     fn stop(mut self) {

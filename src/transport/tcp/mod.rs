@@ -9,11 +9,16 @@
 //! `MC_TCP_IO_THREADS`; data connections `MC_TCP_MAX_DATA_CONNECTIONS`
 //! (and half the process's descriptor limit); idle connections close after
 //! `MC_TCP_IDLE_TIMEOUT_SEC` (server) or half of it (client); a request
-//! that moves no byte for `MC_TCP_STATUS_TIMEOUT_SEC` fails; connections per
-//! endpoint `MC_TCP_LANES_PER_PEER`; endpoints per device `MC_MAX_EP_PER_CTX`.
+//! that moves no byte for `MC_TCP_STATUS_TIMEOUT_SEC` fails, and on the
+//! server so does one whose peer takes fewer than
+//! `MC_TCP_MIN_RATE_BYTES_PER_SEC` over `MC_TCP_MIN_RATE_WINDOW_SEC`;
+//! connections per endpoint `MC_TCP_LANES_PER_PEER`; endpoints per device
+//! `MC_MAX_EP_PER_CTX`.
 
+mod bound;
 mod io;
 mod lane;
+mod progress;
 mod server;
 pub mod wire;
 
@@ -23,6 +28,7 @@ use super::endpoint::EndpointStore;
 use super::{Outcome, RemoteMemory, Slice};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use bound::Board;
 use io::{Cmd, IoThreads, Probe};
 use lane::{ConnectHealth, LaneShared};
 use server::ServerShared;
@@ -118,6 +124,9 @@ impl TcpTransport {
             max_sessions,
             idle_timeout: idle,
             stall,
+            min_rate: cfg.tcp_min_rate,
+            rate_window: Duration::from_secs(cfg.tcp_min_rate_window_secs),
+            board: Board::new(cfg.tcp_io_threads),
         });
         let io = IoThreads::start(cfg.tcp_io_threads, listener, server)
             .map_err(|e| Error::Socket(format!("tcp I/O threads could not start: {e}")))?;

@@ -7,12 +7,16 @@
 //! buffer that is unregistered is never touched afterwards: the request in
 //! progress fails and its connection is reset. A rejected request ends its
 //! own connection only. Sessions idle longer than `MC_TCP_IDLE_TIMEOUT_SEC`
-//! are closed, and so are requests that make no progress for
-//! `MC_TCP_STATUS_TIMEOUT_SEC`.
+//! are closed, requests that make no progress for
+//! `MC_TCP_STATUS_TIMEOUT_SEC` are dropped, and so are requests whose peer
+//! takes fewer than `MC_TCP_MIN_RATE_BYTES_PER_SEC` (see
+//! [`super::progress`]).
 
+use super::bound::{self, Board};
+use super::progress::Progress;
 use super::wire::{
     DIRECT_RECV_MIN, HEADER_LEN, Header, Recv, RecvBuf, STATUS_ADDR_REJECTED, STATUS_OK, iovec,
-    recv_some, send_some,
+    recv_some, send_some, unacknowledged,
 };
 use crate::transport::RemoteMemory;
 use crate::transport::fence::{Fence, Inside};
@@ -48,6 +52,13 @@ pub struct ServerShared {
     pub idle_timeout: Duration,
     /// A request in progress that moves no byte for this long is dropped.
     pub stall: Duration,
+    /// A request in progress whose peer takes fewer bytes per second than
+    /// this, averaged over `rate_window`, is dropped (0: never).
+    pub min_rate: u64,
+    /// The window `min_rate` is averaged over.
+    pub rate_window: Duration,
+    /// The session of each I/O thread that gives way first at the bound.
+    pub board: Board,
 }
 
 /// How a turn of a session ended.
@@ -169,11 +180,23 @@ pub struct Session {
     /// Since when the request in progress (a partial header or a WRITE
     /// payload) has been incomplete at the end of a turn.
     started: Option<Instant>,
+    /// When the connection was accepted.
+    admitted: Instant,
+    /// Bytes received from the peer, and sent to it, in all.
+    received: u64,
+    sent: u64,
+    /// Of `sent`, the bytes the peer had acknowledged when last asked.
+    acked: u64,
+    /// Whether a turn since the last sweep ended with no request in
+    /// progress.
+    broke: bool,
+    progress: Progress,
 }
 
 impl Session {
     /// A session on an accepted connection.
     pub fn new(stream: TcpStream, peer: SocketAddr) -> Session {
+        let now = Instant::now();
         Session {
             stream,
             peer,
@@ -182,10 +205,16 @@ impl Session {
             replies: Replies::default(),
             closing: false,
             eof: false,
-            last_active: Instant::now(),
+            last_active: now,
             moved: false,
             completed: false,
             started: None,
+            admitted: now,
+            received: 0,
+            sent: 0,
+            acked: 0,
+            broke: false,
+            progress: Progress::new(now),
         }
     }
 
@@ -201,14 +230,14 @@ impl Session {
             && self.rbuf.as_ref().is_none_or(RecvBuf::is_empty)
     }
 
-    /// When a byte last moved.
-    pub fn last_active(&self) -> Instant {
-        self.last_active
-    }
-
-    /// Since when the request in progress has been incomplete, if one is.
-    pub fn started(&self) -> Option<Instant> {
-        self.started
+    /// The session's standing at the connection bound, lowest gives way
+    /// first (see [`super::bound`]).
+    pub fn standing(&self, now: Instant) -> u64 {
+        let mut rate = self.progress.rate(now);
+        if now.saturating_duration_since(self.admitted) < bound::YOUNG {
+            rate = rate.max(bound::YOUNG_RATE);
+        }
+        bound::standing(rate, now.saturating_duration_since(self.last_active))
     }
 
     /// Whether a request is half received: a partial header, or a WRITE
@@ -217,9 +246,55 @@ impl Session {
         self.incoming.is_some() || self.rbuf.as_ref().is_some_and(|b| !b.is_empty())
     }
 
+    /// Runs the session's timers at a sweep of its I/O thread; `held_up`
+    /// if the thread was held up since the previous sweep. `Some` if the
+    /// session must be closed now: idle too long, or a request in progress
+    /// stalled or slower than the minimum rate.
+    pub fn sweep(&mut self, now: Instant, shared: &ServerShared, held_up: bool) -> Option<Turn> {
+        self.trim(now);
+        let taken = self.taken();
+        let in_progress = !self.idle();
+        let broke = std::mem::take(&mut self.broke);
+        self.progress.observe(now, taken, in_progress, broke);
+        if let Some(end) = self.expired(now, shared) {
+            return Some(end);
+        }
+        if held_up {
+            self.progress.forgive(now);
+            return None;
+        }
+        let Err(slow) = self
+            .progress
+            .judge(now, shared.min_rate, shared.rate_window)
+        else {
+            return None;
+        };
+        crate::warn_limited!(
+            "tcp: dropped a request from {}: its peer took {} bytes in {:?}, less than MC_TCP_MIN_RATE_BYTES_PER_SEC={} (averaged over MC_TCP_MIN_RATE_WINDOW_SEC={})",
+            self.peer,
+            slow.bytes,
+            slow.over,
+            shared.min_rate,
+            shared.rate_window.as_secs()
+        );
+        Some(Turn::Abort)
+    }
+
+    /// Bytes the peer has taken: received from it, and sent to it and
+    /// acknowledged.
+    fn taken(&mut self) -> u64 {
+        if self.acked < self.sent {
+            if let Ok(queued) = unacknowledged(self.stream.as_raw_fd()) {
+                let acked = self.sent.saturating_sub(queued as u64);
+                self.acked = self.acked.max(acked);
+            }
+        }
+        self.received + self.acked
+    }
+
     /// Whether the session must be closed now: idle too long, or a request
     /// in progress stalled.
-    pub fn expired(&self, now: Instant, shared: &ServerShared) -> Option<Turn> {
+    fn expired(&self, now: Instant, shared: &ServerShared) -> Option<Turn> {
         let quiet = now.duration_since(self.last_active);
         if self.idle() {
             return (quiet >= shared.idle_timeout).then_some(Turn::Close);
@@ -261,15 +336,24 @@ impl Session {
             if self.completed || self.started.is_none() {
                 self.started = self.mid_request().then_some(now);
             }
+            // A young session's standing must show what it moves before
+            // the next sweep.
+            if now.saturating_duration_since(self.admitted) < bound::YOUNG {
+                let taken = self.taken();
+                self.progress.took(taken);
+            }
         } else if !self.mid_request() {
             self.started = None;
+        }
+        if self.idle() {
+            self.broke = true;
         }
         turn
     }
 
     /// Releases the receive buffer of a session idle for a while: idle
     /// sessions hold no buffer.
-    pub fn trim(&mut self, now: Instant) {
+    fn trim(&mut self, now: Instant) {
         if self.idle() && now.duration_since(self.last_active) >= TRIM_AFTER {
             self.rbuf = None;
         }
@@ -305,7 +389,10 @@ impl Session {
             let rbuf = self.rbuf.get_or_insert_with(|| RecvBuf::new(RECV_BUF));
             if rbuf.len() < HEADER_LEN {
                 match rbuf.fill(fd)? {
-                    Recv::Bytes(_) => self.moved = true,
+                    Recv::Bytes(n) => {
+                        self.moved = true;
+                        self.received += n as u64;
+                    }
                     Recv::WouldBlock => return Ok(Turn::Wait),
                     Recv::Eof if rbuf.is_empty() => self.eof = true,
                     Recv::Eof => return Ok(Turn::Abort),
@@ -377,13 +464,19 @@ impl Session {
             };
             // SAFETY: as above; the receive does not block.
             match unsafe { recv_some(fd, dst, want)? } {
-                Recv::Bytes(n) => n,
+                Recv::Bytes(n) => {
+                    self.received += n as u64;
+                    n
+                }
                 Recv::Eof => return Ok(Some(Turn::Abort)),
                 Recv::WouldBlock => return Ok(Some(Turn::Wait)),
             }
         } else {
             match rbuf.fill(fd)? {
-                Recv::Bytes(_) => 0,
+                Recv::Bytes(n) => {
+                    self.received += n as u64;
+                    0
+                }
                 Recv::Eof => return Ok(Some(Turn::Abort)),
                 Recv::WouldBlock => return Ok(Some(Turn::Wait)),
             }
@@ -410,6 +503,7 @@ impl Session {
             Some(0) => Ok(Some(Turn::Wait)),
             Some(n) => {
                 self.moved = true;
+                self.sent += n as u64;
                 *budget = budget.saturating_sub(n);
                 Ok(None)
             }

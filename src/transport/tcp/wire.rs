@@ -146,6 +146,17 @@ pub fn send_some(fd: RawFd, iov: &[libc::iovec]) -> io::Result<usize> {
     }
 }
 
+/// Bytes written to a TCP socket that its peer has not acknowledged yet
+/// (`SIOCOUTQ`: sent but unacknowledged, and not sent yet).
+pub fn unacknowledged(fd: RawFd) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ on Linux) writes one int we own.
+    if unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
 /// Payload tails at least this long are received straight into their
 /// destination rather than through a [`RecvBuf`].
 pub const DIRECT_RECV_MIN: usize = 16 * 1024;
