@@ -105,6 +105,9 @@ pub struct Engine {
     /// RDMA devices this engine may use (Mooncake's `TransferEngine`
     /// device filter; empty: all), beside `MC_TE_FILTERS`.
     device_filter: Vec<String>,
+    /// The engine itself, for what its transports call back (the RDMA
+    /// transport's peer lookups).
+    me: OnceCell<std::sync::Weak<Engine>>,
     closed: AtomicBool,
 }
 
@@ -262,6 +265,7 @@ impl Engine {
             revision: Default::default(),
             loopback,
             device_filter: device_filter.to_vec(),
+            me: OnceCell::new(),
             closed: AtomicBool::new(false),
         };
         if let Err(e) = engine.publish_rpc_meta() {
@@ -269,6 +273,7 @@ impl Engine {
             return Err(e);
         }
         let engine = Arc::new(engine);
+        let _ = engine.me.set(Arc::downgrade(&engine));
         let refresh = match config.metadata_refresh_interval_secs {
             0 => None,
             s => Some(std::time::Duration::from_secs(s)),
@@ -436,8 +441,15 @@ impl Engine {
         #[cfg(feature = "rdma")]
         if let Some(Installed::Rdma(s)) = self.sched.get() {
             let rdma = s.carrier().transport().clone();
+            let me = self.me.get().cloned().unwrap_or_default();
+            rdma.set_peer_lookup(Box::new(move |server, fresh, opts| {
+                let engine = me.upgrade().ok_or("the engine is being destroyed")?;
+                engine
+                    .rdma_peer(server, fresh, opts)
+                    .map_err(|e| e.to_string())
+            }));
             self.control
-                .set_connection_handler(Box::new(move |req| rdma.accept(req)));
+                .set_connection_handler(Box::new(move |req, from| rdma.accept(req, from)));
         }
         self.publish_local_desc()?;
         Ok(handle)
