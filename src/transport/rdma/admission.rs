@@ -16,8 +16,10 @@
 //! [`REVERIFY_AFTER`]), a server that cannot be looked up for
 //! [`UNKNOWN_FOR`]. Both tables are bounded. Lookups of servers not known
 //! yet are bounded too: `MC_RDMA_PEER_LOOKUPS_PER_SEC`, at most
-//! [`AdmissionLimits::concurrent`] at once and one per source address; a
-//! frame that finds no room is refused at once, and its sender retries.
+//! [`AdmissionLimits::concurrent`] at once (the other handshake workers
+//! keep serving), and a source whose frames made a lookup fail or take
+//! long gets one frame checked at a time. A frame that finds no room is
+//! refused, and its sender tries again.
 
 use crate::rpc::ClientOptions;
 use crate::verbs::{Gid, parse_gid};
@@ -63,11 +65,11 @@ pub struct AdmissionLimits {
     /// (`MC_HANDSHAKE_WORKERS`), at least one, so that the others keep
     /// serving while lookups wait on the network.
     pub concurrent: usize,
-    /// Servers kept, verified and unknown each (at least 1024, at least
-    /// `MC_RDMA_MAX_PASSIVE_EP`).
+    /// Entries kept in each table: verified servers, unknown servers,
+    /// suspect sources (at least 1024, at least `MC_RDMA_MAX_PASSIVE_EP`).
     pub capacity: usize,
-    /// Longest wait of a frame for a lookup of its server by another
-    /// frame, or for room among the lookups.
+    /// Longest wait of a frame for the lookup of its server by another
+    /// frame.
     pub wait: Duration,
     /// The options of a lookup's fetch: connect within
     /// [`LOOKUP_CONNECT_TIMEOUT`] (or `MC_HANDSHAKE_CONNECT_TIMEOUT` if
@@ -198,9 +200,13 @@ impl<V> Recent<V> {
 struct Book {
     verified: Recent<Arc<Identity>>,
     unknown: Recent<String>,
-    /// Servers being looked up, and the source addresses that asked.
+    /// Source addresses whose frames caused a lookup that failed or was
+    /// slow, recently.
+    suspects: Recent<()>,
+    /// Servers being looked up.
     in_flight: HashSet<String>,
-    sources: HashSet<IpAddr>,
+    /// Frames in the check (looking up, or waiting), by source.
+    held: HashMap<IpAddr, usize>,
     tokens: f64,
     refilled: Instant,
 }
@@ -220,7 +226,24 @@ impl Book {
             false
         }
     }
+
+    fn suspect(&self, from: IpAddr) -> bool {
+        self.suspects
+            .get(&from.to_string())
+            .is_some_and(|(at, _)| at.elapsed() < SUSPECT_FOR)
+    }
 }
+
+/// How long a source whose frames caused a failed or slow lookup may have
+/// only one frame in the check at a time.
+const SUSPECT_FOR: Duration = Duration::from_secs(10);
+
+/// A lookup slower than this makes its source a suspect.
+const SLOW_LOOKUP: Duration = Duration::from_secs(2);
+
+/// Longest wait of a frame for a free lookup slot (lookups of peers that
+/// answer take milliseconds).
+const SLOT_WAIT: Duration = Duration::from_secs(1);
 
 /// The passive handshake's check, shared by the transport's devices.
 pub struct Admission {
@@ -234,23 +257,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Ends a lookup's bookkeeping also when the lookup panics.
-struct InFlight<'a> {
-    admission: &'a Admission,
-    server: &'a str,
-    from: IpAddr,
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        let mut b = lock(&self.admission.book);
-        b.in_flight.remove(self.server);
-        b.sources.remove(&self.from);
-        drop(b);
-        self.admission.done.notify_all();
-    }
-}
-
 impl Admission {
     /// A check with no lookup yet (every frame is refused until
     /// [`Admission::set_lookup`]).
@@ -260,8 +266,9 @@ impl Admission {
             book: Mutex::new(Book {
                 verified: Recent::new(limits.capacity),
                 unknown: Recent::new(limits.capacity),
+                suspects: Recent::new(limits.capacity),
                 in_flight: HashSet::new(),
-                sources: HashSet::new(),
+                held: HashMap::new(),
                 tokens: f64::from(limits.per_sec.max(1)),
                 refilled: Instant::now(),
             }),
@@ -277,8 +284,14 @@ impl Admission {
 
     /// Whether a Connection frame from `from` that names `server`'s device
     /// `device` with `gid` (if it carries one) may set up an endpoint;
-    /// else why not. May wait for a lookup, at most
-    /// [`AdmissionLimits::wait`] plus the lookup's own network timeouts.
+    /// else why not.
+    ///
+    /// A server not known yet is looked up, by at most
+    /// [`AdmissionLimits::concurrent`] frames at once; a frame waits for
+    /// the lookup of its server by another frame (at most
+    /// [`AdmissionLimits::wait`]) or for a free slot (at most a second).
+    /// A source whose frames caused a failed or slow lookup recently has
+    /// at most one frame in here at a time; its others are refused at once.
     pub fn check(
         &self,
         server: &str,
@@ -287,26 +300,39 @@ impl Admission {
         from: IpAddr,
     ) -> Result<(), String> {
         let from = from.to_canonical();
-        let deadline = Instant::now() + self.limits.wait;
+        let start = Instant::now();
         let mut looked_up = false;
+        let mut holding = false;
         let mut book = lock(&self.book);
-        loop {
+        let verdict = loop {
             let mut fresh = false;
             if let Some((at, id)) = book.verified.get(server) {
                 match id.admits(server, device, gid, from) {
-                    Ok(()) => return Ok(()),
-                    Err(why) if looked_up || at.elapsed() < REVERIFY_AFTER => return Err(why),
+                    Ok(()) => break Ok(()),
+                    Err(why) if looked_up || at.elapsed() < REVERIFY_AFTER => break Err(why),
                     Err(_) => fresh = true,
                 }
             } else if let Some((at, why)) = book.unknown.get(server) {
                 if looked_up || at.elapsed() < UNKNOWN_FOR {
-                    return Err(why.clone());
+                    break Err(why.clone());
                 }
             }
-            if book.in_flight.contains(server) || book.in_flight.len() >= self.limits.concurrent {
-                let left = deadline.saturating_duration_since(Instant::now());
+            if !holding {
+                if book.suspect(from) && book.held.get(&from).is_some_and(|n| *n > 0) {
+                    break Err(format!(
+                        "{server} is not verified yet and a frame from {from} is being checked; \
+                         try again"
+                    ));
+                }
+                *book.held.entry(from).or_default() += 1;
+                holding = true;
+            }
+            let running = book.in_flight.contains(server);
+            if running || book.in_flight.len() >= self.limits.concurrent {
+                let limit = if running { self.limits.wait } else { SLOT_WAIT };
+                let left = limit.saturating_sub(start.elapsed());
                 if left.is_zero() {
-                    return Err(format!(
+                    break Err(format!(
                         "{server} is not verified yet and the lookups are busy; try again"
                     ));
                 }
@@ -317,35 +343,22 @@ impl Admission {
                     .0;
                 continue;
             }
-            if book.sources.contains(&from) {
-                return Err(format!(
-                    "{server} is not verified yet and a lookup for {from} is running; try again"
-                ));
-            }
             if !book.take_token(self.limits.per_sec) {
-                return Err(format!(
+                break Err(format!(
                     "{server} is not verified yet and lookups are at their rate \
                      (MC_RDMA_PEER_LOOKUPS_PER_SEC={}); try again",
                     self.limits.per_sec
                 ));
             }
             book.in_flight.insert(server.to_string());
-            book.sources.insert(from);
             drop(book);
-            let known = {
-                let _in_flight = InFlight {
-                    admission: self,
-                    server,
-                    from,
-                };
-                let lookup = self.lookup.read().unwrap_or_else(|e| e.into_inner());
-                match lookup.as_ref() {
-                    None => Err("the RDMA transport cannot look peers up yet".to_string()),
-                    Some(f) => f(server, fresh, &self.limits.rpc),
-                }
-                .map(|r| Identity::resolve(&r))
-            };
+            let began = Instant::now();
+            let known = self.look_up(server, fresh);
             book = lock(&self.book);
+            book.in_flight.remove(server);
+            if known.is_err() || began.elapsed() > SLOW_LOOKUP {
+                book.suspects.put(&from.to_string(), ());
+            }
             match known {
                 Ok(id) => {
                     book.unknown.remove(server);
@@ -357,7 +370,32 @@ impl Admission {
                         .put(server, format!("{server} could not be looked up: {e}"));
                 }
             }
+            self.done.notify_all();
             looked_up = true;
+        };
+        if holding {
+            if let Some(n) = book.held.get_mut(&from) {
+                *n -= 1;
+                if *n == 0 {
+                    book.held.remove(&from);
+                }
+            }
+            drop(book);
+            self.done.notify_all();
+        }
+        verdict
+    }
+
+    /// Runs the lookup of `server` (a panicking lookup counts as failed).
+    fn look_up(&self, server: &str, fresh: bool) -> Result<Identity, String> {
+        let lookup = self.lookup.read().unwrap_or_else(|e| e.into_inner());
+        let Some(f) = lookup.as_ref() else {
+            return Err("the RDMA transport cannot look peers up yet".into());
+        };
+        let run = std::panic::AssertUnwindSafe(|| f(server, fresh, &self.limits.rpc));
+        match std::panic::catch_unwind(run) {
+            Ok(r) => r.map(|r| Identity::resolve(&r)),
+            Err(_) => Err("the lookup panicked".into()),
         }
     }
 }
@@ -451,7 +489,7 @@ mod tests {
         }
         let b = lock(&a.book);
         assert!(b.unknown.entries.len() <= 4 && b.unknown.order.len() <= 4);
-        assert!(b.in_flight.is_empty() && b.sources.is_empty());
+        assert!(b.in_flight.is_empty() && b.held.is_empty());
     }
 
     #[test]
@@ -472,35 +510,86 @@ mod tests {
         assert_eq!(refused_by_rate + n, 50);
     }
 
-    #[test]
-    fn one_lookup_at_a_time_per_source_and_a_slow_one_does_not_block_others() {
-        let a = Arc::new(Admission::new(limits()));
+    /// An admission whose lookup of `slow:1` waits for the test's signal;
+    /// every server publishes 127.0.0.1 and d0 with GID_A.
+    fn gated(l: AdmissionLimits) -> (Arc<Admission>, std::sync::mpsc::Sender<()>) {
+        let a = Arc::new(Admission::new(l));
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let rx = Mutex::new(rx);
         a.set_lookup(Box::new(move |server, _, _| {
-            if server == "slow:1" {
-                // Held until the test lets it go.
-                let _ = lock(&rx).recv_timeout(Duration::from_secs(10));
+            match server {
+                "slow:1" => {
+                    let _ = lock(&rx).recv_timeout(Duration::from_secs(10));
+                }
+                "bad:1" => return Err("no such segment".into()),
+                _ => std::thread::sleep(Duration::from_millis(20)),
             }
             Ok(PeerRecord {
                 rpc_host: "127.0.0.1".into(),
                 devices: vec![("d0".into(), GID_A.into())],
             })
         }));
-        let a2 = a.clone();
-        let slow = std::thread::spawn(move || a2.check("slow:1", "d0", None, ip("127.0.0.2")));
-        while lock(&a.book).in_flight.is_empty() {
+        (a, tx)
+    }
+
+    fn wait_in_flight(a: &Admission, n: usize) {
+        while lock(&a.book).in_flight.len() < n {
             std::thread::sleep(Duration::from_millis(1));
         }
-        // The same source is refused at once; another is served.
+    }
+
+    #[test]
+    fn a_suspect_source_gets_one_frame_checked_and_others_are_served() {
+        let (a, tx) = gated(limits());
+        // A failed lookup makes 127.0.0.2 a suspect.
+        assert!(a.check("bad:1", "d0", None, ip("127.0.0.2")).is_err());
+        let a2 = a.clone();
+        let slow = std::thread::spawn(move || a2.check("slow:1", "d0", None, ip("127.0.0.2")));
+        wait_in_flight(&a, 1);
         let e = a.check("other:1", "d0", None, ip("127.0.0.2")).unwrap_err();
-        assert!(e.contains("running"), "{e}");
+        assert!(e.contains("being checked"), "{e}");
         assert!(a.check("fast:1", "d0", None, ip("127.0.0.1")).is_ok());
         tx.send(()).unwrap();
         assert!(
             slow.join().unwrap().is_err(),
             "127.0.0.2 is not slow:1's host"
         );
+        let b = lock(&a.book);
+        assert!(b.held.is_empty() && b.in_flight.is_empty());
+    }
+
+    #[test]
+    fn a_burst_from_one_host_waits_for_the_lookup_slots() {
+        // One slot; eight servers of one host at once: all verified.
+        let (a, _tx) = gated(AdmissionLimits {
+            concurrent: 1,
+            ..limits()
+        });
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                let a = a.clone();
+                std::thread::spawn(move || a.check(&format!("h:{i}"), "d0", None, ip("127.0.0.1")))
+            })
+            .collect();
+        for t in threads {
+            assert_eq!(t.join().unwrap(), Ok(()));
+        }
+    }
+
+    #[test]
+    fn busy_slots_refuse_after_a_second_and_the_lookup_keeps_its_slot() {
+        let (a, tx) = gated(AdmissionLimits {
+            concurrent: 1,
+            ..limits()
+        });
+        let a2 = a.clone();
+        let slow = std::thread::spawn(move || a2.check("slow:1", "d0", None, ip("127.0.0.1")));
+        wait_in_flight(&a, 1);
+        let e = a.check("x:1", "d0", None, ip("127.0.0.3")).unwrap_err();
+        assert!(e.contains("busy"), "{e}");
+        tx.send(()).unwrap();
+        assert_eq!(slow.join().unwrap(), Ok(()));
+        assert!(a.check("x:1", "d0", None, ip("127.0.0.1")).is_ok());
     }
 
     #[test]
