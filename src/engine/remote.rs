@@ -445,21 +445,19 @@ impl Engine {
             return Ok(record(&self.rpc_ip, &SegmentDesc::from_json(&desc)?));
         }
         if !fresh {
-            let named = |s: &RemoteSegment| {
-                s.name == server || s.desc.rdma_server_name.as_deref() == Some(server)
+            let segment = |name: &str| {
+                self.segments
+                    .id_of(name)
+                    .and_then(|id| self.segments.get(id))
             };
-            let cached = self
-                .segments
-                .id_of(server)
-                .and_then(|id| self.segments.get(id));
-            let cached = cached.or_else(|| {
+            let cached = segment(server).or_else(|| {
                 self.segments
                     .names()
-                    .into_iter()
-                    .filter_map(|n| self.segments.id_of(&n).and_then(|id| self.segments.get(id)))
-                    .find(|s| named(s))
+                    .iter()
+                    .filter_map(|n| segment(n))
+                    .find(|s| s.desc.rdma_server_name.as_deref() == Some(server))
             });
-            if let Some(seg) = cached.filter(|s| named(s)) {
+            if let Some(seg) = cached {
                 return Ok(record(&seg.data_host, &seg.desc));
             }
         }
