@@ -211,6 +211,21 @@ pub struct Config {
     /// descriptor read from a metadata store (in P2P mode the reply frame
     /// is bounded by `MC_HANDSHAKE_MAX_LENGTH`).
     pub peer_max_descriptor_bytes: u64,
+    /// `MC_RDMA_MAX_PASSIVE_EP`: endpoints that peers' handshakes may
+    /// create on one device (1024, 1..=65536); at the bound the least
+    /// recently active one gives way.
+    pub rdma_max_passive_ep: usize,
+    /// `MC_RDMA_MAX_PASSIVE_EP_PER_PEER`: of those, how many one peer
+    /// server may hold (32, 1..=65536); beyond it its handshakes are
+    /// refused.
+    pub rdma_max_passive_ep_per_peer: usize,
+    /// `MC_RDMA_PEER_LOOKUPS_PER_SEC`: lookups of the descriptors of peers
+    /// not yet verified, per second and in a burst, that handshakes may
+    /// cause (100, 1..=100000).
+    pub rdma_peer_lookups_per_sec: u32,
+    /// `MC_RDMA_CONNECT_THREADS`: threads that run our handshakes,
+    /// different peers at once, one peer's in turn (8, 1..=64).
+    pub rdma_connect_threads: usize,
 }
 
 impl Default for Config {
@@ -281,6 +296,10 @@ impl Default for Config {
             peer_max_devices: 64,
             peer_max_buffers: 1 << 16,
             peer_max_descriptor_bytes: 64 << 20,
+            rdma_max_passive_ep: 1024,
+            rdma_max_passive_ep_per_peer: 32,
+            rdma_peer_lookups_per_sec: 100,
+            rdma_connect_threads: 8,
         }
     }
 }
@@ -609,6 +628,30 @@ impl Config {
                 64 << 10,
                 1 << 30,
             ),
+            rdma_max_passive_ep: r.number(
+                "MC_RDMA_MAX_PASSIVE_EP",
+                d.rdma_max_passive_ep,
+                1,
+                65536,
+            ),
+            rdma_max_passive_ep_per_peer: r.number(
+                "MC_RDMA_MAX_PASSIVE_EP_PER_PEER",
+                d.rdma_max_passive_ep_per_peer,
+                1,
+                65536,
+            ),
+            rdma_peer_lookups_per_sec: r.number(
+                "MC_RDMA_PEER_LOOKUPS_PER_SEC",
+                d.rdma_peer_lookups_per_sec,
+                1,
+                100_000,
+            ),
+            rdma_connect_threads: r.number(
+                "MC_RDMA_CONNECT_THREADS",
+                d.rdma_connect_threads,
+                1,
+                64,
+            ),
             warnings: r.warnings.into_inner(),
         }
     }
@@ -775,6 +818,47 @@ mod tests {
         assert!(!c.ib_relaxed_ordering);
         assert_eq!(c.rdma_completion_timeout_secs, 3);
         assert_eq!(c.ib_timeout, 18);
+        let d = parse(&[]);
+        assert_eq!(
+            (
+                d.rdma_max_passive_ep,
+                d.rdma_max_passive_ep_per_peer,
+                d.rdma_peer_lookups_per_sec,
+                d.rdma_connect_threads
+            ),
+            (1024, 32, 100, 8)
+        );
+        let c = parse(&[
+            ("MC_RDMA_MAX_PASSIVE_EP", "16"),
+            ("MC_RDMA_MAX_PASSIVE_EP_PER_PEER", "4"),
+            ("MC_RDMA_PEER_LOOKUPS_PER_SEC", "10"),
+            ("MC_RDMA_CONNECT_THREADS", "2"),
+        ]);
+        assert_eq!(
+            (
+                c.rdma_max_passive_ep,
+                c.rdma_max_passive_ep_per_peer,
+                c.rdma_peer_lookups_per_sec,
+                c.rdma_connect_threads
+            ),
+            (16, 4, 10, 2)
+        );
+        let bad = parse(&[
+            ("MC_RDMA_MAX_PASSIVE_EP", "0"),
+            ("MC_RDMA_MAX_PASSIVE_EP_PER_PEER", "x"),
+            ("MC_RDMA_PEER_LOOKUPS_PER_SEC", "-1"),
+            ("MC_RDMA_CONNECT_THREADS", "65"),
+        ]);
+        assert_eq!(
+            (
+                bad.rdma_max_passive_ep,
+                bad.rdma_max_passive_ep_per_peer,
+                bad.rdma_peer_lookups_per_sec,
+                bad.rdma_connect_threads
+            ),
+            (1024, 32, 100, 8)
+        );
+        assert_eq!(bad.warnings.len(), 4, "{:?}", bad.warnings);
         assert_eq!(parse(&[("NCCL_IB_GID_INDEX", "1")]).gid_index, Some(1));
         let bad = parse(&[
             ("MC_GID_INDEX", "256"),

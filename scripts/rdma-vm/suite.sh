@@ -4,7 +4,8 @@
 # (va0), rxe_a1 (va1); node B = rxe_b0 (vb0), rxe_b1 (vb1).
 #
 #   suite.sh RESULTS_DIR [CASE...]
-#                                 every case (or those named: rust,
+#                                 every case (or those named: rust, or one
+#                                 test binary of it as rust:<binary>,
 #                                 two_process_one_rail, two_process_two_rails,
 #                                 kill_target, memlock_limit, mooncake_target,
 #                                 mooncake_initiator, python_interop); prints "PASS|FAIL|SKIP
@@ -12,8 +13,10 @@
 #                                 ("passed failed skipped") and the logs
 #   suite.sh --case NAME DIR      one case (used by the suite itself)
 #
-# Cases: the Rust tests of tests/rdma_transfers.rs and tests/rdma_pool.rs
-# (each counted); two processes over one rail and over two rails (net_peer:
+# Cases: the Rust tests of tests/rdma_transfers.rs, tests/rdma_pool.rs,
+# tests/rdma_handshake.rs (spoofed and flooding Connection frames from raw
+# sockets) and tests/rdma_connector.rs (a SIGSTOPped peer beside a running
+# one), each counted; two processes over one rail and over two rails (net_peer:
 # READ/WRITE 1 B .. 64 MiB at odd offsets, 8 threads, notifications, bad
 # ranges, every byte checked by both sides) with proof that RDMA carried
 # the data; kill -9 of the target mid-batch; real Mooncake (PyPI wheel) as
@@ -245,8 +248,8 @@ echo "rdma-vm suite: $(uname -r), devices: $(ls /sys/class/infiniband | tr '\n' 
 baseline=$(rdma resource show)
 
 # The Rust tests: each one counted.
-for bin in rdma_transfers rdma_pool; do
-  want rust || continue
+for bin in rdma_transfers rdma_pool rdma_handshake rdma_connector; do
+  want rust || want "rust:$bin" || continue
   exe=$(ls -t "$repo"/target/debug/deps/"$bin"-* 2>/dev/null | grep -v '\.d$' | head -n 1 || true)
   if [ -z "$exe" ]; then
     record FAIL "rust:$bin (not built: cargo test --no-run --test $bin)" 0

@@ -8,6 +8,7 @@ use crate::rpc::FrameKind;
 use crate::rpc::server::RpcHandler;
 use serde_json::{Value, json};
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, RwLock};
 use tracing::debug;
 
@@ -52,8 +53,9 @@ struct NotifyQueue {
     refused: u64,
 }
 
-/// Answers a Connection request (the RDMA transport's passive handshake).
-pub type ConnectionHandler = Box<dyn Fn(&Value) -> Value + Send + Sync>;
+/// Answers a Connection request (the RDMA transport's passive handshake)
+/// that came from the given address.
+pub type ConnectionHandler = Box<dyn Fn(&Value, SocketAddr) -> Value + Send + Sync>;
 
 /// State shared between the engine and its handshake listener.
 #[derive(Default)]
@@ -190,7 +192,7 @@ impl RpcHandler for ControlState {
             .map(|(_, text)| text.clone())
     }
 
-    fn handle(&self, kind: FrameKind, request: Value) -> Value {
+    fn handle(&self, kind: FrameKind, request: Value, peer: SocketAddr) -> Value {
         match kind {
             FrameKind::Metadata => self.local_desc().unwrap_or(Value::Null),
             FrameKind::Notify => {
@@ -217,7 +219,7 @@ impl RpcHandler for ControlState {
             FrameKind::Connection => {
                 let handler = self.connection.read().unwrap_or_else(|e| e.into_inner());
                 match handler.as_ref() {
-                    Some(h) => h(&request),
+                    Some(h) => h(&request, peer),
                     None => json!({
                         "local_nic_path": "",
                         "local_lid": 0,
@@ -237,6 +239,10 @@ impl RpcHandler for ControlState {
 mod tests {
     use super::*;
 
+    fn peer() -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 40000))
+    }
+
     fn state(max_size: usize, max_count: usize, max_bytes: usize) -> ControlState {
         ControlState::new(NotifyLimits {
             max_size,
@@ -253,7 +259,7 @@ mod tests {
     fn notifications_are_queued_in_order() {
         let s = ControlState::new(NotifyLimits::default());
         for i in 0..3 {
-            let reply = s.handle(FrameKind::Notify, notify(&format!("n{i}"), "m"));
+            let reply = s.handle(FrameKind::Notify, notify(&format!("n{i}"), "m"), peer());
             assert_eq!(reply["notify_msg"], "success");
         }
         let got = s.take_notifies();
@@ -269,11 +275,11 @@ mod tests {
         let s = state(10, 100, 1000);
         // 10 bytes in all: accepted.
         assert_eq!(
-            s.handle(FrameKind::Notify, notify("abcd", "efghij"))["notify_msg"],
+            s.handle(FrameKind::Notify, notify("abcd", "efghij"), peer())["notify_msg"],
             "success"
         );
         // 11 bytes: refused, and the reply has no notify_msg.
-        let reply = s.handle(FrameKind::Notify, notify("abcd", "efghijk"));
+        let reply = s.handle(FrameKind::Notify, notify("abcd", "efghijk"), peer());
         assert!(reply.get("notify_msg").is_none(), "{reply}");
         assert!(
             reply["error"]
@@ -286,7 +292,7 @@ mod tests {
     #[test]
     fn malformed_notification_gets_a_failure_reply() {
         let s = ControlState::new(NotifyLimits::default());
-        let reply = s.handle(FrameKind::Notify, json!({"name": 1}));
+        let reply = s.handle(FrameKind::Notify, json!({"name": 1}), peer());
         assert!(reply.get("notify_msg").is_none(), "{reply}");
         assert!(s.take_notifies().is_empty());
     }

@@ -120,6 +120,9 @@ pub struct Engine {
     deferred: Mutex<HashMap<i32, Vec<Deferred>>>,
     /// Cancels this engine's handshake calls when it is destroyed.
     cancel: Arc<Cancel>,
+    /// The engine itself, for what its transports call back (the RDMA
+    /// transport's peer lookups).
+    me: OnceCell<std::sync::Weak<Engine>>,
     closed: AtomicBool,
 }
 
@@ -307,6 +310,7 @@ impl Engine {
             work: PeerWork::default(),
             deferred: Mutex::default(),
             cancel: Arc::default(),
+            me: OnceCell::new(),
             closed: AtomicBool::new(false),
         };
         if let Err(e) = engine.publish_rpc_meta() {
@@ -315,6 +319,7 @@ impl Engine {
         }
         let engine = Arc::new(engine);
         engine.work.attach(Arc::downgrade(&engine));
+        let _ = engine.me.set(Arc::downgrade(&engine));
         let refresh = match config.metadata_refresh_interval_secs {
             0 => None,
             s => Some(std::time::Duration::from_secs(s)),
@@ -483,8 +488,15 @@ impl Engine {
         #[cfg(feature = "rdma")]
         if let Some(Installed::Rdma(s)) = self.sched.get() {
             let rdma = s.carrier().transport().clone();
+            let me = self.me.get().cloned().unwrap_or_default();
+            rdma.set_peer_lookup(Box::new(move |server, fresh, opts| {
+                let engine = me.upgrade().ok_or("the engine is being destroyed")?;
+                engine
+                    .rdma_peer(server, fresh, opts)
+                    .map_err(|e| e.to_string())
+            }));
             self.control
-                .set_connection_handler(Box::new(move |req| rdma.accept(req)));
+                .set_connection_handler(Box::new(move |req, from| rdma.accept(req, from)));
         }
         self.publish_local_desc()?;
         Ok(handle)

@@ -459,12 +459,16 @@ impl Engine {
 
     /// Fetches and validates the descriptor of segment `name`.
     fn fetch_segment(&self, name: &str) -> Result<RemoteSegment> {
+        self.fetch_segment_with(name, &self.rpc_options())
+    }
+
+    /// [`Engine::fetch_segment`] with the handshake RPC options `rpc`.
+    fn fetch_segment_with(&self, name: &str, rpc: &ClientOptions) -> Result<RemoteSegment> {
         let (json, (data_host, rpc_port)) = match &self.store {
             None => {
                 let (host, port) = parse_host_port(name, self.config.handshake_port);
                 let mine = self.control.local_desc().unwrap_or(serde_json::Value::Null);
-                let reply =
-                    crate::rpc::call(&host, port, FrameKind::Metadata, &mine, &self.rpc_options())?;
+                let reply = crate::rpc::call(&host, port, FrameKind::Metadata, &mine, rpc)?;
                 (reply, (host, port))
             }
             Some(store) => {
@@ -489,6 +493,54 @@ impl Engine {
             rpc_port,
             ..Default::default()
         })
+    }
+
+    /// What the RDMA peer whose NIC paths name `server` publishes: the
+    /// host of its handshake listener and its devices. From the cached
+    /// descriptor of a segment this engine opened under that name (or
+    /// whose `rdma_server_name` it is) unless `fresh`, else fetched with
+    /// `rpc` (P2P) or from the store. The own name is answered locally.
+    #[cfg(feature = "rdma")]
+    pub(super) fn rdma_peer(
+        &self,
+        server: &str,
+        fresh: bool,
+        rpc: &ClientOptions,
+    ) -> Result<crate::transport::rdma::PeerRecord> {
+        let record = |host: &str, desc: &SegmentDesc| crate::transport::rdma::PeerRecord {
+            rpc_host: host.to_string(),
+            devices: desc
+                .devices
+                .iter()
+                .map(|d| (d.name.clone(), d.gid.clone()))
+                .collect(),
+        };
+        if self.is_own_name(server) {
+            let desc = self
+                .control
+                .local_desc()
+                .ok_or_else(|| Error::Metadata("no descriptor published yet".into()))?;
+            return Ok(record(&self.rpc_ip, &SegmentDesc::from_json(&desc)?));
+        }
+        if !fresh {
+            let segment = |name: &str| {
+                self.segments
+                    .id_of(name)
+                    .and_then(|id| self.segments.get(id))
+            };
+            let cached = segment(server).or_else(|| {
+                self.segments
+                    .names()
+                    .iter()
+                    .filter_map(|n| segment(n))
+                    .find(|s| s.desc.rdma_server_name.as_deref() == Some(server))
+            });
+            if let Some(seg) = cached {
+                return Ok(record(&seg.data_host, &seg.desc));
+            }
+        }
+        let seg = self.fetch_segment_with(server, rpc)?;
+        Ok(record(&seg.data_host, &seg.desc))
     }
 
     /// Resolves a segment name to its id: the own name is `LOCAL_SEGMENT`;

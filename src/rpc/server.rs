@@ -36,11 +36,12 @@ const DEFAULT_BACKLOG: libc::c_int = 128;
 /// Answers the Connection, Metadata and Notify requests of the handshake
 /// listener. Probe requests are answered by the server itself.
 pub trait RpcHandler: Send + Sync + 'static {
-    /// Returns the reply to one request. Legacy (untyped) frames arrive as
+    /// Returns the reply to one request that came from `peer` (the
+    /// connection's source address). Legacy (untyped) frames arrive as
     /// [`FrameKind::Connection`]. A panic closes that connection without a
     /// reply; the server keeps serving. Handlers run on a small pool of
     /// threads ([`ServerOptions::workers`]): one that blocks holds a thread.
-    fn handle(&self, kind: FrameKind, request: Value) -> Value;
+    fn handle(&self, kind: FrameKind, request: Value, peer: SocketAddr) -> Value;
 
     /// The reply to a `kind` request when it is the same for every client
     /// (the descriptor): compact JSON ending in `\n`, built once and shared
@@ -167,7 +168,7 @@ impl Service for Handshake {
         }
     }
 
-    fn handle(&self, _peer: SocketAddr, request: HandshakeRequest) -> Result<Reply, String> {
+    fn handle(&self, peer: SocketAddr, request: HandshakeRequest) -> Result<Reply, String> {
         let (kind, reply_kind, payload) = request;
         let request = Self::json(kind, &payload)?;
         drop(payload);
@@ -178,7 +179,7 @@ impl Service for Handshake {
                 then: Then::Linger,
             });
         }
-        let reply = self.handler.handle(kind, request);
+        let reply = self.handler.handle(kind, request, peer);
         Ok(Self::reply(reply_kind, &reply))
     }
 }
@@ -327,7 +328,7 @@ mod tests {
     }
 
     impl RpcHandler for Echo {
-        fn handle(&self, kind: FrameKind, request: Value) -> Value {
+        fn handle(&self, kind: FrameKind, request: Value, _peer: SocketAddr) -> Value {
             self.calls.fetch_add(1, Ordering::SeqCst);
             if request.get("panic").is_some() {
                 panic!("handler asked to panic");
@@ -381,6 +382,40 @@ mod tests {
             assert_eq!(reply, json!({"kind": kind as u8, "echo": req}));
         }
         assert_eq!(echo.calls.load(Ordering::SeqCst), 3);
+    }
+
+    /// Answers with the address the request came from.
+    struct Who;
+
+    impl RpcHandler for Who {
+        fn handle(&self, _kind: FrameKind, _request: Value, peer: SocketAddr) -> Value {
+            json!({"peer": peer.to_string()})
+        }
+    }
+
+    #[test]
+    fn the_handler_learns_the_source_address() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let server =
+            RpcServer::start(listener, Arc::new(Who), ServerOptions::default()).expect("start");
+        let sock = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+        sock.bind(&SocketAddr::from(([127, 0, 0, 2], 0)).into())
+            .expect("bind 127.0.0.2");
+        sock.connect(&SocketAddr::from(([127, 0, 0, 1], server.port())).into())
+            .expect("connect");
+        let mut s: TcpStream = sock.into();
+        let from = s.local_addr().expect("local address");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        s.write_all(&encode(Some(FrameKind::Connection), b"{}\n"))
+            .expect("write");
+        let Frame::Typed(_, payload) = read_frame(&mut s, 1 << 20).expect("reply") else {
+            panic!("expected a typed reply");
+        };
+        let reply: Value = serde_json::from_slice(&payload).expect("json");
+        assert_eq!(reply, json!({"peer": from.to_string()}));
+        assert!(from.to_string().starts_with("127.0.0.2:"));
+        server.shutdown();
     }
 
     #[test]
@@ -520,7 +555,7 @@ mod tests {
     }
 
     impl RpcHandler for Gate {
-        fn handle(&self, _kind: FrameKind, request: Value) -> Value {
+        fn handle(&self, _kind: FrameKind, request: Value, _peer: SocketAddr) -> Value {
             self.entered.fetch_add(1, Ordering::SeqCst);
             let end = Instant::now() + Duration::from_secs(20);
             while !self.open.load(Ordering::SeqCst) && Instant::now() < end {
@@ -693,7 +728,7 @@ mod tests {
     }
 
     impl RpcHandler for SelfStopping {
-        fn handle(&self, _kind: FrameKind, _request: Value) -> Value {
+        fn handle(&self, _kind: FrameKind, _request: Value, _peer: SocketAddr) -> Value {
             let server = lock(&self.server).take();
             drop(server);
             json!({"stopped": true})

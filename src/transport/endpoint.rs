@@ -8,7 +8,7 @@
 //! slice is in flight on it; a background pass then closes it.
 
 use crate::config::EndpointStoreType;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,19 +21,36 @@ pub trait Endpoint: Send + Sync {
     fn close(&self);
 }
 
-struct Entry<V> {
+/// "No node": the end of the list, or a hand that starts at the tail.
+const NIL: usize = usize::MAX;
+
+/// One entry of the store, linked between its older and newer neighbours.
+struct Node<K, V> {
+    key: K,
     value: Arc<V>,
     visited: AtomicBool,
+    /// The next newer entry (towards the head), or [`NIL`].
+    newer: usize,
+    /// The next older entry (towards the tail), or [`NIL`].
+    older: usize,
 }
 
-/// Endpoints keyed by peer device, with SIEVE or FIFO eviction.
+/// Endpoints keyed by peer device, with SIEVE or FIFO eviction. Every
+/// operation takes O(1) time (eviction amortized: SIEVE's hand clears at
+/// most one visited mark per step): a hash map finds an entry's node in a
+/// slab, and the nodes form a list in insertion order.
 pub struct EndpointStore<K, V> {
     capacity: usize,
     policy: EndpointStoreType,
-    entries: HashMap<K, Entry<V>>,
-    /// Insertion order: front = oldest (tail), back = newest (head).
-    order: VecDeque<K>,
-    /// SIEVE's hand: an index into `order`.
+    index: HashMap<K, usize>,
+    /// The nodes; `None` slots are listed in `free`.
+    slots: Vec<Option<Node<K, V>>>,
+    free: Vec<usize>,
+    /// The newest entry.
+    head: usize,
+    /// The oldest entry.
+    tail: usize,
+    /// SIEVE's hand: the next entry it looks at ([`NIL`]: the tail).
     hand: usize,
 }
 
@@ -43,100 +60,152 @@ impl<K: Clone + Eq + Hash, V> EndpointStore<K, V> {
         EndpointStore {
             capacity: capacity.max(1),
             policy,
-            entries: HashMap::new(),
-            order: VecDeque::new(),
-            hand: 0,
+            index: HashMap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            head: NIL,
+            tail: NIL,
+            hand: NIL,
         }
+    }
+
+    fn node(&self, i: usize) -> &Node<K, V> {
+        self.slots[i].as_ref().expect("a linked slot holds a node")
+    }
+
+    fn node_mut(&mut self, i: usize) -> &mut Node<K, V> {
+        self.slots[i].as_mut().expect("a linked slot holds a node")
     }
 
     /// The endpoint for `key`, marked as visited.
     pub fn get(&self, key: &K) -> Option<Arc<V>> {
-        let e = self.entries.get(key)?;
-        e.visited.store(true, Ordering::Relaxed);
-        Some(e.value.clone())
+        let n = self.node(*self.index.get(key)?);
+        n.visited.store(true, Ordering::Relaxed);
+        Some(n.value.clone())
     }
 
-    /// Adds an endpoint; returns those evicted to make room.
+    /// The endpoint for `key`, without marking it visited.
+    pub fn peek(&self, key: &K) -> Option<Arc<V>> {
+        Some(self.node(*self.index.get(key)?).value.clone())
+    }
+
+    /// Adds an endpoint; returns those evicted to make room (and the one
+    /// it replaces under the same key).
     pub fn insert(&mut self, key: K, value: Arc<V>) -> Vec<Arc<V>> {
         let mut evicted = Vec::new();
         if let Some(old) = self.remove(&key) {
             evicted.push(old);
         }
-        while self.entries.len() >= self.capacity {
+        while self.index.len() >= self.capacity {
             match self.evict_one() {
                 Some(v) => evicted.push(v),
                 None => break,
             }
         }
-        self.entries.insert(
-            key.clone(),
-            Entry {
-                value,
-                visited: AtomicBool::new(true),
-            },
-        );
-        self.order.push_back(key);
+        let node = Node {
+            key: key.clone(),
+            value,
+            visited: AtomicBool::new(true),
+            newer: NIL,
+            older: self.head,
+        };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some(node);
+                i
+            }
+            None => {
+                self.slots.push(Some(node));
+                self.slots.len() - 1
+            }
+        };
+        match self.head {
+            NIL => self.tail = i,
+            h => self.node_mut(h).newer = i,
+        }
+        self.head = i;
+        self.index.insert(key, i);
         evicted
     }
 
     /// Removes the endpoint for `key`.
     pub fn remove(&mut self, key: &K) -> Option<Arc<V>> {
-        let e = self.entries.remove(key)?;
-        if let Some(i) = self.order.iter().position(|k| k == key) {
-            self.order.remove(i);
-            if i < self.hand {
-                self.hand -= 1;
-            }
+        let i = self.index.remove(key)?;
+        Some(self.unlink(i))
+    }
+
+    /// Takes node `i` out of the list and the slab; the hand, if on it,
+    /// moves to the next newer entry.
+    fn unlink(&mut self, i: usize) -> Arc<V> {
+        let node = self.slots[i].take().expect("a linked slot holds a node");
+        self.free.push(i);
+        match node.older {
+            NIL => self.tail = node.newer,
+            o => self.node_mut(o).newer = node.newer,
         }
-        Some(e.value)
+        match node.newer {
+            NIL => self.head = node.older,
+            n => self.node_mut(n).older = node.older,
+        }
+        if self.hand == i {
+            self.hand = node.newer;
+        }
+        node.value
     }
 
     fn evict_one(&mut self) -> Option<Arc<V>> {
-        if self.order.is_empty() {
+        if self.tail == NIL {
             return None;
         }
         let victim = match self.policy {
-            EndpointStoreType::Fifo => 0,
+            EndpointStoreType::Fifo => self.tail,
             EndpointStoreType::Sieve => {
-                // Walk from the hand towards the head, clearing visited bits;
-                // the first unvisited entry goes. Wraps to the tail.
-                let n = self.order.len();
-                let mut i = self.hand.min(n - 1);
+                // Walk from the hand towards the head, clearing visited
+                // marks; the first unvisited entry goes. Wraps to the tail.
+                let mut i = if self.hand == NIL {
+                    self.tail
+                } else {
+                    self.hand
+                };
                 loop {
-                    let e = &self.entries[&self.order[i]];
-                    if e.visited.swap(false, Ordering::Relaxed) {
-                        i = (i + 1) % n;
-                    } else {
+                    let n = self.node(i);
+                    if !n.visited.swap(false, Ordering::Relaxed) {
                         break i;
                     }
+                    i = if n.newer == NIL { self.tail } else { n.newer };
                 }
             }
         };
-        let key = self.order.remove(victim)?;
-        // The hand stays at the same index: now the next newer entry.
-        self.hand = if self.order.is_empty() {
-            0
-        } else {
-            victim % self.order.len()
-        };
-        self.entries.remove(&key).map(|e| e.value)
+        // The hand moves on to the victim's newer neighbour.
+        self.hand = victim;
+        let key = self.node(victim).key.clone();
+        self.index.remove(&key);
+        Some(self.unlink(victim))
+    }
+
+    /// The endpoints, in no particular order.
+    pub fn values(&self) -> impl Iterator<Item = &Arc<V>> {
+        self.slots.iter().flatten().map(|n| &n.value)
     }
 
     /// Removes and returns every endpoint.
     pub fn drain(&mut self) -> Vec<Arc<V>> {
-        self.order.clear();
-        self.hand = 0;
-        self.entries.drain().map(|(_, e)| e.value).collect()
+        self.index.clear();
+        self.free.clear();
+        self.head = NIL;
+        self.tail = NIL;
+        self.hand = NIL;
+        self.slots.drain(..).flatten().map(|n| n.value).collect()
     }
 
     /// Number of endpoints.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.index.len()
     }
 
     /// Whether the store is empty.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.index.is_empty()
     }
 }
 
@@ -164,18 +233,25 @@ impl<V: Endpoint> Retiring<V> {
         self.waiting.append(&mut other.waiting);
     }
 
-    /// Closes every waiting endpoint that is quiescent; returns how many
-    /// still wait.
-    pub fn reclaim(&mut self) -> usize {
+    /// Closes every waiting endpoint that is quiescent; returns those it
+    /// closed.
+    pub fn reclaim(&mut self) -> Vec<Arc<V>> {
+        let mut closed = Vec::new();
         self.waiting.retain(|ep| {
             if ep.quiescent() {
                 ep.close();
+                closed.push(ep.clone());
                 false
             } else {
                 true
             }
         });
-        self.waiting.len()
+        closed
+    }
+
+    /// The waiting endpoints.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<V>> {
+        self.waiting.iter()
     }
 
     /// Closes every waiting endpoint, quiescent or not (shutdown).
@@ -301,21 +377,71 @@ mod tests {
         busy.inflight.store(2, Ordering::Relaxed);
         let idle = Arc::new(Ep::default());
         r.retire([busy.clone(), idle.clone()]);
-        assert_eq!(r.reclaim(), 1);
+        let closed = r.reclaim();
+        assert_eq!(closed.len(), 1);
+        assert!(Arc::ptr_eq(&closed[0], &idle));
+        assert_eq!(r.len(), 1);
         assert!(idle.closed.load(Ordering::Relaxed));
         assert!(!busy.closed.load(Ordering::Relaxed));
         busy.inflight.store(0, Ordering::Relaxed);
-        assert_eq!(r.reclaim(), 0);
+        assert_eq!(r.reclaim().len(), 1);
         assert!(busy.closed.load(Ordering::Relaxed));
-        assert_eq!(r.reclaim(), 0, "reclaim is idempotent when empty");
+        assert!(r.reclaim().is_empty(), "reclaim is idempotent when empty");
     }
 
     #[test]
     fn many_waiting_entries_drain_in_one_pass() {
         let mut r = Retiring::default();
         r.retire((0..1118).map(|_| Arc::new(Ep::default())));
-        assert_eq!(r.reclaim(), 0);
+        assert_eq!(r.reclaim().len(), 1118);
         assert!(r.is_empty());
+    }
+
+    #[test]
+    fn removing_the_entry_under_the_hand_moves_it_to_the_next_newer() {
+        let mut s = EndpointStore::new(4, EndpointStoreType::Sieve);
+        let eps: Vec<(u32, Arc<Ep>)> = (0..7).map(|k| (k, Arc::new(Ep::default()))).collect();
+        for k in 0..4 {
+            s.insert(k, eps[k as usize].1.clone());
+        }
+        // The first eviction clears every mark and takes 0; the hand is on 1.
+        assert_eq!(keys(&s.insert(4, eps[4].1.clone()), &eps), vec![0]);
+        // 1 leaves: the hand moves to 2, which is unvisited and goes next.
+        s.remove(&1);
+        s.insert(5, eps[5].1.clone());
+        assert_eq!(keys(&s.insert(6, eps[6].1.clone()), &eps), vec![2]);
+        let mut left: Vec<u32> = eps
+            .iter()
+            .filter(|(_, v)| s.values().any(|x| Arc::ptr_eq(x, v)))
+            .map(|(k, _)| *k)
+            .collect();
+        left.sort_unstable();
+        assert_eq!(left, vec![3, 4, 5, 6]);
+    }
+
+    #[test]
+    fn slots_are_reused_and_the_order_survives_churn() {
+        // FIFO over many inserts and removals from the middle: what is
+        // evicted is always the oldest entry still present, and the slab
+        // does not grow past the capacity.
+        let mut s = EndpointStore::new(8, EndpointStoreType::Fifo);
+        let mut present: std::collections::VecDeque<(u32, Arc<Ep>)> = Default::default();
+        for k in 0..10_000u32 {
+            if k % 3 == 0 && !present.is_empty() {
+                let (mid, v) = present.remove(present.len() / 2).unwrap();
+                assert!(Arc::ptr_eq(&s.remove(&mid).unwrap(), &v));
+            }
+            let v = Arc::new(Ep::default());
+            let evicted = s.insert(k, v.clone());
+            if let Some(ev) = evicted.first() {
+                let (oldest, ov) = present.pop_front().unwrap();
+                assert!(Arc::ptr_eq(ev, &ov), "{oldest} is the one evicted");
+                assert!(s.get(&oldest).is_none());
+            }
+            present.push_back((k, v));
+            assert_eq!(s.len(), present.len());
+        }
+        assert!(s.slots.len() <= 8, "{} slots", s.slots.len());
     }
 
     #[test]

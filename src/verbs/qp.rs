@@ -4,8 +4,8 @@
 use super::{CompletionQueue, Gid, ProtectionDomain, check};
 use rdma_sys::{
     ibv_access_flags, ibv_create_qp, ibv_destroy_qp, ibv_gid, ibv_modify_qp, ibv_post_send, ibv_qp,
-    ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_send_flags,
-    ibv_send_wr, ibv_sge, ibv_wr_opcode,
+    ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_query_qp,
+    ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wr_opcode,
 };
 use std::io;
 use std::ptr::NonNull;
@@ -252,6 +252,27 @@ impl QueuePair {
                 | ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC,
         )
         .map_err(|e| ("RTS", e))
+    }
+
+    /// The packet sequence number the queue pair expects next from its
+    /// peer: it advances with every request the peer sends (an RDMA WRITE
+    /// or READ it issues against our memory), which no completion on our
+    /// side reports.
+    pub fn rq_psn(&self) -> io::Result<u32> {
+        // SAFETY: plain C data; all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the QP is alive; both out-structs are valid for writes.
+        check(unsafe {
+            ibv_query_qp(
+                self.ptr.as_ptr(),
+                &mut attr,
+                ibv_qp_attr_mask::IBV_QP_RQ_PSN.0 as libc::c_int,
+                &mut init,
+            )
+        })?;
+        Ok(attr.rq_psn)
     }
 
     /// Posts `wrs` as one chain of RDMA READs and WRITEs.

@@ -130,3 +130,99 @@ pub fn wait_port_active(dev: &str, within: Duration) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A device's RoCE v2 IPv4 GID (index 1 in the VM) in Mooncake's text
+/// form: 16 bytes as two hex digits each, joined by `:`.
+pub fn gid(dev: &str) -> String {
+    let p = format!("/sys/class/infiniband/{dev}/ports/1/gids/1");
+    let raw = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"));
+    let hex: Vec<char> = raw.trim().chars().filter(|c| *c != ':').collect();
+    assert_eq!(hex.len(), 32, "{p}: {raw}");
+    hex.chunks(2)
+        .map(|c| c.iter().collect::<String>())
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Numbers of the RC queue pairs that exist on a device (`rdma resource
+/// show qp`), sorted.
+pub fn rc_qpns(dev: &str) -> Vec<u32> {
+    let out = Command::new("rdma")
+        .args(["resource", "show", "qp", "link", &format!("{dev}/1")])
+        .output()
+        .expect("rdma resource show qp");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut qpns: Vec<u32> = text
+        .lines()
+        .filter(|l| l.contains(" type RC "))
+        .filter_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let i = words.iter().position(|w| *w == "lqpn")?;
+            words.get(i + 1)?.parse().ok()
+        })
+        .collect();
+    qpns.sort_unstable();
+    qpns
+}
+
+/// A Connection frame (type 0) as Mooncake's `HandShakeDesc` encodes it,
+/// built by hand: `[u64 LE length][0][JSON]`, length = 1 + JSON bytes.
+pub fn connection_frame(req: &serde_json::Value) -> Vec<u8> {
+    let mut payload = req.to_string().into_bytes();
+    payload.push(b'\n');
+    let len = payload.len() as u64 + 1;
+    let mut f: Vec<u8> = len.to_le_bytes().to_vec();
+    f.push(0);
+    f.extend_from_slice(&payload);
+    f
+}
+
+/// Sends one Connection frame to `127.0.0.1:port` from a socket bound to
+/// `from` and returns the reply's JSON (`None` if the listener closed
+/// without a reply). Every wait is bounded.
+pub fn send_connection(
+    from: std::net::IpAddr,
+    port: u16,
+    req: &serde_json::Value,
+) -> Option<serde_json::Value> {
+    use std::io::{Read, Write};
+    let sock =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    sock.bind(&std::net::SocketAddr::new(from, 0).into())
+        .unwrap_or_else(|e| panic!("bind {from}: {e}"));
+    let to = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    sock.connect_timeout(&to.into(), Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("connect {to} from {from}: {e}"));
+    let mut s: std::net::TcpStream = sock.into();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(&connection_frame(req)).expect("send the frame");
+    let mut reply = Vec::new();
+    match s.read_to_end(&mut reply) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("reading the reply: {e}"),
+    }
+    if reply.len() < 9 {
+        return None;
+    }
+    let len = u64::from_le_bytes(reply[..8].try_into().unwrap()) as usize;
+    assert_eq!(len, reply.len() - 8, "length = 1 + payload length");
+    assert_eq!(reply[8], 0, "a Connection reply");
+    Some(serde_json::from_slice(&reply[9..]).expect("reply JSON"))
+}
+
+/// Whether a Connection reply refuses (a non-empty `reply_msg`).
+pub fn refused(reply: &Option<serde_json::Value>) -> bool {
+    reply
+        .as_ref()
+        .is_none_or(|r| r["reply_msg"].as_str().is_some_and(|m| !m.is_empty()))
+}
+
+/// Latency percentiles of `samples` (sorted in place): (p50, p99, max).
+pub fn percentiles(samples: &mut [Duration]) -> (Duration, Duration, Duration) {
+    assert!(!samples.is_empty(), "no samples");
+    samples.sort_unstable();
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.99), samples[samples.len() - 1])
+}

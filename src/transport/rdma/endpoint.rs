@@ -111,6 +111,8 @@ pub struct RdmaEndpoint {
     closed: AtomicBool,
     /// The device's count of requests outstanding on its completion queue.
     cq_outstanding: Arc<AtomicUsize>,
+    /// Requests of ours that ended through a completion.
+    completed: AtomicU64,
 }
 
 /// What posting from an endpoint left behind.
@@ -164,6 +166,7 @@ impl RdmaEndpoint {
             give_up,
             closed: AtomicBool::new(false),
             cq_outstanding,
+            completed: AtomicU64::new(0),
         }
     }
 
@@ -560,8 +563,24 @@ impl RdmaEndpoint {
         if n > 0 {
             inner.last_progress = Instant::now();
             self.cq_outstanding.fetch_sub(n, Ordering::AcqRel);
+            self.completed.fetch_add(n as u64, Ordering::Relaxed);
         }
         n
+    }
+
+    /// A number that changes whenever the peer sends a request on one of
+    /// the queue pairs (their expected receive PSNs) or a request of ours
+    /// completes: tells an endpoint in use from an idle one, also on the
+    /// side that only serves the peer's one-sided requests.
+    pub fn activity(&self) -> u64 {
+        let mut sum = self.completed.load(Ordering::Relaxed);
+        for slot in &self.slots {
+            let inner = lock(&slot.inner);
+            if let Some(Ok(psn)) = inner.qp.as_ref().map(QueuePair::rq_psn) {
+                sum = sum.wrapping_add(u64::from(psn));
+            }
+        }
+        sum
     }
 
     /// Whether a queue pair has had requests outstanding without progress

@@ -7,9 +7,12 @@
 //! `MC_WORKERS_PER_CTX` worker threads that post chained work requests
 //! within each queue pair's depth and the completion queue's room, and
 //! complete slices from the completions. Endpoints connect through the
-//! handshake RPC (Mooncake's Connection JSON, with the ready ACK); a
-//! connector thread per device runs our side, [`RdmaTransport::accept`]
-//! the peer's. A monitor thread handles asynchronous events (a port that
+//! handshake RPC (Mooncake's Connection JSON, with the ready ACK); a small
+//! pool of connector threads runs our side (handshakes to different peers
+//! at once), [`RdmaTransport::accept`] the peer's, which takes a
+//! handshake only from the host its sender publishes, with the GID it
+//! publishes, and bounds the endpoints handshakes create (per peer and in
+//! total). A monitor thread handles asynchronous events (a port that
 //! goes down takes its device out of selection until it is back), tears
 //! down endpoints whose queue pairs stopped completing
 //! (`MC_RDMA_COMPLETION_TIMEOUT`) — and every endpoint to that peer when
@@ -23,25 +26,32 @@
 //! slice at a time with the device, the peer (a [`RdmaTarget`]) and the
 //! peer's key, and hears back through the slice's callback.
 
+mod admission;
+mod connector;
 mod endpoint;
 mod gid;
 mod handshake;
 mod nic;
+mod pool;
 mod registry;
 mod wake;
 
+pub use admission::{PeerLookup, PeerRecord};
 pub use handshake::{HandshakeDesc, nic_path, split_nic_path};
 
 use crate::config::{Config, EndpointStoreType};
 use crate::error::{Error, Result};
 use crate::rpc::{ClientOptions, FrameKind};
 use crate::transport::{Outcome, Slice};
-use crate::verbs::{AsyncEventKind, gid_to_string};
+use crate::verbs::{AsyncEventKind, gid_to_string, parse_gid};
+use admission::{Admission, AdmissionLimits, LOOKUP_CONNECT_TIMEOUT};
+use connector::Connector;
 use endpoint::{PostJob, report};
 use nic::Nic;
 use registry::{DeviceDomain, Registry};
 use serde_json::Value;
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -110,6 +120,14 @@ pub struct RdmaOptions {
     /// How long a peer found gone is not connected to again
     /// (`MC_RDMA_RAIL_PAUSE_SECONDS`).
     pub peer_gone_for: Duration,
+    /// `MC_RDMA_MAX_PASSIVE_EP` (per device).
+    pub max_passive_ep: usize,
+    /// `MC_RDMA_MAX_PASSIVE_EP_PER_PEER` (per device).
+    pub max_passive_ep_per_peer: usize,
+    /// `MC_RDMA_CONNECT_THREADS`.
+    pub connect_threads: usize,
+    /// Bounds of the lookups behind the passive handshake's check.
+    pub admission: AdmissionLimits,
 }
 
 impl RdmaOptions {
@@ -138,7 +156,32 @@ impl RdmaOptions {
             handshake_timeout: Duration::from_secs(2 * c.handshake_connect_timeout_secs),
             rpc: ClientOptions::from_config(c),
             peer_gone_for: Duration::from_secs(c.rail_pause_secs),
+            max_passive_ep: c.rdma_max_passive_ep,
+            max_passive_ep_per_peer: c.rdma_max_passive_ep_per_peer,
+            connect_threads: c.rdma_connect_threads,
+            admission: admission_limits(c),
         }
+    }
+}
+
+/// The lookups' bounds: `MC_RDMA_PEER_LOOKUPS_PER_SEC`; half the handshake
+/// workers at once; a fetch within the lookup connect bound and
+/// `MC_HANDSHAKE_IO_TIMEOUT`, and a frame waits for another's lookup at
+/// most that long.
+fn admission_limits(c: &Config) -> AdmissionLimits {
+    let io = Duration::from_secs(c.handshake_io_timeout_secs);
+    let rpc = ClientOptions {
+        connect_timeout: LOOKUP_CONNECT_TIMEOUT
+            .min(Duration::from_secs(c.handshake_connect_timeout_secs)),
+        io_timeout: io,
+        ..ClientOptions::from_config(c)
+    };
+    AdmissionLimits {
+        per_sec: c.rdma_peer_lookups_per_sec,
+        concurrent: (c.handshake_workers / 2).max(1),
+        capacity: c.rdma_max_passive_ep.max(1024),
+        wait: rpc.connect_timeout + io,
+        rpc,
     }
 }
 
@@ -184,6 +227,8 @@ pub struct RdmaTransport {
     names: Vec<String>,
     registry: Registry,
     opts: Arc<RdmaOptions>,
+    connector: Arc<Connector>,
+    admission: Admission,
     monitor: Mutex<Option<JoinHandle<()>>>,
     monitor_stop: Arc<EventFd>,
     closed: AtomicBool,
@@ -197,20 +242,19 @@ impl RdmaTransport {
     pub fn start(devices: &[String], server_name: &str, cfg: &Config) -> Result<RdmaTransport> {
         let opts = Arc::new(RdmaOptions::from_config(cfg));
         let gone = Arc::new(GonePeers::default());
+        let connector = Arc::new(Connector::start(opts.connect_threads)?);
         let mut nics = Vec::new();
         for name in devices {
-            match Nic::open(name, server_name, &opts, &gone) {
+            match Nic::open(name, server_name, &opts, &gone, &connector) {
                 Ok(n) => nics.push(Arc::new(n)),
                 Err(e) => warn!("{e}; device {name} is not used"),
             }
         }
         if nics.is_empty() {
+            connector.stop();
             return Err(Error::DeviceNotFound(format!(
                 "no usable RDMA device among {devices:?} (each needs an active port and a GID)"
             )));
-        }
-        for n in &nics {
-            n.start()?;
         }
         let names: Vec<String> = nics.iter().map(|n| n.name.clone()).collect();
         let stop = Arc::new(EventFd::new().map_err(|e| Error::Context(format!("eventfd: {e}")))?);
@@ -221,20 +265,30 @@ impl RdmaTransport {
             gone,
             gone_for: opts.peer_gone_for,
         };
+        let admission = Admission::new(opts.admission.clone());
+        // From here on, an error drops the transport, which stops what
+        // started.
+        let transport = RdmaTransport {
+            nics: RwLock::new(nics.clone()),
+            names,
+            registry: Registry::default(),
+            opts,
+            connector,
+            admission,
+            monitor: Mutex::new(None),
+            monitor_stop: stop,
+            closed: AtomicBool::new(false),
+        };
+        for n in &nics {
+            n.start()?;
+        }
         let monitor = std::thread::Builder::new()
             .name("te-rdma-monitor".into())
             .spawn(move || t.run())
             .map_err(|e| Error::Context(format!("starting the RDMA monitor thread: {e}")))?;
-        info!("rdma transport on {names:?}");
-        Ok(RdmaTransport {
-            nics: RwLock::new(nics),
-            names,
-            registry: Registry::default(),
-            opts,
-            monitor: Mutex::new(Some(monitor)),
-            monitor_stop: stop,
-            closed: AtomicBool::new(false),
-        })
+        *transport.monitor.lock().unwrap_or_else(|e| e.into_inner()) = Some(monitor);
+        info!("rdma transport on {:?}", transport.names);
+        Ok(transport)
     }
 
     fn nic(&self, device: usize) -> Option<Arc<Nic>> {
@@ -374,47 +428,78 @@ impl RdmaTransport {
         }
     }
 
-    /// Answers a peer's Connection request (the passive side of the
-    /// handshake).
-    pub fn accept(&self, request: &Value) -> Value {
+    /// Looks up what peers publish with `lookup` from now on (the passive
+    /// handshake's check refuses every request until then).
+    pub fn set_peer_lookup(&self, lookup: PeerLookup) {
+        self.admission.set_lookup(lookup);
+    }
+
+    /// Answers a peer's Connection request that came from `from` (the
+    /// passive side of the handshake).
+    pub fn accept(&self, request: &Value, from: SocketAddr) -> Value {
         let reply = match HandshakeDesc::from_json(request) {
             Err(e) => HandshakeDesc::rejection(e),
             Ok(_) if self.closed.load(Ordering::Acquire) => {
                 HandshakeDesc::rejection("the RDMA transport is shutting down")
             }
-            Ok(req) => match split_nic_path(&req.peer_nic_path) {
-                None => HandshakeDesc::rejection(format!(
-                    "Invalid peer_nic_path in handshake: {:?}",
-                    req.peer_nic_path
-                )),
-                Some((_, device)) => {
-                    let nic = self
-                        .nics
-                        .read()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .iter()
-                        .find(|n| n.name == device)
-                        .cloned();
-                    match nic {
-                        None => HandshakeDesc::rejection(format!(
-                            "Local RDMA context not found for handshake NIC: {device}"
-                        )),
-                        Some(n) if n.path != req.peer_nic_path => {
-                            HandshakeDesc::rejection(format!(
-                                "Invalid argument: peer nic path inconsistency, expect {}, \
-                                 while got {}",
-                                n.path, req.peer_nic_path
-                            ))
-                        }
-                        Some(n) => n.accept(&req),
-                    }
-                }
-            },
+            Ok(req) => self.accept_desc(&req, from),
         };
         if !reply.reply_msg.is_empty() {
-            debug!("refused a connection request: {}", reply.reply_msg);
+            debug!(
+                "refused a connection request from {from}: {}",
+                reply.reply_msg
+            );
         }
         reply.to_json()
+    }
+
+    fn accept_desc(&self, req: &HandshakeDesc, from: SocketAddr) -> HandshakeDesc {
+        let Some((_, device)) = split_nic_path(&req.peer_nic_path) else {
+            return HandshakeDesc::rejection(format!(
+                "Invalid peer_nic_path in handshake: {:?}",
+                req.peer_nic_path
+            ));
+        };
+        let nic = self
+            .nics
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|n| n.name == device)
+            .cloned();
+        let nic = match nic {
+            None => {
+                return HandshakeDesc::rejection(format!(
+                    "Local RDMA context not found for handshake NIC: {device}"
+                ));
+            }
+            Some(n) if n.path != req.peer_nic_path => {
+                return HandshakeDesc::rejection(format!(
+                    "Invalid argument: peer nic path inconsistency, expect {}, while got {}",
+                    n.path, req.peer_nic_path
+                ));
+            }
+            Some(n) => n,
+        };
+        let Some((server, peer_device)) = split_nic_path(&req.local_nic_path) else {
+            return HandshakeDesc::rejection(format!(
+                "Parse peer nic path failed: {:?}",
+                req.local_nic_path
+            ));
+        };
+        // A ready ACK may carry no GID; every other message needs one.
+        let gid = parse_gid(&req.local_gid);
+        if gid.is_none() && req.ready_ack != Some(true) {
+            return HandshakeDesc::rejection(format!("Invalid peer GID: {:?}", req.local_gid));
+        }
+        if let Err(why) = self
+            .admission
+            .check(server, peer_device, gid.as_ref(), from.ip())
+        {
+            crate::warn_limited!("refused an RDMA handshake from {from}: {why}");
+            return HandshakeDesc::rejection(why);
+        }
+        nic.accept(req)
     }
 
     /// Fails queued and in-flight work (each slice ends exactly once),
@@ -433,6 +518,7 @@ impl RdmaTransport {
         {
             let _ = t.join();
         }
+        self.connector.stop();
         let nics = std::mem::take(&mut *self.nics.write().unwrap_or_else(|e| e.into_inner()));
         for n in &nics {
             n.shutdown(SHUTDOWN_GRACE);

@@ -1,24 +1,25 @@
 //! One RDMA device in use: its context, protection domain, completion
-//! queue, port, GID and MTU; its endpoint pool; its worker threads (post
-//! and complete work requests) and its connector thread (handshakes).
+//! queue, port, GID and MTU; its endpoints; its worker threads (post and
+//! complete work requests); both sides of its handshakes (ours run on the
+//! transport's [`Connector`]).
 
+use super::connector::{ConnectJob, Connector};
 use super::endpoint::{Ended, Phase, PostJob, Posting, RdmaEndpoint, report};
 use super::gid;
 use super::handshake::{HandshakeDesc, nic_path, split_nic_path};
+use super::pool::{PassiveLimits, Pool, QpTable};
 use super::wake::{EventFd, wait_readable};
 use super::{GonePeers, RdmaOptions, RdmaTarget};
 use crate::error::{Error, Result};
 use crate::rpc::{ClientOptions, FrameKind};
 use crate::transport::Outcome;
-use crate::transport::endpoint::{EndpointStore, Retiring};
 use crate::verbs::{
     CompletionChannel, CompletionQueue, ConnectParams, Context, Gid, ProtectionDomain, QueuePair,
     QueuePairCaps, WorkCompletion, gid_to_string, mtu_bytes, mtu_enum, parse_gid,
 };
 use crossbeam_channel::{Receiver, Sender};
-use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tracing::{debug, info, warn};
@@ -30,24 +31,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The endpoints of a device: the pool and those retiring.
-pub struct Pool {
-    /// Live endpoints by peer NIC path.
-    pub store: EndpointStore<String, RdmaEndpoint>,
-    /// Endpoints that left the pool and wait for their last request.
-    pub retiring: Retiring<RdmaEndpoint>,
-}
-
 /// What one batch of completions ended.
 struct Consumed {
     ended: Ended,
     touched: Vec<Arc<RdmaEndpoint>>,
     failed: Vec<(Arc<RdmaEndpoint>, String)>,
-}
-
-struct ConnectJob {
-    ep: Arc<RdmaEndpoint>,
-    target: RdmaTarget,
 }
 
 /// The selected GID of a device.
@@ -79,21 +67,27 @@ pub struct Nic {
     /// Largest memory region the device takes.
     pub max_mr_size: u64,
     opts: Arc<RdmaOptions>,
+    /// Bounds on the endpoints peers' handshakes create.
+    passive: PassiveLimits,
     active: AtomicBool,
-    /// The endpoint pool.
-    pub pool: Mutex<Pool>,
-    /// Every endpoint whose queue pairs exist, by queue pair number.
-    qps: Mutex<HashMap<u32, Arc<RdmaEndpoint>>>,
-    runnable: Mutex<VecDeque<Arc<RdmaEndpoint>>>,
+    pool: Mutex<Pool>,
+    qps: QpTable,
+    /// Endpoints with slices to post (a lock-free queue: completions add
+    /// to it).
+    runnable: (Sender<Arc<RdmaEndpoint>>, Receiver<Arc<RdmaEndpoint>>),
     /// Serializes posting, so the completion queue's room is not handed
     /// out twice.
     post_lock: Mutex<()>,
     /// Serializes taking completions (see [`Nic::complete_all`]).
     poll_lock: Mutex<()>,
-    cq_waiting: Mutex<Vec<Arc<RdmaEndpoint>>>,
+    /// A worker wanted to take completions while another held
+    /// `poll_lock`: the holder looks again before it returns.
+    poll_again: AtomicBool,
+    /// Endpoints waiting for room in the completion queue.
+    cq_waiting: (Sender<Arc<RdmaEndpoint>>, Receiver<Arc<RdmaEndpoint>>),
     cq_outstanding: Arc<AtomicUsize>,
     wake: EventFd,
-    connect_tx: Mutex<Option<Sender<ConnectJob>>>,
+    connector: Arc<Connector>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// No new work; workers finish what is outstanding.
     stopping: AtomicBool,
@@ -106,12 +100,13 @@ pub struct Nic {
 impl Nic {
     /// Opens device `name` and sets it up: port `MC_IB_PORT` must be
     /// active; GID, MTU and limits are chosen and logged. Threads start
-    /// with [`Nic::start`].
+    /// with [`Nic::start`]; its handshakes run on `connector`.
     pub fn open(
         name: &str,
         server: &str,
         opts: &Arc<RdmaOptions>,
         gone: &Arc<GonePeers>,
+        connector: &Arc<Connector>,
     ) -> Result<Nic> {
         let ctx_err = |what: &str, e: std::io::Error| {
             Error::Context(format!("RDMA device {name}: {what} failed: {e}"))
@@ -187,6 +182,10 @@ impl Nic {
             caps.max_wr,
             cq.capacity(),
         );
+        let passive = PassiveLimits {
+            total: opts.max_passive_ep.min(capacity),
+            per_peer: opts.max_passive_ep_per_peer,
+        };
         Ok(Nic {
             name: name.to_string(),
             path: nic_path(server, name),
@@ -201,19 +200,18 @@ impl Nic {
             rd_atomic,
             max_mr_size,
             opts: opts.clone(),
+            passive,
             active: AtomicBool::new(true),
-            pool: Mutex::new(Pool {
-                store: EndpointStore::new(capacity, opts.store_type),
-                retiring: Retiring::default(),
-            }),
-            qps: Mutex::new(HashMap::new()),
-            runnable: Mutex::new(VecDeque::new()),
+            pool: Mutex::new(Pool::new(capacity, opts.store_type)),
+            qps: QpTable::default(),
+            runnable: crossbeam_channel::unbounded(),
             post_lock: Mutex::new(()),
             poll_lock: Mutex::new(()),
-            cq_waiting: Mutex::new(Vec::new()),
+            poll_again: AtomicBool::new(false),
+            cq_waiting: crossbeam_channel::unbounded(),
             cq_outstanding: Arc::new(AtomicUsize::new(0)),
             wake,
-            connect_tx: Mutex::new(None),
+            connector: connector.clone(),
             threads: Mutex::new(Vec::new()),
             stopping: AtomicBool::new(false),
             halted: AtomicBool::new(false),
@@ -221,10 +219,8 @@ impl Nic {
         })
     }
 
-    /// Starts the worker and connector threads.
+    /// Starts the worker threads.
     pub fn start(self: &Arc<Self>) -> Result<()> {
-        let (tx, rx) = crossbeam_channel::unbounded::<ConnectJob>();
-        *lock(&self.connect_tx) = Some(tx);
         let mut threads = lock(&self.threads);
         for i in 0..self.opts.workers {
             let me = self.clone();
@@ -234,12 +230,6 @@ impl Nic {
                 .map_err(|e| Error::Context(format!("starting an RDMA worker thread: {e}")))?;
             threads.push(t);
         }
-        let me = self.clone();
-        let t = std::thread::Builder::new()
-            .name(format!("te-rdma-{}-conn", self.name))
-            .spawn(move || me.connect_loop(rx))
-            .map_err(|e| Error::Context(format!("starting an RDMA connector thread: {e}")))?;
-        threads.push(t);
         Ok(())
     }
 
@@ -339,34 +329,80 @@ impl Nic {
             self.opts.completion_timeout,
             self.cq_outstanding.clone(),
         ));
-        let mut map = lock(&self.qps);
-        for q in ep.qpns() {
-            map.insert(q, ep.clone());
-        }
+        self.qps.add(&ep);
         Ok(ep)
     }
 
-    /// The pooled endpoint to `peer_nic_path`, or a new one (which may
-    /// evict another: it drains and closes).
-    fn endpoint(&self, peer_nic_path: &str) -> Result<Arc<RdmaEndpoint>> {
-        let key = peer_nic_path.to_string();
-        let mut pool = lock(&self.pool);
-        if let Some(ep) = pool.store.get(&key) {
-            if ep.phase() != Phase::Failed {
-                return Ok(ep);
-            }
-            pool.store.remove(&key);
-        }
-        let ep = self.new_endpoint(peer_nic_path)?;
-        let evicted = pool.store.insert(key, ep.clone());
-        for old in &evicted {
+    /// Retires endpoints that left the pool to make room: each drains,
+    /// then closes.
+    fn evicted(&self, evicted: &[Arc<RdmaEndpoint>]) {
+        for old in evicted {
             debug!(
                 "RDMA device {}: endpoint to {} evicted",
                 self.name, old.peer_nic_path
             );
             old.retire(false, Outcome::Interrupted);
         }
-        pool.retiring.retire(evicted);
+    }
+
+    /// The pooled endpoint to `peer_nic_path`, or a new one (which may
+    /// evict another).
+    fn endpoint(&self, peer_nic_path: &str) -> Result<Arc<RdmaEndpoint>> {
+        let mut pool = lock(&self.pool);
+        if let Some(ep) = pool.get(peer_nic_path) {
+            if ep.phase() != Phase::Failed {
+                return Ok(ep);
+            }
+            pool.remove(&ep);
+        }
+        let ep = self.new_endpoint(peer_nic_path)?;
+        let evicted = pool.insert(ep.clone(), false);
+        self.evicted(&evicted);
+        Ok(ep)
+    }
+
+    /// The endpoint a peer's handshake sets up: the pooled one to
+    /// `peer_nic_path`, or a new one within the bounds on endpoints that
+    /// handshakes create (at the total bound the least recently active
+    /// one gives way); a refusal says why.
+    fn passive_endpoint(
+        &self,
+        peer_nic_path: &str,
+    ) -> std::result::Result<Arc<RdmaEndpoint>, String> {
+        let mut pool = lock(&self.pool);
+        if let Some(ep) = pool.get(peer_nic_path) {
+            if ep.phase() != Phase::Failed {
+                pool.touch_passive(&ep);
+                return Ok(ep);
+            }
+            pool.remove(&ep);
+        }
+        let made_room = pool
+            .make_room_for_passive(peer_nic_path, self.passive)
+            .inspect_err(|why| {
+                crate::warn_limited!("RDMA device {}: refused a handshake: {why}", self.name);
+            })?;
+        if !made_room.is_empty() {
+            crate::warn_limited!(
+                "RDMA device {}: the endpoints that peers' handshakes created are at the bound \
+                 (MC_RDMA_MAX_PASSIVE_EP={}); the least recently active ({}) gave way to {}",
+                self.name,
+                self.passive.total,
+                made_room
+                    .iter()
+                    .map(|e| e.peer_nic_path.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                peer_nic_path
+            );
+        }
+        let ep = self
+            .new_endpoint(peer_nic_path)
+            .map_err(|e| e.to_string())?;
+        let evicted = pool.insert(ep.clone(), true);
+        drop(pool);
+        self.evicted(&made_room);
+        self.evicted(&evicted);
         Ok(ep)
     }
 
@@ -381,26 +417,15 @@ impl Nic {
             self.name,
             ep.peer_nic_path
         );
-        {
-            // An endpoint still in the pool moves to the retiring list; an
-            // evicted one is there already.
-            let mut pool = lock(&self.pool);
-            if pool
-                .store
-                .get(&ep.peer_nic_path)
-                .is_some_and(|cur| Arc::ptr_eq(&cur, ep))
-            {
-                pool.store.remove(&ep.peer_nic_path);
-                pool.retiring.retire([ep.clone()]);
-            }
-        }
+        // An endpoint still in the pool moves to the retiring list; an
+        // evicted one is there already.
+        lock(&self.pool).remove(ep);
         report(ep.retire(true, outcome));
     }
 
     /// Fails the endpoint of queue pair `qp_num` (a fatal queue pair event).
     pub fn fail_qp(&self, qp_num: u32) {
-        let ep = lock(&self.qps).get(&qp_num).cloned();
-        if let Some(ep) = ep {
+        if let Some(ep) = self.qps.get(qp_num) {
             self.fail_endpoint(
                 &ep,
                 Outcome::Interrupted,
@@ -411,12 +436,7 @@ impl Nic {
 
     /// Fails every endpoint (device down, shutdown).
     pub fn fail_all(&self, outcome: Outcome) {
-        let all: Vec<Arc<RdmaEndpoint>> = {
-            let mut pool = lock(&self.pool);
-            let all = pool.store.drain();
-            pool.retiring.retire(all.iter().cloned());
-            all
-        };
+        let all = lock(&self.pool).drain();
         for ep in all {
             report(ep.retire(true, outcome));
         }
@@ -424,7 +444,7 @@ impl Nic {
 
     /// Queues a job on the endpoint to `target` and gets it connected or
     /// posted.
-    pub fn post(&self, target: &RdmaTarget, job: PostJob) {
+    pub fn post(self: &Arc<Self>, target: &RdmaTarget, job: PostJob) {
         if !self.is_active() {
             return report(vec![(job.slice, Outcome::Failed { hard: true })]);
         }
@@ -448,7 +468,7 @@ impl Nic {
         }
     }
 
-    fn request_connect(&self, ep: Arc<RdmaEndpoint>, target: RdmaTarget) {
+    fn request_connect(self: &Arc<Self>, ep: Arc<RdmaEndpoint>, target: RdmaTarget) {
         let server = split_nic_path(&target.peer_nic_path).map_or("", |(s, _)| s);
         if self.gone.is_gone(server) {
             return self.fail_endpoint(
@@ -457,19 +477,14 @@ impl Nic {
                 "the peer is gone (it answered no Probe); not connecting for now",
             );
         }
-        let sent = lock(&self.connect_tx)
-            .as_ref()
-            .map(|tx| {
-                tx.send(ConnectJob {
-                    ep: ep.clone(),
-                    target,
-                })
-                .is_ok()
-            })
-            .unwrap_or(false);
-        if !sent {
+        let job = ConnectJob {
+            nic: self.clone(),
+            ep,
+            target,
+        };
+        if let Err(job) = self.connector.submit(job) {
             self.fail_endpoint(
-                &ep,
+                &job.ep,
                 Outcome::Failed { hard: true },
                 "the transport is stopping",
             );
@@ -477,26 +492,25 @@ impl Nic {
     }
 
     fn schedule(&self, ep: Arc<RdmaEndpoint>) {
-        lock(&self.runnable).push_back(ep);
+        // The receiver lives as long as the device.
+        let _ = self.runnable.0.send(ep);
         self.wake.wake();
     }
 
-    /// Connector thread: runs the active handshakes, one at a time.
-    fn connect_loop(self: Arc<Self>, rx: Receiver<ConnectJob>) {
-        while let Ok(ConnectJob { ep, target }) = rx.recv() {
-            if self.stopping.load(Ordering::Acquire) {
-                self.fail_endpoint(&ep, Outcome::Interrupted, "the transport is stopping");
-                continue;
-            }
-            match self.connect_active(&ep, &target) {
-                Ok(()) => {
-                    debug!("RDMA {} -> {} connected", self.path, ep.peer_nic_path);
-                    if ep.want_schedule() {
-                        self.schedule(ep);
-                    }
+    /// Runs our handshake for `ep` (on a connector thread) and schedules
+    /// the endpoint, or fails it.
+    pub fn connect(&self, ep: &Arc<RdmaEndpoint>, target: &RdmaTarget) {
+        if self.stopping.load(Ordering::Acquire) {
+            return self.fail_endpoint(ep, Outcome::Interrupted, "the transport is stopping");
+        }
+        match self.connect_active(ep, target) {
+            Ok(()) => {
+                debug!("RDMA {} -> {} connected", self.path, ep.peer_nic_path);
+                if ep.want_schedule() {
+                    self.schedule(ep.clone());
                 }
-                Err(e) => self.fail_endpoint(&ep, Outcome::Failed { hard: true }, &e),
             }
+            Err(e) => self.fail_endpoint(ep, Outcome::Failed { hard: true }, &e),
         }
     }
 
@@ -570,21 +584,17 @@ impl Nic {
         Ok(())
     }
 
-    /// The passive side of a handshake addressed to this device.
+    /// The passive side of a handshake addressed to this device, from a
+    /// peer the transport verified.
     pub fn accept(&self, req: &HandshakeDesc) -> HandshakeDesc {
         if !self.is_active() {
             return HandshakeDesc::rejection(format!("RDMA device {} is down", self.name));
         }
-        if req.local_nic_path.is_empty()
-            || super::handshake::split_nic_path(&req.local_nic_path).is_none()
-        {
-            return HandshakeDesc::rejection(format!(
-                "Parse peer nic path failed: {:?}",
-                req.local_nic_path
-            ));
-        }
         if req.ready_ack == Some(true) {
-            let ep = lock(&self.pool).store.get(&req.local_nic_path);
+            let ep = {
+                let pool = lock(&self.pool);
+                pool.get(&req.local_nic_path)
+            };
             let result = match &ep {
                 Some(ep) => ep.ready_ack(&req.qp_num),
                 None => Err("received RDMA ready ACK for unconnected endpoint".into()),
@@ -606,9 +616,9 @@ impl Nic {
         };
         let params = |qpn| self.params(remote_gid, req.local_lid, qpn);
         for _ in 0..2 {
-            let ep = match self.endpoint(&req.local_nic_path) {
+            let ep = match self.passive_endpoint(&req.local_nic_path) {
                 Ok(ep) => ep,
-                Err(e) => return HandshakeDesc::rejection(e.to_string()),
+                Err(why) => return HandshakeDesc::rejection(why),
             };
             match ep.accept(req, &params) {
                 Ok(()) => {
@@ -665,42 +675,57 @@ impl Nic {
 
     /// Whether nothing is outstanding or queued (for the workers' exit).
     fn idle(&self) -> bool {
-        self.cq_outstanding.load(Ordering::Acquire) == 0 && lock(&self.runnable).is_empty()
+        self.cq_outstanding.load(Ordering::Acquire) == 0 && self.runnable.1.is_empty()
     }
 
     /// Polls the completion queue dry, re-arms it, and polls once more
     /// (a completion between the last poll and the arming would otherwise
     /// wait for the next event). Completions are taken and matched to
-    /// their requests under one lock, in queue order: a request without a
-    /// completion of its own counts as done only when a later completion
-    /// of its queue pair is seen, so completions must not overtake each
-    /// other between workers. Slices are reported outside the lock.
+    /// their requests in queue order, one batch at a time under
+    /// `poll_lock`: a request without a completion of its own counts as
+    /// done only when a later completion of its queue pair is seen, so
+    /// completions must not overtake each other between workers. A worker
+    /// never waits for that lock: it leaves a wish (`poll_again`) and goes
+    /// on posting, and the holder looks again before it returns. Slices
+    /// are reported outside the lock.
     fn complete_all(&self, wcs: &mut Vec<WorkCompletion>) {
         let mut armed = false;
         loop {
-            let consumed = {
-                let _in_order = lock(&self.poll_lock);
-                wcs.clear();
-                match self.cq.poll(wcs, 64) {
-                    Ok(0) if armed => return,
-                    Ok(0) => {
-                        if let Err(e) = self.cq.arm() {
-                            warn!(
-                                "RDMA device {}: arming the completion queue: {e}",
-                                self.name
-                            );
-                        }
-                        armed = true;
-                        continue;
+            self.poll_again.store(true, Ordering::SeqCst);
+            let in_order = match self.poll_lock.try_lock() {
+                Ok(g) => g,
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(TryLockError::WouldBlock) => return,
+            };
+            self.poll_again.store(false, Ordering::SeqCst);
+            wcs.clear();
+            match self.cq.poll(wcs, 64) {
+                Ok(0) if !armed => {
+                    if let Err(e) = self.cq.arm() {
+                        warn!(
+                            "RDMA device {}: arming the completion queue: {e}",
+                            self.name
+                        );
                     }
-                    Ok(_) => self.consume(wcs),
-                    Err(e) => {
-                        warn!("RDMA device {}: {e}", self.name);
+                    armed = true;
+                }
+                Ok(0) => {
+                    drop(in_order);
+                    if !self.poll_again.load(Ordering::SeqCst) {
                         return;
                     }
+                    armed = false;
                 }
-            };
-            self.settle(consumed);
+                Ok(_) => {
+                    let consumed = self.consume(wcs);
+                    drop(in_order);
+                    self.settle(consumed);
+                }
+                Err(e) => {
+                    warn!("RDMA device {}: {e}", self.name);
+                    return;
+                }
+            }
         }
     }
 
@@ -712,7 +737,7 @@ impl Nic {
             failed: Vec::new(),
         };
         for wc in wcs {
-            let Some(ep) = lock(&self.qps).get(&wc.qp_num).cloned() else {
+            let Some(ep) = self.qps.get(wc.qp_num) else {
                 continue;
             };
             let Some(slot) = ep.slot_of(wc.qp_num) else {
@@ -777,8 +802,11 @@ impl Nic {
                 self.schedule(ep);
             }
         }
-        let waiting = std::mem::take(&mut *lock(&self.cq_waiting));
-        for ep in waiting {
+        // Only those waiting now: posting may add more meanwhile.
+        for _ in 0..self.cq_waiting.1.len() {
+            let Ok(ep) = self.cq_waiting.1.try_recv() else {
+                break;
+            };
             if ep.want_schedule() {
                 self.schedule(ep);
             }
@@ -790,7 +818,7 @@ impl Nic {
         let cq_cap = self.cq.capacity() as usize;
         let _posting = lock(&self.post_lock);
         loop {
-            let Some(ep) = lock(&self.runnable).pop_front() else {
+            let Ok(ep) = self.runnable.1.try_recv() else {
                 return;
             };
             // Reserve the completion queue room before posting.
@@ -799,7 +827,9 @@ impl Nic {
             let (left, ended) = ep.post_queued(max_wr, self.opts.signal_every, &mut room);
             report(ended);
             match left {
-                Posting::CqFull => lock(&self.cq_waiting).push(ep),
+                Posting::CqFull => {
+                    let _ = self.cq_waiting.0.send(ep);
+                }
                 Posting::Drained | Posting::QueueFull | Posting::NotReady => {}
             }
         }
@@ -811,16 +841,7 @@ impl Nic {
     /// and, if known, handshake address).
     pub fn maintain(&self) -> Vec<(String, Option<(String, u16)>)> {
         let mut stalled = Vec::new();
-        let eps: Vec<Arc<RdmaEndpoint>> = {
-            let map = lock(&self.qps);
-            let mut v: Vec<Arc<RdmaEndpoint>> = Vec::new();
-            for ep in map.values() {
-                if !v.iter().any(|e| Arc::ptr_eq(e, ep)) {
-                    v.push(ep.clone());
-                }
-            }
-            v
-        };
+        let eps = lock(&self.pool).all();
         let timeout = self.opts.completion_timeout;
         for ep in &eps {
             if ep.is_closed() {
@@ -852,18 +873,12 @@ impl Nic {
     /// Fails every endpoint to the peer `server` (its process is gone):
     /// what they carry fails over now instead of each stalling in turn.
     pub fn fail_peer(&self, server: &str) {
-        let eps: Vec<Arc<RdmaEndpoint>> = {
-            let map = lock(&self.qps);
-            let mut v: Vec<Arc<RdmaEndpoint>> = Vec::new();
-            for ep in map.values() {
-                let to_peer = split_nic_path(&ep.peer_nic_path).is_some_and(|(s, _)| s == server);
-                if to_peer && !ep.is_closed() && !v.iter().any(|e| Arc::ptr_eq(e, ep)) {
-                    v.push(ep.clone());
-                }
-            }
-            v
-        };
+        let eps = lock(&self.pool).all();
         for ep in eps {
+            let to_peer = split_nic_path(&ep.peer_nic_path).is_some_and(|(s, _)| s == server);
+            if !to_peer || ep.is_closed() {
+                continue;
+            }
             self.fail_endpoint(&ep, Outcome::Failed { hard: true }, "the peer is gone");
             report(ep.destroy(Outcome::Failed { hard: true }));
         }
@@ -872,14 +887,15 @@ impl Nic {
     /// Closes retired endpoints that are quiescent (outside the pool lock:
     /// closing reports slices, whose callbacks may post again).
     fn reclaim(&self) {
-        let mut batch = std::mem::take(&mut lock(&self.pool).retiring);
+        let mut batch = lock(&self.pool).take_retiring();
         if batch.is_empty() {
             return;
         }
-        batch.reclaim();
-        lock(&self.pool).retiring.retire_from(&mut batch);
-        // Forget the queue pairs of closed endpoints.
-        lock(&self.qps).retain(|_, ep| !ep.is_closed());
+        let closed = batch.reclaim();
+        lock(&self.pool).put_back_retiring(&mut batch);
+        for ep in &closed {
+            self.qps.forget(ep);
+        }
     }
 
     /// Stops: fails every endpoint (their queue pairs flush), waits up to
@@ -887,7 +903,6 @@ impl Nic {
     /// threads, then destroys every queue pair, failing what is left.
     pub fn shutdown(&self, grace: Duration) {
         self.stopping.store(true, Ordering::Release);
-        lock(&self.connect_tx).take();
         self.fail_all(Outcome::Interrupted);
         let deadline = std::time::Instant::now() + grace;
         while !self.idle() && std::time::Instant::now() < deadline {
@@ -902,17 +917,19 @@ impl Nic {
                 warn!("an RDMA thread of {} panicked", self.name);
             }
         }
-        let eps: Vec<Arc<RdmaEndpoint>> = lock(&self.qps).drain().map(|(_, ep)| ep).collect();
-        for ep in eps {
+        let eps = {
+            let mut pool = lock(&self.pool);
+            pool.drain();
+            pool.take_retiring()
+        };
+        for ep in eps.iter() {
             if !ep.is_closed() {
                 report(ep.destroy(Outcome::Interrupted));
             }
         }
-        let mut pool = lock(&self.pool);
-        pool.store.drain();
-        pool.retiring = Retiring::default();
-        lock(&self.runnable).clear();
-        lock(&self.cq_waiting).clear();
+        self.qps.clear();
+        while self.runnable.1.try_recv().is_ok() {}
+        while self.cq_waiting.1.try_recv().is_ok() {}
     }
 }
 
