@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 use bound::Board;
 use io::{Cmd, IoThreads, Probe};
 use lane::{ConnectHealth, LaneShared};
+use progress::MinRate;
 use server::ServerShared;
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -118,14 +119,17 @@ impl TcpTransport {
         }
         let stall = Duration::from_secs(cfg.tcp_status_timeout_secs);
         let idle = Duration::from_secs(cfg.tcp_idle_timeout_secs);
+        let min_rate = MinRate {
+            bytes_per_sec: cfg.tcp_min_rate,
+            window: Duration::from_secs(cfg.tcp_min_rate_window_secs),
+        };
         let server = Arc::new(ServerShared {
             memory,
             open: AtomicUsize::new(0),
             max_sessions,
             idle_timeout: idle,
             stall,
-            min_rate: cfg.tcp_min_rate,
-            rate_window: Duration::from_secs(cfg.tcp_min_rate_window_secs),
+            min_rate,
             board: Board::new(cfg.tcp_io_threads),
         });
         let io = IoThreads::start(cfg.tcp_io_threads, listener, server)
