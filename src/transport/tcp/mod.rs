@@ -9,8 +9,8 @@
 //! `MC_TCP_IO_THREADS`; data connections `MC_TCP_MAX_DATA_CONNECTIONS`
 //! (and half the process's descriptor limit); idle connections close after
 //! `MC_TCP_IDLE_TIMEOUT_SEC` (server) or half of it (client); a request
-//! that moves no byte for `MC_TCP_STATUS_TIMEOUT_SEC` fails, and on the
-//! server so does one whose peer takes fewer than
+//! that moves no byte for `MC_TCP_STATUS_TIMEOUT_SEC` fails, and on both
+//! sides so does one whose peer takes fewer than
 //! `MC_TCP_MIN_RATE_BYTES_PER_SEC` over `MC_TCP_MIN_RATE_WINDOW_SEC`;
 //! connections per endpoint `MC_TCP_LANES_PER_PEER`; endpoints per device
 //! `MC_MAX_EP_PER_CTX`.
@@ -151,6 +151,7 @@ impl TcpTransport {
                 connect: Duration::from_secs(cfg.handshake_connect_timeout_secs),
                 stall,
                 idle: idle / 2,
+                min_rate,
             },
         })
     }

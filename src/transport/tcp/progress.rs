@@ -9,9 +9,12 @@
 //! least `MC_TCP_MIN_RATE_BYTES_PER_SEC` averaged over each
 //! `MC_TCP_MIN_RATE_WINDOW_SEC`, or its connection is reset
 //! ([`Progress::sweep`]): on the data port, a request part of which was
-//! received, or whose reply is not yet handed to the kernel. Time with
+//! received, or whose reply is not yet handed to the kernel; on a client
+//! lane, a request of its pipeline not yet answered in full. Time with
 //! nothing in progress, and time in which the I/O thread itself was held
-//! up, is not counted. And at the connection
+//! up, is not counted; nor is a window by whose end every request in
+//! progress at its start has finished (a peer that answers everything
+//! asked is not slow, however little was asked). And at the connection
 //! bound, the session whose peer took the fewest bytes per second over the
 //! last two to four seconds gives way ([`Progress::rate`]).
 
@@ -32,6 +35,13 @@ pub struct MinRate {
     pub bytes_per_sec: u64,
     /// The window the rate is averaged over.
     pub window: Duration,
+}
+
+impl MinRate {
+    /// Whether there is no minimum.
+    pub fn off(&self) -> bool {
+        self.bytes_per_sec == 0
+    }
 }
 
 /// A window in which the peer of a request in progress took too little.
@@ -92,11 +102,24 @@ impl Traffic {
     }
 }
 
+/// Requests of a connection that finish in order: how many have, and how
+/// many will have once those in progress now have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Requests {
+    /// Requests finished in all.
+    pub finished: u64,
+    /// `finished` once every request in progress now has finished.
+    pub due: u64,
+}
+
 /// A connection as a sweep of its I/O thread finds it.
 #[derive(Debug, Clone, Copy)]
 pub struct Seen {
     /// Bytes its peer has taken in all ([`Traffic::taken`]).
     pub taken: u64,
+    /// Its requests, where it counts them: a window by whose end every
+    /// request in progress at its start has finished is not slow.
+    pub requests: Option<Requests>,
     /// Whether a request is in progress now.
     pub in_progress: bool,
     /// Whether none was at some moment since the last sweep: that ends the
@@ -114,6 +137,8 @@ struct Stretch {
     since: Instant,
     /// Bytes taken in all then.
     taken: u64,
+    /// Requests finished in all once those in progress then have.
+    due: Option<u64>,
 }
 
 /// The bytes a connection's peer has taken, over time.
@@ -121,6 +146,8 @@ struct Stretch {
 pub struct Progress {
     /// Bytes taken in all, at the last observation.
     taken: u64,
+    /// The connection's requests, at the last observation.
+    requests: Option<Requests>,
     /// Start of the current rate window, and `taken` then.
     window: (Instant, u64),
     /// Start of the previous rate window, and `taken` then.
@@ -141,6 +168,7 @@ impl Progress {
     pub fn new(now: Instant) -> Progress {
         Progress {
             taken: 0,
+            requests: None,
             window: (now, 0),
             prev: (now, 0),
             stretch: None,
@@ -155,7 +183,8 @@ impl Progress {
     /// Records what a sweep found at `now` and judges the request in
     /// progress once its window has lasted `rule.window`, then starts the
     /// next: `Err` if its peer took fewer than `rule.bytes_per_sec` bytes
-    /// per second of it (never with no minimum).
+    /// per second of it and did not finish every request in progress at
+    /// its start (never with no minimum).
     pub fn sweep(&mut self, now: Instant, seen: Seen, rule: MinRate) -> Result<(), Slow> {
         self.observe(now, &seen);
         if seen.held_up {
@@ -166,6 +195,7 @@ impl Progress {
 
     fn observe(&mut self, now: Instant, seen: &Seen) {
         self.took(seen.taken);
+        self.requests = seen.requests;
         if now.saturating_duration_since(self.window.0) >= RATE_WINDOW {
             self.prev = self.window;
             self.window = (now, self.taken);
@@ -183,6 +213,7 @@ impl Progress {
         Stretch {
             since: now,
             taken: self.taken,
+            due: self.requests.map(|r| r.due),
         }
     }
 
@@ -196,7 +227,11 @@ impl Progress {
         }
         self.stretch = Some(self.mark(now));
         let bytes = self.taken - start.taken;
-        if u128::from(bytes) * 1_000_000_000 >= u128::from(rule.bytes_per_sec) * over.as_nanos() {
+        let finished = self.requests.map_or(0, |r| r.finished);
+        let answered = start.due.is_some_and(|due| finished >= due);
+        if answered
+            || u128::from(bytes) * 1_000_000_000 >= u128::from(rule.bytes_per_sec) * over.as_nanos()
+        {
             Ok(())
         } else {
             Err(Slow { bytes, over, rule })
@@ -226,6 +261,7 @@ mod tests {
     fn busy(taken: u64) -> Seen {
         Seen {
             taken,
+            requests: None,
             in_progress: true,
             broke: false,
             held_up: false,
@@ -320,6 +356,48 @@ mod tests {
         };
         assert_eq!(p.sweep(late, held_up, RULE), Ok(()));
         assert!(p.sweep(late + W, busy(100), RULE).is_err());
+    }
+
+    #[test]
+    fn a_window_that_finishes_what_was_asked_at_its_start_is_not_slow() {
+        let t0 = Instant::now();
+        let mut p = Progress::new(t0);
+        // Small requests, two always in flight, each answered within the
+        // window: a few bytes a second, never slow.
+        let mut t = t0;
+        let mut finished = 0;
+        for i in 0..(5 * W.as_millis() / S.as_millis()) as u64 {
+            t += S;
+            if i % 4 == 0 {
+                finished += 1;
+            }
+            let seen = Seen {
+                requests: Some(Requests {
+                    finished,
+                    due: finished + 2,
+                }),
+                ..busy(finished * 100)
+            };
+            assert_eq!(p.sweep(t, seen, RULE), Ok(()), "at {:?}", t - t0);
+        }
+        // The peer stops answering: the requests in flight at the start of
+        // the next window are still there at its end.
+        let stuck = Seen {
+            requests: Some(Requests {
+                finished,
+                due: finished + 2,
+            }),
+            ..busy(finished * 100)
+        };
+        let mut verdict = Ok(());
+        for _ in 0..(2 * W.as_millis() / S.as_millis()) {
+            t += S;
+            verdict = p.sweep(t, stuck, RULE);
+            if verdict.is_err() {
+                break;
+            }
+        }
+        assert!(verdict.is_err(), "a peer that answers nothing passed");
     }
 
     #[test]

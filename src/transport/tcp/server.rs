@@ -249,6 +249,7 @@ impl Session {
         }
         let seen = Seen {
             taken: self.traffic.taken(self.stream.as_raw_fd()),
+            requests: None,
             in_progress: !self.idle(),
             broke: std::mem::take(&mut self.broke),
             held_up,
