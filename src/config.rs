@@ -127,8 +127,9 @@ pub struct Config {
     /// `MC_TCP_IDLE_TIMEOUT_SEC`: an idle data connection is closed after
     /// this long by the server, after half of it by the client (300).
     pub tcp_idle_timeout_secs: u64,
-    /// `MC_TCP_MIN_RATE_BYTES_PER_SEC`: the data server drops a request in
-    /// progress whose peer takes fewer bytes per second than this,
+    /// `MC_TCP_MIN_RATE_BYTES_PER_SEC`: a request in progress, on the data
+    /// server or a client connection, fails with its connection reset when
+    /// its peer takes fewer bytes per second than this,
     /// averaged over each `MC_TCP_MIN_RATE_WINDOW_SEC` (65536; 0 = off,
     /// up to 1 GiB/s).
     pub tcp_min_rate: u64,

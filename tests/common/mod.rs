@@ -477,6 +477,14 @@ pub enum Action {
     /// As `PartialThenClose`, but keep the connection open (silent) until
     /// the server is killed.
     PartialThenHang(u64),
+    /// Serve at a pace: READ: the status word (v2) at once, then the data
+    /// `chunk` bytes at a time, one chunk every `every` (the first after
+    /// `every`). WRITE: read the payload `chunk` bytes at a time, one chunk
+    /// every `every` (the first after `every`), then store it and answer
+    /// (v2). A `chunk` as large as the request delays it by `every`. An
+    /// invalid range is rejected as by `Serve`; a reset ends the session
+    /// at once.
+    Paced { chunk: usize, every: Duration },
 }
 
 /// One request seen by a [`FakeServer`].
@@ -520,6 +528,36 @@ impl FakeServer {
         policy: impl Fn(&Seen) -> Action + Send + Sync + 'static,
     ) -> FakeServer {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        FakeServer::serve(listener, mem, base, legacy, policy)
+    }
+
+    /// As [`FakeServer::start`], with connections that have a receive
+    /// buffer of `rcvbuf` bytes (set on the listener before it listens,
+    /// so the window they advertise stays small): a peer that reads
+    /// slowly holds back the sender.
+    pub fn start_with_recv_buffer(
+        rcvbuf: usize,
+        mem: Vec<u8>,
+        base: u64,
+        legacy: bool,
+        policy: impl Fn(&Seen) -> Action + Send + Sync + 'static,
+    ) -> FakeServer {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        socket.set_recv_buffer_size(rcvbuf).expect("SO_RCVBUF");
+        let at: std::net::SocketAddr = ([127, 0, 0, 1], 0).into();
+        socket.bind(&at.into()).expect("bind");
+        socket.listen(128).expect("listen");
+        FakeServer::serve(socket.into(), mem, base, legacy, policy)
+    }
+
+    fn serve(
+        listener: TcpListener,
+        mem: Vec<u8>,
+        base: u64,
+        legacy: bool,
+        policy: impl Fn(&Seen) -> Action + Send + Sync + 'static,
+    ) -> FakeServer {
         let port = listener.local_addr().unwrap().port();
         listener.set_nonblocking(true).unwrap();
         let shared = Arc::new(FakeShared {
@@ -661,6 +699,22 @@ fn hang_until_stopped(sh: &FakeShared) {
     }
 }
 
+/// Sleeps `d`; false if the server was stopped meanwhile, or the
+/// connection was reset (its kernel holds the error even while received
+/// bytes are still queued to read).
+fn pause(s: &TcpStream, d: Duration, sh: &FakeShared) -> bool {
+    let until = Instant::now() + d;
+    loop {
+        if stopped(sh) || !matches!(s.take_error(), Ok(None)) {
+            return false;
+        }
+        let Some(left) = until.checked_duration_since(Instant::now()) else {
+            return true;
+        };
+        std::thread::sleep(left.min(Duration::from_millis(10)));
+    }
+}
+
 fn send(s: &mut TcpStream, b: &[u8]) -> bool {
     s.write_all(b).is_ok()
 }
@@ -691,7 +745,11 @@ fn session(mut s: TcpStream, conn: usize, sh: &FakeShared) {
                 .checked_add(header.size)
                 .is_some_and(|end| end <= sh.base + len);
         let mut action = (sh.policy)(&seen);
-        if matches!(action, Action::Serve | Action::BadStatus) && !valid {
+        if matches!(
+            action,
+            Action::Serve | Action::BadStatus | Action::Paced { .. }
+        ) && !valid
+        {
             action = Action::Reject;
         }
         let off = header.addr.wrapping_sub(sh.base) as usize;
@@ -741,6 +799,31 @@ fn session(mut s: TcpStream, conn: usize, sh: &FakeShared) {
             Action::Close => {
                 let _ = s.shutdown(Shutdown::Both);
                 return;
+            }
+            Action::Paced { chunk, every } => {
+                let chunk = chunk.max(1);
+                if write {
+                    let mut body = vec![0u8; size];
+                    for part in body.chunks_mut(chunk) {
+                        if !pause(&s, every, sh) || !read_full(&mut s, part, sh) {
+                            return;
+                        }
+                    }
+                    sh.mem.lock().unwrap()[off..off + size].copy_from_slice(&body);
+                    if v2 && !send(&mut s, &status_bytes(OK_WORD)) {
+                        return;
+                    }
+                } else {
+                    if v2 && !send(&mut s, &status_bytes(OK_WORD)) {
+                        return;
+                    }
+                    let data = sh.mem.lock().unwrap()[off..off + size].to_vec();
+                    for part in data.chunks(chunk) {
+                        if !pause(&s, every, sh) || !send(&mut s, part) {
+                            return;
+                        }
+                    }
+                }
             }
             Action::PartialThenClose(n) | Action::PartialThenHang(n) => {
                 if write {

@@ -30,8 +30,8 @@ use tracing::{debug, warn};
 /// How often timers are checked.
 pub const SWEEP: Duration = Duration::from_millis(100);
 /// A thread that sweeps this much later than due was held up (by its own
-/// work, or the process was stopped): the time is not charged to its
-/// sessions' minimum rate.
+/// work, or the process was stopped): the time is not charged to the
+/// minimum rate of its sessions and lanes.
 const HELD_UP: Duration = Duration::from_secs(1);
 /// Connections accepted by one thread per wake-up before others run.
 const ACCEPTS_PER_TURN: usize = 64;
@@ -495,7 +495,7 @@ impl Io {
                 }
                 Conn::Lane(lane) => {
                     let registry = self.poll.registry();
-                    lane.sweep(registry, now);
+                    lane.sweep(registry, now, held_up);
                     if !lane.settle(registry) {
                         self.conns.remove(&t);
                     }

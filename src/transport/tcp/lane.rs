@@ -17,7 +17,17 @@
 //! which their slices fail at once (a successful rail probe ends it): a
 //! dead peer costs at most one connect attempt per lane and second, and no
 //! thread.
+//!
+//! Slow peers: while its pipeline holds a request, a connection's peer must
+//! take our bytes (acknowledge them) or give the answers at
+//! `MC_TCP_MIN_RATE_BYTES_PER_SEC` averaged over each
+//! `MC_TCP_MIN_RATE_WINDOW_SEC`, or finish within the window every request
+//! in flight at its start (see [`super::progress`]); else the connection
+//! is reset and its requests fail as a stalled connection's do. A peer
+//! that trickles a READ's reply, or reads a WRITE's payload a KiB now and
+//! then, cannot keep a request open past a window or two.
 
+use super::progress::{MinRate, Progress, Requests, Seen, Slow, Traffic};
 use super::wire::{
     DIRECT_RECV_MIN, HEADER_LEN, Header, OP_READ, OP_WRITE, Recv, RecvBuf, STATUS_OK, V2_FLAG,
     iovec, recv_some, send_some, status_valid,
@@ -83,7 +93,7 @@ impl LaneTarget {
     }
 }
 
-/// Timeouts of a lane.
+/// Timeouts and the minimum rate of a lane.
 #[derive(Debug, Clone, Copy)]
 pub struct LaneTimeouts {
     /// Connect timeout.
@@ -92,6 +102,9 @@ pub struct LaneTimeouts {
     pub stall: Duration,
     /// An idle connection is closed after this long.
     pub idle: Duration,
+    /// The least a connection's peer must get done while a request is in
+    /// flight.
+    pub min_rate: MinRate,
 }
 
 /// Connect health shared by the lanes of one endpoint: after a failed
@@ -295,6 +308,38 @@ struct Conn {
     state: ConnState,
     rbuf: RecvBuf,
     last_progress: Instant,
+    /// Bytes moved on the connection.
+    traffic: Traffic,
+    /// What its peer took over time.
+    progress: Progress,
+    /// Requests finished on the connection.
+    finished: u64,
+    /// Whether the pipeline was empty at some moment since the last sweep.
+    broke: bool,
+}
+
+impl Conn {
+    fn new(stream: TcpStream, state: ConnState, now: Instant) -> Conn {
+        Conn {
+            stream,
+            state,
+            rbuf: RecvBuf::new(RECV_BUF),
+            last_progress: now,
+            traffic: Traffic::default(),
+            progress: Progress::new(now),
+            finished: 0,
+            broke: false,
+        }
+    }
+
+    /// Fills the receive buffer from the socket.
+    fn fill(&mut self) -> io::Result<Recv> {
+        let got = self.rbuf.fill(self.stream.as_raw_fd());
+        if let Ok(Recv::Bytes(n)) = got {
+            self.traffic.add_received(n);
+        }
+        got
+    }
 }
 
 /// Why a connection ended with requests on it.
@@ -409,8 +454,10 @@ impl Lane {
         !self.dormant()
     }
 
-    /// Runs the timers: connect deadline, stalled requests, idle close.
-    pub fn sweep(&mut self, registry: &Registry, now: Instant) {
+    /// Runs the timers: connect deadline, stalled or slow requests, idle
+    /// close; `held_up` if the I/O thread was held up since the last sweep
+    /// (the time is not counted against the peer's rate).
+    pub fn sweep(&mut self, registry: &Registry, now: Instant, held_up: bool) {
         let Some(conn) = &self.conn else {
             return;
         };
@@ -426,6 +473,20 @@ impl Lane {
                         registry,
                         Failure::Broken(format!("no progress for {quiet:?}")),
                     );
+                } else if let Some(slow) = self.too_slow(now, held_up) {
+                    let t = &self.shared.target;
+                    crate::warn_limited!(
+                        "tcp: reset the connection to {}:{} with {} request(s) in flight: {slow}",
+                        t.host,
+                        t.port,
+                        self.pipeline.len()
+                    );
+                    self.fail(
+                        registry,
+                        Failure::Broken(
+                            "its peer was slower than MC_TCP_MIN_RATE_BYTES_PER_SEC".into(),
+                        ),
+                    );
                 }
             }
             ConnState::Ready => {
@@ -435,6 +496,27 @@ impl Lane {
                 }
             }
         }
+    }
+
+    /// Judges a ready connection with requests in flight against the
+    /// minimum rate.
+    fn too_slow(&mut self, now: Instant, held_up: bool) -> Option<Slow> {
+        let rule = self.shared.timeouts.min_rate;
+        let conn = self.conn.as_mut()?;
+        if rule.off() {
+            return None;
+        }
+        let seen = Seen {
+            taken: conn.traffic.taken(conn.stream.as_raw_fd()),
+            requests: Some(Requests {
+                finished: conn.finished,
+                due: conn.finished + self.pipeline.len() as u64,
+            }),
+            in_progress: !self.pipeline.is_empty(),
+            broke: std::mem::take(&mut conn.broke),
+            held_up,
+        };
+        conn.progress.sweep(now, seen, rule).err()
     }
 
     /// Fails everything (shutdown).
@@ -491,15 +573,12 @@ impl Lane {
                         last = e.to_string();
                         continue;
                     }
-                    self.conn = Some(Conn {
-                        stream,
-                        state: ConnState::Connecting {
-                            at: i,
-                            deadline: Instant::now() + self.shared.timeouts.connect,
-                        },
-                        rbuf: RecvBuf::new(RECV_BUF),
-                        last_progress: Instant::now(),
-                    });
+                    let now = Instant::now();
+                    let state = ConnState::Connecting {
+                        at: i,
+                        deadline: now + self.shared.timeouts.connect,
+                    };
+                    self.conn = Some(Conn::new(stream, state, now));
                     return;
                 }
                 Err(e) => last = e.to_string(),
@@ -596,7 +675,7 @@ impl Lane {
 
     /// Sends what the socket takes of the unsent requests; returns bytes.
     fn send(&mut self) -> io::Result<usize> {
-        let Some(conn) = &self.conn else {
+        let Some(conn) = self.conn.as_mut() else {
             return Ok(0);
         };
         let mut iov = Vec::new();
@@ -630,6 +709,7 @@ impl Lane {
             return Ok(0);
         }
         let n = send_some(conn.stream.as_raw_fd(), &iov)?;
+        conn.traffic.add_sent(n);
         let mut left = n as u64;
         while left > 0 {
             let r = &mut self.pipeline[self.send_at];
@@ -660,7 +740,7 @@ impl Lane {
             let Some(r) = self.pipeline.get_mut(self.recv_at) else {
                 // Nothing expects an answer: any byte now is an error,
                 // end of stream an idle close by the peer.
-                return match conn.rbuf.fill(fd) {
+                return match conn.fill() {
                     Ok(Recv::WouldBlock) => Ok(total),
                     Ok(Recv::Eof) => Err(Failure::Closed("peer closed the connection".into())),
                     Ok(Recv::Bytes(_)) => {
@@ -674,7 +754,7 @@ impl Lane {
             }
             if r.v2 && !r.status_ok {
                 if conn.rbuf.len() < 8 {
-                    match conn.rbuf.fill(fd) {
+                    match conn.fill() {
                         Ok(Recv::Bytes(n)) => {
                             total += n;
                             continue;
@@ -713,7 +793,10 @@ impl Lane {
             } else if want >= DIRECT_RECV_MIN {
                 // SAFETY: as above.
                 match unsafe { recv_some(fd, dst, want) } {
-                    Ok(Recv::Bytes(n)) => n,
+                    Ok(Recv::Bytes(n)) => {
+                        conn.traffic.add_received(n);
+                        n
+                    }
                     Ok(Recv::WouldBlock) => return Ok(total),
                     Ok(Recv::Eof) => {
                         return Err(Failure::Closed("peer closed the connection".into()));
@@ -721,7 +804,7 @@ impl Lane {
                     Err(e) => return Err(Failure::Closed(e.to_string())),
                 }
             } else {
-                match conn.rbuf.fill(fd) {
+                match conn.fill() {
                     Ok(Recv::Bytes(_)) => 0,
                     Ok(Recv::WouldBlock) => return Ok(total),
                     Ok(Recv::Eof) => {
@@ -741,6 +824,10 @@ impl Lane {
             if let Some(r) = self.pipeline.pop_front() {
                 self.send_at -= 1;
                 self.recv_at = self.recv_at.saturating_sub(1);
+                if let Some(c) = self.conn.as_mut() {
+                    c.finished += 1;
+                    c.broke |= self.pipeline.is_empty();
+                }
                 self.shared.finish(r.slice, Outcome::Done);
             }
         }

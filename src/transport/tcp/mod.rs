@@ -9,8 +9,8 @@
 //! `MC_TCP_IO_THREADS`; data connections `MC_TCP_MAX_DATA_CONNECTIONS`
 //! (and half the process's descriptor limit); idle connections close after
 //! `MC_TCP_IDLE_TIMEOUT_SEC` (server) or half of it (client); a request
-//! that moves no byte for `MC_TCP_STATUS_TIMEOUT_SEC` fails, and on the
-//! server so does one whose peer takes fewer than
+//! that moves no byte for `MC_TCP_STATUS_TIMEOUT_SEC` fails, and on both
+//! sides so does one whose peer takes fewer than
 //! `MC_TCP_MIN_RATE_BYTES_PER_SEC` over `MC_TCP_MIN_RATE_WINDOW_SEC`;
 //! connections per endpoint `MC_TCP_LANES_PER_PEER`; endpoints per device
 //! `MC_MAX_EP_PER_CTX`.
@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 use bound::Board;
 use io::{Cmd, IoThreads, Probe};
 use lane::{ConnectHealth, LaneShared};
+use progress::MinRate;
 use server::ServerShared;
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -118,14 +119,17 @@ impl TcpTransport {
         }
         let stall = Duration::from_secs(cfg.tcp_status_timeout_secs);
         let idle = Duration::from_secs(cfg.tcp_idle_timeout_secs);
+        let min_rate = MinRate {
+            bytes_per_sec: cfg.tcp_min_rate,
+            window: Duration::from_secs(cfg.tcp_min_rate_window_secs),
+        };
         let server = Arc::new(ServerShared {
             memory,
             open: AtomicUsize::new(0),
             max_sessions,
             idle_timeout: idle,
             stall,
-            min_rate: cfg.tcp_min_rate,
-            rate_window: Duration::from_secs(cfg.tcp_min_rate_window_secs),
+            min_rate,
             board: Board::new(cfg.tcp_io_threads),
         });
         let io = IoThreads::start(cfg.tcp_io_threads, listener, server)
@@ -147,6 +151,7 @@ impl TcpTransport {
                 connect: Duration::from_secs(cfg.handshake_connect_timeout_secs),
                 stall,
                 idle: idle / 2,
+                min_rate,
             },
         })
     }

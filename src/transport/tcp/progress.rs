@@ -1,18 +1,24 @@
-//! What a data-port session gets done: the bytes its peer has taken, as
-//! seen at each sweep of the I/O thread: bytes received from the peer, and
-//! bytes sent that the peer has acknowledged. Bytes still in our reply
-//! queue or in the kernel's send queue do not count, so a reader that
-//! lets the kernel absorb a few MiB of its reply and then drains a KiB now
-//! and then is seen as what it is.
+//! What a data connection gets done: the bytes its peer has taken, as
+//! seen at each sweep of the I/O thread ([`Traffic`]): bytes received from
+//! the peer, and bytes sent that the peer has acknowledged. Bytes still in
+//! our queues or in the kernel's send queue do not count, so a peer that
+//! lets the kernel absorb a few MiB and then drains a KiB now and then is
+//! seen as what it is.
 //!
-//! Two rules read it. A request in progress (part of a request received,
-//! or a reply not yet handed to the kernel, without a break between sweeps)
-//! must have its peer take at least `MC_TCP_MIN_RATE_BYTES_PER_SEC`
-//! averaged over each `MC_TCP_MIN_RATE_WINDOW_SEC`, or its connection is
-//! reset ([`Progress::judge`]). And at the connection bound, the session
-//! whose peer took the fewest bytes per second over the last two to four
-//! seconds gives way ([`Progress::rate`]).
+//! Two rules read it. A request in progress must have its peer take at
+//! least `MC_TCP_MIN_RATE_BYTES_PER_SEC` averaged over each
+//! `MC_TCP_MIN_RATE_WINDOW_SEC`, or its connection is reset
+//! ([`Progress::sweep`]): on the data port, a request part of which was
+//! received, or whose reply is not yet handed to the kernel; on a client
+//! lane, a request of its pipeline not yet answered in full. Time with
+//! nothing in progress, and time in which the I/O thread itself was held
+//! up, is not counted; nor is a window by whose end every request in
+//! progress at its start has finished (a peer that answers everything
+//! asked is not slow, however little was asked). And at the connection
+//! bound, the session whose peer took the fewest bytes per second over the
+//! last two to four seconds gives way ([`Progress::rate`]).
 
+use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 /// The recent rate covers the current and the previous window of this
@@ -22,6 +28,22 @@ const RATE_WINDOW: Duration = Duration::from_secs(2);
 /// its first moments (a receive buffer's worth) is not a rate.
 const MIN_SPAN: Duration = Duration::from_secs(1);
 
+/// The least a request in progress must get done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MinRate {
+    /// Bytes per second its peer must take at least (0: no minimum).
+    pub bytes_per_sec: u64,
+    /// The window the rate is averaged over.
+    pub window: Duration,
+}
+
+impl MinRate {
+    /// Whether there is no minimum.
+    pub fn off(&self) -> bool {
+        self.bytes_per_sec == 0
+    }
+}
+
 /// A window in which the peer of a request in progress took too little.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slow {
@@ -29,20 +51,110 @@ pub struct Slow {
     pub bytes: u64,
     /// The window's length.
     pub over: Duration,
+    /// The minimum it fell short of.
+    pub rule: MinRate,
 }
 
-/// The bytes a session's peer has taken, over time.
+impl std::fmt::Display for Slow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "its peer took {} bytes in {:?}, less than MC_TCP_MIN_RATE_BYTES_PER_SEC={} (averaged over MC_TCP_MIN_RATE_WINDOW_SEC={})",
+            self.bytes,
+            self.over,
+            self.rule.bytes_per_sec,
+            self.rule.window.as_secs()
+        )
+    }
+}
+
+/// The bytes one connection has moved, in all.
+#[derive(Debug, Default)]
+pub struct Traffic {
+    received: u64,
+    sent: u64,
+    /// Of `sent`, the bytes the peer had acknowledged when last asked.
+    acked: u64,
+}
+
+impl Traffic {
+    /// Records bytes received from the peer.
+    pub fn add_received(&mut self, n: usize) {
+        self.received += n as u64;
+    }
+
+    /// Records bytes handed to the kernel for the peer.
+    pub fn add_sent(&mut self, n: usize) {
+        self.sent += n as u64;
+    }
+
+    /// Bytes the peer has taken: received from it, and sent to it and
+    /// acknowledged (the kernel of `fd` is asked how much of what was sent
+    /// it still holds).
+    pub fn taken(&mut self, fd: RawFd) -> u64 {
+        if self.acked < self.sent {
+            if let Ok(queued) = super::wire::unacknowledged(fd) {
+                let acked = self.sent.saturating_sub(queued as u64);
+                self.acked = self.acked.max(acked);
+            }
+        }
+        self.received + self.acked
+    }
+}
+
+/// Requests of a connection that finish in order: how many have, and how
+/// many will have once those in progress now have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Requests {
+    /// Requests finished in all.
+    pub finished: u64,
+    /// `finished` once every request in progress now has finished.
+    pub due: u64,
+}
+
+/// A connection as a sweep of its I/O thread finds it.
+#[derive(Debug, Clone, Copy)]
+pub struct Seen {
+    /// Bytes its peer has taken in all ([`Traffic::taken`]).
+    pub taken: u64,
+    /// Its requests, where it counts them: a window by whose end every
+    /// request in progress at its start has finished is not slow.
+    pub requests: Option<Requests>,
+    /// Whether a request is in progress now.
+    pub in_progress: bool,
+    /// Whether none was at some moment since the last sweep: that ends the
+    /// window of the request in progress.
+    pub broke: bool,
+    /// Whether the thread serving the connection was held up since the
+    /// last sweep: the time lost was not the peer's, and the window of the
+    /// request in progress starts again.
+    pub held_up: bool,
+}
+
+/// Where the window of the request in progress started.
+#[derive(Debug, Clone, Copy)]
+struct Stretch {
+    since: Instant,
+    /// Bytes taken in all then.
+    taken: u64,
+    /// Requests finished in all once those in progress then have.
+    due: Option<u64>,
+}
+
+/// The bytes a connection's peer has taken, over time.
 #[derive(Debug)]
 pub struct Progress {
     /// Bytes taken in all, at the last observation.
     taken: u64,
+    /// The connection's requests, at the last observation.
+    requests: Option<Requests>,
     /// Start of the current rate window, and `taken` then.
     window: (Instant, u64),
     /// Start of the previous rate window, and `taken` then.
     prev: (Instant, u64),
-    /// Start of the current window of the request in progress, and
-    /// `taken` then; `None` with no request in progress.
-    stretch: Option<(Instant, u64)>,
+    /// The window of the request in progress; `None` with no request in
+    /// progress.
+    stretch: Option<Stretch>,
 }
 
 /// `bytes` per `over`, in bytes per second.
@@ -52,10 +164,11 @@ fn per_second(bytes: u64, over: Duration) -> u64 {
 }
 
 impl Progress {
-    /// A session accepted at `now`.
+    /// A connection opened at `now`.
     pub fn new(now: Instant) -> Progress {
         Progress {
             taken: 0,
+            requests: None,
             window: (now, 0),
             prev: (now, 0),
             stretch: None,
@@ -67,49 +180,61 @@ impl Progress {
         self.taken = self.taken.max(taken);
     }
 
-    /// Records, at a sweep, the bytes taken in all, whether a request is
-    /// in progress now, and whether none was at some moment since the last
-    /// sweep (`broke`): that ends the window of the request in progress.
-    pub fn observe(&mut self, now: Instant, taken: u64, in_progress: bool, broke: bool) {
-        self.took(taken);
+    /// Records what a sweep found at `now` and judges the request in
+    /// progress once its window has lasted `rule.window`, then starts the
+    /// next: `Err` if its peer took fewer than `rule.bytes_per_sec` bytes
+    /// per second of it and did not finish every request in progress at
+    /// its start (never with no minimum).
+    pub fn sweep(&mut self, now: Instant, seen: Seen, rule: MinRate) -> Result<(), Slow> {
+        self.observe(now, &seen);
+        if seen.held_up {
+            self.stretch = self.stretch.map(|_| self.mark(now));
+        }
+        self.judge(now, rule)
+    }
+
+    fn observe(&mut self, now: Instant, seen: &Seen) {
+        self.took(seen.taken);
+        self.requests = seen.requests;
         if now.saturating_duration_since(self.window.0) >= RATE_WINDOW {
             self.prev = self.window;
             self.window = (now, self.taken);
         }
-        if !in_progress || broke {
+        if !seen.in_progress || seen.broke {
             self.stretch = None;
         }
-        if in_progress && self.stretch.is_none() {
-            self.stretch = Some((now, self.taken));
+        if seen.in_progress && self.stretch.is_none() {
+            self.stretch = Some(self.mark(now));
         }
     }
 
-    /// Starts the window of the request in progress again: the thread
-    /// serving the session was held up, and the time lost was not the
-    /// peer's.
-    pub fn forgive(&mut self, now: Instant) {
-        if let Some(s) = &mut self.stretch {
-            *s = (now, self.taken);
+    /// A window of the request in progress starting at `now`.
+    fn mark(&self, now: Instant) -> Stretch {
+        Stretch {
+            since: now,
+            taken: self.taken,
+            due: self.requests.map(|r| r.due),
         }
     }
 
-    /// Judges the request in progress once its window has lasted `window`,
-    /// then starts the next: `Err` if its peer took fewer than `min_rate`
-    /// bytes per second of it (never with `min_rate` 0).
-    pub fn judge(&mut self, now: Instant, min_rate: u64, window: Duration) -> Result<(), Slow> {
-        let Some((since, at)) = self.stretch else {
+    fn judge(&mut self, now: Instant, rule: MinRate) -> Result<(), Slow> {
+        let Some(start) = self.stretch else {
             return Ok(());
         };
-        let over = now.saturating_duration_since(since);
-        if over < window {
+        let over = now.saturating_duration_since(start.since);
+        if over < rule.window {
             return Ok(());
         }
-        self.stretch = Some((now, self.taken));
-        let bytes = self.taken - at;
-        if u128::from(bytes) * 1_000_000_000 < u128::from(min_rate) * over.as_nanos() {
-            Err(Slow { bytes, over })
-        } else {
+        self.stretch = Some(self.mark(now));
+        let bytes = self.taken - start.taken;
+        let finished = self.requests.map_or(0, |r| r.finished);
+        let answered = start.due.is_some_and(|due| finished >= due);
+        if answered
+            || u128::from(bytes) * 1_000_000_000 >= u128::from(rule.bytes_per_sec) * over.as_nanos()
+        {
             Ok(())
+        } else {
+            Err(Slow { bytes, over, rule })
         }
     }
 
@@ -125,25 +250,39 @@ impl Progress {
 mod tests {
     use super::*;
 
-    const W: Duration = Duration::from_secs(10);
     const S: Duration = Duration::from_millis(100);
+    const RULE: MinRate = MinRate {
+        bytes_per_sec: 65536,
+        window: Duration::from_secs(10),
+    };
+    const W: Duration = RULE.window;
 
-    /// Observes every sweep from `from` for `len`, the peer taking
-    /// `per_sweep` bytes each; returns the first verdict against.
+    /// A sweep of a connection with a request in progress.
+    fn busy(taken: u64) -> Seen {
+        Seen {
+            taken,
+            requests: None,
+            in_progress: true,
+            broke: false,
+            held_up: false,
+        }
+    }
+
+    /// Sweeps from `from` for `len`, the peer taking `per_sweep` bytes
+    /// each time; returns the first verdict against.
     fn run(
         p: &mut Progress,
         from: Instant,
         len: Duration,
         taken: &mut u64,
         per_sweep: u64,
-        min_rate: u64,
+        rule: MinRate,
     ) -> Option<(Duration, Slow)> {
         let mut t = from;
         while t < from + len {
             t += S;
             *taken += per_sweep;
-            p.observe(t, *taken, true, false);
-            if let Err(s) = p.judge(t, min_rate, W) {
+            if let Err(s) = p.sweep(t, busy(*taken), rule) {
                 return Some((t - from, s));
             }
         }
@@ -156,9 +295,13 @@ mod tests {
         let mut p = Progress::new(t0);
         let mut taken = 0;
         // 1 KiB a second against 64 KiB/s.
-        let (after, slow) = run(&mut p, t0, 3 * W, &mut taken, 102, 65536).expect("dropped");
+        let (after, slow) = run(&mut p, t0, 3 * W, &mut taken, 102, RULE).expect("dropped");
         assert!(after >= W && after <= W + 2 * S, "judged after {after:?}");
         assert!(slow.bytes < 65536 * 10 && slow.over >= W);
+        assert!(
+            slow.to_string()
+                .contains("MC_TCP_MIN_RATE_BYTES_PER_SEC=65536")
+        );
     }
 
     #[test]
@@ -166,8 +309,16 @@ mod tests {
         let t0 = Instant::now();
         let mut p = Progress::new(t0);
         let mut taken = 0;
-        assert_eq!(run(&mut p, t0, 5 * W, &mut taken, 6554, 65536), None);
-        assert_eq!(run(&mut p, t0, 5 * W, &mut taken, 10, 0), None, "0 is off");
+        assert_eq!(run(&mut p, t0, 5 * W, &mut taken, 6554, RULE), None);
+        let off = MinRate {
+            bytes_per_sec: 0,
+            ..RULE
+        };
+        assert_eq!(
+            run(&mut p, t0, 5 * W, &mut taken, 10, off),
+            None,
+            "0 is off"
+        );
     }
 
     #[test]
@@ -178,24 +329,75 @@ mod tests {
         // Short requests with pauses: each break starts a new window.
         for _ in 0..300 {
             t += S;
-            p.observe(t, 0, true, true);
-            assert_eq!(p.judge(t, 65536, W), Ok(()));
+            let seen = Seen {
+                broke: true,
+                ..busy(0)
+            };
+            assert_eq!(p.sweep(t, seen, RULE), Ok(()));
         }
-        // Idle sessions are never judged.
-        p.observe(t + 3 * W, 0, false, false);
-        assert_eq!(p.judge(t + 3 * W, 65536, W), Ok(()));
+        // Idle connections are never judged.
+        let idle = Seen {
+            in_progress: false,
+            ..busy(0)
+        };
+        assert_eq!(p.sweep(t + 3 * W, idle, RULE), Ok(()));
+        assert_eq!(p.sweep(t + 5 * W, idle, RULE), Ok(()));
     }
 
     #[test]
     fn a_stall_of_the_thread_is_forgiven() {
         let t0 = Instant::now();
         let mut p = Progress::new(t0);
-        p.observe(t0, 0, true, false);
+        assert_eq!(p.sweep(t0, busy(0), RULE), Ok(()));
         let late = t0 + 2 * W;
-        p.observe(late, 100, true, false);
-        p.forgive(late);
-        assert_eq!(p.judge(late, 65536, W), Ok(()));
-        assert!(p.judge(late + W, 65536, W).is_err());
+        let held_up = Seen {
+            held_up: true,
+            ..busy(100)
+        };
+        assert_eq!(p.sweep(late, held_up, RULE), Ok(()));
+        assert!(p.sweep(late + W, busy(100), RULE).is_err());
+    }
+
+    #[test]
+    fn a_window_that_finishes_what_was_asked_at_its_start_is_not_slow() {
+        let t0 = Instant::now();
+        let mut p = Progress::new(t0);
+        // Small requests, two always in flight, each answered within the
+        // window: a few bytes a second, never slow.
+        let mut t = t0;
+        let mut finished = 0;
+        for i in 0..(5 * W.as_millis() / S.as_millis()) as u64 {
+            t += S;
+            if i % 4 == 0 {
+                finished += 1;
+            }
+            let seen = Seen {
+                requests: Some(Requests {
+                    finished,
+                    due: finished + 2,
+                }),
+                ..busy(finished * 100)
+            };
+            assert_eq!(p.sweep(t, seen, RULE), Ok(()), "at {:?}", t - t0);
+        }
+        // The peer stops answering: the requests in flight at the start of
+        // the next window are still there at its end.
+        let stuck = Seen {
+            requests: Some(Requests {
+                finished,
+                due: finished + 2,
+            }),
+            ..busy(finished * 100)
+        };
+        let mut verdict = Ok(());
+        for _ in 0..(2 * W.as_millis() / S.as_millis()) {
+            t += S;
+            verdict = p.sweep(t, stuck, RULE);
+            if verdict.is_err() {
+                break;
+            }
+        }
+        assert!(verdict.is_err(), "a peer that answers nothing passed");
     }
 
     #[test]
@@ -203,13 +405,13 @@ mod tests {
         let t0 = Instant::now();
         let mut p = Progress::new(t0);
         // A burst in the first 100 ms counts over a second.
-        p.observe(t0 + S, 1 << 20, true, false);
+        assert_eq!(p.sweep(t0 + S, busy(1 << 20), RULE), Ok(()));
         assert_eq!(p.rate(t0 + S), 1 << 20);
         // Then nothing: the burst leaves the window after two rolls.
         let mut t = t0 + S;
         for _ in 0..50 {
             t += S;
-            p.observe(t, 1 << 20, true, false);
+            let _ = p.sweep(t, busy(1 << 20), RULE);
         }
         assert_eq!(p.rate(t), 0);
         // A steady 1.25 MiB/s shows as that.
@@ -217,7 +419,7 @@ mod tests {
         for _ in 0..50 {
             t += S;
             taken += 128 << 10;
-            p.observe(t, taken, true, false);
+            let _ = p.sweep(t, busy(taken), RULE);
         }
         let r = p.rate(t);
         assert!((1200 << 10..=1300 << 10).contains(&r), "rate {r}");

@@ -13,10 +13,10 @@
 //! [`super::progress`]).
 
 use super::bound::{self, Board};
-use super::progress::Progress;
+use super::progress::{MinRate, Progress, Seen, Traffic};
 use super::wire::{
     DIRECT_RECV_MIN, HEADER_LEN, Header, Recv, RecvBuf, STATUS_ADDR_REJECTED, STATUS_OK, iovec,
-    recv_some, send_some, unacknowledged,
+    recv_some, send_some,
 };
 use crate::transport::RemoteMemory;
 use crate::transport::fence::{Fence, Inside};
@@ -52,11 +52,8 @@ pub struct ServerShared {
     pub idle_timeout: Duration,
     /// A request in progress that moves no byte for this long is dropped.
     pub stall: Duration,
-    /// A request in progress whose peer takes fewer bytes per second than
-    /// this, averaged over `rate_window`, is dropped (0: never).
-    pub min_rate: u64,
-    /// The window `min_rate` is averaged over.
-    pub rate_window: Duration,
+    /// A request in progress whose peer takes less than this is dropped.
+    pub min_rate: MinRate,
     /// The session of each I/O thread that gives way first at the bound.
     pub board: Board,
 }
@@ -183,10 +180,7 @@ pub struct Session {
     /// When the connection was accepted.
     admitted: Instant,
     /// Bytes received from the peer, and sent to it, in all.
-    received: u64,
-    sent: u64,
-    /// Of `sent`, the bytes the peer had acknowledged when last asked.
-    acked: u64,
+    traffic: Traffic,
     /// Whether a turn since the last sweep ended with no request in
     /// progress.
     broke: bool,
@@ -210,9 +204,7 @@ impl Session {
             completed: false,
             started: None,
             admitted: now,
-            received: 0,
-            sent: 0,
-            acked: 0,
+            traffic: Traffic::default(),
             broke: false,
             progress: Progress::new(now),
         }
@@ -252,44 +244,21 @@ impl Session {
     /// stalled or slower than the minimum rate.
     pub fn sweep(&mut self, now: Instant, shared: &ServerShared, held_up: bool) -> Option<Turn> {
         self.trim(now);
-        let taken = self.taken();
-        let in_progress = !self.idle();
-        let broke = std::mem::take(&mut self.broke);
-        self.progress.observe(now, taken, in_progress, broke);
         if let Some(end) = self.expired(now, shared) {
             return Some(end);
         }
-        if held_up {
-            self.progress.forgive(now);
-            return None;
-        }
-        let Err(slow) = self
-            .progress
-            .judge(now, shared.min_rate, shared.rate_window)
-        else {
+        let seen = Seen {
+            taken: self.traffic.taken(self.stream.as_raw_fd()),
+            requests: None,
+            in_progress: !self.idle(),
+            broke: std::mem::take(&mut self.broke),
+            held_up,
+        };
+        let Err(slow) = self.progress.sweep(now, seen, shared.min_rate) else {
             return None;
         };
-        crate::warn_limited!(
-            "tcp: dropped a request from {}: its peer took {} bytes in {:?}, less than MC_TCP_MIN_RATE_BYTES_PER_SEC={} (averaged over MC_TCP_MIN_RATE_WINDOW_SEC={})",
-            self.peer,
-            slow.bytes,
-            slow.over,
-            shared.min_rate,
-            shared.rate_window.as_secs()
-        );
+        crate::warn_limited!("tcp: dropped a request from {}: {slow}", self.peer);
         Some(Turn::Abort)
-    }
-
-    /// Bytes the peer has taken: received from it, and sent to it and
-    /// acknowledged.
-    fn taken(&mut self) -> u64 {
-        if self.acked < self.sent {
-            if let Ok(queued) = unacknowledged(self.stream.as_raw_fd()) {
-                let acked = self.sent.saturating_sub(queued as u64);
-                self.acked = self.acked.max(acked);
-            }
-        }
-        self.received + self.acked
     }
 
     /// Whether the session must be closed now: idle too long, or a request
@@ -339,7 +308,7 @@ impl Session {
             // A young session's standing must show what it moves before
             // the next sweep.
             if now.saturating_duration_since(self.admitted) < bound::YOUNG {
-                let taken = self.taken();
+                let taken = self.traffic.taken(self.stream.as_raw_fd());
                 self.progress.took(taken);
             }
         } else if !self.mid_request() {
@@ -391,7 +360,7 @@ impl Session {
                 match rbuf.fill(fd)? {
                     Recv::Bytes(n) => {
                         self.moved = true;
-                        self.received += n as u64;
+                        self.traffic.add_received(n);
                     }
                     Recv::WouldBlock => return Ok(Turn::Wait),
                     Recv::Eof if rbuf.is_empty() => self.eof = true,
@@ -465,7 +434,7 @@ impl Session {
             // SAFETY: as above; the receive does not block.
             match unsafe { recv_some(fd, dst, want)? } {
                 Recv::Bytes(n) => {
-                    self.received += n as u64;
+                    self.traffic.add_received(n);
                     n
                 }
                 Recv::Eof => return Ok(Some(Turn::Abort)),
@@ -474,7 +443,7 @@ impl Session {
         } else {
             match rbuf.fill(fd)? {
                 Recv::Bytes(n) => {
-                    self.received += n as u64;
+                    self.traffic.add_received(n);
                     0
                 }
                 Recv::Eof => return Ok(Some(Turn::Abort)),
@@ -503,7 +472,7 @@ impl Session {
             Some(0) => Ok(Some(Turn::Wait)),
             Some(n) => {
                 self.moved = true;
-                self.sent += n as u64;
+                self.traffic.add_sent(n);
                 *budget = budget.saturating_sub(n);
                 Ok(None)
             }
