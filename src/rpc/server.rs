@@ -311,16 +311,13 @@ mod tests {
     use crate::error::Error;
     use crate::rpc::client::{ClientOptions, call};
     use crate::rpc::frame::{encode, read_frame};
+    use crate::sync::lock;
     use std::io::{Read, Write};
     use std::net::TcpStream;
+    use std::sync::Mutex;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    use std::sync::{Mutex, MutexGuard};
     use std::thread;
     use std::time::Instant;
-
-    fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-        m.lock().unwrap_or_else(|e| e.into_inner())
-    }
 
     /// Echoes the request with the kind it arrived as; panics on request.
     struct Echo {

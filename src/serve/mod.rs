@@ -39,10 +39,11 @@ mod event_loop;
 #[cfg(test)]
 mod tests;
 
+use crate::sync::lock;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, ThreadId};
 use std::time::Duration;
 use tracing::warn;
@@ -185,11 +186,6 @@ struct Shared {
     /// The poll thread and the workers.
     threads: Mutex<Vec<JoinHandle<()>>>,
     thread_ids: Mutex<Vec<ThreadId>>,
-}
-
-/// Locks a mutex whose data stays consistent even if a holder panicked.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A running server: one poll thread and a pool of workers.

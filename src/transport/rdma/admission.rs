@@ -22,10 +22,11 @@
 //! refused, and its sender tries again.
 
 use crate::rpc::ClientOptions;
+use crate::sync::lock;
 use crate::verbs::{Gid, parse_gid};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, Ipv6Addr, ToSocketAddrs};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 /// How long a server that could not be looked up is refused without
@@ -251,10 +252,6 @@ pub struct Admission {
     book: Mutex<Book>,
     done: Condvar,
     limits: AdmissionLimits,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Admission {

@@ -9,9 +9,10 @@ use super::RdmaTarget;
 use super::endpoint::RdmaEndpoint;
 use super::nic::Nic;
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use crate::transport::Outcome;
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 /// One handshake to run: connect `ep` of `nic` to `target`.
@@ -45,10 +46,6 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     work: Condvar,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The transport's handshake threads.

@@ -11,12 +11,13 @@
 
 use super::handshake::HandshakeDesc;
 use super::registry::MrGuard;
+use crate::sync::lock;
 use crate::transport::endpoint::Endpoint;
 use crate::transport::{Outcome, Slice};
 use crate::verbs::{ConnectParams, QueuePair, WorkRequest};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A slice ready to post: the keys of both sides and the hold on the
@@ -91,10 +92,6 @@ struct QpSlot {
 struct Queue {
     jobs: VecDeque<PostJob>,
     scheduled: bool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The queue pairs to one peer NIC path.

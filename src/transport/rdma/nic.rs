@@ -12,6 +12,7 @@ use super::wake::{EventFd, wait_readable};
 use super::{GonePeers, RdmaOptions, RdmaTarget};
 use crate::error::{Error, Result};
 use crate::rpc::{ClientOptions, FrameKind};
+use crate::sync::lock;
 use crate::transport::Outcome;
 use crate::verbs::{
     CompletionChannel, CompletionQueue, ConnectParams, Context, Gid, ProtectionDomain, QueuePair,
@@ -19,17 +20,13 @@ use crate::verbs::{
 };
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
+use std::sync::{Arc, Mutex, RwLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tracing::{debug, info, warn};
 
 /// How long an idle worker sleeps between looks at its queues.
 const IDLE_WAIT: Duration = Duration::from_millis(200);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// What one batch of completions ended.
 struct Consumed {

@@ -12,6 +12,7 @@
 use super::endpoint::RdmaEndpoint;
 use super::handshake::split_nic_path;
 use crate::config::EndpointStoreType;
+use crate::sync::lock;
 use crate::transport::endpoint::{EndpointStore, Retiring};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -29,10 +30,6 @@ pub struct PassiveLimits {
 /// back of the order before it evicts the least recently active one
 /// regardless (bounds the pass when every endpoint is in use).
 const ACTIVITY_CHECKS: usize = 16;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// The server part of a NIC path (the whole path if it has none).
 fn server_of(path: &str) -> &str {
