@@ -6,6 +6,7 @@
 //! each time a slot is freed; `u64::MAX` (Mooncake's `INVALID_BATCH`) and 0
 //! are never issued.
 
+use crate::sync;
 use std::sync::{Arc, RwLock};
 
 struct Slot<T> {
@@ -51,7 +52,7 @@ impl<T> HandleTable<T> {
 
     /// Stores `value` and returns its handle.
     pub fn insert(&self, value: Arc<T>) -> u64 {
-        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let mut inner = sync::write(&self.inner);
         let slot = match inner.free.pop() {
             Some(s) => s,
             None => {
@@ -70,7 +71,7 @@ impl<T> HandleTable<T> {
     /// The object behind `handle`, if the handle is live.
     pub fn get(&self, handle: u64) -> Option<Arc<T>> {
         let (generation, slot) = split(handle);
-        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let inner = sync::read(&self.inner);
         let entry = inner.slots.get(slot)?;
         if entry.generation != generation {
             return None;
@@ -87,7 +88,7 @@ impl<T> HandleTable<T> {
         may_remove: impl FnOnce(&T) -> bool,
     ) -> Result<Arc<T>, Option<Arc<T>>> {
         let (generation, slot) = split(handle);
-        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let mut inner = sync::write(&self.inner);
         let Some(entry) = inner.slots.get_mut(slot) else {
             return Err(None);
         };
@@ -119,7 +120,7 @@ impl<T> HandleTable<T> {
 
     /// Removes every entry and returns them.
     pub fn drain(&self) -> Vec<Arc<T>> {
-        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let mut inner = sync::write(&self.inner);
         let mut out = Vec::new();
         let mut freed = Vec::new();
         for (i, entry) in inner.slots.iter_mut().enumerate() {

@@ -9,6 +9,7 @@
 //! warn_limited!("slice to {peer} failed: {e}");
 //! ```
 
+use crate::sync;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -42,7 +43,7 @@ impl LogLimit {
     }
 
     fn admit_at(&self, now: Instant, interval: Duration) -> Option<u64> {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = sync::lock(&self.state);
         match &mut *s {
             Some((last, suppressed)) if now.duration_since(*last) < interval => {
                 *suppressed += 1;

@@ -4,6 +4,7 @@
 //! when it is polled.
 
 use crate::error::{Error, Result};
+use crate::sync;
 use once_cell::sync::Lazy;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -161,7 +162,7 @@ impl Batch {
         count: usize,
         fill: impl FnOnce(usize, &[Task]) -> Result<R>,
     ) -> Result<R> {
-        let _guard = self.submit_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = sync::lock(&self.submit_lock);
         let start = self.len.load(Ordering::Acquire);
         if start.saturating_add(count) > self.tasks.len() {
             return Err(Error::TooManyRequests(format!(
@@ -229,12 +230,12 @@ impl Batch {
 
     /// Remembers a notification for this batch (replacing an earlier one).
     pub fn set_notify(&self, n: PendingNotify) {
-        *self.notify.lock().unwrap_or_else(|e| e.into_inner()) = Some(n);
+        *sync::lock(&self.notify) = Some(n);
     }
 
     /// Takes the pending notification once every task has completed.
     pub fn take_notify_if_complete(&self) -> Option<PendingNotify> {
-        let mut slot = self.notify.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = sync::lock(&self.notify);
         if slot.is_some() && self.all_completed() {
             slot.take()
         } else {

@@ -6,6 +6,7 @@
 use crate::config::Config;
 use crate::rpc::FrameKind;
 use crate::rpc::server::RpcHandler;
+use crate::sync;
 use serde_json::{Value, json};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -102,28 +103,23 @@ impl ControlState {
 
     /// Routes Connection requests to `handler` from now on.
     pub fn set_connection_handler(&self, handler: ConnectionHandler) {
-        *self.connection.write().unwrap_or_else(|e| e.into_inner()) = Some(handler);
+        *sync::write(&self.connection) = Some(handler);
     }
 
     /// Refuses Connection requests again (the transport is gone).
     pub fn clear_connection_handler(&self) {
-        self.connection
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        sync::write(&self.connection).take();
     }
 
     /// Sets the descriptor served to peers.
     pub fn set_local_desc(&self, desc: Value) {
         let text: Arc<[u8]> = format!("{desc}\n").into_bytes().into();
-        *self.local_desc.write().unwrap_or_else(|e| e.into_inner()) = Some((desc, text));
+        *sync::write(&self.local_desc) = Some((desc, text));
     }
 
     /// The descriptor served to peers, once a transport is installed.
     pub fn local_desc(&self) -> Option<Value> {
-        self.local_desc
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+        sync::read(&self.local_desc)
             .as_ref()
             .map(|(v, _)| v.clone())
     }
@@ -135,7 +131,7 @@ impl ControlState {
         let size = name.len() + msg.len();
         // One notification never exceeds the whole queue.
         let max = self.limits.max_size.min(self.limits.max_bytes);
-        let mut q = self.notifies.lock().unwrap_or_else(|e| e.into_inner());
+        let mut q = sync::lock(&self.notifies);
         if size > max {
             q.refused += 1;
             crate::warn_limited!(
@@ -174,7 +170,7 @@ impl ControlState {
 
     /// Takes every queued notification, oldest first.
     pub fn take_notifies(&self) -> Vec<(String, String)> {
-        let mut q = self.notifies.lock().unwrap_or_else(|e| e.into_inner());
+        let mut q = sync::lock(&self.notifies);
         q.bytes = 0;
         q.items.drain(..).collect()
     }
@@ -185,9 +181,7 @@ impl RpcHandler for ControlState {
         if kind != FrameKind::Metadata {
             return None;
         }
-        self.local_desc
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+        sync::read(&self.local_desc)
             .as_ref()
             .map(|(_, text)| text.clone())
     }
@@ -217,7 +211,7 @@ impl RpcHandler for ControlState {
                 }
             }
             FrameKind::Connection => {
-                let handler = self.connection.read().unwrap_or_else(|e| e.into_inner());
+                let handler = sync::read(&self.connection);
                 match handler.as_ref() {
                     Some(h) => h(&request, peer),
                     None => json!({

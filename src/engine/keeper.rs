@@ -5,6 +5,7 @@
 //! `MC_TE_METADATA_REFRESH_INTERVAL_SECONDS` when that is set.
 
 use super::Engine;
+use crate::sync;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -46,7 +47,7 @@ impl Keeper {
                 loop {
                     {
                         let (flag, cv) = &*s;
-                        let guard = flag.lock().unwrap_or_else(|e| e.into_inner());
+                        let guard = sync::lock(&flag);
                         let (guard, _) = cv
                             .wait_timeout_while(guard, tick, |stopped| !*stopped)
                             .unwrap_or_else(|e| e.into_inner());
@@ -77,9 +78,9 @@ impl Keeper {
     /// Stops the thread and joins it (unless called from it).
     pub fn stop(&self) {
         let (flag, cv) = &*self.stop;
-        *flag.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        *sync::lock(&flag) = true;
         cv.notify_all();
-        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(t) = sync::lock(&self.thread).take() {
             if t.thread().id() != std::thread::current().id() {
                 let _ = t.join();
             }

@@ -2,6 +2,7 @@
 //! length, location and remote accessibility, with Mooncake's overlap rules.
 
 use crate::error::{Error, Result};
+use crate::sync;
 use crate::transport::RemoteMemory;
 use crate::transport::fence::Fence;
 use std::collections::BTreeMap;
@@ -219,9 +220,7 @@ impl MemoryRegistry {
 
 impl RemoteMemory for RwLock<MemoryRegistry> {
     fn admit(&self, addr: u64, len: u64) -> Option<Arc<Fence>> {
-        self.read()
-            .unwrap_or_else(|e| e.into_inner())
-            .admit(addr, len)
+        sync::read(&self).admit(addr, len)
     }
 }
 

@@ -22,7 +22,7 @@ use crate::handle::HandleTable;
 use crate::metadata::conn::MetadataConn;
 use crate::metadata::store::MetadataStore;
 use crate::rpc::{Cancel, RpcServer};
-use crate::sync::lock;
+use crate::sync;
 use crate::topology::{PriorityMatrix, Topology};
 use crate::transport::local::{CopyJob, LocalCopier, copy_bytes};
 use crate::transport::tcp::TcpTransport;
@@ -396,7 +396,7 @@ impl Engine {
     /// (unless a matrix was given explicitly); returns the topology.
     pub fn discover_topology(&self) -> Topology {
         let topo = Topology::discover(&self.device_filter);
-        let mut slot = self.topology.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = sync::lock(&self.topology);
         let matrix = match slot.take() {
             Some((_, m)) => m,
             None => PriorityMatrix::from_topology(&topo),
@@ -407,7 +407,7 @@ impl Engine {
 
     /// The NIC report of `showLinks`.
     pub fn show_links(&self, json: bool) -> String {
-        let mut slot = self.topology.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = sync::lock(&self.topology);
         let (topo, matrix) = slot.get_or_insert_with(|| {
             let topo = Topology::discover(&self.device_filter);
             let m = PriorityMatrix::from_topology(&topo);
@@ -613,13 +613,7 @@ impl Engine {
                 matrix.devices()
             )));
         }
-        let regions: Vec<Region> = self
-            .memory
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .regions()
-            .cloned()
-            .collect();
+        let regions: Vec<Region> = sync::read(&self.memory).regions().cloned().collect();
         for r in &regions {
             // SAFETY: registered buffers stay mapped until the caller
             // unregisters them (the C API's contract), which also removes
@@ -641,12 +635,9 @@ impl Engine {
     /// transports publish them at once.
     pub fn register(&self, regions: &[Region]) -> Result<()> {
         let _change = self.begin_change("registerLocalMemory")?;
-        self.memory
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(regions)?;
+        sync::write(&self.memory).insert(regions)?;
         if let Err(e) = self.register_on_transport(regions) {
-            let mut memory = self.memory.write().unwrap_or_else(|e| e.into_inner());
+            let mut memory = sync::write(&self.memory);
             for r in regions {
                 let _ = memory.remove(r.addr);
             }
@@ -655,7 +646,7 @@ impl Engine {
         if let Err(e) = self.publish_local_desc() {
             self.unregister_on_transport(regions.iter().map(|r| r.addr));
             {
-                let mut memory = self.memory.write().unwrap_or_else(|e| e.into_inner());
+                let mut memory = sync::write(&self.memory);
                 for r in regions {
                     let _ = memory.remove(r.addr);
                 }
@@ -708,11 +699,11 @@ impl Engine {
     /// the first error is returned. When this returns, no transfer touches
     /// them any more.
     pub fn unregister(&self, addrs: &[u64]) -> Result<()> {
-        let _change = lock(&self.changes);
+        let _change = sync::lock(&self.changes);
         let mut first_err = None;
         let mut removed = Vec::with_capacity(addrs.len());
         {
-            let mut memory = self.memory.write().unwrap_or_else(|e| e.into_inner());
+            let mut memory = sync::write(&self.memory);
             for &addr in addrs {
                 match memory.remove(addr) {
                     Ok(_) => removed.push(addr),
@@ -771,7 +762,7 @@ impl Engine {
             self.check_protocol(&seg)?;
             if seg.desc.protocol == "rdma" && r.length > 0 {
                 // RDMA moves bytes from and to registered memory only.
-                let memory = self.memory.read().unwrap_or_else(|e| e.into_inner());
+                let memory = sync::read(&self.memory);
                 if memory.find(r.source, r.length).is_none() {
                     return Err(Error::AddressNotRegistered(format!(
                         "the source {:#x}+{} is not inside one registered buffer (RDMA \
@@ -786,7 +777,7 @@ impl Engine {
             });
         }
         batch.append(requests.len(), |first, _| {
-            let memory = self.memory.read().unwrap_or_else(|e| e.into_inner());
+            let memory = sync::read(&self.memory);
             for (i, (r, target)) in requests.iter().zip(&targets).enumerate() {
                 match target {
                     Target::Local => self.submit_local(&batch, first + i, r, &memory),
@@ -815,7 +806,7 @@ impl Engine {
         }
         r.length > 0
             && !seg.covers(r.target_offset, r.length)
-            && (lock(&self.deferred).contains_key(&r.target_id)
+            && (sync::lock(&self.deferred).contains_key(&r.target_id)
                 || self
                     .segments
                     .may_refetch_uncovered(r.target_id, UNCOVERED_REFETCH_INTERVAL))
@@ -839,7 +830,7 @@ impl Engine {
     /// refetched in the background (one refetch serves every request
     /// waiting for it), then submits it.
     fn defer(&self, batch: &Arc<Batch>, task: usize, r: &Request, seg: &RemoteSegment) {
-        let mut deferred = lock(&self.deferred);
+        let mut deferred = sync::lock(&self.deferred);
         let waiting = Deferred {
             batch: batch.clone(),
             task,
@@ -871,9 +862,9 @@ impl Engine {
     /// of segment `id` and submits the requests that waited for it.
     fn refetch_then_submit(&self, id: i32, name: &str) {
         self.sync_segment(name);
-        let waiting = lock(&self.deferred).remove(&id).unwrap_or_default();
+        let waiting = sync::lock(&self.deferred).remove(&id).unwrap_or_default();
         let seg = self.segments.get(id);
-        let memory = self.memory.read().unwrap_or_else(|e| e.into_inner());
+        let memory = sync::read(&self.memory);
         for Deferred {
             batch,
             task,
@@ -1088,7 +1079,7 @@ impl Engine {
         }
         // An install or registration under way finishes first; none starts
         // after this.
-        let _change = lock(&self.changes);
+        let _change = sync::lock(&self.changes);
         self.stop_threads();
         self.unpublish(false);
         self.batches.drain();
@@ -1112,7 +1103,7 @@ impl Engine {
     /// Takes the lock that orders installs, registrations and shutdown;
     /// refuses once the engine is closed (`destroyTransferEngine` has begun).
     fn begin_change(&self, call: &str) -> Result<std::sync::MutexGuard<'_, ()>> {
-        let guard = lock(&self.changes);
+        let guard = sync::lock(&self.changes);
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::InvalidArgument(format!(
                 "{call}: the engine is being destroyed"

@@ -17,7 +17,7 @@
 //! does not wait out a hung peer's timeouts.
 
 use super::Engine;
-use crate::sync::lock;
+use crate::sync;
 use once_cell::sync::OnceCell;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, Weak};
@@ -98,7 +98,7 @@ impl PeerWork {
 
     /// Queues `job` for `peer`.
     pub(crate) fn submit(&self, peer: &str, job: Job, finish: Finish) -> Result<(), Refused> {
-        let mut st = lock(&self.shared.state);
+        let mut st = sync::lock(&self.shared.state);
         if st.closed {
             return Err(Refused::Stopped);
         }
@@ -145,7 +145,7 @@ impl PeerWork {
     /// `within`.
     pub(crate) fn drain(&self, within: Duration) {
         let mut dropped = Vec::new();
-        let mut st = lock(&self.shared.state);
+        let mut st = sync::lock(&self.shared.state);
         st.closed = true;
         let mut removed = 0;
         for queue in st.queues.values_mut() {
@@ -181,7 +181,7 @@ impl PeerWork {
     /// is one of them, ends by itself).
     pub(crate) fn stop(&self) {
         let (jobs, handles) = {
-            let mut st = lock(&self.shared.state);
+            let mut st = sync::lock(&self.shared.state);
             st.closed = true;
             st.stopped = true;
             st.ready.clear();
@@ -209,7 +209,7 @@ impl Shared {
     fn run(&self) {
         loop {
             let (peer, job, finish) = {
-                let mut st = lock(&self.state);
+                let mut st = sync::lock(&self.state);
                 loop {
                     if st.stopped {
                         st.threads -= 1;
@@ -242,7 +242,7 @@ impl Shared {
                 Some(engine) => job(engine),
                 None => debug!("background work for {peer} dropped: the engine is gone"),
             }
-            let mut st = lock(&self.state);
+            let mut st = sync::lock(&self.state);
             st.running.remove(&peer);
             if finish == Finish::Flush && !st.stopped {
                 st.to_flush -= 1;

@@ -8,6 +8,7 @@
 //! [`DeviceLoad`] keeps a local device's in-flight bytes and an EWMA of its
 //! bandwidth for `getNicLoadStats`.
 
+use crate::sync;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,7 +63,7 @@ impl RailHealth {
     }
 
     fn state_at(&self, rail: &str, now: Instant) -> RailUse {
-        let mut rails = self.rails.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rails = sync::lock(&self.rails);
         let Some(state) = rails.get_mut(rail) else {
             return RailUse::Open;
         };
@@ -85,7 +86,7 @@ impl RailHealth {
     /// Takes the probe of a rail on probation; false if another slice
     /// already took it.
     pub fn claim_probe(&self, rail: &str) -> bool {
-        let mut rails = self.rails.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rails = sync::lock(&self.rails);
         match rails.get_mut(rail) {
             Some(s) if s.probation && !s.probing && s.paused_until.is_none() => {
                 s.probing = true;
@@ -97,7 +98,7 @@ impl RailHealth {
 
     /// Records a slice or probe that succeeded on `rail`: ends probation.
     pub fn record_success(&self, rail: &str) {
-        let mut rails = self.rails.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rails = sync::lock(&self.rails);
         if let Some(s) = rails.get_mut(rail) {
             if s.probation {
                 tracing::info!("rail {rail} is healthy again");
@@ -114,7 +115,7 @@ impl RailHealth {
     }
 
     fn record_error_at(&self, rail: &str, hard: bool, now: Instant) {
-        let mut rails = self.rails.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rails = sync::lock(&self.rails);
         let state = rails.entry(rail.to_string()).or_default();
         if state.paused_until.is_some_and(|t| now < t) {
             return;
@@ -189,7 +190,7 @@ impl DeviceLoad {
     /// Bytes that finished (`moved` of them successfully).
     pub fn finish(&self, bytes: u64, moved: u64) {
         self.inflight.fetch_sub(bytes, Ordering::Relaxed);
-        let mut e = self.ewma.lock().unwrap_or_else(|e| e.into_inner());
+        let mut e = sync::lock(&self.ewma);
         e.pending_bytes += moved;
         Self::fold(&mut e, Instant::now());
     }
@@ -212,7 +213,7 @@ impl DeviceLoad {
 
     /// Bandwidth average in bytes per second (decays while idle).
     pub fn ewma_bps(&self) -> f64 {
-        let mut e = self.ewma.lock().unwrap_or_else(|e| e.into_inner());
+        let mut e = sync::lock(&self.ewma);
         Self::fold(&mut e, Instant::now());
         e.bps
     }

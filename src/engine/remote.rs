@@ -18,6 +18,7 @@ use crate::metadata::keys::{RpcMeta, rpc_meta_key, segment_key};
 use crate::metadata::redis::RedisStore;
 use crate::metadata::store::MetadataStore;
 use crate::rpc::{ClientOptions, FrameKind, parse_host_port, wrap_ipv6};
+use crate::sync;
 use crate::topology::{IfAddr, NetInterface};
 use serde_json::json;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
@@ -270,7 +271,7 @@ impl Engine {
     /// or its buffers change.
     fn local_desc(&self, revision: u64) -> Option<SegmentDesc> {
         let installed = self.sched.get()?;
-        let memory = self.memory.read().unwrap_or_else(|e| e.into_inner());
+        let memory = sync::read(&self.memory);
         let mut extra: serde_json::Map<String, serde_json::Value> = [(
             GENERATION_KEY.to_string(),
             format!("{:016x}-{revision}", self.boot_id).into(),
@@ -576,7 +577,7 @@ impl Engine {
     /// `LOCAL_SEGMENT`, else those of the segment's descriptor.
     pub fn segment_buffers(&self, id: i32) -> Result<Vec<SegmentBuffer>> {
         if id == LOCAL_SEGMENT_ID {
-            let memory = self.memory.read().unwrap_or_else(|e| e.into_inner());
+            let memory = sync::read(&self.memory);
             return Ok(memory
                 .regions()
                 .map(|r| SegmentBuffer {

@@ -20,6 +20,7 @@ use super::planner;
 use super::rails::{DeviceLoad, RailHealth, RailUse};
 use super::segment::RemoteSegment;
 use crate::config::Config;
+use crate::sync;
 use crate::topology::PriorityMatrix;
 use crate::transport::{Outcome, Slice};
 use std::any::Any;
@@ -346,7 +347,7 @@ impl<C: Carrier> Scheduler<C> {
             } else {
                 preferred
             };
-            let loads = self.rail_loads.lock().unwrap_or_else(|e| e.into_inner());
+            let loads = sync::lock(&self.rail_loads);
             return group
                 .into_iter()
                 .min_by_key(|&i| loads.get(&route.rails[i].key).copied().unwrap_or(0));
@@ -426,10 +427,7 @@ impl<C: Carrier> Scheduler<C> {
         let route = job.route.clone();
         let rail = &route.rails[job.rail];
         self.load_of(rail).start(job.len);
-        *self
-            .rail_loads
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        *sync::lock(&self.rail_loads)
             .entry(rail.key.clone())
             .or_default() += job.len;
         let remote_key = match (job.buffer, rail.peer_device) {
@@ -452,12 +450,7 @@ impl<C: Carrier> Scheduler<C> {
         let rail = &job.route.rails[job.rail];
         let moved = if outcome == Outcome::Done { job.len } else { 0 };
         self.load_of(rail).finish(job.len, moved);
-        if let Some(l) = self
-            .rail_loads
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_mut(&rail.key)
-        {
+        if let Some(l) = sync::lock(&self.rail_loads).get_mut(&rail.key) {
             *l = l.saturating_sub(job.len);
         }
         let task = job.batch.slot(job.task);

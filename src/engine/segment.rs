@@ -2,6 +2,7 @@
 //! and are never reused; 0 is the engine's own segment.
 
 use crate::metadata::descriptor::SegmentDesc;
+use crate::sync;
 use once_cell::sync::OnceCell;
 use std::any::Any;
 use std::collections::HashMap;
@@ -52,7 +53,7 @@ impl Freshness {
         if !self.stale.swap(false, Ordering::AcqRel) {
             return false;
         }
-        let mut last = self.refetched.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = sync::lock(&self.refetched);
         if last.is_some_and(|t| t.elapsed() < REFETCH_INTERVAL) {
             return false;
         }
@@ -121,7 +122,7 @@ impl SegmentCache {
     /// descriptor does not cover: at most once per `interval`, so a caller
     /// repeating a bad request does not make every submit wait on the peer.
     pub fn may_refetch_uncovered(&self, id: i32, interval: Duration) -> bool {
-        let mut t = self.table.write().unwrap_or_else(|e| e.into_inner());
+        let mut t = sync::write(&self.table);
         let now = Instant::now();
         match t.refetched.get(&id) {
             Some(at) if now.duration_since(*at) < interval => false,
@@ -134,28 +135,18 @@ impl SegmentCache {
 
     /// The id of a cached name.
     pub fn id_of(&self, name: &str) -> Option<i32> {
-        self.table
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_name
-            .get(name)
-            .copied()
+        sync::read(&self.table).by_name.get(name).copied()
     }
 
     /// The segment behind an id.
     pub fn get(&self, id: i32) -> Option<Arc<RemoteSegment>> {
-        self.table
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_id
-            .get(&id)
-            .cloned()
+        sync::read(&self.table).by_id.get(&id).cloned()
     }
 
     /// Stores a segment: a cached name keeps its id and gets the new
     /// descriptor; a new name gets the next id.
     pub fn insert(&self, seg: RemoteSegment) -> i32 {
-        let mut t = self.table.write().unwrap_or_else(|e| e.into_inner());
+        let mut t = sync::write(&self.table);
         let id = match t.by_name.get(&seg.name) {
             Some(&id) => id,
             None => {
@@ -171,7 +162,7 @@ impl SegmentCache {
 
     /// Forgets a name and its id.
     pub fn remove(&self, name: &str) {
-        let mut t = self.table.write().unwrap_or_else(|e| e.into_inner());
+        let mut t = sync::write(&self.table);
         if let Some(id) = t.by_name.remove(name) {
             t.by_id.remove(&id);
         }
@@ -179,13 +170,7 @@ impl SegmentCache {
 
     /// Every cached name.
     pub fn names(&self) -> Vec<String> {
-        self.table
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_name
-            .keys()
-            .cloned()
-            .collect()
+        sync::read(&self.table).by_name.keys().cloned().collect()
     }
 }
 

@@ -7,6 +7,7 @@
 //! so the library can be unloaded afterwards.
 
 use super::boundary::remove_engine;
+use crate::sync;
 use std::ffi::{c_int, c_void};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -104,7 +105,7 @@ fn watch(read_fd: c_int) {
         let sig = c_int::from(b);
         info!("signal {sig}: destroying engines with graceful shutdown enabled");
         let (engines, old) = {
-            let mut state = STATE.lock().unwrap_or_else(|e| e.into_inner());
+            let mut state = sync::lock(&STATE);
             match state.as_mut() {
                 Some(w) => (
                     std::mem::take(&mut w.engines),
@@ -132,7 +133,7 @@ fn watch(read_fd: c_int) {
 
 /// Adds an engine to those destroyed on SIGINT/SIGTERM.
 pub fn enable(engine: *mut c_void) {
-    let mut state = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut state = sync::lock(&STATE);
     if state.is_none() {
         *state = start();
     }
@@ -145,7 +146,7 @@ pub fn enable(engine: *mut c_void) {
 
 /// Removes a destroyed engine; the watcher stops with the last one.
 pub fn forget(engine: *mut c_void) {
-    let mut state = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut state = sync::lock(&STATE);
     let Some(w) = state.as_mut() else {
         return;
     };

@@ -8,6 +8,7 @@ use super::DeadlineReader;
 use super::frame::{Frame, FrameError, FrameKind, encode_json, read_frame};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::sync;
 use serde_json::Value;
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -61,7 +62,7 @@ struct CancelState {
 impl Cancel {
     /// Cancels every call under way and to come.
     pub fn cancel(&self) {
-        let mut s = crate::sync::lock(&self.state);
+        let mut s = sync::lock(&self.state);
         s.cancelled = true;
         for &(_, fd) in &s.open {
             // SAFETY: `fd` belongs to a stream of an exchange still under
@@ -72,12 +73,12 @@ impl Cancel {
     }
 
     fn is_cancelled(&self) -> bool {
-        crate::sync::lock(&self.state).cancelled
+        sync::lock(&self.state).cancelled
     }
 
     /// Records `stream` as under way; `None` once cancelled.
     fn enter<'a>(&'a self, stream: &TcpStream) -> Option<Entered<'a>> {
-        let mut s = crate::sync::lock(&self.state);
+        let mut s = sync::lock(&self.state);
         if s.cancelled {
             return None;
         }
@@ -97,7 +98,7 @@ struct Entered<'a> {
 
 impl Drop for Entered<'_> {
     fn drop(&mut self) {
-        crate::sync::lock(&self.cancel.state)
+        sync::lock(&self.cancel.state)
             .open
             .retain(|&(id, _)| id != self.id);
     }

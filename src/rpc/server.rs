@@ -311,7 +311,7 @@ mod tests {
     use crate::error::Error;
     use crate::rpc::client::{ClientOptions, call};
     use crate::rpc::frame::{encode, read_frame};
-    use crate::sync::lock;
+    use crate::sync;
     use std::io::{Read, Write};
     use std::net::TcpStream;
     use std::sync::Mutex;
@@ -726,7 +726,7 @@ mod tests {
 
     impl RpcHandler for SelfStopping {
         fn handle(&self, _kind: FrameKind, _request: Value, _peer: SocketAddr) -> Value {
-            let server = lock(&self.server).take();
+            let server = sync::lock(&self.server).take();
             drop(server);
             json!({"stopped": true})
         }
@@ -741,11 +741,11 @@ mod tests {
         let server =
             RpcServer::start(listener, handler.clone(), ServerOptions::default()).expect("start");
         let port = server.port();
-        *lock(&handler.server) = Some(server);
+        *sync::lock(&handler.server) = Some(server);
         let reply = call("127.0.0.1", port, FrameKind::Notify, &json!({}), &client())
             .expect("reply from the handler that stopped the server");
         assert_eq!(reply, json!({"stopped": true}));
-        assert!(lock(&handler.server).is_none());
+        assert!(sync::lock(&handler.server).is_none());
         let err = call("127.0.0.1", port, FrameKind::Probe, &json!({}), &client())
             .expect_err("listener closed");
         assert!(matches!(err, Error::Socket(_)), "{err:?}");

@@ -39,7 +39,7 @@ mod event_loop;
 #[cfg(test)]
 mod tests;
 
-use crate::sync::lock;
+use crate::sync;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -243,8 +243,8 @@ impl Server {
     }
 
     fn adopt(&self, t: JoinHandle<()>) {
-        lock(&self.shared.thread_ids).push(t.thread().id());
-        lock(&self.shared.threads).push(t);
+        sync::lock(&self.shared.thread_ids).push(t.thread().id());
+        sync::lock(&self.shared.threads).push(t);
     }
 
     /// Stops accepting, closes every connection (a request already in a
@@ -259,9 +259,9 @@ impl Server {
         if let Err(e) = self.shared.waker.wake() {
             warn!("cannot wake the server's poll thread: {e}");
         }
-        let threads = std::mem::take(&mut *lock(&self.shared.threads));
+        let threads = std::mem::take(&mut *sync::lock(&self.shared.threads));
         let me = thread::current().id();
-        if lock(&self.shared.thread_ids).contains(&me) {
+        if sync::lock(&self.shared.thread_ids).contains(&me) {
             // One of our own threads: joining would wait for itself.
             return;
         }

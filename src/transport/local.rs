@@ -3,6 +3,7 @@
 //! a pool of copy threads (one per core) and the threads polling for status
 //! share, so a large request runs on more than one core.
 
+use crate::sync;
 use crossbeam_channel::{Receiver, Sender};
 use once_cell::sync::OnceCell;
 use std::sync::Mutex;
@@ -92,7 +93,7 @@ impl LocalCopier {
     /// Queues `job` for the copy threads; runs it here if the pool is closed.
     pub fn dispatch(&self, job: CopyJob) {
         let pool = self.pool.get_or_init(start_pool);
-        let tx = pool.tx.lock().unwrap_or_else(|e| e.into_inner());
+        let tx = sync::lock(&pool.tx);
         match tx.as_ref() {
             Some(tx) => {
                 if let Err(e) = tx.send(job) {
@@ -124,8 +125,8 @@ impl LocalCopier {
         let Some(pool) = self.pool.get() else {
             return;
         };
-        pool.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let threads = std::mem::take(&mut *pool.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        sync::lock(&pool.tx).take();
+        let threads = std::mem::take(&mut *sync::lock(&pool.threads));
         for t in threads {
             if t.join().is_err() {
                 warn!("a copy thread panicked");

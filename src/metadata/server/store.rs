@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 use super::journal::{self, Journal, Map};
+use crate::sync;
 
 /// Bounds of the store.
 #[derive(Debug, Clone, Copy)]
@@ -124,7 +125,7 @@ impl Store {
             j.append(key, value.as_deref()).map_err(Refused::Io)?;
         }
         {
-            let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+            let mut map = sync::write(&self.map);
             match value {
                 Some(v) => map.insert(key.to_owned(), v),
                 None => map.remove(key),
@@ -154,11 +155,11 @@ impl Store {
     fn read(&self) -> RwLockReadGuard<'_, Map> {
         // A panic while holding the lock leaves the map consistent (every
         // change is a single insert or remove), so poisoning is ignored.
-        self.map.read().unwrap_or_else(|e| e.into_inner())
+        sync::read(&self.map)
     }
 
     fn lock_writer(&self) -> MutexGuard<'_, Writer> {
-        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+        sync::lock(&self.writer)
     }
 }
 

@@ -22,7 +22,7 @@
 //! refused, and its sender tries again.
 
 use crate::rpc::ClientOptions;
-use crate::sync::lock;
+use crate::sync;
 use crate::verbs::{Gid, parse_gid};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, Ipv6Addr, ToSocketAddrs};
@@ -276,7 +276,7 @@ impl Admission {
 
     /// Looks peers up with `lookup` from now on.
     pub fn set_lookup(&self, lookup: PeerLookup) {
-        *self.lookup.write().unwrap_or_else(|e| e.into_inner()) = Some(lookup);
+        *sync::write(&self.lookup) = Some(lookup);
     }
 
     /// Whether a Connection frame from `from` that names `server`'s device
@@ -300,7 +300,7 @@ impl Admission {
         let start = Instant::now();
         let mut looked_up = false;
         let mut holding = false;
-        let mut book = lock(&self.book);
+        let mut book = sync::lock(&self.book);
         let verdict = loop {
             let mut fresh = false;
             if let Some((at, id)) = book.verified.get(server) {
@@ -351,7 +351,7 @@ impl Admission {
             drop(book);
             let began = Instant::now();
             let known = self.look_up(server, fresh);
-            book = lock(&self.book);
+            book = sync::lock(&self.book);
             book.in_flight.remove(server);
             if known.is_err() || began.elapsed() > SLOW_LOOKUP {
                 book.suspects.put(&from.to_string(), ());
@@ -385,7 +385,7 @@ impl Admission {
 
     /// Runs the lookup of `server` (a panicking lookup counts as failed).
     fn look_up(&self, server: &str, fresh: bool) -> Result<Identity, String> {
-        let lookup = self.lookup.read().unwrap_or_else(|e| e.into_inner());
+        let lookup = sync::read(&self.lookup);
         let Some(f) = lookup.as_ref() else {
             return Err("the RDMA transport cannot look peers up yet".into());
         };
@@ -484,7 +484,7 @@ mod tests {
         for i in 0..20 {
             let _ = a.check(&format!("m{i}:1"), "d0", None, ip("127.0.0.2"));
         }
-        let b = lock(&a.book);
+        let b = sync::lock(&a.book);
         assert!(b.unknown.entries.len() <= 4 && b.unknown.order.len() <= 4);
         assert!(b.in_flight.is_empty() && b.held.is_empty());
     }
@@ -516,7 +516,7 @@ mod tests {
         a.set_lookup(Box::new(move |server, _, _| {
             match server {
                 "slow:1" => {
-                    let _ = lock(&rx).recv_timeout(Duration::from_secs(10));
+                    let _ = sync::lock(&rx).recv_timeout(Duration::from_secs(10));
                 }
                 "bad:1" => return Err("no such segment".into()),
                 _ => std::thread::sleep(Duration::from_millis(20)),
@@ -530,7 +530,7 @@ mod tests {
     }
 
     fn wait_in_flight(a: &Admission, n: usize) {
-        while lock(&a.book).in_flight.len() < n {
+        while sync::lock(&a.book).in_flight.len() < n {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -551,7 +551,7 @@ mod tests {
             slow.join().unwrap().is_err(),
             "127.0.0.2 is not slow:1's host"
         );
-        let b = lock(&a.book);
+        let b = sync::lock(&a.book);
         assert!(b.held.is_empty() && b.in_flight.is_empty());
     }
 

@@ -9,7 +9,7 @@ use super::RdmaTarget;
 use super::endpoint::RdmaEndpoint;
 use super::nic::Nic;
 use crate::error::{Error, Result};
-use crate::sync::lock;
+use crate::sync;
 use crate::transport::Outcome;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
@@ -80,7 +80,7 @@ impl Connector {
     /// when the connector is stopping.
     pub fn submit(&self, job: ConnectJob) -> std::result::Result<(), ConnectJob> {
         let key = (job.target.rpc_host.clone(), job.target.rpc_port);
-        let mut st = lock(&self.shared.state);
+        let mut st = sync::lock(&self.shared.state);
         if st.stopping {
             return Err(job);
         }
@@ -99,7 +99,7 @@ impl Connector {
     /// timeout), the threads are joined. Idempotent.
     pub fn stop(&self) {
         let queued: Vec<ConnectJob> = {
-            let mut st = lock(&self.shared.state);
+            let mut st = sync::lock(&self.shared.state);
             st.stopping = true;
             st.ready.clear();
             st.lanes
@@ -112,7 +112,7 @@ impl Connector {
             job.nic
                 .fail_endpoint(&job.ep, Outcome::Interrupted, "the transport is stopping");
         }
-        let threads = std::mem::take(&mut *lock(&self.threads));
+        let threads = std::mem::take(&mut *sync::lock(&self.threads));
         for t in threads {
             if t.join().is_err() {
                 tracing::warn!("an RDMA connector thread panicked");
@@ -126,7 +126,7 @@ impl Connector {
 fn run(shared: &Shared) {
     loop {
         let (key, job) = {
-            let mut st = lock(&shared.state);
+            let mut st = sync::lock(&shared.state);
             loop {
                 if st.stopping {
                     return;
@@ -146,7 +146,7 @@ fn run(shared: &Shared) {
         };
         job.nic.connect(&job.ep, &job.target);
         drop(job);
-        let mut st = lock(&shared.state);
+        let mut st = sync::lock(&shared.state);
         let more = st.lanes.get(&key).is_some_and(|l| !l.jobs.is_empty());
         if more {
             st.ready.push_back(key);

@@ -11,7 +11,7 @@
 
 use super::handshake::HandshakeDesc;
 use super::registry::MrGuard;
-use crate::sync::lock;
+use crate::sync;
 use crate::transport::endpoint::Endpoint;
 use crate::transport::{Outcome, Slice};
 use crate::verbs::{ConnectParams, QueuePair, WorkRequest};
@@ -169,7 +169,7 @@ impl RdmaEndpoint {
 
     /// Remembers the peer's handshake address.
     pub fn set_peer_rpc(&self, host: &str, port: u16) {
-        let mut r = lock(&self.peer_rpc);
+        let mut r = sync::lock(&self.peer_rpc);
         if r.is_none() {
             *r = Some((host.to_string(), port));
         }
@@ -177,7 +177,7 @@ impl RdmaEndpoint {
 
     /// The peer's handshake address, if known.
     pub fn peer_rpc(&self) -> Option<(String, u16)> {
-        lock(&self.peer_rpc).clone()
+        sync::lock(&self.peer_rpc).clone()
     }
 
     /// Our queue pair numbers.
@@ -187,12 +187,12 @@ impl RdmaEndpoint {
 
     /// The current phase.
     pub fn phase(&self) -> Phase {
-        lock(&self.state).phase
+        sync::lock(&self.state).phase
     }
 
     /// Whether it left the pool.
     pub fn retired(&self) -> bool {
-        lock(&self.state).retired_at.is_some()
+        sync::lock(&self.state).retired_at.is_some()
     }
 
     /// Whether its queue pairs are destroyed.
@@ -206,7 +206,7 @@ impl RdmaEndpoint {
     pub fn enqueue(&self, job: PostJob) -> Result<(Phase, bool), PostJob> {
         // The phase is read under the queue lock: whoever connects the
         // endpoint changes the phase first, then looks at the queue.
-        let mut q = lock(&self.queue);
+        let mut q = sync::lock(&self.queue);
         let phase = self.phase();
         if phase == Phase::Failed {
             return Err(job);
@@ -225,7 +225,7 @@ impl RdmaEndpoint {
         if self.phase() != Phase::Connected {
             return false;
         }
-        let mut q = lock(&self.queue);
+        let mut q = sync::lock(&self.queue);
         if q.jobs.is_empty() || q.scheduled {
             return false;
         }
@@ -235,7 +235,7 @@ impl RdmaEndpoint {
 
     /// `New` -> `Connecting`; false if it was not `New`.
     pub fn start_connecting(&self) -> bool {
-        let mut s = lock(&self.state);
+        let mut s = sync::lock(&self.state);
         if s.phase != Phase::New {
             return false;
         }
@@ -270,7 +270,7 @@ impl RdmaEndpoint {
             ));
         }
         for (slot, &qpn) in self.slots.iter().zip(peer) {
-            let inner = lock(&slot.inner);
+            let inner = sync::lock(&slot.inner);
             let qp = inner.qp.as_ref().ok_or("the endpoint is closed")?;
             qp.connect(&params(qpn)).map_err(|(stage, e)| {
                 format!(
@@ -293,7 +293,7 @@ impl RdmaEndpoint {
         reply: &HandshakeDesc,
         params: &dyn Fn(u32) -> ConnectParams,
     ) -> Result<bool, String> {
-        let mut s = lock(&self.state);
+        let mut s = sync::lock(&self.state);
         match s.phase {
             Phase::WaitReadyAck | Phase::Connected => {
                 // The peer connected to us while our request was out.
@@ -338,7 +338,7 @@ impl RdmaEndpoint {
 
     /// The active side's ready ACK was accepted: the endpoint serves.
     pub fn ack_sent(&self) -> bool {
-        let mut s = lock(&self.state);
+        let mut s = sync::lock(&self.state);
         if s.phase == Phase::WaitReadyAck {
             s.phase = Phase::Connected;
             s.ready_since = None;
@@ -357,7 +357,7 @@ impl RdmaEndpoint {
         req: &HandshakeDesc,
         params: &dyn Fn(u32) -> ConnectParams,
     ) -> Result<(), (bool, String)> {
-        let mut s = lock(&self.state);
+        let mut s = sync::lock(&self.state);
         match s.phase {
             Phase::Failed => return Err((true, String::new())),
             Phase::WaitReadyAck | Phase::Connected => {
@@ -385,7 +385,7 @@ impl RdmaEndpoint {
 
     /// The peer's ready ACK for queue pairs `qpns`.
     pub fn ready_ack(&self, qpns: &[u32]) -> Result<(), String> {
-        let mut s = lock(&self.state);
+        let mut s = sync::lock(&self.state);
         match s.phase {
             Phase::WaitReadyAck | Phase::Connected if s.peer_qpns == qpns => {
                 s.phase = Phase::Connected;
@@ -401,7 +401,7 @@ impl RdmaEndpoint {
 
     /// Whether it has waited for a ready ACK longer than `limit`.
     pub fn ready_ack_overdue(&self, limit: Duration) -> bool {
-        let s = lock(&self.state);
+        let s = sync::lock(&self.state);
         s.phase == Phase::WaitReadyAck && s.ready_since.is_some_and(|t| t.elapsed() > limit)
     }
 
@@ -411,7 +411,7 @@ impl RdmaEndpoint {
     /// (eviction) it finishes what it has first.
     pub fn retire(&self, fail: bool, outcome: Outcome) -> Ended {
         {
-            let mut s = lock(&self.state);
+            let mut s = sync::lock(&self.state);
             s.retired_at.get_or_insert_with(Instant::now);
             if fail {
                 s.phase = Phase::Failed;
@@ -420,11 +420,11 @@ impl RdmaEndpoint {
         if !fail {
             return Vec::new();
         }
-        let jobs: Vec<PostJob> = lock(&self.queue).jobs.drain(..).collect();
+        let jobs: Vec<PostJob> = sync::lock(&self.queue).jobs.drain(..).collect();
         let mut ended: Ended = jobs.into_iter().map(|j| (j.slice, outcome)).collect();
         // A queue pair in error flushes its requests; move them there.
         for slot in &self.slots {
-            let inner = lock(&slot.inner);
+            let inner = sync::lock(&slot.inner);
             if let (Some(qp), false) = (inner.qp.as_ref(), inner.posted.is_empty()) {
                 if let Err(e) = qp.to_error() {
                     tracing::debug!("QP {} to ERR: {e}", slot.qp_num);
@@ -448,7 +448,7 @@ impl RdmaEndpoint {
     ) -> (Posting, Ended) {
         let signal_every = signal_every.max(1);
         let mut ended = Vec::new();
-        let mut q = lock(&self.queue);
+        let mut q = sync::lock(&self.queue);
         q.scheduled = false;
         match self.phase() {
             Phase::Connected => {}
@@ -468,7 +468,7 @@ impl RdmaEndpoint {
                 waiting_for = Posting::CqFull;
                 break;
             }
-            let mut inner = lock(&slot.inner);
+            let mut inner = sync::lock(&slot.inner);
             let room = max_wr.saturating_sub(inner.posted.len());
             // Spread what is queued over the remaining queue pairs.
             let share = q.jobs.len().div_ceil(n_qp - i);
@@ -548,7 +548,7 @@ impl RdmaEndpoint {
         let Some(slot) = self.slots.get(slot) else {
             return 0;
         };
-        let mut inner = lock(&slot.inner);
+        let mut inner = sync::lock(&slot.inner);
         let Ok(at) = inner.posted.binary_search_by_key(&seq, |p| p.seq) else {
             return 0;
         };
@@ -572,7 +572,7 @@ impl RdmaEndpoint {
     pub fn activity(&self) -> u64 {
         let mut sum = self.completed.load(Ordering::Relaxed);
         for slot in &self.slots {
-            let inner = lock(&slot.inner);
+            let inner = sync::lock(&slot.inner);
             if let Some(Ok(psn)) = inner.qp.as_ref().map(QueuePair::rq_psn) {
                 sum = sum.wrapping_add(u64::from(psn));
             }
@@ -584,14 +584,17 @@ impl RdmaEndpoint {
     /// for longer than `limit`.
     pub fn stalled(&self, limit: Duration) -> bool {
         self.slots.iter().any(|s| {
-            let inner = lock(&s.inner);
+            let inner = sync::lock(&s.inner);
             !inner.posted.is_empty() && inner.last_progress.elapsed() > limit
         })
     }
 
     /// Requests outstanding on all queue pairs.
     pub fn outstanding(&self) -> usize {
-        self.slots.iter().map(|s| lock(&s.inner).posted.len()).sum()
+        self.slots
+            .iter()
+            .map(|s| sync::lock(&s.inner).posted.len())
+            .sum()
     }
 
     /// Destroys the queue pairs (the device stops touching memory for
@@ -600,14 +603,14 @@ impl RdmaEndpoint {
     pub fn destroy(&self, outcome: Outcome) -> Ended {
         let mut ended = Vec::new();
         for slot in &self.slots {
-            let mut inner = lock(&slot.inner);
+            let mut inner = sync::lock(&slot.inner);
             drop(inner.qp.take());
             let n = inner.posted.len();
             ended.extend(inner.posted.drain(..).map(|p| (p.job.slice, outcome)));
             self.cq_outstanding.fetch_sub(n, Ordering::AcqRel);
         }
         ended.extend(
-            lock(&self.queue)
+            sync::lock(&self.queue)
                 .jobs
                 .drain(..)
                 .map(|j| (j.slice, Outcome::Interrupted)),
@@ -621,7 +624,7 @@ impl Endpoint for RdmaEndpoint {
     /// Nothing queued or outstanding, and not connecting; or retired for
     /// longer than the completion timeout (what is left is then given up).
     fn quiescent(&self) -> bool {
-        let s = lock(&self.state);
+        let s = sync::lock(&self.state);
         if s.retired_at.is_some_and(|t| t.elapsed() > self.give_up) {
             return true;
         }
@@ -629,7 +632,7 @@ impl Endpoint for RdmaEndpoint {
             return false;
         }
         drop(s);
-        self.outstanding() == 0 && lock(&self.queue).jobs.is_empty()
+        self.outstanding() == 0 && sync::lock(&self.queue).jobs.is_empty()
     }
 
     fn close(&self) {

@@ -42,6 +42,7 @@ pub use handshake::{HandshakeDesc, nic_path, split_nic_path};
 use crate::config::{Config, EndpointStoreType};
 use crate::error::{Error, Result};
 use crate::rpc::{ClientOptions, FrameKind};
+use crate::sync;
 use crate::transport::{Outcome, Slice};
 use crate::verbs::{AsyncEventKind, gid_to_string, parse_gid};
 use admission::{Admission, AdmissionLimits, LOOKUP_CONNECT_TIMEOUT};
@@ -286,17 +287,13 @@ impl RdmaTransport {
             .name("te-rdma-monitor".into())
             .spawn(move || t.run())
             .map_err(|e| Error::Context(format!("starting the RDMA monitor thread: {e}")))?;
-        *transport.monitor.lock().unwrap_or_else(|e| e.into_inner()) = Some(monitor);
+        *sync::lock(&transport.monitor) = Some(monitor);
         info!("rdma transport on {:?}", transport.names);
         Ok(transport)
     }
 
     fn nic(&self, device: usize) -> Option<Arc<Nic>> {
-        self.nics
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(device)
-            .cloned()
+        sync::read(&self.nics).get(device).cloned()
     }
 
     /// Names of the devices in use, in index order.
@@ -306,9 +303,7 @@ impl RdmaTransport {
 
     /// The devices as published: name, LID and GID, in index order.
     pub fn devices(&self) -> Vec<DeviceInfo> {
-        self.nics
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+        sync::read(&self.nics)
             .iter()
             .map(|n| DeviceInfo {
                 name: n.name.clone(),
@@ -330,7 +325,7 @@ impl RdmaTransport {
     /// The range must be mapped memory of this process that stays mapped
     /// until [`RdmaTransport::unregister`] returns for it.
     pub unsafe fn register(&self, addr: u64, len: u64, remote: bool) -> Result<BufferKeys> {
-        let nics = self.nics.read().unwrap_or_else(|e| e.into_inner());
+        let nics = sync::read(&self.nics);
         let domains: Vec<DeviceDomain<'_>> = nics
             .iter()
             .map(|n| DeviceDomain {
@@ -460,10 +455,7 @@ impl RdmaTransport {
                 req.peer_nic_path
             ));
         };
-        let nic = self
-            .nics
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+        let nic = sync::read(&self.nics)
             .iter()
             .find(|n| n.name == device)
             .cloned();
@@ -510,16 +502,11 @@ impl RdmaTransport {
             return;
         }
         self.monitor_stop.wake();
-        if let Some(t) = self
-            .monitor
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        if let Some(t) = sync::lock(&self.monitor).take() {
             let _ = t.join();
         }
         self.connector.stop();
-        let nics = std::mem::take(&mut *self.nics.write().unwrap_or_else(|e| e.into_inner()));
+        let nics = std::mem::take(&mut *sync::write(&self.nics));
         for n in &nics {
             n.shutdown(SHUTDOWN_GRACE);
         }
@@ -544,15 +531,12 @@ pub(crate) struct GonePeers {
 impl GonePeers {
     /// Marks `server` gone for `dur`.
     fn mark(&self, server: &str, dur: Duration) {
-        self.until
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(server.to_string(), Instant::now() + dur);
+        sync::lock(&self.until).insert(server.to_string(), Instant::now() + dur);
     }
 
     /// Whether `server` is marked gone now.
     pub(crate) fn is_gone(&self, server: &str) -> bool {
-        let mut m = self.until.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = sync::lock(&self.until);
         match m.get(server) {
             Some(t) if *t > Instant::now() => true,
             Some(_) => {

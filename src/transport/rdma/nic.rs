@@ -12,7 +12,7 @@ use super::wake::{EventFd, wait_readable};
 use super::{GonePeers, RdmaOptions, RdmaTarget};
 use crate::error::{Error, Result};
 use crate::rpc::{ClientOptions, FrameKind};
-use crate::sync::lock;
+use crate::sync;
 use crate::transport::Outcome;
 use crate::verbs::{
     CompletionChannel, CompletionQueue, ConnectParams, Context, Gid, ProtectionDomain, QueuePair,
@@ -218,7 +218,7 @@ impl Nic {
 
     /// Starts the worker threads.
     pub fn start(self: &Arc<Self>) -> Result<()> {
-        let mut threads = lock(&self.threads);
+        let mut threads = sync::lock(&self.threads);
         for i in 0..self.opts.workers {
             let me = self.clone();
             let t = std::thread::Builder::new()
@@ -237,7 +237,7 @@ impl Nic {
 
     /// The GID in use.
     pub fn gid(&self) -> GidChoice {
-        *self.gid.read().unwrap_or_else(|e| e.into_inner())
+        *sync::read(&self.gid)
     }
 
     /// Whether the device takes slices (its port is up).
@@ -261,7 +261,7 @@ impl Nic {
                             "RDMA device {}: GID now index {} ({})",
                             self.name, g.0.index, g.1
                         );
-                        *self.gid.write().unwrap_or_else(|e| e.into_inner()) = g.0;
+                        *sync::write(&self.gid) = g.0;
                     }
                 }
             }
@@ -345,7 +345,7 @@ impl Nic {
     /// The pooled endpoint to `peer_nic_path`, or a new one (which may
     /// evict another).
     fn endpoint(&self, peer_nic_path: &str) -> Result<Arc<RdmaEndpoint>> {
-        let mut pool = lock(&self.pool);
+        let mut pool = sync::lock(&self.pool);
         if let Some(ep) = pool.get(peer_nic_path) {
             if ep.phase() != Phase::Failed {
                 return Ok(ep);
@@ -366,7 +366,7 @@ impl Nic {
         &self,
         peer_nic_path: &str,
     ) -> std::result::Result<Arc<RdmaEndpoint>, String> {
-        let mut pool = lock(&self.pool);
+        let mut pool = sync::lock(&self.pool);
         if let Some(ep) = pool.get(peer_nic_path) {
             if ep.phase() != Phase::Failed {
                 pool.touch_passive(&ep);
@@ -416,7 +416,7 @@ impl Nic {
         );
         // An endpoint still in the pool moves to the retiring list; an
         // evicted one is there already.
-        lock(&self.pool).remove(ep);
+        sync::lock(&self.pool).remove(ep);
         report(ep.retire(true, outcome));
     }
 
@@ -433,7 +433,7 @@ impl Nic {
 
     /// Fails every endpoint (device down, shutdown).
     pub fn fail_all(&self, outcome: Outcome) {
-        let all = lock(&self.pool).drain();
+        let all = sync::lock(&self.pool).drain();
         for ep in all {
             report(ep.retire(true, outcome));
         }
@@ -589,7 +589,7 @@ impl Nic {
         }
         if req.ready_ack == Some(true) {
             let ep = {
-                let pool = lock(&self.pool);
+                let pool = sync::lock(&self.pool);
                 pool.get(&req.local_nic_path)
             };
             let result = match &ep {
@@ -813,7 +813,7 @@ impl Nic {
     fn post_runnable(&self) {
         let max_wr = self.caps.max_wr as usize;
         let cq_cap = self.cq.capacity() as usize;
-        let _posting = lock(&self.post_lock);
+        let _posting = sync::lock(&self.post_lock);
         loop {
             let Ok(ep) = self.runnable.1.try_recv() else {
                 return;
@@ -838,7 +838,7 @@ impl Nic {
     /// and, if known, handshake address).
     pub fn maintain(&self) -> Vec<(String, Option<(String, u16)>)> {
         let mut stalled = Vec::new();
-        let eps = lock(&self.pool).all();
+        let eps = sync::lock(&self.pool).all();
         let timeout = self.opts.completion_timeout;
         for ep in &eps {
             if ep.is_closed() {
@@ -870,7 +870,7 @@ impl Nic {
     /// Fails every endpoint to the peer `server` (its process is gone):
     /// what they carry fails over now instead of each stalling in turn.
     pub fn fail_peer(&self, server: &str) {
-        let eps = lock(&self.pool).all();
+        let eps = sync::lock(&self.pool).all();
         for ep in eps {
             let to_peer = split_nic_path(&ep.peer_nic_path).is_some_and(|(s, _)| s == server);
             if !to_peer || ep.is_closed() {
@@ -884,12 +884,12 @@ impl Nic {
     /// Closes retired endpoints that are quiescent (outside the pool lock:
     /// closing reports slices, whose callbacks may post again).
     fn reclaim(&self) {
-        let mut batch = lock(&self.pool).take_retiring();
+        let mut batch = sync::lock(&self.pool).take_retiring();
         if batch.is_empty() {
             return;
         }
         let closed = batch.reclaim();
-        lock(&self.pool).put_back_retiring(&mut batch);
+        sync::lock(&self.pool).put_back_retiring(&mut batch);
         for ep in &closed {
             self.qps.forget(ep);
         }
@@ -908,14 +908,14 @@ impl Nic {
         }
         self.halted.store(true, Ordering::Release);
         self.wake.wake();
-        let threads = std::mem::take(&mut *lock(&self.threads));
+        let threads = std::mem::take(&mut *sync::lock(&self.threads));
         for t in threads {
             if t.join().is_err() {
                 warn!("an RDMA thread of {} panicked", self.name);
             }
         }
         let eps = {
-            let mut pool = lock(&self.pool);
+            let mut pool = sync::lock(&self.pool);
             pool.drain();
             pool.take_retiring()
         };

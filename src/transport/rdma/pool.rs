@@ -12,7 +12,7 @@
 use super::endpoint::RdmaEndpoint;
 use super::handshake::split_nic_path;
 use crate::config::EndpointStoreType;
-use crate::sync::lock;
+use crate::sync;
 use crate::transport::endpoint::{EndpointStore, Retiring};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -260,7 +260,7 @@ impl Default for QpTable {
 
 impl QpTable {
     fn stripe(&self, qp_num: u32) -> MutexGuard<'_, HashMap<u32, Arc<RdmaEndpoint>>> {
-        lock(&self.stripes[qp_num as usize % QP_STRIPES])
+        sync::lock(&self.stripes[qp_num as usize % QP_STRIPES])
     }
 
     /// Adds the queue pairs of `ep`.
@@ -289,7 +289,7 @@ impl QpTable {
     /// Forgets every queue pair.
     pub fn clear(&self) {
         for s in &self.stripes {
-            lock(s).clear();
+            sync::lock(s).clear();
         }
     }
 }

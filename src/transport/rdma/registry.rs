@@ -4,6 +4,7 @@
 //! only once the slices using it have ended.
 
 use crate::error::{Error, Result};
+use crate::sync;
 use crate::verbs::{MemoryRegion, ProtectionDomain};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -53,7 +54,7 @@ impl Drop for MrGuard {
             && self.reg.closing.load(Ordering::Acquire)
         {
             let (lock, cv) = &*self.reg.idle;
-            let _g = lock.lock().unwrap_or_else(|e| e.into_inner());
+            let _g = sync::lock(&lock);
             cv.notify_all();
         }
     }
@@ -155,26 +156,19 @@ impl Registry {
             closing: AtomicBool::new(false),
             idle: self.idle.clone(),
         });
-        self.map
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(addr, reg.clone());
+        sync::write(&self.map).insert(addr, reg.clone());
         Ok(reg)
     }
 
     /// The registration at exactly `addr`.
     pub fn get(&self, addr: u64) -> Option<Arc<Registration>> {
-        self.map
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&addr)
-            .cloned()
+        sync::read(&self.map).get(&addr).cloned()
     }
 
     /// The local key on device `dev` for `[addr, addr + len)` and a hold
     /// on its registration; `None` if no live registration covers it.
     pub fn hold(&self, addr: u64, len: u64, dev: usize) -> Option<(u32, MrGuard)> {
-        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        let map = sync::read(&self.map);
         let (_, reg) = map.range(..=addr).next_back()?;
         let end = addr.checked_add(len)?;
         if addr < reg.addr || end > reg.addr + reg.len {
@@ -189,18 +183,13 @@ impl Registry {
     /// (up to `wait`) until those in flight end, then deregisters it on
     /// every device. Returns whether a buffer was registered there.
     pub fn unregister(&self, addr: u64, wait: Duration) -> bool {
-        let Some(reg) = self
-            .map
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&addr)
-        else {
+        let Some(reg) = sync::write(&self.map).remove(&addr) else {
             return false;
         };
         reg.closing.store(true, Ordering::Release);
         let deadline = Instant::now() + wait;
         let (lock, cv) = &*self.idle;
-        let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = sync::lock(&lock);
         while reg.inflight.load(Ordering::Acquire) > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -219,15 +208,15 @@ impl Registry {
         drop(g);
         // Deregistered now even if a work request still holds the buffer:
         // from here on the devices cannot touch it (such a request fails).
-        std::mem::take(&mut *reg.regions.lock().unwrap_or_else(|e| e.into_inner()));
+        std::mem::take(&mut *sync::lock(&reg.regions));
         true
     }
 
     /// Deregisters every buffer (shutdown, after every queue pair is gone).
     pub fn clear(&self) {
-        let all = std::mem::take(&mut *self.map.write().unwrap_or_else(|e| e.into_inner()));
+        let all = std::mem::take(&mut *sync::write(&self.map));
         for reg in all.values() {
-            std::mem::take(&mut *reg.regions.lock().unwrap_or_else(|e| e.into_inner()));
+            std::mem::take(&mut *sync::lock(&reg.regions));
         }
     }
 }

@@ -15,6 +15,7 @@
 use super::bound::{self, NONE};
 use super::lane::{Lane, LaneShared, LaneTarget, abort, start_connect, tune};
 use super::server::{ServerShared, Session, Turn};
+use crate::sync;
 use crossbeam_channel::{Receiver, Sender};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
@@ -156,7 +157,7 @@ impl IoThreads {
 
     /// The join handles of the threads started.
     fn lock_threads(&self) -> std::sync::MutexGuard<'_, Vec<JoinHandle<()>>> {
-        self.threads.lock().unwrap_or_else(|e| e.into_inner())
+        sync::lock(&self.threads)
     }
 
     /// Number of threads.

@@ -32,6 +32,7 @@ use super::wire::{
     DIRECT_RECV_MIN, HEADER_LEN, Header, OP_READ, OP_WRITE, Recv, RecvBuf, STATUS_OK, V2_FLAG,
     iovec, recv_some, send_some, status_valid,
 };
+use crate::sync;
 use crate::transport::{Outcome, Slice};
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
@@ -116,17 +117,17 @@ pub struct ConnectHealth {
 
 impl ConnectHealth {
     fn cooling(&self, now: Instant) -> bool {
-        let until = self.until.lock().unwrap_or_else(|e| e.into_inner());
+        let until = sync::lock(&self.until);
         until.is_some_and(|t| now < t)
     }
 
     fn failed(&self, now: Instant) {
-        *self.until.lock().unwrap_or_else(|e| e.into_inner()) = Some(now + COOLDOWN);
+        *sync::lock(&self.until) = Some(now + COOLDOWN);
     }
 
     /// Ends the cooldown: the peer accepts connections.
     pub fn succeeded(&self) {
-        *self.until.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *sync::lock(&self.until) = None;
     }
 }
 
@@ -189,7 +190,7 @@ impl LaneShared {
     /// Queues a slice; `Err` gives it back when the lane is closed. `Ok(true)`
     /// when the I/O thread must be kicked.
     pub fn push(&self, slice: Slice) -> Result<bool, Slice> {
-        let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inbox = sync::lock(&self.inbox);
         if inbox.closed {
             return Err(slice);
         }
@@ -207,7 +208,7 @@ impl LaneShared {
     /// Closes the inbox and fails what it still holds (shutdown).
     pub fn close(&self) {
         let left: Vec<Slice> = {
-            let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+            let mut inbox = sync::lock(&self.inbox);
             inbox.closed = true;
             inbox.slices.drain(..).collect()
         };
@@ -225,7 +226,7 @@ impl LaneShared {
     /// lane is retiring and has nothing left.
     fn take(&self, pipeline_empty: bool) -> Option<Vec<Slice>> {
         self.kicked.store(false, Ordering::Release);
-        let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inbox = sync::lock(&self.inbox);
         if inbox.slices.is_empty() && pipeline_empty && self.retiring.load(Ordering::Acquire) {
             inbox.closed = true;
             return None;

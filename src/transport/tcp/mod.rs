@@ -28,6 +28,7 @@ use super::endpoint::EndpointStore;
 use super::{Outcome, RemoteMemory, Slice};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::sync;
 use bound::Board;
 use io::{Cmd, IoThreads, Probe};
 use lane::{ConnectHealth, LaneShared};
@@ -162,7 +163,7 @@ impl TcpTransport {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Pools> {
-        self.pools.lock().unwrap_or_else(|e| e.into_inner())
+        sync::lock(&self.pools)
     }
 
     /// The endpoint of a rail: pooled, or created (evicting by policy).
@@ -212,7 +213,7 @@ impl TcpTransport {
             })
             .collect();
         {
-            let mut all = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+            let mut all = sync::lock(&self.lanes);
             all.retain(|w| w.strong_count() > 0);
             all.extend(lanes.iter().map(Arc::downgrade));
         }
@@ -317,7 +318,7 @@ impl TcpTransport {
             }
         }
         self.io.stop();
-        let lanes = std::mem::take(&mut *self.lanes.lock().unwrap_or_else(|e| e.into_inner()));
+        let lanes = std::mem::take(&mut *sync::lock(&self.lanes));
         for lane in lanes.iter().filter_map(Weak::upgrade) {
             lane.close();
         }
