@@ -2,14 +2,18 @@
 //! and ships as a C ABI library whose header is a drop-in for Mooncake's
 //! `transfer_engine_c.h`.
 
+pub mod batch;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub(crate) mod fd_limit;
 pub mod ffi;
 pub mod handle;
 pub mod log_limit;
+pub mod memory;
 pub mod metadata;
 pub mod rpc;
+pub mod segment;
 pub(crate) mod serve;
 pub(crate) mod sync;
 pub mod topology;

@@ -11,7 +11,7 @@ use serde_json::Value;
 use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use transfer_engine::engine::Engine;
-use transfer_engine::engine::memory::{Location, Region};
+use transfer_engine::memory::{Location, Region};
 use transfer_engine::metadata::keys::segment_key;
 use transfer_engine::metadata::server::MetadataServer;
 

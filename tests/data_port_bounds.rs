@@ -75,12 +75,12 @@ fn idle_connections_are_bounded_and_real_peers_are_served() {
         &initiator,
         &[write_req(src.addr(), seg, mem.addr(), 4 << 20)],
     );
-    assert_eq!(st, [transfer_engine::engine::batch::TaskStatus::Completed]);
+    assert_eq!(st, [transfer_engine::batch::TaskStatus::Completed]);
     let st = run(
         &initiator,
         &[read_req(back.addr(), seg, mem.addr(), 4 << 20)],
     );
-    assert_eq!(st, [transfer_engine::engine::batch::TaskStatus::Completed]);
+    assert_eq!(st, [transfer_engine::batch::TaskStatus::Completed]);
     assert!(back.snapshot() == src.snapshot(), "bytes differ");
     let (host, rpc) = target
         .local_ip_and_port()

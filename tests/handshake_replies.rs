@@ -14,7 +14,7 @@ use std::io::{ErrorKind, Write};
 use std::net::TcpStream;
 use std::thread;
 use std::time::{Duration, Instant};
-use transfer_engine::engine::memory::{Location, Region};
+use transfer_engine::memory::{Location, Region};
 use transfer_engine::rpc::{ClientOptions, FrameKind, call};
 
 const BUFFERS: usize = 90_000;

@@ -8,7 +8,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 use support::{Buf, HANG, engine, pattern, register};
-use transfer_engine::engine::batch::TaskStatus;
+use transfer_engine::batch::TaskStatus;
 use transfer_engine::engine::{Opcode, Request};
 
 #[test]

@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 use support::{Buf, engine, open_sockets, pattern, register, run};
-use transfer_engine::engine::batch::TaskStatus;
+use transfer_engine::batch::TaskStatus;
 use transfer_engine::engine::{Opcode, Request};
 
 #[test]

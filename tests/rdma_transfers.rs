@@ -13,7 +13,7 @@ use rdma::{A, B};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-use transfer_engine::engine::batch::TaskStatus;
+use transfer_engine::batch::TaskStatus;
 use transfer_engine::engine::{Engine, Request};
 
 const MIB: usize = 1 << 20;

@@ -10,7 +10,7 @@ mod common;
 
 use common::*;
 use std::time::{Duration, Instant};
-use transfer_engine::engine::batch::TaskStatus;
+use transfer_engine::batch::TaskStatus;
 use transfer_engine::error::Error;
 
 const BASE: u64 = 0x2000_0000;

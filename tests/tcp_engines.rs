@@ -4,9 +4,9 @@
 mod common;
 
 use std::sync::Arc;
-use transfer_engine::engine::batch::TaskStatus;
-use transfer_engine::engine::memory::{Location, Region};
+use transfer_engine::batch::TaskStatus;
 use transfer_engine::engine::{Engine, Opcode, Request};
+use transfer_engine::memory::{Location, Region};
 use transfer_engine::metadata::server::MetadataServer;
 
 fn engine(conn: &str, name: &str) -> Arc<Engine> {

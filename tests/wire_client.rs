@@ -10,7 +10,7 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use transfer_engine::engine::batch::TaskStatus;
+use transfer_engine::batch::TaskStatus;
 use transfer_engine::engine::{Engine, Request};
 
 const BASE: u64 = 0x1000_0000;

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
-use transfer_engine::engine::batch::TaskStatus;
+use transfer_engine::batch::TaskStatus;
 use transfer_engine::engine::{Engine, Request};
 
 const BASE: u64 = 0x3000_0000;

@@ -26,7 +26,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 use std::sync::{Arc, RwLock};
 use tracing::error;
-use transfer_engine::engine::memory::{Location, Region};
+use transfer_engine::memory::{Location, Region};
 use transfer_engine::engine::{Engine, Opcode};
 use transfer_engine::topology::{PriorityMatrix, Topology};
 

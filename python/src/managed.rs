@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::ptr::NonNull;
 use transfer_engine::engine::Engine;
-use transfer_engine::engine::memory::{Location, Region};
+use transfer_engine::memory::{Location, Region};
 use transfer_engine::error::{Error, Result};
 
 /// Bytes of each chunk the small classes are carved from (2 GiB).

@@ -6,7 +6,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 use transfer_engine::engine::Engine;
-use transfer_engine::engine::batch::TaskStatus;
+use transfer_engine::batch::TaskStatus;
 use transfer_engine::error::Result;
 
 /// Where a batch stands.

@@ -2,40 +2,33 @@
 //! dispatch of requests to transports. Safe Rust only; the C boundary lives
 //! in `crate::ffi`.
 
-pub mod batch;
-#[cfg(feature = "rdma")]
-pub mod carrier_rdma;
-pub mod carrier_tcp;
 pub mod control;
 mod keeper;
-pub mod memory;
 mod peer_work;
-pub mod planner;
-pub mod rails;
 mod remote;
-pub mod scheduler;
-pub mod segment;
 
+use crate::batch::{Batch, PendingNotify, TaskStatus};
 use crate::config::{Config, config};
 use crate::error::{Error, Result};
 use crate::handle::HandleTable;
+use crate::memory::{MemoryRegistry, Region};
 use crate::metadata::conn::MetadataConn;
 use crate::metadata::store::MetadataStore;
 use crate::rpc::{Cancel, RpcServer};
+use crate::segment::{RemoteSegment, SegmentCache};
 use crate::sync;
 use crate::topology::{PriorityMatrix, Topology};
+use crate::transport::NicLoad;
 use crate::transport::local::{CopyJob, LocalCopier, copy_bytes};
-use crate::transport::tcp::TcpTransport;
-use batch::{Batch, PendingNotify, TaskStatus};
 #[cfg(feature = "rdma")]
-use carrier_rdma::RdmaCarrier;
-use carrier_tcp::TcpCarrier;
+use crate::transport::rdma::carrier::RdmaCarrier;
+use crate::transport::scheduler::planner;
+use crate::transport::scheduler::{Scheduler, Transfer};
+use crate::transport::tcp::TcpTransport;
+use crate::transport::tcp::carrier::TcpCarrier;
 use control::ControlState;
-use memory::{MemoryRegistry, Region};
 use once_cell::sync::OnceCell;
 use peer_work::{Finish, Job, PeerWork, Refused};
-use scheduler::{Scheduler, Transfer};
-use segment::{RemoteSegment, SegmentCache};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -144,35 +137,6 @@ enum Target {
     AfterRefetch(Arc<RemoteSegment>),
 }
 
-/// Load of one local device, for `getNicLoadStats`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NicLoad {
-    /// Device name.
-    pub device: String,
-    /// Bytes posted and not yet completed.
-    pub inflight_bytes: u64,
-    /// Exponentially weighted bandwidth, bytes per second.
-    pub ewma_bandwidth_bps: f64,
-}
-
-/// Raises the soft limit on open descriptors to the hard limit, as
-/// Mooncake does: connections to many peers need descriptors.
-pub(crate) fn raise_descriptor_limit() {
-    let mut rl = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit read and write one rlimit we own.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 && rl.rlim_cur < rl.rlim_max {
-            rl.rlim_cur = rl.rlim_max;
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &rl) != 0 {
-                tracing::debug!("could not raise the descriptor limit to {}", rl.rlim_max);
-            }
-        }
-    }
-}
-
 /// Shortest interval between refetches of a peer's descriptor for requests
 /// it does not cover (memory the peer may have registered since).
 const UNCOVERED_REFETCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
@@ -267,7 +231,7 @@ impl Engine {
         device_filter: &[String],
     ) -> Result<Arc<Engine>> {
         let config = config();
-        raise_descriptor_limit();
+        crate::fd_limit::raise();
         let conn = MetadataConn::parse(conn)?;
         let local_name = local_name.trim().trim_start_matches('/').to_string();
         if local_name.is_empty() {
@@ -509,9 +473,11 @@ impl Engine {
         let named = given.is_some();
         let tcp_matrix = given.unwrap_or_else(|| PriorityMatrix::from_topology_tcp(&topo));
         let devices = match self.loopback {
-            None => {
-                carrier_tcp::tcp_devices(&tcp_matrix, &topo.net_interfaces, &self.config.te_filters)
-            }
+            None => crate::transport::tcp::carrier::tcp_devices(
+                &tcp_matrix,
+                &topo.net_interfaces,
+                &self.config.te_filters,
+            ),
             Some(ip) => {
                 if named {
                     warn!(

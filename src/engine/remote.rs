@@ -2,12 +2,9 @@
 //! publishes, and the descriptors and RPC addresses of the segments it
 //! opens, through the P2P handshake or a metadata store.
 
-use super::batch::PendingNotify;
-use super::carrier_tcp::{TCP_DEVICES_KEY, TcpDevice};
 use super::peer_work::{Finish, Job};
-use super::scheduler::GENERATION_KEY;
-use super::segment::{RemoteSegment, SegmentBuffer};
 use super::{Engine, Installed, LOCAL_SEGMENT_ID, refused};
+use crate::batch::PendingNotify;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::metadata::conn::MetadataConn;
@@ -18,8 +15,11 @@ use crate::metadata::keys::{RpcMeta, rpc_meta_key, segment_key};
 use crate::metadata::redis::RedisStore;
 use crate::metadata::store::MetadataStore;
 use crate::rpc::{ClientOptions, FrameKind, parse_host_port, wrap_ipv6};
+use crate::segment::{RemoteSegment, SegmentBuffer};
 use crate::sync;
 use crate::topology::{IfAddr, NetInterface};
+use crate::transport::scheduler::GENERATION_KEY;
+use crate::transport::tcp::carrier::{TCP_DEVICES_KEY, TcpDevice};
 use serde_json::json;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::sync::atomic::Ordering;

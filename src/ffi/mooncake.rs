@@ -12,9 +12,9 @@ use super::boundary::{
     write_c_string,
 };
 use super::types::*;
-use crate::engine::memory::{Location, Region};
 use crate::engine::{Engine, Opcode, Request};
 use crate::error::Error;
+use crate::memory::{Location, Region};
 use std::ffi::{c_char, c_int, c_void};
 
 /// `kOk` of the Status family.

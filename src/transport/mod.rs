@@ -3,22 +3,21 @@
 //! slices to peers over one rail each, as the engine's scheduler decides.
 
 pub mod endpoint;
-pub mod fence;
 pub mod local;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+pub mod scheduler;
 pub mod tcp;
 
-use fence::Fence;
-use std::sync::Arc;
-
-/// What a transport serving peers may ask of the engine's registered
-/// memory: whether a range is open to peers, and the fence to hold while
-/// touching it (see [`fence`]).
-pub trait RemoteMemory: Send + Sync {
-    /// The fence of the remotely accessible registered buffer that holds
-    /// all of `[addr, addr + len)`, or `None` (also for `len == 0`).
-    fn admit(&self, addr: u64, len: u64) -> Option<Arc<Fence>>;
+/// Load of one local device, for `getNicLoadStats`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NicLoad {
+    /// Device name.
+    pub device: String,
+    /// Bytes posted and not yet completed.
+    pub inflight_bytes: u64,
+    /// Exponentially weighted bandwidth, bytes per second.
+    pub ewma_bandwidth_bps: f64,
 }
 
 /// How a slice ended, as its transport saw it.

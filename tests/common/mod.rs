@@ -21,9 +21,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use transfer_engine::engine::batch::TaskStatus;
-use transfer_engine::engine::memory::{Location, Region};
+use transfer_engine::batch::TaskStatus;
 use transfer_engine::engine::{Engine, Opcode, Request};
+use transfer_engine::memory::{Location, Region};
 use transfer_engine::rpc::{ClientOptions, Frame, FrameKind, call, encode_json, read_frame};
 
 /// `OK` status word of the v2 framing, spelled out from the spec.

@@ -120,7 +120,7 @@ impl MetadataServer {
         )?;
         // The connection bound, not the usual 1024 descriptors, limits
         // clients.
-        crate::engine::raise_descriptor_limit();
+        crate::fd_limit::raise();
         let listener = TcpListener::bind(addr)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
         let local = listener.local_addr()?;

@@ -27,6 +27,7 @@
 //! peer's key, and hears back through the slice's callback.
 
 mod admission;
+pub mod carrier;
 mod connector;
 mod endpoint;
 mod gid;

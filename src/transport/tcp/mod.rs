@@ -16,6 +16,7 @@
 //! `MC_MAX_EP_PER_CTX`.
 
 mod bound;
+pub mod carrier;
 mod io;
 mod lane;
 mod progress;
@@ -25,9 +26,10 @@ pub mod wire;
 pub use lane::{LaneTarget, LaneTimeouts};
 
 use super::endpoint::EndpointStore;
-use super::{Outcome, RemoteMemory, Slice};
+use super::{Outcome, Slice};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::memory::RemoteMemory;
 use crate::sync;
 use bound::Board;
 use io::{Cmd, IoThreads, Probe};

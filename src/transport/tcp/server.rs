@@ -18,8 +18,8 @@ use super::wire::{
     DIRECT_RECV_MIN, HEADER_LEN, Header, Recv, RecvBuf, STATUS_ADDR_REJECTED, STATUS_OK, iovec,
     recv_some, send_some,
 };
-use crate::transport::RemoteMemory;
-use crate::transport::fence::{Fence, Inside};
+use crate::memory::RemoteMemory;
+use crate::memory::fence::{Fence, Inside};
 use mio::net::TcpStream;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;

@@ -13,16 +13,18 @@
 //! location (Mooncake's rule). A retry walks the rails the slice has not
 //! failed on, deterministically.
 
-use super::NicLoad;
-use super::batch::Batch;
-use super::memory::MemoryRegistry;
-use super::planner;
-use super::rails::{DeviceLoad, RailHealth, RailUse};
-use super::segment::RemoteSegment;
+pub mod planner;
+pub mod rails;
+
+use crate::batch::Batch;
 use crate::config::Config;
+use crate::memory::MemoryRegistry;
+use crate::segment::RemoteSegment;
 use crate::sync;
 use crate::topology::PriorityMatrix;
+use crate::transport::NicLoad;
 use crate::transport::{Outcome, Slice};
+use rails::{DeviceLoad, RailHealth, RailUse};
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -549,7 +551,7 @@ impl<C: Carrier> Scheduler<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::batch::TaskStatus;
+    use crate::batch::TaskStatus;
     use crate::metadata::descriptor::{BufferDesc, SegmentDesc};
 
     /// Rails numbered 0..n; a slice posted on any rail but `good` fails.

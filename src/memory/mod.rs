@@ -3,11 +3,22 @@
 
 use crate::error::{Error, Result};
 use crate::sync;
-use crate::transport::RemoteMemory;
-use crate::transport::fence::Fence;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, RwLock};
+
+pub mod fence;
+
+pub use fence::Fence;
+
+/// What a transport serving peers may ask of the engine's registered
+/// memory: whether a range is open to peers, and the fence to hold while
+/// touching it (see [`fence`]).
+pub trait RemoteMemory: Send + Sync {
+    /// The fence of the remotely accessible registered buffer that holds
+    /// all of `[addr, addr + len)`, or `None` (also for `len == 0`).
+    fn admit(&self, addr: u64, len: u64) -> Option<Arc<Fence>>;
+}
 
 /// Where a buffer's memory lives, as named in Mooncake's location strings.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -4,10 +4,10 @@
 //! all of them). The peer's key for a slice is its `rkey` for the target
 //! buffer on the rail's peer device.
 
-use super::scheduler::{Carrier, Rail};
-use super::segment::RemoteSegment;
+use crate::segment::RemoteSegment;
 use crate::transport::Slice;
 use crate::transport::rdma::{RdmaTarget, RdmaTransport, nic_path};
+use crate::transport::scheduler::{Carrier, Rail};
 use std::sync::Arc;
 
 /// Largest slice of one RDMA work request (the verbs limit is 2 GiB).

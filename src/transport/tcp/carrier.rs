@@ -3,10 +3,10 @@
 //! the same subnet. A peer that publishes no devices (a Mooncake peer) is
 //! reached over one unbound rail to its data host.
 
-use super::scheduler::{Carrier, Rail};
-use super::segment::RemoteSegment;
+use crate::segment::RemoteSegment;
 use crate::topology::{IfAddr, NetInterface, PriorityMatrix};
 use crate::transport::Slice;
+use crate::transport::scheduler::{Carrier, Rail};
 use crate::transport::tcp::{LaneTarget, TcpTransport};
 use serde_json::{Value, json};
 use std::net::IpAddr;
