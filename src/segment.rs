@@ -3,8 +3,7 @@
 
 use crate::metadata::descriptor::SegmentDesc;
 use crate::sync;
-use once_cell::sync::OnceCell;
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -22,10 +21,40 @@ pub struct RemoteSegment {
     pub data_host: String,
     /// Port of its handshake listener.
     pub rpc_port: u16,
-    /// The scheduler's rails to it, worked out on first use.
-    pub route: OnceCell<Arc<dyn Any + Send + Sync>>,
+    /// What transports worked out about reaching it (their rails).
+    pub routes: RouteCache,
     /// Whether its descriptor should be refetched before the next use.
     pub freshness: Freshness,
+}
+
+/// What transports work out about a segment on first use (a scheduler's
+/// rails to it), one value per type; a refetched descriptor is a new
+/// segment with an empty cache.
+#[derive(Default)]
+pub struct RouteCache(Mutex<Vec<(TypeId, Arc<dyn Any + Send + Sync>)>>);
+
+impl RouteCache {
+    /// The cached value of type `R`, made by `make` on first use.
+    pub fn get_or_insert<R: Any + Send + Sync>(&self, make: impl FnOnce() -> R) -> Arc<R> {
+        let mut cached = sync::lock(&self.0);
+        let id = TypeId::of::<R>();
+        if let Some(found) = cached
+            .iter()
+            .find(|(t, _)| *t == id)
+            .and_then(|(_, v)| v.clone().downcast::<R>().ok())
+        {
+            return found;
+        }
+        let made = Arc::new(make());
+        cached.push((id, made.clone()));
+        made
+    }
+}
+
+impl std::fmt::Debug for RouteCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteCache").finish_non_exhaustive()
+    }
 }
 
 /// Shortest interval between refetches of a failing peer's descriptor.

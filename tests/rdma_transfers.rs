@@ -502,9 +502,20 @@ fn install_rules_and_descriptor() {
         "no rkey without remote access"
     );
     assert!(d["priority_matrix"].is_object());
-    // Installing it again returns the same transport; TCP is refused.
-    assert!(e.install_transport("rdma", None).is_ok());
-    assert!(e.install_transport("tcp", None).is_err());
+    // Installing it again returns the same transport; TCP installs beside
+    // it: the descriptor still says rdma (what Mooncake peers read), with
+    // the TCP data port and devices for peers that have no RDMA.
+    let rdma = e.install_transport("rdma", None).expect("rdma again");
+    let tcp = e.install_transport("tcp", None).expect("tcp beside rdma");
+    assert_ne!(rdma, tcp);
+    let d = common::descriptor(&e);
+    assert_eq!(d["protocol"], "rdma", "{d}");
+    assert_ne!(d["tcp_data_port"], 0, "{d}");
+    assert!(d["tcp_devices"].is_array(), "{d}");
+    assert_eq!(
+        d["buffers"][0]["lkey"].as_array().unwrap().len(),
+        devices.len()
+    );
     e.shutdown();
     // A matrix naming devices this machine lacks leaves them out.
     let e = Engine::new("P2PHANDSHAKE", "127.0.0.1", false).expect("engine");

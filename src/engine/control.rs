@@ -7,6 +7,7 @@ use crate::config::Config;
 use crate::rpc::FrameKind;
 use crate::rpc::server::RpcHandler;
 use crate::sync;
+use crate::transport::Handshake;
 use serde_json::{Value, json};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -54,10 +55,6 @@ struct NotifyQueue {
     refused: u64,
 }
 
-/// Answers a Connection request (the RDMA transport's passive handshake)
-/// that came from the given address.
-pub type ConnectionHandler = Box<dyn Fn(&Value, SocketAddr) -> Value + Send + Sync>;
-
 /// State shared between the engine and its handshake listener.
 #[derive(Default)]
 pub struct ControlState {
@@ -66,7 +63,8 @@ pub struct ControlState {
     local_desc: RwLock<Option<(Value, Arc<[u8]>)>>,
     notifies: Mutex<NotifyQueue>,
     limits: NotifyLimits,
-    connection: RwLock<Option<ConnectionHandler>>,
+    /// The handshake requests installed transports answer.
+    handshakes: RwLock<Vec<Handshake>>,
 }
 
 /// Why a notification was not queued.
@@ -101,14 +99,16 @@ impl ControlState {
         }
     }
 
-    /// Routes Connection requests to `handler` from now on.
-    pub fn set_connection_handler(&self, handler: ConnectionHandler) {
-        *sync::write(&self.connection) = Some(handler);
+    /// Routes `handshake.kind` requests to a transport from now on.
+    pub fn set_handshake(&self, handshake: Handshake) {
+        let mut all = sync::write(&self.handshakes);
+        all.retain(|h| h.kind != handshake.kind);
+        all.push(handshake);
     }
 
-    /// Refuses Connection requests again (the transport is gone).
-    pub fn clear_connection_handler(&self) {
-        sync::write(&self.connection).take();
+    /// Refuses the transports' requests again (they are gone).
+    pub fn clear_handshakes(&self) {
+        sync::write(&self.handshakes).clear();
     }
 
     /// Sets the descriptor served to peers.
@@ -211,9 +211,9 @@ impl RpcHandler for ControlState {
                 }
             }
             FrameKind::Connection => {
-                let handler = sync::read(&self.connection);
-                match handler.as_ref() {
-                    Some(h) => h(&request, peer),
+                let handlers = sync::read(&self.handshakes);
+                match handlers.iter().find(|h| h.kind == kind) {
+                    Some(h) => (h.answer)(&request, peer),
                     None => json!({
                         "local_nic_path": "",
                         "local_lid": 0,

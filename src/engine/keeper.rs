@@ -47,7 +47,7 @@ impl Keeper {
                 loop {
                     {
                         let (flag, cv) = &*s;
-                        let guard = sync::lock(&flag);
+                        let guard = sync::lock(flag);
                         let (guard, _) = cv
                             .wait_timeout_while(guard, tick, |stopped| !*stopped)
                             .unwrap_or_else(|e| e.into_inner());
@@ -78,7 +78,7 @@ impl Keeper {
     /// Stops the thread and joins it (unless called from it).
     pub fn stop(&self) {
         let (flag, cv) = &*self.stop;
-        *sync::lock(&flag) = true;
+        *sync::lock(flag) = true;
         cv.notify_all();
         if let Some(t) = sync::lock(&self.thread).take() {
             if t.thread().id() != std::thread::current().id() {

@@ -116,13 +116,14 @@ pub unsafe extern "C" fn getLocalIpAndPort(
 /// `args[0]` is a NIC priority matrix JSON string whose devices are used
 /// (network interfaces for tcp, RDMA devices for rdma); otherwise
 /// `MC_CUSTOM_TOPO_JSON`, else the discovered topology. Buffers registered
-/// earlier are registered with the new transport. Installing an installed
-/// protocol returns the same handle; an engine runs one transport.
+/// earlier are registered with the new transport. An engine runs several
+/// transports, as Mooncake's `MultiTransport`: each request goes to the
+/// most preferred installed one that reaches its target (RDMA, then TCP).
+/// Installing an installed protocol returns the same handle.
 ///
 /// Returns an opaque non-NULL handle, or NULL (with an error log) for a
 /// NULL or unknown engine or protocol, a malformed matrix, no usable RDMA
-/// device, another transport already installed, or a transport that failed
-/// to start.
+/// device, or a transport that failed to start.
 ///
 /// # Safety
 /// `proto` must be NULL or NUL-terminated; `args` NULL or an array whose

@@ -231,7 +231,7 @@ impl MemoryRegistry {
 
 impl RemoteMemory for RwLock<MemoryRegistry> {
     fn admit(&self, addr: u64, len: u64) -> Option<Arc<Fence>> {
-        sync::read(&self).admit(addr, len)
+        sync::read(self).admit(addr, len)
     }
 }
 

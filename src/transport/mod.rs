@@ -1,6 +1,15 @@
-//! Transports move slices between memory. `local` serves the engine's own
-//! segment with memory copies, whatever else is installed; `tcp` moves
-//! slices to peers over one rail each, as the engine's scheduler decides.
+//! Transports move bytes between this engine's memory and its peers'.
+//!
+//! A transport is one module behind one trait, [`Transport`]: the protocol
+//! it speaks, what it registers and fences, what it adds to this engine's
+//! descriptor and reads from a peer's, the handshake messages it serves,
+//! whether it reaches a peer's buffer, how it moves a request, its NIC
+//! loads, its shutdown. The engine installs them by protocol name through
+//! [`install`], holds the set, and sends each request to the best one that
+//! reaches the target; a part of a request one cannot move goes to the next
+//! one ([`Fallback`]). `local` serves the engine's own segment with memory
+//! copies, whatever else is installed; `scheduler` is the slice and rail
+//! scheduler that the rail-based transports (TCP, RDMA) share.
 
 pub mod endpoint;
 pub mod local;
@@ -8,6 +17,241 @@ pub mod local;
 pub mod rdma;
 pub mod scheduler;
 pub mod tcp;
+
+use crate::batch::Batch;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::memory::{MemoryRegistry, Region};
+use crate::metadata::descriptor::SegmentDesc;
+use crate::rpc::{ClientOptions, FrameKind};
+use crate::segment::RemoteSegment;
+use crate::topology::{PriorityMatrix, Topology};
+use serde_json::Value;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, RwLock};
+
+/// A transport as the engine drives it.
+pub trait Transport: Send + Sync {
+    /// The protocol it speaks, as descriptors and `installTransport` name
+    /// it (`tcp`, `rdma`, `shm`).
+    fn protocol(&self) -> &'static str;
+
+    /// Preference among the transports that reach a peer: the lowest
+    /// first (shared memory, then RDMA, then TCP).
+    fn rank(&self) -> u8;
+
+    /// Preference for the `protocol` field of this engine's descriptor,
+    /// which Mooncake peers read to choose their transport: the lowest
+    /// installed one is written; `None` for a protocol Mooncake does not
+    /// speak.
+    fn descriptor_rank(&self) -> Option<u8>;
+
+    /// Makes `region` reachable through this transport (RDMA: a memory
+    /// region on every device).
+    ///
+    /// # Safety
+    /// `region` must stay mapped until [`Transport::unregister`] of its
+    /// address returns (the C API's contract for registered memory).
+    unsafe fn register(&self, _region: &Region) -> Result<()> {
+        Ok(())
+    }
+
+    /// Removes the region at `addr`; returns once nothing this transport
+    /// runs touches it.
+    fn unregister(&self, _addr: u64) {}
+
+    /// Adds what this transport publishes to this engine's descriptor:
+    /// its keys, and what it attaches to each buffer (`desc.buffers` lists
+    /// every registered region, in address order, as `memory` holds them).
+    fn publish(&self, desc: &mut SegmentDesc, memory: &MemoryRegistry);
+
+    /// The handshake requests it answers, if any.
+    fn handshake(&self) -> Option<Handshake> {
+        None
+    }
+
+    /// Whether the peer publishes this transport at all (its descriptor
+    /// has what this transport needs to reach it).
+    fn speaks(&self, seg: &RemoteSegment) -> bool;
+
+    /// Whether it can move a request to `[remote, remote + len)` of `seg`,
+    /// from what the peer publishes.
+    fn reaches(&self, seg: &RemoteSegment, remote: u64, len: u64) -> bool;
+
+    /// Whether it moves bytes only from and to registered local memory.
+    fn needs_registered_source(&self) -> bool {
+        false
+    }
+
+    /// Moves one request (or the part of one that another transport could
+    /// not move): counts its slices on the task, then finishes each, or
+    /// hands the parts it cannot move to `fallback`.
+    fn submit(&self, submission: Submission);
+
+    /// Per-device load, for `getNicLoadStats`.
+    fn nic_loads(&self) -> Vec<NicLoad> {
+        Vec::new()
+    }
+
+    /// Fails what is in flight and stops every thread it runs.
+    fn shutdown(&self);
+}
+
+/// Answers one handshake request from the given address.
+pub type HandshakeAnswer = Box<dyn Fn(&Value, SocketAddr) -> Value + Send + Sync>;
+
+/// A handshake frame kind a transport answers, and how.
+pub struct Handshake {
+    /// The frame kind.
+    pub kind: FrameKind,
+    /// The answer to each request.
+    pub answer: HandshakeAnswer,
+}
+
+/// One request to a remote segment, as a transport moves it.
+#[derive(Debug, Clone, Copy)]
+pub struct Transfer {
+    /// Local address.
+    pub local: u64,
+    /// Address in the peer process.
+    pub remote: u64,
+    /// Bytes.
+    pub len: u64,
+    /// WRITE (true) or READ.
+    pub write: bool,
+}
+
+/// What the engine's registry says of a request's local memory.
+#[derive(Debug, Clone)]
+pub struct LocalSide {
+    /// Location of the registered buffer holding the local address
+    /// (`cpu:N`, `cuda:N`, `*`), `*` when it is not registered.
+    pub location: String,
+    /// End of that buffer: slices are not cut across it.
+    pub end: Option<u64>,
+}
+
+impl LocalSide {
+    /// The local side of a request from `local`, as `memory` holds it.
+    pub fn of(memory: &MemoryRegistry, local: u64) -> LocalSide {
+        let region = memory.find(local, 1);
+        LocalSide {
+            location: region.map_or_else(|| "*".to_string(), |r| r.location.to_string()),
+            end: region.map(Region::end),
+        }
+    }
+}
+
+/// Hands a part of a request that a transport could not move to the next
+/// transport that reaches the peer; it counts the part's slices on the
+/// task before it returns. Without one, the part fails.
+pub type Fallback = Arc<dyn Fn(Transfer) + Send + Sync>;
+
+/// What a transport moves for one task.
+pub struct Submission {
+    /// The task's batch.
+    pub batch: Arc<Batch>,
+    /// The task.
+    pub task: usize,
+    /// The target segment.
+    pub seg: Arc<RemoteSegment>,
+    /// The bytes to move.
+    pub xfer: Transfer,
+    /// The local memory's registration.
+    pub local: LocalSide,
+    /// Where the parts this transport cannot move go.
+    pub fallback: Option<Fallback>,
+}
+
+impl Submission {
+    /// Hands `part` to the fallback (it counts its slices on the task)
+    /// and reports whether there was one.
+    pub fn fall_back(fallback: &Option<Fallback>, part: Transfer) -> bool {
+        match fallback {
+            Some(next) => {
+                next(part);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// What a transport may ask the engine about its peers.
+pub trait PeerDirectory: Send + Sync {
+    /// The descriptor of the peer whose server (segment) name is `server`
+    /// and the host of its handshake listener: from the engine's cache
+    /// unless `fresh`, else fetched with `rpc` (P2P) or from the store.
+    fn peer(
+        &self,
+        server: &str,
+        fresh: bool,
+        rpc: &ClientOptions,
+    ) -> std::result::Result<(String, SegmentDesc), String>;
+}
+
+/// What a transport is installed with.
+pub struct InstallContext<'a> {
+    /// The engine's configuration.
+    pub config: &'a Config,
+    /// The engine's registered memory.
+    pub memory: &'a Arc<RwLock<MemoryRegistry>>,
+    /// The engine's name (its segment name).
+    pub local_name: &'a str,
+    /// The loopback address the engine is confined to, if any.
+    pub loopback: Option<IpAddr>,
+    /// A NIC priority matrix given to `installTransport` or by
+    /// `MC_CUSTOM_TOPO_JSON`.
+    pub matrix: Option<PriorityMatrix>,
+    /// The machine's topology (discovered on first call).
+    pub topology: &'a dyn Fn() -> Topology,
+    /// RDMA devices the engine may use (empty: all), beside
+    /// `MC_TE_FILTERS`.
+    pub device_filter: &'a [String],
+    /// The engine's peers.
+    pub peers: Arc<dyn PeerDirectory>,
+}
+
+/// Starts the transport named `protocol`; the transports this build
+/// provides are named here and nowhere else.
+pub fn install(protocol: &str, ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
+    match protocol {
+        "tcp" => tcp::install(ctx),
+        #[cfg(feature = "rdma")]
+        "rdma" => rdma::install(ctx),
+        #[cfg(not(feature = "rdma"))]
+        "rdma" => Err(Error::DeviceNotFound(
+            "transport \"rdma\" is not available in this build (install \"tcp\", or \
+             build with the \"rdma\" feature)"
+                .into(),
+        )),
+        "efa" | "barex" => Err(Error::DeviceNotFound(format!(
+            "transport {protocol:?} (a vendor variant of RDMA) is not available; install \
+             \"rdma\" or \"tcp\""
+        ))),
+        other => Err(Error::InvalidArgument(format!(
+            "transport {other:?} is unknown; this build provides {}",
+            PROTOCOLS.join(", ")
+        ))),
+    }
+}
+
+/// The protocols [`install`] starts in this build.
+pub const PROTOCOLS: &[&str] = &[
+    "\"tcp\"",
+    #[cfg(feature = "rdma")]
+    "\"rdma\"",
+];
+
+/// The handle `installTransport` returns for a protocol: stable per
+/// protocol and never 0 (NULL).
+pub fn handle_of(protocol: &str) -> u64 {
+    const ORDER: [&str; 3] = ["tcp", "rdma", "shm"];
+    ORDER
+        .iter()
+        .position(|p| *p == protocol)
+        .map_or(ORDER.len() as u64 + 1, |i| i as u64 + 1)
+}
 
 /// Load of one local device, for `getNicLoadStats`.
 #[derive(Debug, Clone, PartialEq)]

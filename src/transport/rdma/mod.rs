@@ -38,6 +38,7 @@ mod registry;
 mod wake;
 
 pub use admission::{PeerLookup, PeerRecord};
+pub use carrier::install;
 pub use handshake::{HandshakeDesc, nic_path, split_nic_path};
 
 use crate::config::{Config, EndpointStoreType};

@@ -54,7 +54,7 @@ impl Drop for MrGuard {
             && self.reg.closing.load(Ordering::Acquire)
         {
             let (lock, cv) = &*self.reg.idle;
-            let _g = sync::lock(&lock);
+            let _g = sync::lock(lock);
             cv.notify_all();
         }
     }
@@ -189,7 +189,7 @@ impl Registry {
         reg.closing.store(true, Ordering::Release);
         let deadline = Instant::now() + wait;
         let (lock, cv) = &*self.idle;
-        let mut g = sync::lock(&lock);
+        let mut g = sync::lock(lock);
         while reg.inflight.load(Ordering::Acquire) > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {

@@ -1,13 +1,16 @@
-//! The slice scheduler, shared by every transport: splits a request into
-//! slices, picks a rail for each, and retries a failed slice on another
-//! rail up to `MC_RETRY_CNT` times. Rails that fail are paused (see
-//! [`super::rails`]); `getNicLoadStats` reads the per-device loads kept
-//! here. A task fails only when a slice runs out of attempts or the peer
-//! rejects its address range.
+//! The slice scheduler, shared by the rail-based transports (TCP, RDMA):
+//! splits a request into slices, picks a rail for each, and retries a
+//! failed slice on another rail up to `MC_RETRY_CNT` times. Rails that fail
+//! are paused (see [`rails`]); `getNicLoadStats` reads the per-device loads
+//! kept here. A slice that runs out of rails or attempts goes to the
+//! request's fallback (the next transport), else fails its task; one whose
+//! address range the peer rejects fails at once.
 //!
 //! A rail pairs a local device with a peer device; a [`Carrier`] (one per
 //! transport) says which rails lead to a peer and moves one slice over
-//! one rail. The first choice is the least-loaded open rail among those
+//! one rail, and holds what else makes it a [`Transport`]: registration,
+//! its descriptor keys, its handshake. A [`Scheduler`] over a carrier is
+//! the transport the engine installs. The first choice is the least-loaded open rail among those
 //! the priority matrices prefer: our matrix for the local buffer's
 //! location, and the peer's published matrix for the target buffer's
 //! location (Mooncake's rule). A retry walks the rails the slice has not
@@ -18,14 +21,16 @@ pub mod rails;
 
 use crate::batch::Batch;
 use crate::config::Config;
-use crate::memory::MemoryRegistry;
+use crate::error::Result;
+use crate::memory::{MemoryRegistry, Region};
+use crate::metadata::descriptor::SegmentDesc;
 use crate::segment::RemoteSegment;
 use crate::sync;
 use crate::topology::PriorityMatrix;
-use crate::transport::NicLoad;
-use crate::transport::{Outcome, Slice};
+use crate::transport::{
+    Fallback, Handshake, LocalSide, NicLoad, Outcome, Slice, Submission, Transfer, Transport,
+};
 use rails::{DeviceLoad, RailHealth, RailUse};
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -53,10 +58,51 @@ pub struct Rail<T> {
     pub target: T,
 }
 
-/// What the scheduler needs of a transport.
+/// What the scheduler needs of a transport, and what the transport adds
+/// to make it a [`Transport`].
 pub trait Carrier: Send + Sync + 'static {
     /// The transport's address of a peer device.
     type Target: Clone + Send + Sync + std::fmt::Debug + 'static;
+
+    /// See [`Transport::protocol`].
+    fn protocol(&self) -> &'static str;
+
+    /// See [`Transport::rank`].
+    fn rank(&self) -> u8;
+
+    /// See [`Transport::descriptor_rank`].
+    fn descriptor_rank(&self) -> Option<u8>;
+
+    /// See [`Transport::register`].
+    ///
+    /// # Safety
+    /// As [`Transport::register`].
+    unsafe fn register(&self, _region: &Region) -> Result<()> {
+        Ok(())
+    }
+
+    /// See [`Transport::unregister`].
+    fn unregister(&self, _addr: u64) {}
+
+    /// See [`Transport::publish`]; `matrix` is the local priority matrix.
+    fn publish(&self, desc: &mut SegmentDesc, memory: &MemoryRegistry, matrix: &PriorityMatrix);
+
+    /// See [`Transport::handshake`].
+    fn handshake(&self) -> Option<Handshake> {
+        None
+    }
+
+    /// See [`Transport::speaks`].
+    fn speaks(&self, seg: &RemoteSegment) -> bool;
+
+    /// Whether the peer publishes what this transport needs to reach its
+    /// buffer `buffer` (an index into `seg.desc.buffers`).
+    fn reaches(&self, seg: &RemoteSegment, buffer: usize) -> bool;
+
+    /// See [`Transport::needs_registered_source`].
+    fn needs_registered_source(&self) -> bool {
+        false
+    }
 
     /// Local device names; rails index into them.
     fn devices(&self) -> &[String];
@@ -112,19 +158,6 @@ pub struct Route<T> {
     peer_devices: Vec<String>,
 }
 
-/// One request to a remote segment, as the scheduler moves it.
-#[derive(Debug, Clone, Copy)]
-pub struct Transfer {
-    /// Local address.
-    pub local: u64,
-    /// Address in the peer process.
-    pub remote: u64,
-    /// Bytes.
-    pub len: u64,
-    /// WRITE (true) or READ.
-    pub write: bool,
-}
-
 /// A slice with what it needs to be retried.
 struct Job<T> {
     batch: Arc<Batch>,
@@ -144,6 +177,8 @@ struct Job<T> {
     tried: RailSet,
     /// Rails this slice failed on hard (could not connect).
     dead: RailSet,
+    /// Where the slice goes when no rail is left.
+    fallback: Option<Fallback>,
 }
 
 /// A set of rail indexes, exact for any number of rails; allocates only
@@ -183,12 +218,14 @@ pub struct Scheduler<C: Carrier> {
     slice_size: u64,
     fragment_limit: u64,
     closed: AtomicBool,
+    /// Itself, for the completions of the slices it posts.
+    me: std::sync::Weak<Scheduler<C>>,
 }
 
 impl<C: Carrier> Scheduler<C> {
     /// A scheduler over `carrier` whose local devices are chosen by
     /// `matrix`.
-    pub fn new(carrier: C, matrix: PriorityMatrix, cfg: &Config) -> Scheduler<C> {
+    pub fn new(carrier: C, matrix: PriorityMatrix, cfg: &Config) -> Arc<Scheduler<C>> {
         let mut loads: Vec<DeviceLoad> = carrier
             .devices()
             .iter()
@@ -196,7 +233,7 @@ impl<C: Carrier> Scheduler<C> {
             .collect();
         loads.push(DeviceLoad::new(DEFAULT_DEVICE.into()));
         let slice_size = cfg.slice_size.min(carrier.max_slice());
-        Scheduler {
+        Arc::new_cyclic(|me| Scheduler {
             carrier,
             matrix,
             loads,
@@ -206,7 +243,8 @@ impl<C: Carrier> Scheduler<C> {
             fragment_limit: cfg.fragment_limit.min(slice_size),
             slice_size,
             closed: AtomicBool::new(false),
-        }
+            me: me.clone(),
+        })
     }
 
     /// The transport adapter.
@@ -240,10 +278,7 @@ impl<C: Carrier> Scheduler<C> {
 
     /// The cached rails to `seg`, worked out on first use.
     fn route_of(&self, seg: &RemoteSegment) -> Arc<Route<C::Target>> {
-        let any: Arc<dyn Any + Send + Sync> =
-            seg.route.get_or_init(|| Arc::new(self.route(seg))).clone();
-        any.downcast::<Route<C::Target>>()
-            .unwrap_or_else(|_| Arc::new(self.route(seg)))
+        seg.routes.get_or_insert(|| self.route(seg))
     }
 
     fn load_of(&self, rail: &Rail<C::Target>) -> &DeviceLoad {
@@ -366,14 +401,15 @@ impl<C: Carrier> Scheduler<C> {
     /// Moves one request to a remote segment: slices counted on the task
     /// first, then each posted on its rail. Slices never cross the end of
     /// the local registered buffer that holds the source.
-    pub fn submit(
-        self: &Arc<Self>,
-        batch: &Arc<Batch>,
-        task: usize,
-        seg: &Arc<RemoteSegment>,
-        memory: &MemoryRegistry,
-        xfer: Transfer,
-    ) {
+    pub fn submit(self: &Arc<Self>, sub: Submission) {
+        let Submission {
+            batch,
+            task,
+            seg,
+            xfer,
+            local: LocalSide { location, end },
+            fallback,
+        } = sub;
         let Transfer {
             local,
             remote,
@@ -383,9 +419,7 @@ impl<C: Carrier> Scheduler<C> {
         let Some(t) = batch.slot(task) else {
             return;
         };
-        let region = memory.find(local, 1);
-        let location = region.map_or_else(|| "*".to_string(), |r| r.location.to_string());
-        let boundary = region.map(|r| r.end() - local);
+        let boundary = end.map(|e| e.saturating_sub(local));
         let buffer = seg.desc.find_buffer(remote, len);
         let peer_location = buffer.map_or("*", |b| seg.desc.buffers[b].name.as_str());
         let mut pieces = Vec::new();
@@ -399,11 +433,18 @@ impl<C: Carrier> Scheduler<C> {
             }
         }
         t.add_slices(pieces.len() as u64);
-        let route = self.route_of(seg);
+        let route = self.route_of(&seg);
         let none = RailSet::default();
         for (off, n) in pieces {
             let Some(rail) = self.pick(&route, &location, peer_location, 0, &none, &none) else {
-                t.finish_slice(n, false);
+                let part = Transfer {
+                    local: local + off,
+                    remote: remote + off,
+                    len: n,
+                    write,
+                };
+                let handed = Submission::fall_back(&fallback, part);
+                t.finish_slice(0, handed);
                 continue;
             };
             self.post(Job {
@@ -421,6 +462,7 @@ impl<C: Carrier> Scheduler<C> {
                 rail,
                 tried: RailSet::default(),
                 dead: RailSet::default(),
+                fallback: fallback.clone(),
             });
         }
     }
@@ -506,6 +548,20 @@ impl<C: Carrier> Scheduler<C> {
             )
         };
         let Some(next) = next else {
+            let part = Transfer {
+                local: job.local,
+                remote: job.remote,
+                len: job.len,
+                write: job.write,
+            };
+            // The next transport takes the slice over (its slices are
+            // counted before this one ends, so the task stays open).
+            if !closed && Submission::fall_back(&job.fallback, part) {
+                if let Some(t) = task {
+                    t.finish_slice(0, true);
+                }
+                return;
+            }
             if !closed {
                 crate::warn_limited!(
                     "slice of {} bytes at {:#x} failed after {} attempt(s) on {} rail(s)",
@@ -548,6 +604,73 @@ impl<C: Carrier> Scheduler<C> {
     }
 }
 
+impl<C: Carrier> Transport for Scheduler<C> {
+    fn protocol(&self) -> &'static str {
+        self.carrier.protocol()
+    }
+
+    fn rank(&self) -> u8 {
+        self.carrier.rank()
+    }
+
+    fn descriptor_rank(&self) -> Option<u8> {
+        self.carrier.descriptor_rank()
+    }
+
+    unsafe fn register(&self, region: &Region) -> Result<()> {
+        // SAFETY: the caller keeps the region mapped until it is
+        // unregistered, as this trait method requires.
+        unsafe { self.carrier.register(region) }
+    }
+
+    fn unregister(&self, addr: u64) {
+        self.carrier.unregister(addr)
+    }
+
+    fn publish(&self, desc: &mut SegmentDesc, memory: &MemoryRegistry) {
+        self.carrier.publish(desc, memory, &self.matrix)
+    }
+
+    fn handshake(&self) -> Option<Handshake> {
+        self.carrier.handshake()
+    }
+
+    fn speaks(&self, seg: &RemoteSegment) -> bool {
+        self.carrier.speaks(seg)
+    }
+
+    fn reaches(&self, seg: &RemoteSegment, remote: u64, len: u64) -> bool {
+        seg.desc
+            .find_buffer(remote, len)
+            .is_some_and(|b| self.carrier.reaches(seg, b))
+    }
+
+    fn needs_registered_source(&self) -> bool {
+        self.carrier.needs_registered_source()
+    }
+
+    fn submit(&self, submission: Submission) {
+        match self.me.upgrade() {
+            Some(me) => Scheduler::submit(&me, submission),
+            // Only while the scheduler is being dropped: nothing runs.
+            None => {
+                if let Some(t) = submission.batch.slot(submission.task) {
+                    t.add_slices(1);
+                    t.finish_slice(0, false);
+                }
+            }
+        }
+    }
+
+    fn nic_loads(&self) -> Vec<NicLoad> {
+        Scheduler::nic_loads(self)
+    }
+
+    fn shutdown(&self) {
+        Scheduler::shutdown(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -563,6 +686,28 @@ mod tests {
 
     impl Carrier for Rails {
         type Target = usize;
+
+        fn protocol(&self) -> &'static str {
+            "test"
+        }
+
+        fn rank(&self) -> u8 {
+            0
+        }
+
+        fn descriptor_rank(&self) -> Option<u8> {
+            None
+        }
+
+        fn publish(&self, _: &mut SegmentDesc, _: &MemoryRegistry, _: &PriorityMatrix) {}
+
+        fn speaks(&self, _: &RemoteSegment) -> bool {
+            true
+        }
+
+        fn reaches(&self, _: &RemoteSegment, _: usize) -> bool {
+            true
+        }
 
         fn devices(&self) -> &[String] {
             &self.names
@@ -607,7 +752,7 @@ mod tests {
             good,
         };
         let matrix = PriorityMatrix::parse("{}").unwrap();
-        let sched = Arc::new(Scheduler::new(carrier, matrix, &cfg));
+        let sched = Scheduler::new(carrier, matrix, &cfg);
         let seg = Arc::new(RemoteSegment {
             name: "peer".into(),
             desc: SegmentDesc {
@@ -626,18 +771,19 @@ mod tests {
         let memory = MemoryRegistry::default();
         batch
             .append(1, |first, _| {
-                sched.submit(
-                    &batch,
-                    first,
-                    &seg,
-                    &memory,
-                    Transfer {
+                sched.submit(Submission {
+                    batch: batch.clone(),
+                    task: first,
+                    seg: seg.clone(),
+                    xfer: Transfer {
                         local: 0x9000,
                         remote: 0x1000,
                         len: 4096,
                         write: true,
                     },
-                );
+                    local: LocalSide::of(&memory, 0x9000),
+                    fallback: None,
+                });
                 Ok(())
             })
             .unwrap();

@@ -1,17 +1,22 @@
-//! The scheduler's adapter for the TCP transport: a device is a network
-//! interface, and a rail pairs a local interface with a peer interface on
-//! the same subnet. A peer that publishes no devices (a Mooncake peer) is
-//! reached over one unbound rail to its data host.
+//! The TCP transport as the engine installs it: the scheduler's adapter
+//! (a device is a network interface, and a rail pairs a local interface
+//! with a peer interface on the same subnet; a peer that publishes no
+//! devices, a Mooncake peer, is reached over one unbound rail to its data
+//! host), its descriptor keys (`tcp_data_port`, `tcp_proto_version`,
+//! `tcp_devices`), and its installation.
 
+use crate::error::{Error, Result};
+use crate::memory::MemoryRegistry;
+use crate::metadata::descriptor::SegmentDesc;
 use crate::segment::RemoteSegment;
 use crate::topology::{IfAddr, NetInterface, PriorityMatrix};
-use crate::transport::Slice;
-use crate::transport::scheduler::{Carrier, Rail};
+use crate::transport::scheduler::{Carrier, Rail, Scheduler};
 use crate::transport::tcp::{LaneTarget, TcpTransport};
+use crate::transport::{InstallContext, Slice, Transport};
 use serde_json::{Value, json};
 use std::net::IpAddr;
 use std::sync::Arc;
-use tracing::warn;
+use tracing::{info, warn};
 
 /// Descriptor field listing a host's TCP devices (ignored by Mooncake).
 pub const TCP_DEVICES_KEY: &str = "tcp_devices";
@@ -80,6 +85,69 @@ pub fn tcp_devices(
     out
 }
 
+/// The TCP devices of an engine confined to loopback address `ip`: the
+/// loopback interface holding it, with `ip` as the address lanes bind to.
+pub fn loopback_devices(nics: &[NetInterface], ip: IpAddr) -> Vec<TcpDevice> {
+    nics.iter()
+        .filter(|n| n.loopback)
+        .find_map(|n| {
+            let a = n
+                .addrs
+                .iter()
+                .find(|a| a.ip.is_ipv4() == ip.is_ipv4() && a.same_subnet(ip))?;
+            Some(TcpDevice {
+                name: n.name.clone(),
+                addr: IfAddr {
+                    ip,
+                    prefix_len: a.prefix_len,
+                },
+            })
+        })
+        .into_iter()
+        .collect()
+}
+
+/// Starts the TCP transport over the interfaces of the given matrix (or
+/// every interface that is up); an engine confined to loopback uses the
+/// loopback interface only and binds its data port there.
+pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
+    let topo = (ctx.topology)();
+    let named = ctx.matrix.is_some();
+    let matrix = ctx
+        .matrix
+        .clone()
+        .unwrap_or_else(|| PriorityMatrix::from_topology_tcp(&topo));
+    let devices = match ctx.loopback {
+        None => tcp_devices(&matrix, &topo.net_interfaces, &ctx.config.te_filters),
+        Some(ip) => {
+            if named {
+                warn!(
+                    "this engine is confined to loopback ({ip}); the priority matrix's devices \
+                     are not used"
+                );
+            }
+            loopback_devices(&topo.net_interfaces, ip)
+        }
+    };
+    info!(
+        "tcp devices: {:?}",
+        devices
+            .iter()
+            .map(|d| format!("{} {}", d.name, d.addr))
+            .collect::<Vec<_>>()
+    );
+    let (min, max) = (ctx.config.min_rpc_port, ctx.config.max_rpc_port);
+    let listener = match ctx.loopback {
+        Some(ip) => crate::rpc::bind_in_range_on(min, max, ip),
+        None => crate::rpc::bind_in_range(min, max, true)
+            .or_else(|_| crate::rpc::bind_in_range(min, max, false)),
+    }
+    .map_err(|e| Error::Socket(format!("no free tcp data port: {e}")))?;
+    let tcp = TcpTransport::start(listener, ctx.memory.clone(), ctx.config)?;
+    let carrier = TcpCarrier::new(Arc::new(tcp), devices, ctx.config.tcp_force_v1);
+    Ok(Scheduler::new(carrier, matrix, ctx.config))
+}
+
 /// The TCP transport with its devices.
 pub struct TcpCarrier {
     tcp: Arc<TcpTransport>,
@@ -114,6 +182,44 @@ impl TcpCarrier {
 
 impl Carrier for TcpCarrier {
     type Target = LaneTarget;
+
+    fn protocol(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn rank(&self) -> u8 {
+        2
+    }
+
+    fn descriptor_rank(&self) -> Option<u8> {
+        Some(1)
+    }
+
+    fn publish(&self, desc: &mut SegmentDesc, memory: &MemoryRegistry, _: &PriorityMatrix) {
+        desc.tcp_data_port = self.data_port();
+        desc.tcp_proto_version = 2;
+        if desc.protocol == "tcp" {
+            // Mooncake's TCP descriptor lists only the buffers peers may
+            // reach.
+            desc.buffers.retain(|b| {
+                memory
+                    .find(b.addr, b.length)
+                    .is_some_and(|r| r.remote_accessible)
+            });
+        }
+        desc.extra.insert(
+            TCP_DEVICES_KEY.to_string(),
+            self.devices.iter().map(TcpDevice::to_json).collect(),
+        );
+    }
+
+    fn speaks(&self, seg: &RemoteSegment) -> bool {
+        seg.desc.tcp_data_port != 0
+    }
+
+    fn reaches(&self, seg: &RemoteSegment, _buffer: usize) -> bool {
+        self.speaks(seg)
+    }
 
     fn devices(&self) -> &[String] {
         &self.names
@@ -183,5 +289,47 @@ impl Carrier for TcpCarrier {
 
     fn shutdown(&self) {
         self.tcp.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::NetInterface;
+
+    #[test]
+    fn loopback_devices_are_the_loopback_interface() {
+        let nic = |name: &str, loopback: bool, addrs: &[(&str, u8)]| NetInterface {
+            name: name.into(),
+            numa_node: None,
+            pci_bus_id: None,
+            addrs: addrs
+                .iter()
+                .map(|(a, p)| IfAddr {
+                    ip: a.parse().unwrap(),
+                    prefix_len: *p,
+                })
+                .collect(),
+            speed_mbps: None,
+            up: true,
+            loopback,
+        };
+        let nics = [
+            nic("eth0", false, &[("10.0.0.1", 24)]),
+            nic("lo", true, &[("127.0.0.1", 8), ("::1", 128)]),
+        ];
+        let devs = loopback_devices(&nics, "127.0.0.7".parse().unwrap());
+        assert_eq!(devs.len(), 1);
+        assert_eq!(devs[0].name, "lo");
+        assert_eq!(
+            devs[0].addr,
+            IfAddr {
+                ip: "127.0.0.7".parse().unwrap(),
+                prefix_len: 8
+            }
+        );
+        let v6 = loopback_devices(&nics, "::1".parse().unwrap());
+        assert_eq!((v6[0].name.as_str(), v6[0].addr.prefix_len), ("lo", 128));
+        assert!(loopback_devices(&nics[..1], "127.0.0.1".parse().unwrap()).is_empty());
     }
 }

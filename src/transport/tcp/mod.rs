@@ -23,6 +23,7 @@ mod progress;
 mod server;
 pub mod wire;
 
+pub use carrier::install;
 pub use lane::{LaneTarget, LaneTimeouts};
 
 use super::endpoint::EndpointStore;

@@ -1,0 +1,207 @@
+//! Installing transports, and registering memory with the engine and its
+//! transports.
+
+use super::Engine;
+use super::peers::Peers;
+use crate::error::{Error, Result};
+use crate::memory::Region;
+use crate::sync;
+use crate::topology::{PriorityMatrix, Topology};
+use crate::transport::{InstallContext, handle_of};
+use std::sync::Arc;
+use tracing::warn;
+
+impl Engine {
+    /// Installs the transport for an auto-discovered machine, as Mooncake
+    /// does: RDMA when RDMA devices with an active port exist (and
+    /// `MC_FORCE_TCP` is not set), TCP otherwise. If no RDMA device can be
+    /// set up after all, TCP serves (with a warning).
+    pub(super) fn auto_install(&self) -> Result<()> {
+        let topo = self.discover_topology();
+        let usable = topo.rdma_devices.iter().filter(|d| d.ports_active).count();
+        if usable > 0 && !self.config.force_tcp {
+            if cfg!(feature = "rdma") {
+                match self.install_transport("rdma", None) {
+                    Ok(_) => return Ok(()),
+                    Err(e) => {
+                        warn!("auto discovery: rdma could not be installed ({e}); installing tcp")
+                    }
+                }
+            } else {
+                warn!(
+                    "{usable} RDMA device(s) found, but this build has no RDMA transport \
+                     (feature \"rdma\"); installing tcp"
+                );
+            }
+        }
+        self.install_transport("tcp", None).map(|_| ())
+    }
+
+    /// Scans the machine's topology and keeps it with its priority matrix
+    /// (unless a matrix was given explicitly); returns the topology.
+    pub fn discover_topology(&self) -> Topology {
+        let topo = Topology::discover(&self.device_filter);
+        let mut slot = sync::lock(&self.topology);
+        let matrix = match slot.take() {
+            Some((_, m)) => m,
+            None => PriorityMatrix::from_topology(&topo),
+        };
+        *slot = Some((topo.clone(), matrix));
+        topo
+    }
+
+    /// The NIC report of `showLinks`.
+    pub fn show_links(&self, json: bool) -> String {
+        let mut slot = sync::lock(&self.topology);
+        let (topo, matrix) = slot.get_or_insert_with(|| {
+            let topo = Topology::discover(&self.device_filter);
+            let m = PriorityMatrix::from_topology(&topo);
+            (topo, m)
+        });
+        crate::topology::show_links(topo, matrix, json)
+    }
+
+    /// The priority matrix of `MC_CUSTOM_TOPO_JSON`, if set.
+    fn custom_matrix(&self) -> Result<Option<PriorityMatrix>> {
+        let Some(path) = &self.config.custom_topo_json else {
+            return Ok(None);
+        };
+        let json = std::fs::read_to_string(path).map_err(|e| {
+            Error::InvalidArgument(format!("MC_CUSTOM_TOPO_JSON={path} cannot be read: {e}"))
+        })?;
+        PriorityMatrix::parse(&json).map(Some)
+    }
+
+    /// Installs a transport by protocol name (`tcp`, `rdma`) and returns
+    /// its handle. `matrix` is a NIC priority matrix JSON (`{"cpu:0":
+    /// [[preferred], [available]], ...}`), else `MC_CUSTOM_TOPO_JSON`'s,
+    /// else the discovered one. For TCP its devices are network interfaces
+    /// (without a matrix every interface that is up serves); for RDMA they
+    /// are RDMA devices. An engine runs several transports, as Mooncake's
+    /// `MultiTransport`: each request goes to the most preferred one that
+    /// reaches its target. Installing an installed one again returns its
+    /// handle. Every buffer registered so far is registered with the new
+    /// transport, and the descriptor is published again.
+    pub fn install_transport(&self, proto: &str, matrix: Option<&str>) -> Result<u64> {
+        let _change = self.begin_change("installTransport")?;
+        if self.transports().iter().any(|t| t.protocol() == proto) {
+            warn!("transport {proto} is already installed");
+            return Ok(handle_of(proto));
+        }
+        let given = match matrix {
+            Some(json) => Some(PriorityMatrix::parse(json)?),
+            None => self.custom_matrix()?,
+        };
+        let topology = || self.discover_topology();
+        let ctx = InstallContext {
+            config: self.config,
+            memory: &self.memory,
+            local_name: &self.local_name,
+            loopback: self.loopback,
+            matrix: given,
+            topology: &topology,
+            device_filter: &self.device_filter,
+            peers: Arc::new(Peers(self.me.get().cloned().unwrap_or_default())),
+        };
+        let transport = crate::transport::install(proto, &ctx)?;
+        if let Some(h) = transport.handshake() {
+            self.control.set_handshake(h);
+        }
+        {
+            let mut all = sync::write(&self.transports);
+            all.push(transport);
+            all.sort_by_key(|t| t.rank());
+        }
+        self.publish_local_desc()?;
+        Ok(handle_of(proto))
+    }
+
+    /// Registers buffers: all of them, or none on error. Installed
+    /// transports publish them at once.
+    pub fn register(&self, regions: &[Region]) -> Result<()> {
+        let _change = self.begin_change("registerLocalMemory")?;
+        sync::write(&self.memory).insert(regions)?;
+        if let Err(e) = self.register_on_transports(regions) {
+            let mut memory = sync::write(&self.memory);
+            for r in regions {
+                let _ = memory.remove(r.addr);
+            }
+            return Err(e);
+        }
+        if let Err(e) = self.publish_local_desc() {
+            self.unregister_on_transports(&regions.iter().map(|r| r.addr).collect::<Vec<_>>());
+            {
+                let mut memory = sync::write(&self.memory);
+                for r in regions {
+                    let _ = memory.remove(r.addr);
+                }
+            }
+            // Serve (and, when the store is back, publish) the descriptor
+            // without the buffers that were not registered.
+            let _ = self.publish_local_desc();
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Registers `regions` with the installed transports (RDMA: a memory
+    /// region on every device); all or none.
+    fn register_on_transports(&self, regions: &[Region]) -> Result<()> {
+        let transports = self.transports();
+        for (i, t) in transports.iter().enumerate() {
+            for (j, r) in regions.iter().enumerate() {
+                // SAFETY: the C API requires a registered buffer to stay
+                // mapped until it is unregistered, which also removes it
+                // from every transport.
+                if let Err(e) = unsafe { t.register(r) } {
+                    for done in &regions[..j] {
+                        t.unregister(done.addr);
+                    }
+                    for earlier in &transports[..i] {
+                        for r in regions {
+                            earlier.unregister(r.addr);
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes buffers from the installed transports; returns once nothing
+    /// they run touches them.
+    fn unregister_on_transports(&self, addrs: &[u64]) {
+        for t in self.transports() {
+            for &addr in addrs {
+                t.unregister(addr);
+            }
+        }
+    }
+
+    /// Unregisters buffers by base address; every known one is removed and
+    /// the first error is returned. When this returns, no transfer touches
+    /// them any more.
+    pub fn unregister(&self, addrs: &[u64]) -> Result<()> {
+        let _change = sync::lock(&self.changes);
+        let mut first_err = None;
+        let mut removed = Vec::with_capacity(addrs.len());
+        {
+            let mut memory = sync::write(&self.memory);
+            for &addr in addrs {
+                match memory.remove(addr) {
+                    Ok(_) => removed.push(addr),
+                    Err(e) => {
+                        warn!("unregister: {e}");
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        self.unregister_on_transports(&removed);
+        if let Err(e) = self.publish_local_desc() {
+            warn!("unregister: the descriptor could not be republished: {e}");
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}

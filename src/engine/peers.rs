@@ -1,0 +1,396 @@
+//! How this engine meets its peers: the metadata store, the descriptors
+//! and handshake addresses of the segments it opens (fetched, bounded,
+//! cached and refreshed), probes and notifications.
+
+use super::peer_work::{Finish, Job};
+use super::{Engine, LOCAL_SEGMENT_ID, refused};
+use crate::batch::PendingNotify;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::metadata::conn::MetadataConn;
+use crate::metadata::descriptor::SegmentDesc;
+use crate::metadata::etcd::EtcdStore;
+use crate::metadata::http::HttpStore;
+use crate::metadata::keys::{RpcMeta, rpc_meta_key, segment_key};
+use crate::metadata::redis::RedisStore;
+use crate::metadata::store::MetadataStore;
+use crate::rpc::{ClientOptions, FrameKind, parse_host_port};
+use crate::segment::{RemoteSegment, SegmentBuffer};
+use crate::sync;
+use crate::transport::PeerDirectory;
+use crate::transport::tcp::carrier::TCP_DEVICES_KEY;
+use serde_json::json;
+use std::sync::Weak;
+use tracing::info;
+
+/// The store behind a connection string (`None` in P2P mode); values
+/// larger than `MC_PEER_MAX_DESCRIPTOR_BYTES` are refused.
+pub(super) fn open_store(
+    conn: &MetadataConn,
+    cfg: &Config,
+) -> Result<Option<Box<dyn MetadataStore>>> {
+    let max = cfg.peer_max_descriptor_bytes;
+    Ok(match conn {
+        MetadataConn::P2p => None,
+        MetadataConn::Http(url) => Some(Box::new(HttpStore::new(url)?.limit_values(max))),
+        MetadataConn::Etcd(endpoints) => {
+            Some(Box::new(EtcdStore::new(endpoints)?.limit_values(max)))
+        }
+        MetadataConn::Redis(addr) => {
+            Some(Box::new(RedisStore::from_config(addr)?.limit_values(max)))
+        }
+    })
+}
+
+/// Checks that a peer's descriptor stays within `MC_PEER_MAX_DEVICES` and
+/// `MC_PEER_MAX_BUFFERS` before it is decoded, so a hostile or broken peer
+/// cannot make this engine hold, or connect to, what it lists beyond them.
+fn check_peer_bounds(name: &str, json: &serde_json::Value, cfg: &Config) -> Result<()> {
+    let count = |key: &str| {
+        json.get(key)
+            .and_then(serde_json::Value::as_array)
+            .map_or(0, Vec::len)
+    };
+    let bounds = [
+        (
+            "devices",
+            "RDMA devices",
+            cfg.peer_max_devices,
+            "MC_PEER_MAX_DEVICES",
+        ),
+        (
+            TCP_DEVICES_KEY,
+            "TCP devices",
+            cfg.peer_max_devices,
+            "MC_PEER_MAX_DEVICES",
+        ),
+        (
+            "buffers",
+            "buffers",
+            cfg.peer_max_buffers,
+            "MC_PEER_MAX_BUFFERS",
+        ),
+    ];
+    for (key, what, max, var) in bounds {
+        let n = count(key);
+        if n > max {
+            return Err(Error::Metadata(format!(
+                "segment {name:?} publishes {n} {what}; at most {max} are accepted ({var})"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The engine's peers, as its transports may ask about them.
+pub(super) struct Peers(pub(super) Weak<Engine>);
+
+impl PeerDirectory for Peers {
+    fn peer(
+        &self,
+        server: &str,
+        fresh: bool,
+        rpc: &ClientOptions,
+    ) -> std::result::Result<(String, SegmentDesc), String> {
+        let engine = self.0.upgrade().ok_or("the engine is being destroyed")?;
+        engine
+            .peer_record(server, fresh, rpc)
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl Engine {
+    pub(super) fn cluster(&self) -> Option<&str> {
+        self.config.metadata_cluster_id.as_deref()
+    }
+
+    /// Options of this engine's handshake calls: cancelled when it is
+    /// destroyed.
+    fn rpc_options(&self) -> ClientOptions {
+        ClientOptions {
+            cancel: Some(self.cancel.clone()),
+            ..ClientOptions::from_config(self.config)
+        }
+    }
+
+    /// Options of a call whose reply the peer sends at once (a
+    /// notification, a probe): the reply is waited for at most
+    /// `MC_HANDSHAKE_IO_TIMEOUT`, the peer's own bound on answering.
+    fn short_call_options(&self) -> ClientOptions {
+        ClientOptions {
+            io_timeout: std::time::Duration::from_secs(self.config.handshake_io_timeout_secs),
+            ..self.rpc_options()
+        }
+    }
+
+    /// Where the handshake listener of segment `name` is.
+    fn rpc_address(&self, name: &str) -> Result<(String, u16)> {
+        if name == self.local_name {
+            return Ok((self.rpc_ip.clone(), self.rpc.port()));
+        }
+        match &self.store {
+            None => Ok(parse_host_port(name, self.config.handshake_port)),
+            Some(store) => {
+                let key = rpc_meta_key(self.cluster(), name);
+                let v = store.get(&key)?.ok_or_else(|| {
+                    Error::Metadata(format!("{} has no entry {key}", store.describe()))
+                })?;
+                let meta = RpcMeta::from_json(&v)?;
+                Ok((meta.ip_or_host_name, meta.rpc_port))
+            }
+        }
+    }
+
+    /// Fetches and validates the descriptor of segment `name`.
+    fn fetch_segment(&self, name: &str) -> Result<RemoteSegment> {
+        self.fetch_segment_with(name, &self.rpc_options())
+    }
+
+    /// [`Engine::fetch_segment`] with the handshake RPC options `rpc`.
+    fn fetch_segment_with(&self, name: &str, rpc: &ClientOptions) -> Result<RemoteSegment> {
+        let (json, (data_host, rpc_port)) = match &self.store {
+            None => {
+                let (host, port) = parse_host_port(name, self.config.handshake_port);
+                let mine = self.control.local_desc().unwrap_or(serde_json::Value::Null);
+                let reply = crate::rpc::call(&host, port, FrameKind::Metadata, &mine, rpc)?;
+                (reply, (host, port))
+            }
+            Some(store) => {
+                let key = segment_key(self.cluster(), name);
+                let v = store.get(&key)?.ok_or_else(|| {
+                    Error::Metadata(format!("{} has no segment {key}", store.describe()))
+                })?;
+                (v, self.rpc_address(name)?)
+            }
+        };
+        if json.is_null() {
+            return Err(Error::Metadata(format!(
+                "segment {name:?} has no descriptor yet (no transport installed there)"
+            )));
+        }
+        check_peer_bounds(name, &json, self.config)?;
+        let desc = SegmentDesc::from_json(&json)?;
+        Ok(RemoteSegment {
+            name: name.to_string(),
+            desc,
+            data_host,
+            rpc_port,
+            ..Default::default()
+        })
+    }
+
+    /// What the peer whose server name is `server` publishes, and the
+    /// host of its handshake listener: from the cached descriptor of a
+    /// segment this engine opened under that name (or whose
+    /// `rdma_server_name` it is) unless `fresh`, else fetched with `rpc`
+    /// (P2P) or from the store. The own name is answered locally.
+    fn peer_record(
+        &self,
+        server: &str,
+        fresh: bool,
+        rpc: &ClientOptions,
+    ) -> Result<(String, SegmentDesc)> {
+        if self.is_own_name(server) {
+            let desc = self
+                .control
+                .local_desc()
+                .ok_or_else(|| Error::Metadata("no descriptor published yet".into()))?;
+            return Ok((self.rpc_ip.clone(), SegmentDesc::from_json(&desc)?));
+        }
+        if !fresh {
+            let segment = |name: &str| {
+                self.segments
+                    .id_of(name)
+                    .and_then(|id| self.segments.get(id))
+            };
+            let cached = segment(server).or_else(|| {
+                self.segments
+                    .names()
+                    .iter()
+                    .filter_map(|n| segment(n))
+                    .find(|s| s.desc.rdma_server_name.as_deref() == Some(server))
+            });
+            if let Some(seg) = cached {
+                return Ok((seg.data_host.clone(), seg.desc.clone()));
+            }
+        }
+        let seg = self.fetch_segment_with(server, rpc)?;
+        Ok((seg.data_host, seg.desc))
+    }
+
+    /// Resolves a segment name to its id: the own name is `LOCAL_SEGMENT`;
+    /// other names are fetched once and cached.
+    pub fn open_segment(&self, name: &str) -> Result<i32> {
+        let name = name.trim_start_matches('/');
+        if name.is_empty() {
+            return Err(Error::InvalidArgument("segment name is empty".into()));
+        }
+        if self.is_own_name(name) {
+            return Ok(LOCAL_SEGMENT_ID);
+        }
+        if let Some(id) = self.segments.id_of(name) {
+            return Ok(id);
+        }
+        let seg = self.fetch_segment(name)?;
+        info!(
+            "opened segment {name:?} ({}, {} buffers, {})",
+            seg.desc.protocol,
+            seg.desc.buffers.len(),
+            match seg.desc.protocol.as_str() {
+                "tcp" => format!("data port {}", seg.desc.tcp_data_port),
+                _ => format!(
+                    "devices {:?}",
+                    seg.desc.devices.iter().map(|d| &d.name).collect::<Vec<_>>()
+                ),
+            }
+        );
+        Ok(self.segments.insert(seg))
+    }
+
+    /// The buffers of an open segment: this engine's registered buffers for
+    /// `LOCAL_SEGMENT`, else those of the segment's descriptor.
+    pub fn segment_buffers(&self, id: i32) -> Result<Vec<SegmentBuffer>> {
+        if id == LOCAL_SEGMENT_ID {
+            let memory = sync::read(&self.memory);
+            return Ok(memory
+                .regions()
+                .map(|r| SegmentBuffer {
+                    addr: r.addr,
+                    length: r.length,
+                    location: r.location.to_string(),
+                })
+                .collect());
+        }
+        self.segments
+            .get(id)
+            .map(|seg| seg.buffers())
+            .ok_or_else(|| Error::InvalidArgument(format!("segment id {id} is not open")))
+    }
+
+    /// Refetches the descriptor of `name` if it is cached.
+    /// A descriptor that changed (new buffers, a restarted owner: a new
+    /// generation) replaces the cached one, so stale buffers are never used;
+    /// an unchanged one keeps its rails.
+    pub fn sync_segment(&self, name: &str) {
+        let name = name.trim_start_matches('/');
+        let Some(id) = self.segments.id_of(name) else {
+            return;
+        };
+        match self.fetch_segment(name) {
+            Ok(seg) => match self.segments.get(id) {
+                Some(old)
+                    if old.desc.same_content(&seg.desc)
+                        && old.data_host == seg.data_host
+                        && old.rpc_port == seg.rpc_port =>
+                {
+                    old.freshness.refreshed();
+                }
+                _ => {
+                    info!("segment {name:?} changed; using its new descriptor");
+                    self.segments.insert(seg);
+                }
+            },
+            Err(e) => crate::warn_limited!("refreshing segment {name:?}: {e}"),
+        }
+    }
+
+    /// Refetches every cached remote descriptor.
+    pub fn sync_all_segments(&self) {
+        for name in self.segments.names() {
+            self.sync_segment(&name);
+        }
+    }
+
+    /// Drops `name` from the descriptor cache.
+    pub fn remove_segment(&self, name: &str) -> Result<()> {
+        let name = name.trim_start_matches('/');
+        if name.is_empty() {
+            return Err(Error::InvalidArgument("segment name is empty".into()));
+        }
+        self.segments.remove(name);
+        Ok(())
+    }
+
+    /// Asks the handshake listener of segment `name` whether it is alive
+    /// (Mooncake's `sendProbe`): its address comes from the name in P2P
+    /// mode, from its `rpc_meta` entry with a store.
+    pub fn send_probe(&self, name: &str) -> Result<()> {
+        let name = name.trim_start_matches('/');
+        if name.is_empty() {
+            return Err(Error::InvalidArgument("segment name is empty".into()));
+        }
+        let (host, port) = self.rpc_address(name)?;
+        crate::rpc::call(
+            &host,
+            port,
+            FrameKind::Probe,
+            &json!({}),
+            &self.short_call_options(),
+        )
+        .map(|_| ())
+    }
+
+    /// The name of segment `target_id` (this engine's for
+    /// `LOCAL_SEGMENT`).
+    fn segment_name(&self, target_id: u64) -> Result<String> {
+        match i32::try_from(target_id) {
+            Ok(LOCAL_SEGMENT_ID) => Some(self.local_name.clone()),
+            Ok(id) => self.segments.get(id).map(|s| s.name.clone()),
+            Err(_) => None,
+        }
+        .ok_or_else(|| Error::Metadata(format!("segment id {target_id} is not open")))
+    }
+
+    /// Sends a notification now to the owner of segment `target_id` and
+    /// waits for its answer (at most `MC_HANDSHAKE_CONNECT_TIMEOUT` plus
+    /// `MC_HANDSHAKE_IO_TIMEOUT`).
+    pub fn send_notify(&self, target_id: u64, name: &str, msg: &str) -> Result<()> {
+        self.notify_segment(&self.segment_name(target_id)?, name, msg)
+    }
+
+    /// Hands the notification of completed batch `batch_id` to the
+    /// background, which sends it to the owner of its segment; a failure is
+    /// logged.
+    pub(super) fn notify_later(&self, batch_id: u64, n: PendingNotify) {
+        let segment = match self.segment_name(n.target_id as u64) {
+            Ok(s) => s,
+            Err(e) => {
+                return crate::warn_limited!(
+                    "notification after batch {batch_id:#x} could not be sent: {e}"
+                );
+            }
+        };
+        let to = segment.clone();
+        let job: Job = Box::new(move |e: &Engine| {
+            if let Err(err) = e.notify_segment(&to, &n.name, &n.msg) {
+                crate::warn_limited!(
+                    "notification after batch {batch_id:#x} to {to:?} could not be sent: {err}"
+                );
+            }
+        });
+        if let Err(why) = self.work.submit(&segment, job, Finish::Flush) {
+            crate::warn_limited!(
+                "notification after batch {batch_id:#x} to {segment:?} dropped: {}",
+                refused(why)
+            );
+        }
+    }
+
+    /// Sends a notification to the owner of segment `segment`.
+    fn notify_segment(&self, segment: &str, name: &str, msg: &str) -> Result<()> {
+        let (host, port) = self.rpc_address(segment)?;
+        let reply = crate::rpc::call(
+            &host,
+            port,
+            FrameKind::Notify,
+            &json!({"name": name, "notify_msg": msg}),
+            &self.short_call_options(),
+        )?;
+        if reply.get("notify_msg").is_none() {
+            return Err(Error::Metadata(format!(
+                "{segment:?} answered the notification with {reply}"
+            )));
+        }
+        Ok(())
+    }
+}
