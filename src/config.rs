@@ -1,5 +1,7 @@
 //! Every `MC_*` environment variable the engine reads, parsed once with
-//! Mooncake's defaults and bounds. A value that does not parse or is out of
+//! Mooncake's defaults and bounds, into one [`Config`] made of the parts
+//! of the engine that use them; each part is defined, with its defaults,
+//! beside its user. A value that does not parse or is out of
 //! bounds logs a warning that says what was kept, and the default stays.
 //!
 //! Parsing collects the warnings; [`config`] logs them once. The logging
@@ -12,21 +14,23 @@ use std::str::FromStr;
 use std::sync::Once;
 use tracing::warn;
 
-/// Endpoint pool eviction policy (`MC_ENDPOINT_STORE_TYPE`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EndpointStoreType {
-    /// Evict the oldest inserted endpoint.
-    Fifo,
-    /// SIEVE eviction (NSDI'24): the default.
-    Sieve,
-}
+use crate::engine::EngineConfig;
+use crate::engine::control::NotifyLimits;
+use crate::metadata::{PeerLimits, StoreConfig};
+use crate::rpc::RpcConfig;
+use crate::topology::TopologyConfig;
+use crate::transport::endpoint::{EndpointConfig, EndpointStoreType};
+use crate::transport::rdma::RdmaConfig;
+use crate::transport::scheduler::SchedConfig;
+use crate::transport::tcp::TcpConfig;
 
 /// Log verbosity (`MC_LOG_LEVEL`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogLevel {
     /// `TRACE`
     Trace,
     /// `INFO` (the default)
+    #[default]
     Info,
     /// `WARNING`
     Warning,
@@ -34,280 +38,34 @@ pub enum LogLevel {
     Error,
 }
 
-/// The parsed configuration of the process.
-#[derive(Debug, Clone)]
+/// The configuration of an engine: every `MC_*` variable, by the part of
+/// the engine that uses it.
+#[derive(Debug, Clone, Default)]
 pub struct Config {
-    /// `MC_SLICE_SIZE`: bytes per slice of a large request (65536).
-    pub slice_size: u64,
-    /// Derived from `MC_FRAGMENT_RATIO`: a tail up to this size joins the
-    /// previous slice (16384, or `slice_size / ratio`).
-    pub fragment_limit: u64,
-    /// `MC_RETRY_CNT`: attempts per slice before its task fails (9, 1..=127).
-    pub retry_cnt: u32,
-    /// `MC_HANDSHAKE_PORT`: port assumed for a server name without one (12001).
-    pub handshake_port: u16,
-    /// `MC_MIN_RPC_PORT` (15000).
-    pub min_rpc_port: u16,
-    /// `MC_MAX_RPC_PORT` (17000).
-    pub max_rpc_port: u16,
-    /// `MC_HANDSHAKE_LISTEN_BACKLOG` (128).
-    pub handshake_listen_backlog: u32,
-    /// `MC_HANDSHAKE_CONNECT_TIMEOUT` in seconds (5, 1..=3599).
-    pub handshake_connect_timeout_secs: u64,
-    /// `MC_HANDSHAKE_MAX_LENGTH`: largest handshake frame (1 MiB..=128 MiB).
-    pub handshake_max_length: u64,
-    /// `MC_HANDSHAKE_IO_TIMEOUT` in seconds (5, 1..=3600): the handshake
-    /// listener's deadline for a whole request from the accept, for writing
-    /// the reply, and for the client's EOF after it.
-    pub handshake_io_timeout_secs: u64,
-    /// `MC_HANDSHAKE_MAX_CONNECTIONS` (256, 1..=65536): handshake
-    /// connections open at once; at the bound the one that has waited
-    /// longest for its client (to send a request or take a reply) makes
-    /// room for a new one.
-    pub handshake_max_connections: usize,
-    /// `MC_HANDSHAKE_WORKERS` (4, 1..=64): threads that run the handlers of
-    /// handshake requests.
-    pub handshake_workers: usize,
-    /// `MC_HANDSHAKE_MAX_BUFFERED` (64 MiB, 1 MiB..=64 GiB): bytes of
-    /// handshake requests and replies held across all connections, a reply
-    /// until the client has taken it (at least one frame of
-    /// `MC_HANDSHAKE_MAX_LENGTH`).
-    pub handshake_max_buffered: u64,
-    /// `MC_NOTIFY_MAX_SIZE` (64 KiB, 1..=128 MiB): largest notification
-    /// accepted (name and message bytes).
-    pub notify_max_size: usize,
-    /// `MC_NOTIFY_QUEUE_MAX_COUNT` (65536, 1..=16777216): notifications kept
-    /// until `getNotifsFromEngine`; the oldest are dropped beyond it.
-    pub notify_queue_max_count: usize,
-    /// `MC_NOTIFY_QUEUE_MAX_BYTES` (64 MiB, 64 KiB..=64 GiB): bytes of
-    /// notifications kept; the oldest are dropped beyond it.
-    pub notify_queue_max_bytes: usize,
-    /// `MC_RDMA_RAIL_PAUSE_SECONDS` (30, 1..=3599).
-    pub rail_pause_secs: u64,
     /// `MC_LOG_LEVEL` (INFO).
     pub log_level: LogLevel,
-    /// `MC_USE_IPV6`.
-    pub use_ipv6: bool,
-    /// `MC_DISABLE_METACACHE`: refetch remote descriptors on every use.
-    pub metacache: bool,
-    /// `MC_TE_METADATA_REFRESH_INTERVAL_SECONDS`; 0 = off.
-    pub metadata_refresh_interval_secs: u64,
-    /// `MC_METADATA_CLUSTER_ID`: key prefix `mooncake/<id>/`.
-    pub metadata_cluster_id: Option<String>,
-    /// `MC_LEGACY_RPC_PORT_BINDING`: bind the RPC port named in the server name.
-    pub legacy_rpc_port_binding: bool,
-    /// `MC_TCP_BIND_ADDRESS`: the address advertised in store mode; a
-    /// loopback address also confines the engine to loopback.
-    pub tcp_bind_address: Option<String>,
-    /// `MC_FORCE_TCP`.
-    pub force_tcp: bool,
-    /// `MC_CUSTOM_TOPO_JSON`: path of a priority-matrix file.
-    pub custom_topo_json: Option<String>,
-    /// `MC_TE_FILTERS`: comma list of devices to use.
-    pub te_filters: Vec<String>,
-    /// `MC_PATH_ROUNDROBIN`: round-robin instead of random first choice.
-    pub path_roundrobin: bool,
-    /// `MC_MAX_EP_PER_CTX` (65536).
-    pub max_ep_per_ctx: usize,
-    /// `MC_ENDPOINT_STORE_TYPE` (SIEVE).
-    pub endpoint_store_type: EndpointStoreType,
-    /// `MC_TCP_LANES_PER_PEER` (alias `MC_TCP_MAX_CONNECTIONS_PER_PEER`): 4, 1..=16.
-    pub tcp_lanes_per_peer: usize,
-    /// `MC_TCP_PROTO=1` forces the v1 framing towards every peer.
-    pub tcp_force_v1: bool,
-    /// `MC_TCP_STATUS_TIMEOUT_SEC` (30): a TCP request that moves no byte
-    /// for this long fails (both sides).
-    pub tcp_status_timeout_secs: u64,
-    /// `MC_TCP_IO_THREADS`: threads of the TCP transport, serving every
-    /// connection of both sides (min(4, CPUs); 1..=64).
-    pub tcp_io_threads: usize,
-    /// `MC_TCP_MAX_DATA_CONNECTIONS`: data connections served at once
-    /// (4096; also at most half the descriptor limit).
-    pub tcp_max_data_connections: usize,
-    /// `MC_TCP_IDLE_TIMEOUT_SEC`: an idle data connection is closed after
-    /// this long by the server, after half of it by the client (300).
-    pub tcp_idle_timeout_secs: u64,
-    /// `MC_TCP_MIN_RATE_BYTES_PER_SEC`: a request in progress, on the data
-    /// server or a client connection, fails with its connection reset when
-    /// its peer takes fewer bytes per second than this,
-    /// averaged over each `MC_TCP_MIN_RATE_WINDOW_SEC` (65536; 0 = off,
-    /// up to 1 GiB/s).
-    pub tcp_min_rate: u64,
-    /// `MC_TCP_MIN_RATE_WINDOW_SEC`: the window the minimum rate is
-    /// averaged over (10, 1..=3600).
-    pub tcp_min_rate_window_secs: u64,
-    /// `MC_TE_STRICT_LOCAL`: fail a request whose local `source` range is
-    /// not inside one registered buffer, on every transport.
-    pub strict_local: bool,
-    /// `MC_REDIS_USERNAME`.
-    pub redis_username: Option<String>,
-    /// `MC_REDIS_PASSWORD`.
-    pub redis_password: Option<String>,
-    /// `MC_REDIS_DB_INDEX` (0, 0..=255).
-    pub redis_db_index: u8,
-    /// `MC_SLICE_TIMEOUT` in seconds (1..=65535; 0 = off, the default): a
-    /// task still waiting this long after its slices were posted reports
-    /// `STATUS_TIMEOUT`.
-    pub slice_timeout_secs: u64,
-    /// `MC_TRANSFER_TIMEOUT` in seconds (30, 5..=86400): how long the
-    /// Python binding's synchronous transfers wait, plus 1 ns per byte.
-    pub transfer_timeout_secs: u64,
+    /// The engine itself.
+    pub engine: EngineConfig,
+    /// The handshake listener and client.
+    pub rpc: RpcConfig,
+    /// The notification queue.
+    pub notify: NotifyLimits,
+    /// The metadata store and the descriptor cache.
+    pub store: StoreConfig,
+    /// Bounds on peers' descriptors.
+    pub peers: PeerLimits,
+    /// The slice scheduler.
+    pub sched: SchedConfig,
+    /// The endpoint pools.
+    pub endpoints: EndpointConfig,
+    /// The TCP transport.
+    pub tcp: TcpConfig,
+    /// The RDMA transport.
+    pub rdma: RdmaConfig,
+    /// Devices and the priority matrix.
+    pub topology: TopologyConfig,
     /// The warnings parsing produced (bad values and what was kept).
     pub warnings: Vec<String>,
-    /// `MC_IB_PORT`: the device port RDMA uses (1, 1..=255).
-    pub ib_port: u8,
-    /// `MC_GID_INDEX` (else `NCCL_IB_GID_INDEX`): the GID index; `None`
-    /// (-1, the default) ranks the GID table.
-    pub gid_index: Option<u32>,
-    /// `MC_MTU`: largest RDMA path MTU in bytes (4096; 512, 1024, 2048 or
-    /// 4096); the port's active MTU when smaller.
-    pub mtu: u32,
-    /// `MC_NUM_QP_PER_EP`: queue pairs per endpoint (2, 1..=255).
-    pub num_qp_per_ep: usize,
-    /// `MC_MAX_WR`: work requests per queue pair (256, 1..=65535).
-    pub max_wr: u32,
-    /// `MC_MAX_SGE`: scatter/gather entries per work request (4, 1..=65535).
-    pub max_sge: u32,
-    /// `MC_MAX_INLINE`: inline bytes per work request (64, 0..=65535).
-    pub max_inline: u32,
-    /// `MC_MAX_CQE_PER_CTX`: completion queue entries per device (4096,
-    /// 1..=65535).
-    pub max_cqe_per_ctx: u32,
-    /// `MC_WORKERS_PER_CTX`: worker threads per device (2, 1..=8).
-    pub workers_per_ctx: usize,
-    /// `MC_PKEY_INDEX` (0, 0..=65535).
-    pub pkey_index: u16,
-    /// `MC_IB_TC`: GRH traffic class (-1 = the device default, 0..=255).
-    pub ib_traffic_class: Option<u8>,
-    /// `MC_IB_SL`: service level (-1 = 0, 0..=15).
-    pub ib_service_level: Option<u8>,
-    /// `MC_IB_PCI_RELAXED_ORDERING`: request relaxed ordering for memory
-    /// regions where the device supports it (1; 0 = off, 1 and 2 = on).
-    pub ib_relaxed_ordering: bool,
-    /// `MC_MAX_MR_SIZE`: largest memory region (1 TiB), further limited by
-    /// the device.
-    pub max_mr_size: u64,
-    /// `MC_IB_TIMEOUT`: the local ACK timeout of RDMA queue pairs as the
-    /// verbs exponent, 4.096 us * 2^n (14, about 67 ms, Mooncake's value;
-    /// 1..=31). Soft-RoCE on an overloaded host needs more.
-    pub ib_timeout: u8,
-    /// `MC_RDMA_SIGNAL_INTERVAL`: of the RDMA work requests posted as one
-    /// chain, every n-th and the last ask for a completion (1, every one,
-    /// as Mooncake; 1..=64). A larger n saves completion work; an
-    /// unsignaled request counts as done when a later one of its queue
-    /// pair completes, which soft-RoCE (rdma_rxe of Linux 6.1) does not
-    /// honour under load.
-    pub rdma_signal_interval: usize,
-    /// `MC_RDMA_COMPLETION_TIMEOUT`: seconds a queue pair may hold work
-    /// requests without completing any before its endpoint is torn down
-    /// and its slices fail over (10, 1..=3600).
-    pub rdma_completion_timeout_secs: u64,
-    /// `MC_PEER_MAX_DEVICES` (64, 1..=4096): most devices (RDMA `devices`,
-    /// TCP `tcp_devices`) a peer's descriptor may list.
-    pub peer_max_devices: usize,
-    /// `MC_PEER_MAX_BUFFERS` (65536, 1..=16777216): most buffers a peer's
-    /// descriptor may list.
-    pub peer_max_buffers: usize,
-    /// `MC_PEER_MAX_DESCRIPTOR_BYTES` (64 MiB, 64 KiB..=1 GiB): largest
-    /// descriptor read from a metadata store (in P2P mode the reply frame
-    /// is bounded by `MC_HANDSHAKE_MAX_LENGTH`).
-    pub peer_max_descriptor_bytes: u64,
-    /// `MC_RDMA_MAX_PASSIVE_EP`: endpoints that peers' handshakes may
-    /// create on one device (1024, 1..=65536); at the bound the least
-    /// recently active one gives way.
-    pub rdma_max_passive_ep: usize,
-    /// `MC_RDMA_MAX_PASSIVE_EP_PER_PEER`: of those, how many one peer
-    /// server may hold (32, 1..=65536); beyond it its handshakes are
-    /// refused.
-    pub rdma_max_passive_ep_per_peer: usize,
-    /// `MC_RDMA_PEER_LOOKUPS_PER_SEC`: lookups of the descriptors of peers
-    /// not yet verified, per second and in a burst, that handshakes may
-    /// cause (100, 1..=100000).
-    pub rdma_peer_lookups_per_sec: u32,
-    /// `MC_RDMA_CONNECT_THREADS`: threads that run our handshakes,
-    /// different peers at once, one peer's in turn (8, 1..=64).
-    pub rdma_connect_threads: usize,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            slice_size: 65536,
-            fragment_limit: 16384,
-            retry_cnt: 9,
-            handshake_port: 12001,
-            min_rpc_port: 15000,
-            max_rpc_port: 17000,
-            handshake_listen_backlog: 128,
-            handshake_connect_timeout_secs: 5,
-            handshake_max_length: 1 << 20,
-            handshake_io_timeout_secs: 5,
-            handshake_max_connections: 256,
-            handshake_workers: 4,
-            handshake_max_buffered: 64 << 20,
-            notify_max_size: 64 << 10,
-            notify_queue_max_count: 1 << 16,
-            notify_queue_max_bytes: 64 << 20,
-            rail_pause_secs: 30,
-            log_level: LogLevel::Info,
-            use_ipv6: false,
-            metacache: true,
-            metadata_refresh_interval_secs: 0,
-            metadata_cluster_id: None,
-            legacy_rpc_port_binding: false,
-            tcp_bind_address: None,
-            force_tcp: false,
-            custom_topo_json: None,
-            te_filters: Vec::new(),
-            path_roundrobin: false,
-            max_ep_per_ctx: 65536,
-            endpoint_store_type: EndpointStoreType::Sieve,
-            tcp_lanes_per_peer: 4,
-            tcp_force_v1: false,
-            tcp_status_timeout_secs: 30,
-            tcp_io_threads: default_io_threads(),
-            tcp_max_data_connections: 4096,
-            tcp_idle_timeout_secs: 300,
-            tcp_min_rate: 64 << 10,
-            tcp_min_rate_window_secs: 10,
-            strict_local: false,
-            redis_username: None,
-            redis_password: None,
-            redis_db_index: 0,
-            slice_timeout_secs: 0,
-            transfer_timeout_secs: 30,
-            warnings: Vec::new(),
-            ib_port: 1,
-            gid_index: None,
-            mtu: 4096,
-            num_qp_per_ep: 2,
-            max_wr: 256,
-            max_sge: 4,
-            max_inline: 64,
-            max_cqe_per_ctx: 4096,
-            workers_per_ctx: 2,
-            pkey_index: 0,
-            ib_traffic_class: None,
-            ib_service_level: None,
-            ib_relaxed_ordering: true,
-            max_mr_size: 1 << 40,
-            ib_timeout: 14,
-            rdma_signal_interval: 1,
-            rdma_completion_timeout_secs: 10,
-            peer_max_devices: 64,
-            peer_max_buffers: 1 << 16,
-            peer_max_descriptor_bytes: 64 << 20,
-            rdma_max_passive_ep: 1024,
-            rdma_max_passive_ep_per_peer: 32,
-            rdma_peer_lookups_per_sec: 100,
-            rdma_connect_threads: 8,
-        }
-    }
-}
-
-/// Default I/O threads of the TCP transport: one per CPU, at most 4.
-fn default_io_threads() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get().min(4))
 }
 
 /// Reads variables through a lookup function so tests need no process env.
@@ -385,9 +143,9 @@ impl Config {
             warnings: RefCell::new(Vec::new()),
         };
         let d = Config::default();
-        let slice_size = r.number("MC_SLICE_SIZE", d.slice_size, 1, 1 << 40);
+        let slice_size = r.number("MC_SLICE_SIZE", d.sched.slice_size, 1, 1 << 40);
         let fragment_limit = match r.raw("MC_FRAGMENT_RATIO") {
-            None => d.fragment_limit,
+            None => d.sched.fragment_limit,
             Some(v) => match v.parse::<u64>() {
                 Ok(ratio) if ratio > 0 => slice_size / ratio,
                 _ => {
@@ -398,7 +156,7 @@ impl Config {
                 }
             },
         };
-        let (mut min_rpc_port, mut max_rpc_port) = (d.min_rpc_port, d.max_rpc_port);
+        let (mut min_rpc_port, mut max_rpc_port) = (d.rpc.min_port, d.rpc.max_port);
         let min = r
             .raw("MC_MIN_RPC_PORT")
             .or_else(|| r.raw("MC_MIN_PRC_PORT"));
@@ -475,15 +233,15 @@ impl Config {
             n => Some(n as u32),
         };
         let mtu = match r.raw("MC_MTU") {
-            None => d.mtu,
+            None => d.rdma.mtu,
             Some(v) => match v.parse::<u32>() {
                 Ok(m @ (512 | 1024 | 2048 | 4096)) => m,
                 _ => {
                     r.warn(format!(
                         "MC_MTU={v} is not 512, 1024, 2048 or 4096; using {}",
-                        d.mtu
+                        d.rdma.mtu
                     ));
-                    d.mtu
+                    d.rdma.mtu
                 }
             },
         };
@@ -492,167 +250,167 @@ impl Config {
             n => Some(n as u8),
         };
         Config {
-            slice_size,
-            fragment_limit,
-            retry_cnt: r.number("MC_RETRY_CNT", d.retry_cnt, 1, 127),
-            handshake_port: r.number("MC_HANDSHAKE_PORT", d.handshake_port, 1, 65535),
-            min_rpc_port,
-            max_rpc_port,
-            handshake_listen_backlog: r.number("MC_HANDSHAKE_LISTEN_BACKLOG", 128, 1, 65535),
-            handshake_connect_timeout_secs: r.number("MC_HANDSHAKE_CONNECT_TIMEOUT", 5, 1, 3599),
-            handshake_max_length: r.number(
-                "MC_HANDSHAKE_MAX_LENGTH",
-                d.handshake_max_length,
-                1 << 20,
-                128 << 20,
-            ),
-            handshake_io_timeout_secs: r.number(
-                "MC_HANDSHAKE_IO_TIMEOUT",
-                d.handshake_io_timeout_secs,
-                1,
-                3600,
-            ),
-            handshake_max_connections: r.number(
-                "MC_HANDSHAKE_MAX_CONNECTIONS",
-                d.handshake_max_connections,
-                1,
-                65536,
-            ),
-            handshake_workers: r.number("MC_HANDSHAKE_WORKERS", d.handshake_workers, 1, 64),
-            handshake_max_buffered: r.number(
-                "MC_HANDSHAKE_MAX_BUFFERED",
-                d.handshake_max_buffered,
-                1 << 20,
-                64 << 30,
-            ),
-            notify_max_size: r.number("MC_NOTIFY_MAX_SIZE", d.notify_max_size, 1, 128 << 20),
-            notify_queue_max_count: r.number(
-                "MC_NOTIFY_QUEUE_MAX_COUNT",
-                d.notify_queue_max_count,
-                1,
-                1 << 24,
-            ),
-            notify_queue_max_bytes: r.number(
-                "MC_NOTIFY_QUEUE_MAX_BYTES",
-                d.notify_queue_max_bytes,
-                64 << 10,
-                64 << 30,
-            ),
-            rail_pause_secs: r.number("MC_RDMA_RAIL_PAUSE_SECONDS", 30, 1, 3599),
             log_level,
-            use_ipv6: r.flag("MC_USE_IPV6"),
-            metacache: r.raw("MC_DISABLE_METACACHE").is_none(),
-            metadata_refresh_interval_secs: r.number(
-                "MC_TE_METADATA_REFRESH_INTERVAL_SECONDS",
-                0,
-                0,
-                86400,
-            ),
-            metadata_cluster_id: r.string("MC_METADATA_CLUSTER_ID"),
-            legacy_rpc_port_binding: r.raw("MC_LEGACY_RPC_PORT_BINDING").is_some(),
-            tcp_bind_address: r.string("MC_TCP_BIND_ADDRESS"),
-            force_tcp: r.flag("MC_FORCE_TCP"),
-            custom_topo_json: r.string("MC_CUSTOM_TOPO_JSON"),
-            te_filters: r
-                .string("MC_TE_FILTERS")
-                .map(|v| {
-                    v.split(',')
-                        .map(|s| s.trim().to_string())
-                        .filter(|s| !s.is_empty())
-                        .collect()
-                })
-                .unwrap_or_default(),
-            path_roundrobin: r.flag("MC_PATH_ROUNDROBIN"),
-            max_ep_per_ctx: r.number("MC_MAX_EP_PER_CTX", 65536, 1, 65536),
-            endpoint_store_type,
-            tcp_lanes_per_peer: r.number(lanes_var, 4, 1, 16),
-            tcp_force_v1,
-            tcp_status_timeout_secs: r.number("MC_TCP_STATUS_TIMEOUT_SEC", 30, 1, 3600),
-            tcp_io_threads: r.number("MC_TCP_IO_THREADS", d.tcp_io_threads, 1, 64),
-            tcp_max_data_connections: r.number(
-                "MC_TCP_MAX_DATA_CONNECTIONS",
-                d.tcp_max_data_connections,
-                1,
-                1 << 20,
-            ),
-            tcp_idle_timeout_secs: r.number(
-                "MC_TCP_IDLE_TIMEOUT_SEC",
-                d.tcp_idle_timeout_secs,
-                2,
-                86400,
-            ),
-            tcp_min_rate: r.number("MC_TCP_MIN_RATE_BYTES_PER_SEC", d.tcp_min_rate, 0, 1 << 30),
-            tcp_min_rate_window_secs: r.number(
-                "MC_TCP_MIN_RATE_WINDOW_SEC",
-                d.tcp_min_rate_window_secs,
-                1,
-                3600,
-            ),
-            strict_local: r.flag("MC_TE_STRICT_LOCAL"),
-            redis_username: r.string("MC_REDIS_USERNAME"),
-            redis_password: r.string("MC_REDIS_PASSWORD"),
-            redis_db_index: r.number("MC_REDIS_DB_INDEX", 0, 0, 255),
-            slice_timeout_secs: r.number("MC_SLICE_TIMEOUT", 0, 1, 65535),
-            transfer_timeout_secs: r.number("MC_TRANSFER_TIMEOUT", 30, 5, 86400),
-            ib_port: r.number("MC_IB_PORT", d.ib_port, 1, 255),
-            gid_index,
-            mtu,
-            num_qp_per_ep: r.number("MC_NUM_QP_PER_EP", d.num_qp_per_ep, 1, 255),
-            max_wr: r.number("MC_MAX_WR", d.max_wr, 1, 65535),
-            max_sge: r.number("MC_MAX_SGE", d.max_sge, 1, 65535),
-            max_inline: r.number("MC_MAX_INLINE", d.max_inline, 0, 65535),
-            max_cqe_per_ctx: r.number("MC_MAX_CQE_PER_CTX", d.max_cqe_per_ctx, 1, 65535),
-            workers_per_ctx: r.number("MC_WORKERS_PER_CTX", d.workers_per_ctx, 1, 8),
-            pkey_index: r.number("MC_PKEY_INDEX", d.pkey_index, 0, 65535),
-            ib_traffic_class: optional_u8("MC_IB_TC", 255),
-            ib_service_level: optional_u8("MC_IB_SL", 15),
-            ib_relaxed_ordering: r.number("MC_IB_PCI_RELAXED_ORDERING", 1u8, 0, 2) != 0,
-            max_mr_size: r.number("MC_MAX_MR_SIZE", d.max_mr_size, 1, u64::MAX),
-            ib_timeout: r.number("MC_IB_TIMEOUT", d.ib_timeout, 1, 31),
-            rdma_signal_interval: r.number(
-                "MC_RDMA_SIGNAL_INTERVAL",
-                d.rdma_signal_interval,
-                1,
-                64,
-            ),
-            rdma_completion_timeout_secs: r.number(
-                "MC_RDMA_COMPLETION_TIMEOUT",
-                d.rdma_completion_timeout_secs,
-                1,
-                3600,
-            ),
-            peer_max_devices: r.number("MC_PEER_MAX_DEVICES", d.peer_max_devices, 1, 4096),
-            peer_max_buffers: r.number("MC_PEER_MAX_BUFFERS", d.peer_max_buffers, 1, 1 << 24),
-            peer_max_descriptor_bytes: r.number(
-                "MC_PEER_MAX_DESCRIPTOR_BYTES",
-                d.peer_max_descriptor_bytes,
-                64 << 10,
-                1 << 30,
-            ),
-            rdma_max_passive_ep: r.number(
-                "MC_RDMA_MAX_PASSIVE_EP",
-                d.rdma_max_passive_ep,
-                1,
-                65536,
-            ),
-            rdma_max_passive_ep_per_peer: r.number(
-                "MC_RDMA_MAX_PASSIVE_EP_PER_PEER",
-                d.rdma_max_passive_ep_per_peer,
-                1,
-                65536,
-            ),
-            rdma_peer_lookups_per_sec: r.number(
-                "MC_RDMA_PEER_LOOKUPS_PER_SEC",
-                d.rdma_peer_lookups_per_sec,
-                1,
-                100_000,
-            ),
-            rdma_connect_threads: r.number(
-                "MC_RDMA_CONNECT_THREADS",
-                d.rdma_connect_threads,
-                1,
-                64,
-            ),
+            engine: EngineConfig {
+                force_tcp: r.flag("MC_FORCE_TCP"),
+                strict_local: r.flag("MC_TE_STRICT_LOCAL"),
+                slice_timeout_secs: r.number("MC_SLICE_TIMEOUT", 0, 1, 65535),
+                transfer_timeout_secs: r.number("MC_TRANSFER_TIMEOUT", 30, 5, 86400),
+            },
+            rpc: RpcConfig {
+                handshake_port: r.number("MC_HANDSHAKE_PORT", d.rpc.handshake_port, 1, 65535),
+                min_port: min_rpc_port,
+                max_port: max_rpc_port,
+                listen_backlog: r.number("MC_HANDSHAKE_LISTEN_BACKLOG", 128, 1, 65535),
+                connect_timeout_secs: r.number("MC_HANDSHAKE_CONNECT_TIMEOUT", 5, 1, 3599),
+                max_length: r.number(
+                    "MC_HANDSHAKE_MAX_LENGTH",
+                    d.rpc.max_length,
+                    1 << 20,
+                    128 << 20,
+                ),
+                io_timeout_secs: r.number(
+                    "MC_HANDSHAKE_IO_TIMEOUT",
+                    d.rpc.io_timeout_secs,
+                    1,
+                    3600,
+                ),
+                max_connections: r.number(
+                    "MC_HANDSHAKE_MAX_CONNECTIONS",
+                    d.rpc.max_connections,
+                    1,
+                    65536,
+                ),
+                workers: r.number("MC_HANDSHAKE_WORKERS", d.rpc.workers, 1, 64),
+                max_buffered: r.number(
+                    "MC_HANDSHAKE_MAX_BUFFERED",
+                    d.rpc.max_buffered,
+                    1 << 20,
+                    64 << 30,
+                ),
+                use_ipv6: r.flag("MC_USE_IPV6"),
+                legacy_port_binding: r.raw("MC_LEGACY_RPC_PORT_BINDING").is_some(),
+                bind_address: r.string("MC_TCP_BIND_ADDRESS"),
+            },
+            notify: NotifyLimits {
+                max_size: r.number("MC_NOTIFY_MAX_SIZE", d.notify.max_size, 1, 128 << 20),
+                max_count: r.number("MC_NOTIFY_QUEUE_MAX_COUNT", d.notify.max_count, 1, 1 << 24),
+                max_bytes: r.number(
+                    "MC_NOTIFY_QUEUE_MAX_BYTES",
+                    d.notify.max_bytes,
+                    64 << 10,
+                    64 << 30,
+                ),
+            },
+            store: StoreConfig {
+                metacache: r.raw("MC_DISABLE_METACACHE").is_none(),
+                refresh_interval_secs: r.number(
+                    "MC_TE_METADATA_REFRESH_INTERVAL_SECONDS",
+                    0,
+                    0,
+                    86400,
+                ),
+                cluster_id: r.string("MC_METADATA_CLUSTER_ID"),
+                redis_username: r.string("MC_REDIS_USERNAME"),
+                redis_password: r.string("MC_REDIS_PASSWORD"),
+                redis_db_index: r.number("MC_REDIS_DB_INDEX", 0, 0, 255),
+            },
+            peers: PeerLimits {
+                max_devices: r.number("MC_PEER_MAX_DEVICES", d.peers.max_devices, 1, 4096),
+                max_buffers: r.number("MC_PEER_MAX_BUFFERS", d.peers.max_buffers, 1, 1 << 24),
+                max_descriptor_bytes: r.number(
+                    "MC_PEER_MAX_DESCRIPTOR_BYTES",
+                    d.peers.max_descriptor_bytes,
+                    64 << 10,
+                    1 << 30,
+                ),
+            },
+            sched: SchedConfig {
+                slice_size,
+                fragment_limit,
+                retry_cnt: r.number("MC_RETRY_CNT", d.sched.retry_cnt, 1, 127),
+                rail_pause_secs: r.number("MC_RDMA_RAIL_PAUSE_SECONDS", 30, 1, 3599),
+            },
+            endpoints: EndpointConfig {
+                max_per_ctx: r.number("MC_MAX_EP_PER_CTX", 65536, 1, 65536),
+                store_type: endpoint_store_type,
+            },
+            tcp: TcpConfig {
+                lanes_per_peer: r.number(lanes_var, 4, 1, 16),
+                force_v1: tcp_force_v1,
+                status_timeout_secs: r.number("MC_TCP_STATUS_TIMEOUT_SEC", 30, 1, 3600),
+                io_threads: r.number("MC_TCP_IO_THREADS", d.tcp.io_threads, 1, 64),
+                max_data_connections: r.number(
+                    "MC_TCP_MAX_DATA_CONNECTIONS",
+                    d.tcp.max_data_connections,
+                    1,
+                    1 << 20,
+                ),
+                idle_timeout_secs: r.number(
+                    "MC_TCP_IDLE_TIMEOUT_SEC",
+                    d.tcp.idle_timeout_secs,
+                    2,
+                    86400,
+                ),
+                min_rate: r.number("MC_TCP_MIN_RATE_BYTES_PER_SEC", d.tcp.min_rate, 0, 1 << 30),
+                min_rate_window_secs: r.number(
+                    "MC_TCP_MIN_RATE_WINDOW_SEC",
+                    d.tcp.min_rate_window_secs,
+                    1,
+                    3600,
+                ),
+            },
+            rdma: RdmaConfig {
+                ib_port: r.number("MC_IB_PORT", d.rdma.ib_port, 1, 255),
+                gid_index,
+                mtu,
+                num_qp_per_ep: r.number("MC_NUM_QP_PER_EP", d.rdma.num_qp_per_ep, 1, 255),
+                max_wr: r.number("MC_MAX_WR", d.rdma.max_wr, 1, 65535),
+                max_sge: r.number("MC_MAX_SGE", d.rdma.max_sge, 1, 65535),
+                max_inline: r.number("MC_MAX_INLINE", d.rdma.max_inline, 0, 65535),
+                max_cqe_per_ctx: r.number("MC_MAX_CQE_PER_CTX", d.rdma.max_cqe_per_ctx, 1, 65535),
+                workers_per_ctx: r.number("MC_WORKERS_PER_CTX", d.rdma.workers_per_ctx, 1, 8),
+                pkey_index: r.number("MC_PKEY_INDEX", d.rdma.pkey_index, 0, 65535),
+                traffic_class: optional_u8("MC_IB_TC", 255),
+                service_level: optional_u8("MC_IB_SL", 15),
+                relaxed_ordering: r.number("MC_IB_PCI_RELAXED_ORDERING", 1u8, 0, 2) != 0,
+                max_mr_size: r.number("MC_MAX_MR_SIZE", d.rdma.max_mr_size, 1, u64::MAX),
+                ib_timeout: r.number("MC_IB_TIMEOUT", d.rdma.ib_timeout, 1, 31),
+                signal_interval: r.number("MC_RDMA_SIGNAL_INTERVAL", d.rdma.signal_interval, 1, 64),
+                completion_timeout_secs: r.number(
+                    "MC_RDMA_COMPLETION_TIMEOUT",
+                    d.rdma.completion_timeout_secs,
+                    1,
+                    3600,
+                ),
+                max_passive_ep: r.number("MC_RDMA_MAX_PASSIVE_EP", d.rdma.max_passive_ep, 1, 65536),
+                max_passive_ep_per_peer: r.number(
+                    "MC_RDMA_MAX_PASSIVE_EP_PER_PEER",
+                    d.rdma.max_passive_ep_per_peer,
+                    1,
+                    65536,
+                ),
+                peer_lookups_per_sec: r.number(
+                    "MC_RDMA_PEER_LOOKUPS_PER_SEC",
+                    d.rdma.peer_lookups_per_sec,
+                    1,
+                    100_000,
+                ),
+                connect_threads: r.number("MC_RDMA_CONNECT_THREADS", d.rdma.connect_threads, 1, 64),
+            },
+            topology: TopologyConfig {
+                custom_topo_json: r.string("MC_CUSTOM_TOPO_JSON"),
+                filters: r
+                    .string("MC_TE_FILTERS")
+                    .map(|v| {
+                        v.split(',')
+                            .map(|s| s.trim().to_string())
+                            .filter(|s| !s.is_empty())
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                path_roundrobin: r.flag("MC_PATH_ROUNDROBIN"),
+            },
             warnings: r.warnings.into_inner(),
         }
     }
@@ -692,24 +450,24 @@ mod tests {
     #[test]
     fn defaults_match_mooncake() {
         let c = parse(&[]);
-        assert_eq!(c.slice_size, 65536);
-        assert_eq!(c.fragment_limit, 16384);
-        assert_eq!(c.retry_cnt, 9);
-        assert_eq!((c.min_rpc_port, c.max_rpc_port), (15000, 17000));
-        assert_eq!(c.handshake_connect_timeout_secs, 5);
-        assert_eq!(c.handshake_max_length, 1 << 20);
-        assert_eq!(c.tcp_lanes_per_peer, 4);
-        assert_eq!(c.tcp_status_timeout_secs, 30);
-        assert_eq!(c.transfer_timeout_secs, 30);
-        assert!(c.metacache);
-        assert_eq!(c.endpoint_store_type, EndpointStoreType::Sieve);
-        assert_eq!(c.handshake_io_timeout_secs, 5);
-        assert_eq!(c.handshake_max_connections, 256);
-        assert_eq!(c.handshake_workers, 4);
-        assert_eq!(c.handshake_max_buffered, 64 << 20);
-        assert_eq!(c.notify_max_size, 64 << 10);
-        assert_eq!(c.notify_queue_max_count, 65536);
-        assert_eq!(c.notify_queue_max_bytes, 64 << 20);
+        assert_eq!(c.sched.slice_size, 65536);
+        assert_eq!(c.sched.fragment_limit, 16384);
+        assert_eq!(c.sched.retry_cnt, 9);
+        assert_eq!((c.rpc.min_port, c.rpc.max_port), (15000, 17000));
+        assert_eq!(c.rpc.connect_timeout_secs, 5);
+        assert_eq!(c.rpc.max_length, 1 << 20);
+        assert_eq!(c.tcp.lanes_per_peer, 4);
+        assert_eq!(c.tcp.status_timeout_secs, 30);
+        assert_eq!(c.engine.transfer_timeout_secs, 30);
+        assert!(c.store.metacache);
+        assert_eq!(c.endpoints.store_type, EndpointStoreType::Sieve);
+        assert_eq!(c.rpc.io_timeout_secs, 5);
+        assert_eq!(c.rpc.max_connections, 256);
+        assert_eq!(c.rpc.workers, 4);
+        assert_eq!(c.rpc.max_buffered, 64 << 20);
+        assert_eq!(c.notify.max_size, 64 << 10);
+        assert_eq!(c.notify.max_count, 65536);
+        assert_eq!(c.notify.max_bytes, 64 << 20);
     }
 
     #[test]
@@ -717,9 +475,9 @@ mod tests {
         let d = parse(&[]);
         assert_eq!(
             (
-                d.peer_max_devices,
-                d.peer_max_buffers,
-                d.peer_max_descriptor_bytes
+                d.peers.max_devices,
+                d.peers.max_buffers,
+                d.peers.max_descriptor_bytes
             ),
             (64, 65536, 64 << 20)
         );
@@ -730,9 +488,9 @@ mod tests {
         ]);
         assert_eq!(
             (
-                c.peer_max_devices,
-                c.peer_max_buffers,
-                c.peer_max_descriptor_bytes
+                c.peers.max_devices,
+                c.peers.max_buffers,
+                c.peers.max_descriptor_bytes
             ),
             (8, 1000, 1 << 20)
         );
@@ -741,7 +499,7 @@ mod tests {
             ("MC_PEER_MAX_DESCRIPTOR_BYTES", "10"),
         ]);
         assert_eq!(
-            (bad.peer_max_devices, bad.peer_max_descriptor_bytes),
+            (bad.peers.max_devices, bad.peers.max_descriptor_bytes),
             (64, 64 << 20)
         );
         assert_eq!(bad.warnings.len(), 2);
@@ -758,13 +516,13 @@ mod tests {
             ("MC_NOTIFY_QUEUE_MAX_COUNT", "10"),
             ("MC_NOTIFY_QUEUE_MAX_BYTES", "1048576"),
         ]);
-        assert_eq!(c.handshake_io_timeout_secs, 2);
-        assert_eq!(c.handshake_max_connections, 1000);
-        assert_eq!(c.handshake_workers, 8);
-        assert_eq!(c.handshake_max_buffered, 256 << 20);
-        assert_eq!(c.notify_max_size, 1024);
-        assert_eq!(c.notify_queue_max_count, 10);
-        assert_eq!(c.notify_queue_max_bytes, 1 << 20);
+        assert_eq!(c.rpc.io_timeout_secs, 2);
+        assert_eq!(c.rpc.max_connections, 1000);
+        assert_eq!(c.rpc.workers, 8);
+        assert_eq!(c.rpc.max_buffered, 256 << 20);
+        assert_eq!(c.notify.max_size, 1024);
+        assert_eq!(c.notify.max_count, 10);
+        assert_eq!(c.notify.max_bytes, 1 << 20);
         let bad = parse(&[
             ("MC_HANDSHAKE_IO_TIMEOUT", "0"),
             ("MC_HANDSHAKE_MAX_CONNECTIONS", "-1"),
@@ -775,24 +533,32 @@ mod tests {
             ("MC_NOTIFY_QUEUE_MAX_BYTES", "100"),
         ]);
         let d = Config::default();
-        assert_eq!(bad.handshake_io_timeout_secs, d.handshake_io_timeout_secs);
-        assert_eq!(bad.handshake_max_connections, d.handshake_max_connections);
-        assert_eq!(bad.handshake_workers, d.handshake_workers);
-        assert_eq!(bad.handshake_max_buffered, d.handshake_max_buffered);
-        assert_eq!(bad.notify_max_size, d.notify_max_size);
-        assert_eq!(bad.notify_queue_max_count, d.notify_queue_max_count);
-        assert_eq!(bad.notify_queue_max_bytes, d.notify_queue_max_bytes);
-        assert_eq!((c.ib_port, c.gid_index, c.mtu), (1, None, 4096));
+        assert_eq!(bad.rpc.io_timeout_secs, d.rpc.io_timeout_secs);
+        assert_eq!(bad.rpc.max_connections, d.rpc.max_connections);
+        assert_eq!(bad.rpc.workers, d.rpc.workers);
+        assert_eq!(bad.rpc.max_buffered, d.rpc.max_buffered);
+        assert_eq!(bad.notify.max_size, d.notify.max_size);
+        assert_eq!(bad.notify.max_count, d.notify.max_count);
+        assert_eq!(bad.notify.max_bytes, d.notify.max_bytes);
         assert_eq!(
-            (c.num_qp_per_ep, c.max_wr, c.max_sge, c.max_inline),
+            (c.rdma.ib_port, c.rdma.gid_index, c.rdma.mtu),
+            (1, None, 4096)
+        );
+        assert_eq!(
+            (
+                c.rdma.num_qp_per_ep,
+                c.rdma.max_wr,
+                c.rdma.max_sge,
+                c.rdma.max_inline
+            ),
             (2, 256, 4, 64)
         );
-        assert_eq!((c.max_cqe_per_ctx, c.workers_per_ctx), (4096, 2));
-        assert_eq!((c.ib_traffic_class, c.ib_service_level), (None, None));
-        assert!(c.ib_relaxed_ordering);
-        assert_eq!(c.rdma_completion_timeout_secs, 10);
-        assert_eq!(c.ib_timeout, 14);
-        assert_eq!(c.rdma_signal_interval, 1);
+        assert_eq!((c.rdma.max_cqe_per_ctx, c.rdma.workers_per_ctx), (4096, 2));
+        assert_eq!((c.rdma.traffic_class, c.rdma.service_level), (None, None));
+        assert!(c.rdma.relaxed_ordering);
+        assert_eq!(c.rdma.completion_timeout_secs, 10);
+        assert_eq!(c.rdma.ib_timeout, 14);
+        assert_eq!(c.rdma.signal_interval, 1);
     }
 
     #[test]
@@ -808,24 +574,24 @@ mod tests {
             ("MC_RDMA_COMPLETION_TIMEOUT", "3"),
             ("MC_IB_TIMEOUT", "18"),
         ]);
-        assert_eq!(c.gid_index, Some(3));
-        assert_eq!(c.mtu, 1024);
-        assert_eq!(c.num_qp_per_ep, 4);
-        assert_eq!(c.workers_per_ctx, 1);
+        assert_eq!(c.rdma.gid_index, Some(3));
+        assert_eq!(c.rdma.mtu, 1024);
+        assert_eq!(c.rdma.num_qp_per_ep, 4);
+        assert_eq!(c.rdma.workers_per_ctx, 1);
         assert_eq!(
-            (c.ib_traffic_class, c.ib_service_level),
+            (c.rdma.traffic_class, c.rdma.service_level),
             (Some(106), Some(3))
         );
-        assert!(!c.ib_relaxed_ordering);
-        assert_eq!(c.rdma_completion_timeout_secs, 3);
-        assert_eq!(c.ib_timeout, 18);
+        assert!(!c.rdma.relaxed_ordering);
+        assert_eq!(c.rdma.completion_timeout_secs, 3);
+        assert_eq!(c.rdma.ib_timeout, 18);
         let d = parse(&[]);
         assert_eq!(
             (
-                d.rdma_max_passive_ep,
-                d.rdma_max_passive_ep_per_peer,
-                d.rdma_peer_lookups_per_sec,
-                d.rdma_connect_threads
+                d.rdma.max_passive_ep,
+                d.rdma.max_passive_ep_per_peer,
+                d.rdma.peer_lookups_per_sec,
+                d.rdma.connect_threads
             ),
             (1024, 32, 100, 8)
         );
@@ -837,10 +603,10 @@ mod tests {
         ]);
         assert_eq!(
             (
-                c.rdma_max_passive_ep,
-                c.rdma_max_passive_ep_per_peer,
-                c.rdma_peer_lookups_per_sec,
-                c.rdma_connect_threads
+                c.rdma.max_passive_ep,
+                c.rdma.max_passive_ep_per_peer,
+                c.rdma.peer_lookups_per_sec,
+                c.rdma.connect_threads
             ),
             (16, 4, 10, 2)
         );
@@ -852,15 +618,15 @@ mod tests {
         ]);
         assert_eq!(
             (
-                bad.rdma_max_passive_ep,
-                bad.rdma_max_passive_ep_per_peer,
-                bad.rdma_peer_lookups_per_sec,
-                bad.rdma_connect_threads
+                bad.rdma.max_passive_ep,
+                bad.rdma.max_passive_ep_per_peer,
+                bad.rdma.peer_lookups_per_sec,
+                bad.rdma.connect_threads
             ),
             (1024, 32, 100, 8)
         );
         assert_eq!(bad.warnings.len(), 4, "{:?}", bad.warnings);
-        assert_eq!(parse(&[("NCCL_IB_GID_INDEX", "1")]).gid_index, Some(1));
+        assert_eq!(parse(&[("NCCL_IB_GID_INDEX", "1")]).rdma.gid_index, Some(1));
         let bad = parse(&[
             ("MC_GID_INDEX", "256"),
             ("MC_MTU", "1500"),
@@ -868,11 +634,11 @@ mod tests {
             ("MC_IB_SL", "16"),
             ("MC_IB_PCI_RELAXED_ORDERING", "3"),
         ]);
-        assert_eq!(bad.gid_index, None);
-        assert_eq!(bad.mtu, 4096);
-        assert_eq!(bad.workers_per_ctx, 2);
-        assert_eq!(bad.ib_service_level, None);
-        assert!(bad.ib_relaxed_ordering);
+        assert_eq!(bad.rdma.gid_index, None);
+        assert_eq!(bad.rdma.mtu, 4096);
+        assert_eq!(bad.rdma.workers_per_ctx, 2);
+        assert_eq!(bad.rdma.service_level, None);
+        assert!(bad.rdma.relaxed_ordering);
     }
 
     #[test]
@@ -885,13 +651,13 @@ mod tests {
             ("MC_LOG_LEVEL", "LOUD"),
             ("MC_TRANSFER_TIMEOUT", "2"),
         ]);
-        assert_eq!(c.slice_size, 65536);
-        assert_eq!(c.retry_cnt, 9);
-        assert_eq!(c.handshake_max_length, 1 << 20);
-        assert_eq!(c.tcp_lanes_per_peer, 4);
+        assert_eq!(c.sched.slice_size, 65536);
+        assert_eq!(c.sched.retry_cnt, 9);
+        assert_eq!(c.rpc.max_length, 1 << 20);
+        assert_eq!(c.tcp.lanes_per_peer, 4);
         assert_eq!(c.log_level, LogLevel::Info);
-        assert_eq!(c.transfer_timeout_secs, 30);
-        assert_eq!(parse(&[("MC_SLICE_SIZE", "-100")]).slice_size, 65536);
+        assert_eq!(c.engine.transfer_timeout_secs, 30);
+        assert_eq!(parse(&[("MC_SLICE_SIZE", "-100")]).sched.slice_size, 65536);
     }
 
     #[test]
@@ -925,11 +691,23 @@ mod tests {
 
     #[test]
     fn slice_timeout_follows_mooncake_bounds() {
-        assert_eq!(parse(&[]).slice_timeout_secs, 0);
-        assert_eq!(parse(&[("MC_SLICE_TIMEOUT", "30")]).slice_timeout_secs, 30);
-        assert_eq!(parse(&[("MC_SLICE_TIMEOUT", "0")]).slice_timeout_secs, 0);
+        assert_eq!(parse(&[]).engine.slice_timeout_secs, 0);
         assert_eq!(
-            parse(&[("MC_SLICE_TIMEOUT", "65536")]).slice_timeout_secs,
+            parse(&[("MC_SLICE_TIMEOUT", "30")])
+                .engine
+                .slice_timeout_secs,
+            30
+        );
+        assert_eq!(
+            parse(&[("MC_SLICE_TIMEOUT", "0")])
+                .engine
+                .slice_timeout_secs,
+            0
+        );
+        assert_eq!(
+            parse(&[("MC_SLICE_TIMEOUT", "65536")])
+                .engine
+                .slice_timeout_secs,
             0
         );
     }
@@ -946,31 +724,31 @@ mod tests {
             ("MC_TCP_PROTO", "1"),
             ("MC_TRANSFER_TIMEOUT", "120"),
         ]);
-        assert_eq!(c.slice_size, 131072);
-        assert_eq!(c.fragment_limit, 16384);
+        assert_eq!(c.sched.slice_size, 131072);
+        assert_eq!(c.sched.fragment_limit, 16384);
         assert_eq!(c.log_level, LogLevel::Trace);
-        assert_eq!(c.tcp_lanes_per_peer, 2);
-        assert!(!c.metacache);
-        assert_eq!(c.te_filters, vec!["mlx5_0", "mlx5_1"]);
-        assert!(c.tcp_force_v1);
-        assert_eq!(c.transfer_timeout_secs, 120);
+        assert_eq!(c.tcp.lanes_per_peer, 2);
+        assert!(!c.store.metacache);
+        assert_eq!(c.topology.filters, vec!["mlx5_0", "mlx5_1"]);
+        assert!(c.tcp.force_v1);
+        assert_eq!(c.engine.transfer_timeout_secs, 120);
     }
 
     #[test]
     fn data_port_minimum_rate() {
         let d = parse(&[]);
-        assert_eq!((d.tcp_min_rate, d.tcp_min_rate_window_secs), (65536, 10));
+        assert_eq!((d.tcp.min_rate, d.tcp.min_rate_window_secs), (65536, 10));
         let c = parse(&[
             ("MC_TCP_MIN_RATE_BYTES_PER_SEC", "0"),
             ("MC_TCP_MIN_RATE_WINDOW_SEC", "60"),
         ]);
-        assert_eq!((c.tcp_min_rate, c.tcp_min_rate_window_secs), (0, 60));
+        assert_eq!((c.tcp.min_rate, c.tcp.min_rate_window_secs), (0, 60));
         let bad = parse(&[
             ("MC_TCP_MIN_RATE_BYTES_PER_SEC", "-1"),
             ("MC_TCP_MIN_RATE_WINDOW_SEC", "0"),
         ]);
         assert_eq!(
-            (bad.tcp_min_rate, bad.tcp_min_rate_window_secs),
+            (bad.tcp.min_rate, bad.tcp.min_rate_window_secs),
             (65536, 10)
         );
         assert_eq!(
@@ -986,7 +764,7 @@ mod tests {
     fn port_ranges_follow_mooncake_rule() {
         let range = |lo: &str, hi: &str| {
             let c = parse(&[("MC_MIN_RPC_PORT", lo), ("MC_MAX_RPC_PORT", hi)]);
-            (c.min_rpc_port, c.max_rpc_port)
+            (c.rpc.min_port, c.rpc.max_port)
         };
         assert_eq!(range("2000", "3000"), (2000, 3000));
         assert_eq!(range("80", "443"), (15000, 17000));

@@ -115,7 +115,7 @@ impl Core {
             abandoned: Mutex::default(),
             ended: Mutex::default(),
             pinned: Mutex::default(),
-            timeout: Duration::from_secs(config().transfer_timeout_secs),
+            timeout: Duration::from_secs(config().engine.transfer_timeout_secs),
         }
     }
 

@@ -27,6 +27,7 @@ use pyo3::types::{PyBytes, PyString};
 use std::sync::{Arc, RwLock};
 use tracing::error;
 use transfer_engine::memory::{Location, Region};
+use transfer_engine::config::config;
 use transfer_engine::engine::{Engine, Opcode};
 use transfer_engine::topology::{PriorityMatrix, Topology};
 
@@ -164,7 +165,13 @@ impl TransferEngine {
         devices: &[String],
     ) -> OpResult<()> {
         let engine = py
-            .detach(|| Engine::new_filtered(conn, local_hostname, true, devices))
+            .detach(|| {
+                Engine::builder(conn, local_hostname)
+                    .auto_discover(true)
+                    .devices(devices)
+                    .config(config().clone())
+                    .build()
+            })
             .map_err(|e| Failure::with_code(-1, "initialize", &e))?;
         let old = self
             .core
@@ -874,7 +881,7 @@ impl TransferEngine {
     fn get_local_topology(&self, py: Python<'_>, device_name: Option<&str>) -> String {
         let filters = device_list(device_name);
         py.detach(|| {
-            let matrix = PriorityMatrix::from_topology(&Topology::discover(&filters)).to_json();
+            let matrix = PriorityMatrix::from_topology(&Topology::discover(&filters, &config().topology.filters)).to_json();
             serde_json_pretty(&matrix)
         })
     }

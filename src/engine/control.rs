@@ -3,7 +3,6 @@
 //! connection requests (Connection), which go to the RDMA transport when
 //! one is installed and are refused otherwise.
 
-use crate::config::Config;
 use crate::rpc::FrameKind;
 use crate::rpc::server::RpcHandler;
 use crate::sync;
@@ -14,33 +13,28 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, RwLock};
 use tracing::debug;
 
-/// Bounds of the notification queue.
+/// Bounds of the notification queue. Parsed from `MC_*` variables by
+/// [`crate::config::Config::from_env`]; the defaults are Mooncake's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NotifyLimits {
-    /// Largest notification accepted, name and message bytes together
-    /// (`MC_NOTIFY_MAX_SIZE`); a larger one is refused.
+    /// `MC_NOTIFY_MAX_SIZE` (64 KiB, 1..=128 MiB): largest notification
+    /// accepted (name and message bytes).
     pub max_size: usize,
-    /// Notifications kept (`MC_NOTIFY_QUEUE_MAX_COUNT`).
+    /// `MC_NOTIFY_QUEUE_MAX_COUNT` (65536, 1..=16777216): notifications kept
+    /// until `getNotifsFromEngine`; the oldest are dropped beyond it.
     pub max_count: usize,
-    /// Bytes of notifications kept (`MC_NOTIFY_QUEUE_MAX_BYTES`).
+    /// `MC_NOTIFY_QUEUE_MAX_BYTES` (64 MiB, 64 KiB..=64 GiB): bytes of
+    /// notifications kept; the oldest are dropped beyond it.
     pub max_bytes: usize,
 }
 
-impl NotifyLimits {
-    /// The limits of a parsed configuration.
-    pub fn from_config(c: &Config) -> Self {
-        NotifyLimits {
-            max_size: c.notify_max_size,
-            max_count: c.notify_queue_max_count,
-            max_bytes: c.notify_queue_max_bytes,
-        }
-    }
-}
-
 impl Default for NotifyLimits {
-    /// The limits of the default configuration.
     fn default() -> Self {
-        NotifyLimits::from_config(&Config::default())
+        NotifyLimits {
+            max_size: 64 << 10,
+            max_count: 1 << 16,
+            max_bytes: 64 << 20,
+        }
     }
 }
 

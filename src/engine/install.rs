@@ -19,7 +19,7 @@ impl Engine {
     pub(super) fn auto_install(&self) -> Result<()> {
         let topo = self.discover_topology();
         let usable = topo.rdma_devices.iter().filter(|d| d.ports_active).count();
-        if usable > 0 && !self.config.force_tcp {
+        if usable > 0 && !self.config.engine.force_tcp {
             if cfg!(feature = "rdma") {
                 match self.install_transport("rdma", None) {
                     Ok(_) => return Ok(()),
@@ -40,7 +40,7 @@ impl Engine {
     /// Scans the machine's topology and keeps it with its priority matrix
     /// (unless a matrix was given explicitly); returns the topology.
     pub fn discover_topology(&self) -> Topology {
-        let topo = Topology::discover(&self.device_filter);
+        let topo = Topology::discover(&self.device_filter, &self.config.topology.filters);
         let mut slot = sync::lock(&self.topology);
         let matrix = match slot.take() {
             Some((_, m)) => m,
@@ -54,7 +54,7 @@ impl Engine {
     pub fn show_links(&self, json: bool) -> String {
         let mut slot = sync::lock(&self.topology);
         let (topo, matrix) = slot.get_or_insert_with(|| {
-            let topo = Topology::discover(&self.device_filter);
+            let topo = Topology::discover(&self.device_filter, &self.config.topology.filters);
             let m = PriorityMatrix::from_topology(&topo);
             (topo, m)
         });
@@ -63,7 +63,7 @@ impl Engine {
 
     /// The priority matrix of `MC_CUSTOM_TOPO_JSON`, if set.
     fn custom_matrix(&self) -> Result<Option<PriorityMatrix>> {
-        let Some(path) = &self.config.custom_topo_json else {
+        let Some(path) = &self.config.topology.custom_topo_json else {
             return Ok(None);
         };
         let json = std::fs::read_to_string(path).map_err(|e| {
@@ -94,7 +94,7 @@ impl Engine {
         };
         let topology = || self.discover_topology();
         let ctx = InstallContext {
-            config: self.config,
+            config: &self.config,
             memory: &self.memory,
             local_name: &self.local_name,
             loopback: self.loopback,

@@ -22,7 +22,7 @@ mod publish;
 mod submit;
 
 use crate::batch::Batch;
-use crate::config::{Config, config};
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::handle::HandleTable;
 use crate::memory::MemoryRegistry;
@@ -42,7 +42,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use submit::Deferred;
-use tracing::info;
+use tracing::{info, warn};
 
 /// Segment id of the engine's own memory (`LOCAL_SEGMENT`).
 pub const LOCAL_SEGMENT_ID: i32 = 0;
@@ -84,12 +84,41 @@ pub struct Request {
     pub length: u64,
 }
 
+/// What the engine itself does with requests. Parsed from `MC_*` variables by
+/// [`crate::config::Config::from_env`]; the defaults are Mooncake's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// `MC_FORCE_TCP`.
+    pub force_tcp: bool,
+    /// `MC_TE_STRICT_LOCAL`: fail a request whose local `source` range is
+    /// not inside one registered buffer, on every transport.
+    pub strict_local: bool,
+    /// `MC_SLICE_TIMEOUT` in seconds (1..=65535; 0 = off, the default): a
+    /// task still waiting this long after its slices were posted reports
+    /// `STATUS_TIMEOUT`.
+    pub slice_timeout_secs: u64,
+    /// `MC_TRANSFER_TIMEOUT` in seconds (30, 5..=86400): how long the
+    /// Python binding's synchronous transfers wait, plus 1 ns per byte.
+    pub transfer_timeout_secs: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            force_tcp: false,
+            strict_local: false,
+            slice_timeout_secs: 0,
+            transfer_timeout_secs: 30,
+        }
+    }
+}
+
 /// A transfer engine instance.
 pub struct Engine {
     local_name: String,
     given_name: String,
     conn: MetadataConn,
-    config: &'static Config,
+    config: Config,
     store: Option<Box<dyn MetadataStore>>,
     rpc: RpcServer,
     rpc_ip: String,
@@ -137,40 +166,102 @@ fn refused(why: Refused) -> &'static str {
     }
 }
 
-impl Engine {
-    /// Creates an engine named `local_name` with the metadata backend of
-    /// `conn`: starts its handshake listener, publishes its RPC address
-    /// (store mode) and, with `auto_discover`, installs transports.
-    pub fn new(conn: &str, local_name: &str, auto_discover: bool) -> Result<Arc<Engine>> {
-        Self::new_filtered(conn, local_name, auto_discover, &[])
+/// How to create an [`Engine`]: its metadata backend and name, and
+/// optionally whether it installs transports by itself, which RDMA devices
+/// it may use, and its configuration.
+#[derive(Debug, Clone)]
+pub struct EngineBuilder {
+    conn: String,
+    local_name: String,
+    auto_discover: bool,
+    devices: Vec<String>,
+    config: Option<Config>,
+}
+
+impl EngineBuilder {
+    /// With `on`, the engine installs transports for the machine it finds,
+    /// as Mooncake does (RDMA when RDMA devices exist, else TCP); without,
+    /// none until [`Engine::install_transport`]. Off by default.
+    pub fn auto_discover(mut self, on: bool) -> EngineBuilder {
+        self.auto_discover = on;
+        self
     }
 
-    /// [`Engine::new`] restricted to the RDMA devices named in
-    /// `device_filter` (empty: every device), as Mooncake's
-    /// `TransferEngine(auto_discover, filter)`; `MC_TE_FILTERS` applies too.
-    pub fn new_filtered(
+    /// Restricts the RDMA devices to those named (Mooncake's device filter;
+    /// empty, the default: every device). `MC_TE_FILTERS` applies too.
+    pub fn devices(mut self, names: &[String]) -> EngineBuilder {
+        self.devices = names.to_vec();
+        self
+    }
+
+    /// The engine's configuration; by default the process environment's
+    /// `MC_*` variables ([`Config::from_env`]).
+    pub fn config(mut self, config: Config) -> EngineBuilder {
+        self.config = Some(config);
+        self
+    }
+
+    /// Creates the engine: starts its handshake listener, publishes its RPC
+    /// address (store mode) and, with auto-discovery, installs transports.
+    pub fn build(self) -> Result<Arc<Engine>> {
+        let config = self.config.unwrap_or_else(|| {
+            let c = Config::from_env();
+            c.warnings.iter().for_each(|w| warn!("{w}"));
+            c
+        });
+        Engine::start(
+            &self.conn,
+            &self.local_name,
+            self.auto_discover,
+            &self.devices,
+            config,
+        )
+    }
+}
+
+impl Engine {
+    /// The builder of an engine named `local_name` whose peers are found
+    /// through `conn`: `"P2PHANDSHAKE"`, `"http://host:port/path"`,
+    /// `"etcd://host:port"`, `"redis://host:port"`.
+    pub fn builder(conn: &str, local_name: &str) -> EngineBuilder {
+        EngineBuilder {
+            conn: conn.to_string(),
+            local_name: local_name.to_string(),
+            auto_discover: false,
+            devices: Vec::new(),
+            config: None,
+        }
+    }
+
+    /// An engine with the configuration of the environment: see
+    /// [`Engine::builder`].
+    pub fn new(conn: &str, local_name: &str, auto_discover: bool) -> Result<Arc<Engine>> {
+        Self::builder(conn, local_name)
+            .auto_discover(auto_discover)
+            .build()
+    }
+
+    fn start(
         conn: &str,
         local_name: &str,
         auto_discover: bool,
         device_filter: &[String],
+        config: Config,
     ) -> Result<Arc<Engine>> {
-        let config = config();
         crate::fd_limit::raise();
         let conn = MetadataConn::parse(conn)?;
         let local_name = local_name.trim().trim_start_matches('/').to_string();
         if local_name.is_empty() {
             return Err(Error::InvalidArgument("local server name is empty".into()));
         }
-        let store = peers::open_store(&conn, config)?;
-        let loopback = publish::loopback_ip(&local_name, config);
-        let binding = publish::bind_rpc(&conn, &local_name, loopback, config)?;
-        let control = Arc::new(ControlState::new(control::NotifyLimits::from_config(
-            config,
-        )));
+        let store = peers::open_store(&conn, &config)?;
+        let loopback = publish::loopback_ip(&local_name, &config);
+        let binding = publish::bind_rpc(&conn, &local_name, loopback, &config)?;
+        let control = Arc::new(ControlState::new(config.notify));
         let rpc = RpcServer::start(
             binding.listener,
             control.clone(),
-            crate::rpc::ServerOptions::from_config(config),
+            crate::rpc::ServerOptions::from_config(&config.rpc),
         )
         .map_err(|e| Error::Socket(format!("handshake listener could not start: {e}")))?;
         let engine = Engine {
@@ -208,7 +299,7 @@ impl Engine {
         let engine = Arc::new(engine);
         engine.work.attach(Arc::downgrade(&engine));
         let _ = engine.me.set(Arc::downgrade(&engine));
-        let refresh = match config.metadata_refresh_interval_secs {
+        let refresh = match engine.config.store.refresh_interval_secs {
             0 => None,
             s => Some(std::time::Duration::from_secs(s)),
         };
@@ -217,7 +308,7 @@ impl Engine {
         {
             let _ = engine.keeper.set(k);
         }
-        if auto_discover || config.force_tcp {
+        if auto_discover || engine.config.engine.force_tcp {
             if let Err(e) = engine.auto_install() {
                 engine.discard(true);
                 return Err(e);
@@ -306,7 +397,7 @@ impl Engine {
         // peers at most the handshake connect timeout; then every handshake
         // call under way is cancelled.
         self.work.drain(std::time::Duration::from_secs(
-            self.config.handshake_connect_timeout_secs,
+            self.config.rpc.connect_timeout_secs,
         ));
         self.cancel.cancel();
         self.work.stop();

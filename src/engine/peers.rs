@@ -29,16 +29,16 @@ pub(super) fn open_store(
     conn: &MetadataConn,
     cfg: &Config,
 ) -> Result<Option<Box<dyn MetadataStore>>> {
-    let max = cfg.peer_max_descriptor_bytes;
+    let max = cfg.peers.max_descriptor_bytes;
     Ok(match conn {
         MetadataConn::P2p => None,
         MetadataConn::Http(url) => Some(Box::new(HttpStore::new(url)?.limit_values(max))),
         MetadataConn::Etcd(endpoints) => {
             Some(Box::new(EtcdStore::new(endpoints)?.limit_values(max)))
         }
-        MetadataConn::Redis(addr) => {
-            Some(Box::new(RedisStore::from_config(addr)?.limit_values(max)))
-        }
+        MetadataConn::Redis(addr) => Some(Box::new(
+            RedisStore::from_config(addr, &cfg.store)?.limit_values(max),
+        )),
     })
 }
 
@@ -55,19 +55,19 @@ fn check_peer_bounds(name: &str, json: &serde_json::Value, cfg: &Config) -> Resu
         (
             "devices",
             "RDMA devices",
-            cfg.peer_max_devices,
+            cfg.peers.max_devices,
             "MC_PEER_MAX_DEVICES",
         ),
         (
             TCP_DEVICES_KEY,
             "TCP devices",
-            cfg.peer_max_devices,
+            cfg.peers.max_devices,
             "MC_PEER_MAX_DEVICES",
         ),
         (
             "buffers",
             "buffers",
-            cfg.peer_max_buffers,
+            cfg.peers.max_buffers,
             "MC_PEER_MAX_BUFFERS",
         ),
     ];
@@ -101,7 +101,7 @@ impl PeerDirectory for Peers {
 
 impl Engine {
     pub(super) fn cluster(&self) -> Option<&str> {
-        self.config.metadata_cluster_id.as_deref()
+        self.config.store.cluster_id.as_deref()
     }
 
     /// Options of this engine's handshake calls: cancelled when it is
@@ -109,7 +109,7 @@ impl Engine {
     fn rpc_options(&self) -> ClientOptions {
         ClientOptions {
             cancel: Some(self.cancel.clone()),
-            ..ClientOptions::from_config(self.config)
+            ..ClientOptions::from_config(&self.config.rpc)
         }
     }
 
@@ -118,7 +118,7 @@ impl Engine {
     /// `MC_HANDSHAKE_IO_TIMEOUT`, the peer's own bound on answering.
     fn short_call_options(&self) -> ClientOptions {
         ClientOptions {
-            io_timeout: std::time::Duration::from_secs(self.config.handshake_io_timeout_secs),
+            io_timeout: std::time::Duration::from_secs(self.config.rpc.io_timeout_secs),
             ..self.rpc_options()
         }
     }
@@ -129,7 +129,7 @@ impl Engine {
             return Ok((self.rpc_ip.clone(), self.rpc.port()));
         }
         match &self.store {
-            None => Ok(parse_host_port(name, self.config.handshake_port)),
+            None => Ok(parse_host_port(name, self.config.rpc.handshake_port)),
             Some(store) => {
                 let key = rpc_meta_key(self.cluster(), name);
                 let v = store.get(&key)?.ok_or_else(|| {
@@ -150,7 +150,7 @@ impl Engine {
     fn fetch_segment_with(&self, name: &str, rpc: &ClientOptions) -> Result<RemoteSegment> {
         let (json, (data_host, rpc_port)) = match &self.store {
             None => {
-                let (host, port) = parse_host_port(name, self.config.handshake_port);
+                let (host, port) = parse_host_port(name, self.config.rpc.handshake_port);
                 let mine = self.control.local_desc().unwrap_or(serde_json::Value::Null);
                 let reply = crate::rpc::call(&host, port, FrameKind::Metadata, &mine, rpc)?;
                 (reply, (host, port))
@@ -168,7 +168,7 @@ impl Engine {
                 "segment {name:?} has no descriptor yet (no transport installed there)"
             )));
         }
-        check_peer_bounds(name, &json, self.config)?;
+        check_peer_bounds(name, &json, &self.config)?;
         let desc = SegmentDesc::from_json(&json)?;
         Ok(RemoteSegment {
             name: name.to_string(),

@@ -44,7 +44,7 @@ pub(super) struct RpcBinding {
 pub(super) fn loopback_ip(local_name: &str, cfg: &Config) -> Option<IpAddr> {
     let loopback = |host: &str| -> Option<IpAddr> {
         if host.eq_ignore_ascii_case("localhost") {
-            return Some(if cfg.use_ipv6 {
+            return Some(if cfg.rpc.use_ipv6 {
                 Ipv6Addr::LOCALHOST.into()
             } else {
                 Ipv4Addr::LOCALHOST.into()
@@ -53,8 +53,8 @@ pub(super) fn loopback_ip(local_name: &str, cfg: &Config) -> Option<IpAddr> {
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         bare.parse::<IpAddr>().ok().filter(IpAddr::is_loopback)
     };
-    let (host, _) = parse_host_port(local_name, cfg.handshake_port);
-    loopback(&host).or_else(|| cfg.tcp_bind_address.as_deref().and_then(loopback))
+    let (host, _) = parse_host_port(local_name, cfg.rpc.handshake_port);
+    loopback(&host).or_else(|| cfg.rpc.bind_address.as_deref().and_then(loopback))
 }
 
 /// The address advertised in store mode: the loopback address of an engine
@@ -65,7 +65,7 @@ fn advertised_ip(cfg: &Config, loopback: Option<IpAddr>) -> String {
     if let Some(ip) = loopback {
         return ip.to_string();
     }
-    if let Some(a) = &cfg.tcp_bind_address {
+    if let Some(a) = &cfg.rpc.bind_address {
         return a.clone();
     }
     let found = crate::topology::net_interfaces()
@@ -73,8 +73,8 @@ fn advertised_ip(cfg: &Config, loopback: Option<IpAddr>) -> String {
         .filter(|i| i.up && !i.loopback)
         .flat_map(|i| i.addrs.into_iter().map(|a| a.ip))
         .find(|a| match a {
-            IpAddr::V4(_) => !cfg.use_ipv6,
-            IpAddr::V6(v6) => cfg.use_ipv6 && (v6.segments()[0] & 0xffc0) != 0xfe80,
+            IpAddr::V4(_) => !cfg.rpc.use_ipv6,
+            IpAddr::V6(v6) => cfg.rpc.use_ipv6 && (v6.segments()[0] & 0xffc0) != 0xfe80,
         });
     match found {
         Some(a) => a.to_string(),
@@ -95,19 +95,19 @@ pub(super) fn bind_rpc(
     loopback: Option<IpAddr>,
     cfg: &Config,
 ) -> Result<RpcBinding> {
-    let (host, port) = parse_host_port(local_name, cfg.handshake_port);
+    let (host, port) = parse_host_port(local_name, cfg.rpc.handshake_port);
     // An IPv6 name needs a dual-stack listener even without MC_USE_IPV6.
-    let ipv6 = cfg.use_ipv6 || host.parse::<Ipv6Addr>().is_ok();
+    let ipv6 = cfg.rpc.use_ipv6 || host.parse::<Ipv6Addr>().is_ok();
     let any = if ipv6 {
         IpAddr::V6(Ipv6Addr::UNSPECIFIED)
     } else {
         IpAddr::V4(Ipv4Addr::UNSPECIFIED)
     };
     let ip = loopback.unwrap_or(any);
-    let listener = if cfg.legacy_rpc_port_binding {
+    let listener = if cfg.rpc.legacy_port_binding {
         TcpListener::bind(SocketAddr::new(ip, port))
     } else {
-        crate::rpc::bind_in_range_on(cfg.min_rpc_port, cfg.max_rpc_port, ip)
+        crate::rpc::bind_in_range_on(cfg.rpc.min_port, cfg.rpc.max_port, ip)
     }
     .map_err(|e| Error::Socket(format!("no handshake port could be bound on {ip}: {e}")))?;
     let bound = listener
@@ -303,10 +303,9 @@ mod tests {
     use super::*;
 
     fn cfg(bind: Option<&str>) -> Config {
-        Config {
-            tcp_bind_address: bind.map(str::to_string),
-            ..Config::default()
-        }
+        let mut c = Config::default();
+        c.rpc.bind_address = bind.map(str::to_string);
+        c
     }
 
     fn ip(s: &str) -> Option<IpAddr> {

@@ -74,7 +74,7 @@ fn dispatch(
 impl Engine {
     /// Creates a batch with room for `capacity` tasks and returns its id.
     pub fn allocate_batch(&self, capacity: usize) -> Result<u64> {
-        let timeout = match self.config.slice_timeout_secs {
+        let timeout = match self.config.engine.slice_timeout_secs {
             0 => None,
             s => Some(std::time::Duration::from_secs(s)),
         };
@@ -150,10 +150,10 @@ impl Engine {
     /// whose initiator does not check) and no refetch for that happened in
     /// the last second, or one is under way.
     fn needs_refetch(&self, seg: &RemoteSegment, r: &Request) -> bool {
-        if !self.config.metacache {
+        if !self.config.store.metacache {
             return true;
         }
-        let same_name_restarts = self.store.is_some() || self.config.legacy_rpc_port_binding;
+        let same_name_restarts = self.store.is_some() || self.config.rpc.legacy_port_binding;
         if same_name_restarts && seg.freshness.take_refetch() {
             return true;
         }
@@ -270,7 +270,7 @@ impl Engine {
         if r.source == 0 || r.source.checked_add(r.length).is_none() {
             return Some("the source pointer is NULL or wraps");
         }
-        (self.config.strict_local && memory.find(r.source, r.length).is_none())
+        (self.config.engine.strict_local && memory.find(r.source, r.length).is_none())
             .then_some("the source range is not inside one registered buffer (MC_TE_STRICT_LOCAL)")
     }
 
@@ -301,8 +301,8 @@ impl Engine {
             Opcode::Write => (r.source, r.target_offset),
             Opcode::Read => (r.target_offset, r.source),
         };
-        let cfg = self.config;
-        let n = planner::slice_count(r.length, cfg.slice_size, cfg.fragment_limit);
+        let cfg = &self.config;
+        let n = planner::slice_count(r.length, cfg.sched.slice_size, cfg.sched.fragment_limit);
         task.add_slices(n);
         if n == 1 {
             // SAFETY: the target range was checked against the registry
@@ -312,7 +312,8 @@ impl Engine {
             task.finish_slice(r.length, true);
             return;
         }
-        for (off, len) in planner::slices(r.length, cfg.slice_size, cfg.fragment_limit) {
+        for (off, len) in planner::slices(r.length, cfg.sched.slice_size, cfg.sched.fragment_limit)
+        {
             let batch = batch.clone();
             self.local.dispatch(CopyJob {
                 dst: (dst + off) as usize,

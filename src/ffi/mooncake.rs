@@ -54,7 +54,11 @@ pub unsafe extern "C" fn createTransferEngine(
         let Some(name) = string_arg(local_server_name, F, "local_server_name") else {
             return std::ptr::null_mut();
         };
-        match Engine::new(&conn, &name, auto_discover != 0) {
+        let built = Engine::builder(&conn, &name)
+            .auto_discover(auto_discover != 0)
+            .config(crate::config::config().clone())
+            .build();
+        match built {
             Ok(e) => insert_engine(e),
             Err(e) => {
                 fail(F, &e);

@@ -1,7 +1,7 @@
 //! Metadata store keys and the RPC location entry, as Mooncake names them.
 //!
 //! Every key starts with `mooncake/`, followed by `MC_METADATA_CLUSTER_ID/`
-//! when that variable is set (pass `config().metadata_cluster_id.as_deref()`
+//! when that variable is set (pass `Config::store`'s `cluster_id`
 //! as `cluster_id`).
 
 use crate::error::{Error, Result};

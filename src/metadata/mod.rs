@@ -20,3 +20,60 @@ pub mod keys;
 pub mod redis;
 pub mod server;
 pub mod store;
+
+/// The metadata store and the descriptor cache. Parsed from `MC_*` variables by
+/// [`crate::config::Config::from_env`]; the defaults are Mooncake's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreConfig {
+    /// `MC_DISABLE_METACACHE`: refetch remote descriptors on every use.
+    pub metacache: bool,
+    /// `MC_TE_METADATA_REFRESH_INTERVAL_SECONDS`; 0 = off.
+    pub refresh_interval_secs: u64,
+    /// `MC_METADATA_CLUSTER_ID`: key prefix `mooncake/<id>/`.
+    pub cluster_id: Option<String>,
+    /// `MC_REDIS_USERNAME`.
+    pub redis_username: Option<String>,
+    /// `MC_REDIS_PASSWORD`.
+    pub redis_password: Option<String>,
+    /// `MC_REDIS_DB_INDEX` (0, 0..=255).
+    pub redis_db_index: u8,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            metacache: true,
+            refresh_interval_secs: 0,
+            cluster_id: None,
+            redis_username: None,
+            redis_password: None,
+            redis_db_index: 0,
+        }
+    }
+}
+
+/// Bounds on what a peer's descriptor may hold. Parsed from `MC_*` variables by
+/// [`crate::config::Config::from_env`]; the defaults are Mooncake's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeerLimits {
+    /// `MC_PEER_MAX_DEVICES` (64, 1..=4096): most devices (RDMA `devices`,
+    /// TCP `tcp_devices`) a peer's descriptor may list.
+    pub max_devices: usize,
+    /// `MC_PEER_MAX_BUFFERS` (65536, 1..=16777216): most buffers a peer's
+    /// descriptor may list.
+    pub max_buffers: usize,
+    /// `MC_PEER_MAX_DESCRIPTOR_BYTES` (64 MiB, 64 KiB..=1 GiB): largest
+    /// descriptor read from a metadata store (in P2P mode the reply frame
+    /// is bounded by `MC_HANDSHAKE_MAX_LENGTH`).
+    pub max_descriptor_bytes: u64,
+}
+
+impl Default for PeerLimits {
+    fn default() -> Self {
+        PeerLimits {
+            max_devices: 64,
+            max_buffers: 1 << 16,
+            max_descriptor_bytes: 64 << 20,
+        }
+    }
+}

@@ -167,11 +167,9 @@ impl RedisStore {
         self
     }
 
-    /// A store at `addr` with the credentials and database of the process
-    /// configuration (`MC_REDIS_USERNAME`, `MC_REDIS_PASSWORD`,
-    /// `MC_REDIS_DB_INDEX`).
-    pub fn from_config(addr: &str) -> Result<RedisStore> {
-        let c = crate::config::config();
+    /// A store at `addr` with the credentials and database of `c`
+    /// (`MC_REDIS_USERNAME`, `MC_REDIS_PASSWORD`, `MC_REDIS_DB_INDEX`).
+    pub fn from_config(addr: &str, c: &super::StoreConfig) -> Result<RedisStore> {
         RedisStore::new(
             addr,
             c.redis_username.as_deref(),

@@ -5,8 +5,8 @@
 //! tried again after a short backoff, until the connect deadline.
 
 use super::DeadlineReader;
+use super::RpcConfig;
 use super::frame::{Frame, FrameError, FrameKind, encode_json, read_frame};
-use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::sync;
 use serde_json::Value;
@@ -112,11 +112,11 @@ fn cancelled(host: &str, port: u16) -> Error {
 
 impl ClientOptions {
     /// The options for a parsed configuration.
-    pub fn from_config(c: &Config) -> Self {
+    pub fn from_config(c: &RpcConfig) -> Self {
         ClientOptions {
-            connect_timeout: Duration::from_secs(c.handshake_connect_timeout_secs),
+            connect_timeout: Duration::from_secs(c.connect_timeout_secs),
             io_timeout: Duration::from_secs(60),
-            max_frame_len: c.handshake_max_length,
+            max_frame_len: c.max_length,
             ipv6: c.use_ipv6,
             cancel: None,
         }
@@ -126,7 +126,7 @@ impl ClientOptions {
 impl Default for ClientOptions {
     /// The options for the default configuration.
     fn default() -> Self {
-        ClientOptions::from_config(&Config::default())
+        ClientOptions::from_config(&RpcConfig::default())
     }
 }
 
@@ -532,11 +532,11 @@ mod tests {
 
     #[test]
     fn options_follow_the_config() {
-        let c = Config {
-            handshake_connect_timeout_secs: 7,
-            handshake_max_length: 2 << 20,
+        let c = RpcConfig {
+            connect_timeout_secs: 7,
+            max_length: 2 << 20,
             use_ipv6: true,
-            ..Config::default()
+            ..RpcConfig::default()
         };
         let o = ClientOptions::from_config(&c);
         assert_eq!(o.connect_timeout, Duration::from_secs(7));

@@ -20,6 +20,68 @@ use std::net::{Ipv6Addr, TcpStream};
 use std::time::{Duration, Instant};
 use tracing::warn;
 
+/// The handshake listener and client. Parsed from `MC_*` variables by
+/// [`crate::config::Config::from_env`]; the defaults are Mooncake's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RpcConfig {
+    /// `MC_HANDSHAKE_PORT`: port assumed for a server name without one (12001).
+    pub handshake_port: u16,
+    /// `MC_MIN_RPC_PORT` (15000).
+    pub min_port: u16,
+    /// `MC_MAX_RPC_PORT` (17000).
+    pub max_port: u16,
+    /// `MC_HANDSHAKE_LISTEN_BACKLOG` (128).
+    pub listen_backlog: u32,
+    /// `MC_HANDSHAKE_CONNECT_TIMEOUT` in seconds (5, 1..=3599).
+    pub connect_timeout_secs: u64,
+    /// `MC_HANDSHAKE_MAX_LENGTH`: largest handshake frame (1 MiB..=128 MiB).
+    pub max_length: u64,
+    /// `MC_HANDSHAKE_IO_TIMEOUT` in seconds (5, 1..=3600): the handshake
+    /// listener's deadline for a whole request from the accept, for writing
+    /// the reply, and for the client's EOF after it.
+    pub io_timeout_secs: u64,
+    /// `MC_HANDSHAKE_MAX_CONNECTIONS` (256, 1..=65536): handshake
+    /// connections open at once; at the bound the one that has waited
+    /// longest for its client (to send a request or take a reply) makes
+    /// room for a new one.
+    pub max_connections: usize,
+    /// `MC_HANDSHAKE_WORKERS` (4, 1..=64): threads that run the handlers of
+    /// handshake requests.
+    pub workers: usize,
+    /// `MC_HANDSHAKE_MAX_BUFFERED` (64 MiB, 1 MiB..=64 GiB): bytes of
+    /// handshake requests and replies held across all connections, a reply
+    /// until the client has taken it (at least one frame of
+    /// `MC_HANDSHAKE_MAX_LENGTH`).
+    pub max_buffered: u64,
+    /// `MC_USE_IPV6`.
+    pub use_ipv6: bool,
+    /// `MC_LEGACY_RPC_PORT_BINDING`: bind the RPC port named in the server name.
+    pub legacy_port_binding: bool,
+    /// `MC_TCP_BIND_ADDRESS`: the address advertised in store mode; a
+    /// loopback address also confines the engine to loopback.
+    pub bind_address: Option<String>,
+}
+
+impl Default for RpcConfig {
+    fn default() -> Self {
+        RpcConfig {
+            handshake_port: 12001,
+            min_port: 15000,
+            max_port: 17000,
+            listen_backlog: 128,
+            connect_timeout_secs: 5,
+            max_length: 1 << 20,
+            io_timeout_secs: 5,
+            max_connections: 256,
+            workers: 4,
+            max_buffered: 64 << 20,
+            use_ipv6: false,
+            legacy_port_binding: false,
+            bind_address: None,
+        }
+    }
+}
+
 /// Reads from a socket with one overall deadline: before each read the
 /// socket's receive timeout is set to the time left, so a peer trickling
 /// bytes cannot stretch a frame read past the deadline.

@@ -13,8 +13,8 @@
 //! waited longest for its client (to send its request or take its reply)
 //! makes room.
 
+use super::RpcConfig;
 use super::frame::{Frame, FrameKind, Taken, encode_json, header, take_frame};
-use crate::config::Config;
 use crate::serve::{self, Dispatch, Parse, Reply, Service, Then};
 use serde_json::{Value, json};
 use socket2::{Domain, Socket, Type};
@@ -80,14 +80,14 @@ pub struct ServerOptions {
 
 impl ServerOptions {
     /// The options for a parsed configuration.
-    pub fn from_config(c: &Config) -> Self {
+    pub fn from_config(c: &RpcConfig) -> Self {
         ServerOptions {
-            max_frame_len: c.handshake_max_length,
-            io_timeout: Duration::from_secs(c.handshake_io_timeout_secs),
-            max_connections: c.handshake_max_connections,
-            workers: c.handshake_workers,
-            max_buffered: c.handshake_max_buffered,
-            listen_backlog: c.handshake_listen_backlog,
+            max_frame_len: c.max_length,
+            io_timeout: Duration::from_secs(c.io_timeout_secs),
+            max_connections: c.max_connections,
+            workers: c.workers,
+            max_buffered: c.max_buffered,
+            listen_backlog: c.listen_backlog,
         }
     }
 }
@@ -95,7 +95,7 @@ impl ServerOptions {
 impl Default for ServerOptions {
     /// The options for the default configuration.
     fn default() -> Self {
-        ServerOptions::from_config(&Config::default())
+        ServerOptions::from_config(&RpcConfig::default())
     }
 }
 

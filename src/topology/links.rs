@@ -321,7 +321,7 @@ mod tests {
 
     #[test]
     fn report_of_this_machine_and_of_a_foreign_matrix() {
-        let t = Topology::discover(&[]);
+        let t = Topology::discover(&[], &[]);
         let m = PriorityMatrix::from_topology(&t);
         let text = show_links(&t, &m, false);
         assert!(text.contains("no RDMA devices"), "{text}");

@@ -132,7 +132,7 @@ impl PriorityMatrix {
             entries,
             devices,
             resolved,
-            round_robin: crate::config::config().path_roundrobin,
+            round_robin: false,
         }
     }
 

@@ -23,6 +23,29 @@ pub use matrix::PriorityMatrix;
 
 use std::net::IpAddr;
 
+/// Which devices are used, and the priority matrix. Parsed from `MC_*`
+/// variables by [`crate::config::Config::from_env`]; the defaults are
+/// Mooncake's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopologyConfig {
+    /// `MC_CUSTOM_TOPO_JSON`: path of a priority-matrix file.
+    pub custom_topo_json: Option<String>,
+    /// `MC_TE_FILTERS`: comma list of devices to use.
+    pub filters: Vec<String>,
+    /// `MC_PATH_ROUNDROBIN`: round-robin instead of random first choice.
+    pub path_roundrobin: bool,
+}
+
+impl Default for TopologyConfig {
+    fn default() -> Self {
+        TopologyConfig {
+            custom_topo_json: None,
+            filters: Vec::new(),
+            path_roundrobin: false,
+        }
+    }
+}
+
 /// What this process can see of the machine.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Topology {
@@ -126,16 +149,13 @@ struct Locality {
 }
 
 impl Topology {
-    /// Discovers the machine. `filters`, when non-empty, and `MC_TE_FILTERS`,
-    /// when set, each restrict the RDMA devices to the names they list.
+    /// Discovers the machine. `filters` (an engine's device filter) and
+    /// `te_filters` (`MC_TE_FILTERS`), when non-empty, each restrict the RDMA
+    /// devices to the names they list.
     ///
     /// Never fails: with no RDMA support the device list is empty, and if
     /// hwloc fails the facts come from sysfs (with a warning).
-    pub fn discover(filters: &[String]) -> Topology {
-        Self::discover_with(filters, &crate::config::config().te_filters)
-    }
-
-    fn discover_with(filters: &[String], te_filters: &[String]) -> Topology {
+    pub fn discover(filters: &[String], te_filters: &[String]) -> Topology {
         #[cfg(feature = "hwloc")]
         let hw = match hwloc::discover() {
             Ok(facts) => Some(facts),
@@ -266,7 +286,7 @@ mod tests {
 
     #[test]
     fn discover_on_this_machine() {
-        let t = Topology::discover(&[]);
+        let t = Topology::discover(&[], &[]);
         assert!(!t.numa_nodes.is_empty(), "{t:?}");
         assert!(t.numa_nodes.windows(2).all(|w| w[0] < w[1]), "{t:?}");
         // The test machines have no RDMA hardware.
@@ -279,15 +299,15 @@ mod tests {
 
     #[test]
     fn discover_with_te_filters_still_succeeds() {
-        let t = Topology::discover_with(&[], &["erdma_0".to_string()]);
+        let t = Topology::discover(&[], &["erdma_0".to_string()]);
         assert!(t.rdma_devices.iter().all(|d| d.name == "erdma_0"));
-        let t = Topology::discover_with(&["mlx5_9".to_string()], &[]);
+        let t = Topology::discover(&["mlx5_9".to_string()], &[]);
         assert!(t.rdma_devices.iter().all(|d| d.name == "mlx5_9"));
     }
 
     #[test]
     fn discovered_topology_round_trips_as_matrix() {
-        let t = Topology::discover(&[]);
+        let t = Topology::discover(&[], &[]);
         let m = PriorityMatrix::from_topology(&t);
         for node in &t.numa_nodes {
             assert!(m.entry(&format!("cpu:{node}")).is_some(), "{m:?}");

@@ -7,11 +7,38 @@
 //! pool at once, so no new slice reaches it, and waits on a list until no
 //! slice is in flight on it; a background pass then closes it.
 
-use crate::config::EndpointStoreType;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Endpoint pool eviction policy (`MC_ENDPOINT_STORE_TYPE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointStoreType {
+    /// Evict the oldest inserted endpoint.
+    Fifo,
+    /// SIEVE eviction (NSDI'24): the default.
+    Sieve,
+}
+
+/// The per-device endpoint pools. Parsed from `MC_*` variables by
+/// [`crate::config::Config::from_env`]; the defaults are Mooncake's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndpointConfig {
+    /// `MC_MAX_EP_PER_CTX` (65536).
+    pub max_per_ctx: usize,
+    /// `MC_ENDPOINT_STORE_TYPE` (SIEVE).
+    pub store_type: EndpointStoreType,
+}
+
+impl Default for EndpointConfig {
+    fn default() -> Self {
+        EndpointConfig {
+            max_per_ctx: 65536,
+            store_type: EndpointStoreType::Sieve,
+        }
+    }
+}
 
 /// What the pool needs of an endpoint.
 pub trait Endpoint: Send + Sync {

@@ -59,7 +59,7 @@ pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
             PriorityMatrix::from_topology(&topo)
         }
     };
-    let filters = &ctx.config.te_filters;
+    let filters = &ctx.config.topology.filters;
     let allowed = |d: &String| {
         (filters.is_empty() || filters.contains(d))
             && (ctx.device_filter.is_empty() || ctx.device_filter.contains(d))

@@ -11,8 +11,8 @@
 
 use super::endpoint::RdmaEndpoint;
 use super::handshake::split_nic_path;
-use crate::config::EndpointStoreType;
 use crate::sync;
+use crate::transport::endpoint::EndpointStoreType;
 use crate::transport::endpoint::{EndpointStore, Retiring};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -41,6 +41,33 @@ use tracing::debug;
 /// buffers (ignored by Mooncake).
 pub const GENERATION_KEY: &str = "generation";
 
+/// How the scheduler slices requests and retries slices. Parsed from `MC_*`
+/// variables by [`crate::config::Config::from_env`]; the defaults are
+/// Mooncake's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchedConfig {
+    /// `MC_SLICE_SIZE`: bytes per slice of a large request (65536).
+    pub slice_size: u64,
+    /// Derived from `MC_FRAGMENT_RATIO`: a tail up to this size joins the
+    /// previous slice (16384, or `slice_size / ratio`).
+    pub fragment_limit: u64,
+    /// `MC_RETRY_CNT`: attempts per slice before its task fails (9, 1..=127).
+    pub retry_cnt: u32,
+    /// `MC_RDMA_RAIL_PAUSE_SECONDS` (30, 1..=3599).
+    pub rail_pause_secs: u64,
+}
+
+impl Default for SchedConfig {
+    fn default() -> Self {
+        SchedConfig {
+            slice_size: 65536,
+            fragment_limit: 16384,
+            retry_cnt: 9,
+            rail_pause_secs: 30,
+        }
+    }
+}
+
 /// Name of the device load of a rail bound to no local device.
 const DEFAULT_DEVICE: &str = "default";
 
@@ -232,15 +259,17 @@ impl<C: Carrier> Scheduler<C> {
             .map(|d| DeviceLoad::new(d.clone()))
             .collect();
         loads.push(DeviceLoad::new(DEFAULT_DEVICE.into()));
-        let slice_size = cfg.slice_size.min(carrier.max_slice());
+        let slice_size = cfg.sched.slice_size.min(carrier.max_slice());
         Arc::new_cyclic(|me| Scheduler {
             carrier,
             matrix,
             loads,
             rail_loads: Mutex::new(HashMap::new()),
-            health: Arc::new(RailHealth::new(Duration::from_secs(cfg.rail_pause_secs))),
-            retry_cnt: cfg.retry_cnt,
-            fragment_limit: cfg.fragment_limit.min(slice_size),
+            health: Arc::new(RailHealth::new(Duration::from_secs(
+                cfg.sched.rail_pause_secs,
+            ))),
+            retry_cnt: cfg.sched.retry_cnt,
+            fragment_limit: cfg.sched.fragment_limit.min(slice_size),
             slice_size,
             closed: AtomicBool::new(false),
             me: me.clone(),
@@ -742,10 +771,8 @@ mod tests {
     #[test]
     fn a_retry_reaches_every_rail_beyond_64() {
         let (n, good) = (70, 64);
-        let cfg = Config {
-            retry_cnt: 127,
-            ..Config::default()
-        };
+        let mut cfg = Config::default();
+        cfg.sched.retry_cnt = 127;
         let carrier = Rails {
             names: Vec::new(),
             n,

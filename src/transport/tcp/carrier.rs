@@ -118,7 +118,7 @@ pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
         .clone()
         .unwrap_or_else(|| PriorityMatrix::from_topology_tcp(&topo));
     let devices = match ctx.loopback {
-        None => tcp_devices(&matrix, &topo.net_interfaces, &ctx.config.te_filters),
+        None => tcp_devices(&matrix, &topo.net_interfaces, &ctx.config.topology.filters),
         Some(ip) => {
             if named {
                 warn!(
@@ -136,7 +136,7 @@ pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
             .map(|d| format!("{} {}", d.name, d.addr))
             .collect::<Vec<_>>()
     );
-    let (min, max) = (ctx.config.min_rpc_port, ctx.config.max_rpc_port);
+    let (min, max) = (ctx.config.rpc.min_port, ctx.config.rpc.max_port);
     let listener = match ctx.loopback {
         Some(ip) => crate::rpc::bind_in_range_on(min, max, ip),
         None => crate::rpc::bind_in_range(min, max, true)
@@ -144,7 +144,7 @@ pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
     }
     .map_err(|e| Error::Socket(format!("no free tcp data port: {e}")))?;
     let tcp = TcpTransport::start(listener, ctx.memory.clone(), ctx.config)?;
-    let carrier = TcpCarrier::new(Arc::new(tcp), devices, ctx.config.tcp_force_v1);
+    let carrier = TcpCarrier::new(Arc::new(tcp), devices, ctx.config.tcp.force_v1);
     Ok(Scheduler::new(carrier, matrix, ctx.config))
 }
 

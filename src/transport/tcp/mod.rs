@@ -44,6 +44,57 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tracing::info;
 
+/// The TCP transport. Parsed from `MC_*` variables by
+/// [`crate::config::Config::from_env`]; the defaults are Mooncake's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TcpConfig {
+    /// `MC_TCP_LANES_PER_PEER` (alias `MC_TCP_MAX_CONNECTIONS_PER_PEER`): 4, 1..=16.
+    pub lanes_per_peer: usize,
+    /// `MC_TCP_PROTO=1` forces the v1 framing towards every peer.
+    pub force_v1: bool,
+    /// `MC_TCP_STATUS_TIMEOUT_SEC` (30): a TCP request that moves no byte
+    /// for this long fails (both sides).
+    pub status_timeout_secs: u64,
+    /// `MC_TCP_IO_THREADS`: threads of the TCP transport, serving every
+    /// connection of both sides (min(4, CPUs); 1..=64).
+    pub io_threads: usize,
+    /// `MC_TCP_MAX_DATA_CONNECTIONS`: data connections served at once
+    /// (4096; also at most half the descriptor limit).
+    pub max_data_connections: usize,
+    /// `MC_TCP_IDLE_TIMEOUT_SEC`: an idle data connection is closed after
+    /// this long by the server, after half of it by the client (300).
+    pub idle_timeout_secs: u64,
+    /// `MC_TCP_MIN_RATE_BYTES_PER_SEC`: a request in progress, on the data
+    /// server or a client connection, fails with its connection reset when
+    /// its peer takes fewer bytes per second than this,
+    /// averaged over each `MC_TCP_MIN_RATE_WINDOW_SEC` (65536; 0 = off,
+    /// up to 1 GiB/s).
+    pub min_rate: u64,
+    /// `MC_TCP_MIN_RATE_WINDOW_SEC`: the window the minimum rate is
+    /// averaged over (10, 1..=3600).
+    pub min_rate_window_secs: u64,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            lanes_per_peer: 4,
+            force_v1: false,
+            status_timeout_secs: 30,
+            io_threads: default_io_threads(),
+            max_data_connections: 4096,
+            idle_timeout_secs: 300,
+            min_rate: 64 << 10,
+            min_rate_window_secs: 10,
+        }
+    }
+}
+
+/// Default I/O threads of the TCP transport: one per CPU, at most 4.
+fn default_io_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().min(4))
+}
+
 /// Longest wait of a rail probe's connect.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -83,7 +134,7 @@ pub struct TcpTransport {
     next_thread: AtomicUsize,
     lanes_per_peer: usize,
     max_ep_per_ctx: usize,
-    store_type: crate::config::EndpointStoreType,
+    store_type: crate::transport::endpoint::EndpointStoreType,
     timeouts: LaneTimeouts,
 }
 
@@ -114,18 +165,18 @@ impl TcpTransport {
             .map_err(|e| Error::Socket(format!("tcp data listener: {e}")))?
             .port();
         let by_fds = usize::try_from(descriptor_limit() / 2).unwrap_or(usize::MAX);
-        let max_sessions = cfg.tcp_max_data_connections.min(by_fds.max(16));
-        if max_sessions < cfg.tcp_max_data_connections {
+        let max_sessions = cfg.tcp.max_data_connections.min(by_fds.max(16));
+        if max_sessions < cfg.tcp.max_data_connections {
             info!(
                 "tcp: at most {max_sessions} data connections (half the descriptor limit; MC_TCP_MAX_DATA_CONNECTIONS={})",
-                cfg.tcp_max_data_connections
+                cfg.tcp.max_data_connections
             );
         }
-        let stall = Duration::from_secs(cfg.tcp_status_timeout_secs);
-        let idle = Duration::from_secs(cfg.tcp_idle_timeout_secs);
+        let stall = Duration::from_secs(cfg.tcp.status_timeout_secs);
+        let idle = Duration::from_secs(cfg.tcp.idle_timeout_secs);
         let min_rate = MinRate {
-            bytes_per_sec: cfg.tcp_min_rate,
-            window: Duration::from_secs(cfg.tcp_min_rate_window_secs),
+            bytes_per_sec: cfg.tcp.min_rate,
+            window: Duration::from_secs(cfg.tcp.min_rate_window_secs),
         };
         let server = Arc::new(ServerShared {
             memory,
@@ -134,9 +185,9 @@ impl TcpTransport {
             idle_timeout: idle,
             stall,
             min_rate,
-            board: Board::new(cfg.tcp_io_threads),
+            board: Board::new(cfg.tcp.io_threads),
         });
-        let io = IoThreads::start(cfg.tcp_io_threads, listener, server)
+        let io = IoThreads::start(cfg.tcp.io_threads, listener, server)
             .map_err(|e| Error::Socket(format!("tcp I/O threads could not start: {e}")))?;
         info!(port, threads = io.count(), "tcp transport listening");
         Ok(TcpTransport {
@@ -148,11 +199,11 @@ impl TcpTransport {
             }),
             lanes: Mutex::new(Vec::new()),
             next_thread: AtomicUsize::new(0),
-            lanes_per_peer: cfg.tcp_lanes_per_peer,
-            max_ep_per_ctx: cfg.max_ep_per_ctx,
-            store_type: cfg.endpoint_store_type,
+            lanes_per_peer: cfg.tcp.lanes_per_peer,
+            max_ep_per_ctx: cfg.endpoints.max_per_ctx,
+            store_type: cfg.endpoints.store_type,
             timeouts: LaneTimeouts {
-                connect: Duration::from_secs(cfg.handshake_connect_timeout_secs),
+                connect: Duration::from_secs(cfg.rpc.connect_timeout_secs),
                 stall,
                 idle: idle / 2,
                 min_rate,

@@ -1,0 +1,98 @@
+//! The RDMA transport's configuration, parsed in every build.
+
+/// The RDMA transport. Parsed from `MC_*` variables by
+/// [`crate::config::Config::from_env`]; the defaults are Mooncake's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RdmaConfig {
+    /// `MC_IB_PORT`: the device port RDMA uses (1, 1..=255).
+    pub ib_port: u8,
+    /// `MC_GID_INDEX` (else `NCCL_IB_GID_INDEX`): the GID index; `None`
+    /// (-1, the default) ranks the GID table.
+    pub gid_index: Option<u32>,
+    /// `MC_MTU`: largest RDMA path MTU in bytes (4096; 512, 1024, 2048 or
+    /// 4096); the port's active MTU when smaller.
+    pub mtu: u32,
+    /// `MC_NUM_QP_PER_EP`: queue pairs per endpoint (2, 1..=255).
+    pub num_qp_per_ep: usize,
+    /// `MC_MAX_WR`: work requests per queue pair (256, 1..=65535).
+    pub max_wr: u32,
+    /// `MC_MAX_SGE`: scatter/gather entries per work request (4, 1..=65535).
+    pub max_sge: u32,
+    /// `MC_MAX_INLINE`: inline bytes per work request (64, 0..=65535).
+    pub max_inline: u32,
+    /// `MC_MAX_CQE_PER_CTX`: completion queue entries per device (4096,
+    /// 1..=65535).
+    pub max_cqe_per_ctx: u32,
+    /// `MC_WORKERS_PER_CTX`: worker threads per device (2, 1..=8).
+    pub workers_per_ctx: usize,
+    /// `MC_PKEY_INDEX` (0, 0..=65535).
+    pub pkey_index: u16,
+    /// `MC_IB_TC`: GRH traffic class (-1 = the device default, 0..=255).
+    pub traffic_class: Option<u8>,
+    /// `MC_IB_SL`: service level (-1 = 0, 0..=15).
+    pub service_level: Option<u8>,
+    /// `MC_IB_PCI_RELAXED_ORDERING`: request relaxed ordering for memory
+    /// regions where the device supports it (1; 0 = off, 1 and 2 = on).
+    pub relaxed_ordering: bool,
+    /// `MC_MAX_MR_SIZE`: largest memory region (1 TiB), further limited by
+    /// the device.
+    pub max_mr_size: u64,
+    /// `MC_IB_TIMEOUT`: the local ACK timeout of RDMA queue pairs as the
+    /// verbs exponent, 4.096 us * 2^n (14, about 67 ms, Mooncake's value;
+    /// 1..=31). Soft-RoCE on an overloaded host needs more.
+    pub ib_timeout: u8,
+    /// `MC_RDMA_SIGNAL_INTERVAL`: of the RDMA work requests posted as one
+    /// chain, every n-th and the last ask for a completion (1, every one,
+    /// as Mooncake; 1..=64). A larger n saves completion work; an
+    /// unsignaled request counts as done when a later one of its queue
+    /// pair completes, which soft-RoCE (rdma_rxe of Linux 6.1) does not
+    /// honour under load.
+    pub signal_interval: usize,
+    /// `MC_RDMA_COMPLETION_TIMEOUT`: seconds a queue pair may hold work
+    /// requests without completing any before its endpoint is torn down
+    /// and its slices fail over (10, 1..=3600).
+    pub completion_timeout_secs: u64,
+    /// `MC_RDMA_MAX_PASSIVE_EP`: endpoints that peers' handshakes may
+    /// create on one device (1024, 1..=65536); at the bound the least
+    /// recently active one gives way.
+    pub max_passive_ep: usize,
+    /// `MC_RDMA_MAX_PASSIVE_EP_PER_PEER`: of those, how many one peer
+    /// server may hold (32, 1..=65536); beyond it its handshakes are
+    /// refused.
+    pub max_passive_ep_per_peer: usize,
+    /// `MC_RDMA_PEER_LOOKUPS_PER_SEC`: lookups of the descriptors of peers
+    /// not yet verified, per second and in a burst, that handshakes may
+    /// cause (100, 1..=100000).
+    pub peer_lookups_per_sec: u32,
+    /// `MC_RDMA_CONNECT_THREADS`: threads that run our handshakes,
+    /// different peers at once, one peer's in turn (8, 1..=64).
+    pub connect_threads: usize,
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        RdmaConfig {
+            ib_port: 1,
+            gid_index: None,
+            mtu: 4096,
+            num_qp_per_ep: 2,
+            max_wr: 256,
+            max_sge: 4,
+            max_inline: 64,
+            max_cqe_per_ctx: 4096,
+            workers_per_ctx: 2,
+            pkey_index: 0,
+            traffic_class: None,
+            service_level: None,
+            relaxed_ordering: true,
+            max_mr_size: 1 << 40,
+            ib_timeout: 14,
+            signal_interval: 1,
+            completion_timeout_secs: 10,
+            max_passive_ep: 1024,
+            max_passive_ep_per_peer: 32,
+            peer_lookups_per_sec: 100,
+            connect_threads: 8,
+        }
+    }
+}
