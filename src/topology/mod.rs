@@ -26,7 +26,7 @@ use std::net::IpAddr;
 /// Which devices are used, and the priority matrix. Parsed from `MC_*`
 /// variables by [`crate::config::Config::from_env`]; the defaults are
 /// Mooncake's.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct TopologyConfig {
     /// `MC_CUSTOM_TOPO_JSON`: path of a priority-matrix file.
     pub custom_topo_json: Option<String>,
@@ -36,15 +36,6 @@ pub struct TopologyConfig {
     pub path_roundrobin: bool,
 }
 
-impl Default for TopologyConfig {
-    fn default() -> Self {
-        TopologyConfig {
-            custom_topo_json: None,
-            filters: Vec::new(),
-            path_roundrobin: false,
-        }
-    }
-}
 
 /// What this process can see of the machine.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

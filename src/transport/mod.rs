@@ -13,7 +13,6 @@
 
 pub mod endpoint;
 pub mod local;
-#[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod scheduler;
 pub mod tcp;
