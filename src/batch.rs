@@ -3,6 +3,10 @@
 //! exactly as Mooncake does (spec §1.3), with `MC_SLICE_TIMEOUT` applied
 //! when it is polled.
 
+use crate::codes::{
+    STATUS_CANCELED, STATUS_COMPLETED, STATUS_FAILED, STATUS_INVALID, STATUS_PENDING,
+    STATUS_TIMEOUT, STATUS_WAITING,
+};
 use crate::error::{Error, Result};
 use crate::sync;
 use once_cell::sync::Lazy;
@@ -26,20 +30,20 @@ pub const MAX_BATCH_SIZE: usize = 1 << 22;
 #[repr(i32)]
 pub enum TaskStatus {
     /// Not all slices have finished.
-    Waiting = 0,
+    Waiting = STATUS_WAITING,
     /// Unused by this engine; kept for the C values.
-    Pending = 1,
+    Pending = STATUS_PENDING,
     /// Unused by this engine; kept for the C values.
-    Invalid = 2,
+    Invalid = STATUS_INVALID,
     /// Unused by this engine; kept for the C values.
-    Canceled = 3,
+    Canceled = STATUS_CANCELED,
     /// Every slice succeeded.
-    Completed = 4,
+    Completed = STATUS_COMPLETED,
     /// Still waiting `MC_SLICE_TIMEOUT` after its slices were posted (not
     /// cancelled: a later poll may see it finish).
-    Timeout = 5,
+    Timeout = STATUS_TIMEOUT,
     /// Every slice finished and at least one failed.
-    Failed = 6,
+    Failed = STATUS_FAILED,
 }
 
 /// One request's progress.

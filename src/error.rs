@@ -7,6 +7,7 @@
 //! error to each family; their values are those of Mooncake's `status.h`
 //! and `error.h`.
 
+use crate::codes::*;
 use std::fmt;
 
 /// Every failure the engine reports to a caller.
@@ -50,44 +51,33 @@ impl Error {
     /// The negative `ERR_*` code for functions that return `0` or `ERR_*`.
     pub fn err_code(&self) -> i32 {
         match self {
-            Error::InvalidArgument(_) => -1,
-            Error::TooManyRequests(_) => -2,
-            Error::AddressNotRegistered(_) => -3,
-            Error::BatchBusy => -4,
-            Error::DeviceNotFound(_) => -6,
-            Error::AddressOverlapped(_) => -7,
-            Error::NotSupportedTransport(_) => -1,
-            Error::Dns(_) => -101,
-            Error::Socket(_) => -102,
-            Error::MalformedJson(_) => -103,
-            Error::RejectHandshake(_) => -104,
-            Error::Metadata(_) => -200,
-            Error::Endpoint(_) => -201,
-            Error::Context(_) => -202,
-            Error::Memory(_) => -302,
-            Error::NotImplemented(_) => -303,
+            Error::InvalidArgument(_) => ERR_INVALID_ARGUMENT,
+            Error::TooManyRequests(_) => ERR_TOO_MANY_REQUESTS,
+            Error::AddressNotRegistered(_) => ERR_ADDRESS_NOT_REGISTERED,
+            Error::BatchBusy => ERR_BATCH_BUSY,
+            Error::DeviceNotFound(_) => ERR_DEVICE_NOT_FOUND,
+            Error::AddressOverlapped(_) => ERR_ADDRESS_OVERLAPPED,
+            Error::NotSupportedTransport(_) => ERR_INVALID_ARGUMENT,
+            Error::Dns(_) => ERR_DNS,
+            Error::Socket(_) => ERR_SOCKET,
+            Error::MalformedJson(_) => ERR_MALFORMED_JSON,
+            Error::RejectHandshake(_) => ERR_REJECT_HANDSHAKE,
+            Error::Metadata(_) => ERR_METADATA,
+            Error::Endpoint(_) => ERR_ENDPOINT,
+            Error::Context(_) => ERR_CONTEXT,
+            Error::Memory(_) => ERR_MEMORY,
+            Error::NotImplemented(_) => ERR_NOT_IMPLEMENTED,
         }
     }
 
     /// The positive `Status` code for the Status-returning functions.
     pub fn status_code(&self) -> i32 {
         match self {
-            Error::InvalidArgument(_) => 1,
-            Error::TooManyRequests(_) => 2,
-            Error::AddressNotRegistered(_) => 3,
-            Error::BatchBusy => 4,
-            Error::DeviceNotFound(_) => 6,
-            Error::AddressOverlapped(_) => 7,
+            // Mooncake's kNotSupportedTransport and kNotImplemented have no
+            // ERR_* counterpart of the same magnitude.
             Error::NotSupportedTransport(_) => 8,
-            Error::Dns(_) => 101,
-            Error::Socket(_) => 102,
-            Error::MalformedJson(_) => 103,
-            Error::RejectHandshake(_) => 104,
-            Error::Metadata(_) => 200,
-            Error::Endpoint(_) => 201,
-            Error::Context(_) => 202,
-            Error::Memory(_) => 302,
             Error::NotImplemented(_) => 999,
+            e => -e.err_code(),
         }
     }
 }

@@ -3,6 +3,7 @@
 //! `transfer_engine_c.h`.
 
 pub mod batch;
+pub mod codes;
 pub mod config;
 pub mod engine;
 pub mod error;

@@ -36,7 +36,6 @@ pub struct TopologyConfig {
     pub path_roundrobin: bool,
 }
 
-
 /// What this process can see of the machine.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Topology {
