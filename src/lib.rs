@@ -2,6 +2,8 @@
 //! and ships as a C ABI library whose header is a drop-in for Mooncake's
 //! `transfer_engine_c.h`.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod batch;
 pub mod codes;
 pub mod config;

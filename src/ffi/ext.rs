@@ -160,10 +160,8 @@ mod tests {
         assert_eq!(unsafe { te_last_error(std::ptr::null_mut(), 0) }, full);
         // A call that succeeds clears it.
         // SAFETY: a NULL array of size 0 is valid.
-        assert_eq!(
-            unsafe { crate::ffi::mooncake::freeNotifsMsgBuf(std::ptr::null_mut(), 0) },
-            0
-        );
+        let freed = unsafe { crate::ffi::mooncake::freeNotifsMsgBuf(std::ptr::null_mut(), 0) };
+        assert_eq!(freed, 0);
         // SAFETY: as above.
         assert_eq!(unsafe { te_last_error(std::ptr::null_mut(), 0) }, 0);
     }
