@@ -110,11 +110,6 @@ impl Task {
             self.observed_terminal.store(true, Ordering::Release);
         }
     }
-
-    /// Whether every slice has finished.
-    pub fn is_terminal(&self) -> bool {
-        !matches!(self.status().0, TaskStatus::Waiting)
-    }
 }
 
 /// A notification to send once every task of its batch has completed.
@@ -140,6 +135,11 @@ pub struct Batch {
 }
 
 impl Batch {
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+
     /// A batch with room for `capacity` tasks whose waiting tasks report
     /// TIMEOUT once `slice_timeout` has passed since they were submitted.
     pub fn new(capacity: usize, slice_timeout: Option<Duration>) -> Result<Batch> {
@@ -245,16 +245,6 @@ impl Batch {
         } else {
             None
         }
-    }
-
-    /// Number of submitted tasks.
-    pub fn len(&self) -> usize {
-        self.len.load(Ordering::Acquire)
-    }
-
-    /// Whether nothing was submitted.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -61,7 +61,6 @@ impl LogLimit {
 /// Logs at most one line per [`LOG_INTERVAL`] from this call site, at the
 /// given `tracing` level macro; a line after suppressed ones ends with how
 /// many there were.
-#[macro_export]
 macro_rules! log_limited {
     ($level:ident, $($arg:tt)+) => {{
         static LIMIT: $crate::log_limit::LogLimit = $crate::log_limit::LogLimit::new();
@@ -80,11 +79,13 @@ macro_rules! log_limited {
     }};
 }
 
+pub(crate) use log_limited;
+
 /// [`log_limited!`] at WARN.
-#[macro_export]
 macro_rules! warn_limited {
-    ($($arg:tt)+) => { $crate::log_limited!(warn, $($arg)+) };
+    ($($arg:tt)+) => { $crate::log_limit::log_limited!(warn, $($arg)+) };
 }
+pub(crate) use warn_limited;
 
 #[cfg(test)]
 mod tests {

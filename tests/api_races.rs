@@ -10,10 +10,10 @@ use common::{Buf, descriptor};
 use serde_json::Value;
 use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
-use transfer_engine::engine::Engine;
-use transfer_engine::memory::{Location, Region};
+use transfer_engine::Engine;
 use transfer_engine::metadata::keys::segment_key;
 use transfer_engine::metadata::server::MetadataServer;
+use transfer_engine::{Location, Region};
 
 /// The tests of this file run one at a time: one counts the threads of
 /// every engine in the process.

@@ -15,8 +15,8 @@ use common::*;
 use std::io::{BufRead, BufReader, Lines, Write};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
-use transfer_engine::batch::TaskStatus;
-use transfer_engine::engine::Engine;
+use transfer_engine::Engine;
+use transfer_engine::TaskStatus;
 
 const CHILD_VAR: &str = "TE_WAIT_CHILD";
 const LEN: usize = 4096;

@@ -12,7 +12,7 @@ use cluster_common::{
     Pickup, Store, buffers, engine, init_env, one, peer_restart, poll, write_read,
 };
 use std::time::Duration;
-use transfer_engine::batch::TaskStatus;
+use transfer_engine::TaskStatus;
 
 const ENV: &[(&str, &str)] = &[("MC_TE_METADATA_REFRESH_INTERVAL_SECONDS", "1")];
 

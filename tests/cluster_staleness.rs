@@ -21,7 +21,7 @@ use cluster_common::{
 use common::{Buf, descriptor, register, write_req};
 use serde_json::Value;
 use std::time::Duration;
-use transfer_engine::batch::TaskStatus;
+use transfer_engine::TaskStatus;
 
 fn addrs(desc: &Value) -> Vec<u64> {
     desc["buffers"]
@@ -92,10 +92,10 @@ fn failed_registration_is_not_advertised() {
 
     store.stop();
     let y = Buf::zeroed(65536);
-    let res = b.register(&[transfer_engine::memory::Region {
+    let res = b.register(&[transfer_engine::Region {
         addr: y.addr(),
         length: y.len() as u64,
-        location: transfer_engine::memory::Location::Cpu(0),
+        location: transfer_engine::Location::Cpu(0),
         remote_accessible: true,
     }]);
     println!("register while redis is down: {res:?}");

@@ -12,7 +12,7 @@ mod common;
 use cluster_common::{Store, buffers, engine, init_env, poll, write_read};
 use common::servers::{Blackhole, dead_addr};
 use std::time::{Duration, Instant};
-use transfer_engine::engine::Engine;
+use transfer_engine::Engine;
 use transfer_engine::metadata::server::MetadataServer;
 
 const BOUND: Duration = Duration::from_secs(15);
@@ -71,7 +71,7 @@ fn new_fails_when_http_is_down_or_hung() {
 }
 
 /// `f` fails within [`BOUND`]; returns the error text.
-fn fails_in_time<T>(what: &str, f: impl FnOnce() -> transfer_engine::error::Result<T>) -> String {
+fn fails_in_time<T>(what: &str, f: impl FnOnce() -> transfer_engine::Result<T>) -> String {
     let start = Instant::now();
     let res = f();
     let took = start.elapsed();

@@ -7,12 +7,12 @@
 
 mod common;
 
+use common::handshake::{FrameKind, call};
 use common::proc::{fds, raise_fd_limit, threads};
 use common::*;
 use std::io::Read;
 use std::net::TcpStream;
 use std::time::Duration;
-use transfer_engine::rpc::{ClientOptions, FrameKind, call};
 
 const CAP: usize = 256;
 const ATTACKERS: usize = 3000;
@@ -75,26 +75,19 @@ fn idle_connections_are_bounded_and_real_peers_are_served() {
         &initiator,
         &[write_req(src.addr(), seg, mem.addr(), 4 << 20)],
     );
-    assert_eq!(st, [transfer_engine::batch::TaskStatus::Completed]);
+    assert_eq!(st, [transfer_engine::TaskStatus::Completed]);
     let st = run(
         &initiator,
         &[read_req(back.addr(), seg, mem.addr(), 4 << 20)],
     );
-    assert_eq!(st, [transfer_engine::batch::TaskStatus::Completed]);
+    assert_eq!(st, [transfer_engine::TaskStatus::Completed]);
     assert!(back.snapshot() == src.snapshot(), "bytes differ");
     let (host, rpc) = target
         .local_ip_and_port()
         .rsplit_once(':')
         .map(|(h, p)| (h.to_string(), p.parse::<u16>().unwrap()))
         .unwrap();
-    call(
-        &host,
-        rpc,
-        FrameKind::Probe,
-        &serde_json::json!({}),
-        &ClientOptions::default(),
-    )
-    .expect("the handshake port answers");
+    call(&host, rpc, FrameKind::Probe, &serde_json::json!({})).expect("the handshake port answers");
 
     // Idle sessions are closed after MC_TCP_IDLE_TIMEOUT_SEC.
     std::thread::sleep(Duration::from_secs(5));

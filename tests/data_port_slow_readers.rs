@@ -30,7 +30,7 @@ use common::*;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use transfer_engine::batch::TaskStatus;
+use transfer_engine::TaskStatus;
 
 /// The buffer the drainers READ, whole.
 const BAIT: usize = 64 << 20;

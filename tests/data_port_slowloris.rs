@@ -15,7 +15,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use transfer_engine::batch::TaskStatus;
+use transfer_engine::TaskStatus;
 
 const CAP: usize = 64;
 const ATTACKERS: usize = 200;

@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::handshake::{FrameKind, call};
 use common::proc::rss_kb;
 use common::*;
 use serde_json::{Value, json};
@@ -14,8 +15,7 @@ use std::io::{ErrorKind, Write};
 use std::net::TcpStream;
 use std::thread;
 use std::time::{Duration, Instant};
-use transfer_engine::memory::{Location, Region};
-use transfer_engine::rpc::{ClientOptions, FrameKind, call};
+use transfer_engine::{Location, Region};
 
 const BUFFERS: usize = 90_000;
 const STALLED: usize = 24;
@@ -87,14 +87,13 @@ fn unread_descriptor_replies_stay_within_the_buffer_bound() {
         })
         .collect();
     // Real peers' probes while the replies are built and held.
-    let opts = ClientOptions::default();
     let end = Instant::now() + Duration::from_secs(120);
     let (mut probes, mut worst) = (0, Duration::ZERO);
     let mut rss_peak = rss_before;
     while !stalled.iter().all(answered) {
         assert!(Instant::now() < end, "requests not answered in two minutes");
         let t = Instant::now();
-        let reply = call("127.0.0.1", port, FrameKind::Probe, &json!({}), &opts).expect("probe");
+        let reply = call("127.0.0.1", port, FrameKind::Probe, &json!({})).expect("probe");
         assert_eq!(reply, json!({"status": "success"}));
         let took = t.elapsed();
         assert!(took < PROMPT, "probe took {took:?}");
@@ -108,7 +107,6 @@ fn unread_descriptor_replies_stay_within_the_buffer_bound() {
         port,
         FrameKind::Notify,
         &json!({"name": "peer", "notify_msg": "hello"}),
-        &opts,
     )
     .expect("notify");
     assert_eq!(reply["notify_msg"], "success");

@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::handshake::{FrameKind, call};
 use common::proc::threads;
 use common::*;
 use serde_json::json;
@@ -15,7 +16,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
-use transfer_engine::rpc::{ClientOptions, FrameKind, call};
 
 /// Attacking connections held open at once: more than the listener's
 /// default connection bound (256).
@@ -113,8 +113,6 @@ fn slow_and_silent_clients_do_not_deny_the_handshake_service() {
         Duration::from_secs(20),
         || stats.open.load(Ordering::Relaxed) >= ATTACKERS * 3 / 4,
     );
-
-    let opts = ClientOptions::default();
     let start = Instant::now();
     let (mut attempted, mut served) = (0usize, 0usize);
     let mut latencies = Vec::new();
@@ -128,7 +126,7 @@ fn slow_and_silent_clients_do_not_deny_the_handshake_service() {
         };
         attempted += 1;
         let t = Instant::now();
-        match call("127.0.0.1", port, kind, &json!({}), &opts) {
+        match call("127.0.0.1", port, kind, &json!({})) {
             Ok(reply) => {
                 let ok = match kind {
                     FrameKind::Probe => reply == json!({"status": "success"}),

@@ -11,8 +11,8 @@ use serde_json::Value;
 use std::io::ErrorKind;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::Duration;
-use transfer_engine::batch::TaskStatus;
-use transfer_engine::engine::Engine;
+use transfer_engine::Engine;
+use transfer_engine::TaskStatus;
 
 /// A non-loopback IPv4 address of an interface that is up, if any.
 fn external_ipv4() -> Option<IpAddr> {

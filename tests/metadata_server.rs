@@ -10,7 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use transfer_engine::error::Error;
+use transfer_engine::Error;
 use transfer_engine::metadata::descriptor::{BufferDesc, SegmentDesc};
 use transfer_engine::metadata::http::HttpStore;
 use transfer_engine::metadata::keys::{RpcMeta, rpc_meta_key, segment_key};

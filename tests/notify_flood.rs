@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::handshake::{FrameKind, call};
 use common::proc::{rss_kb, status_kb};
 use common::*;
 use serde_json::{Value, json};
@@ -16,7 +17,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::Duration;
-use transfer_engine::rpc::{ClientOptions, FrameKind, call};
 
 /// Flood frames, each as large as a frame may be by default (1 MiB).
 const FLOOD_FRAMES: usize = 3000;
@@ -78,7 +78,6 @@ fn notification_flood_is_bounded_and_real_notifications_arrive() {
         })
         .collect();
     // Real notifications during the flood.
-    let opts = ClientOptions::default();
     let mut real = Vec::new();
     for i in 0..50 {
         let msg = format!("real notification {i}");
@@ -87,7 +86,6 @@ fn notification_flood_is_bounded_and_real_notifications_arrive() {
             port,
             FrameKind::Notify,
             &json!({"name": "peer", "notify_msg": msg}),
-            &opts,
         )
         .expect("a real notification is answered during the flood");
         assert_eq!(reply["notify_msg"], "success", "{reply}");

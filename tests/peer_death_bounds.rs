@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
-use transfer_engine::batch::TaskStatus;
+use transfer_engine::TaskStatus;
 
 const CHILD_VAR: &str = "TE_DEATH_CHILD";
 const LEN: usize = 1 << 20;
@@ -74,7 +74,7 @@ fn killed_peer_costs_no_threads_and_few_log_lines() {
     let e = engine();
     let src = Buf::new(8 * BLOCK, 5);
     let seg = e.open_segment(name).expect("open the target");
-    let batch = |e: &transfer_engine::engine::Engine| {
+    let batch = |e: &transfer_engine::Engine| {
         let reqs: Vec<_> = (0..8)
             .map(|i| {
                 write_req(

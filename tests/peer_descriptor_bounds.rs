@@ -13,7 +13,7 @@ use cluster_common::init_env;
 use common::servers::Redis;
 use common::{HandshakeResponder, skip, tcp_descriptor};
 use serde_json::{Value, json};
-use transfer_engine::engine::Engine;
+use transfer_engine::Engine;
 use transfer_engine::metadata::keys::{rpc_meta_key, segment_key};
 use transfer_engine::metadata::server::MetadataServer;
 

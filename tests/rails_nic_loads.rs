@@ -8,8 +8,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 use support::{Buf, HANG, engine, pattern, register};
-use transfer_engine::batch::TaskStatus;
-use transfer_engine::engine::{Opcode, Request};
+use transfer_engine::TaskStatus;
+use transfer_engine::{Opcode, Request};
 
 #[test]
 fn nic_loads_track_inflight_bytes_and_bandwidth() {

@@ -7,8 +7,8 @@ mod support;
 
 use std::time::Duration;
 use support::{Buf, engine, open_sockets, pattern, register, run};
-use transfer_engine::batch::TaskStatus;
-use transfer_engine::engine::{Opcode, Request};
+use transfer_engine::TaskStatus;
+use transfer_engine::{Opcode, Request};
 
 #[test]
 fn closed_sessions_release_their_descriptors() {

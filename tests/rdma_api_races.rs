@@ -16,8 +16,8 @@ use rdma::A;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
-use transfer_engine::engine::Engine;
-use transfer_engine::memory::{Location, Region};
+use transfer_engine::Engine;
+use transfer_engine::{Location, Region};
 
 const THREADS: usize = 4;
 const ROUNDS: usize = 40;

@@ -16,7 +16,7 @@ use rdma::{A, B};
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use transfer_engine::batch::TaskStatus;
+use transfer_engine::TaskStatus;
 
 const CHILD_VAR: &str = "TE_RDMA_CONNECTOR_CHILD";
 const TEST: &str = "a_stopped_peer_does_not_delay_connections_to_another";

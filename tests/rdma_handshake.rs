@@ -28,8 +28,8 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use transfer_engine::batch::TaskStatus;
-use transfer_engine::engine::Engine;
+use transfer_engine::Engine;
+use transfer_engine::TaskStatus;
 
 const MIB: usize = 1 << 20;
 const T: Duration = Duration::from_secs(60);

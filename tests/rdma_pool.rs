@@ -12,8 +12,8 @@ mod rdma;
 use common::{Buf, pattern, read_req, register, run_within, write_req};
 use rdma::{A, B};
 use std::time::Duration;
-use transfer_engine::batch::TaskStatus;
-use transfer_engine::engine::Request;
+use transfer_engine::Request;
+use transfer_engine::TaskStatus;
 
 const MIB: usize = 1 << 20;
 

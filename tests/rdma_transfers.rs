@@ -13,8 +13,8 @@ use rdma::{A, B};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-use transfer_engine::batch::TaskStatus;
-use transfer_engine::engine::{Engine, Request};
+use transfer_engine::TaskStatus;
+use transfer_engine::{Engine, Request};
 
 const MIB: usize = 1 << 20;
 const T: Duration = Duration::from_secs(60);

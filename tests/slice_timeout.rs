@@ -10,8 +10,8 @@ mod common;
 
 use common::*;
 use std::time::{Duration, Instant};
-use transfer_engine::batch::TaskStatus;
-use transfer_engine::error::Error;
+use transfer_engine::Error;
+use transfer_engine::TaskStatus;
 
 const BASE: u64 = 0x2000_0000;
 

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::servers::{Blackhole, Etcd, Redis, RedisOptions, dead_addr};
 use serde_json::{Value, json};
-use transfer_engine::error::Error;
+use transfer_engine::Error;
 use transfer_engine::metadata::etcd::EtcdStore;
 use transfer_engine::metadata::keys::{rpc_meta_key, segment_key};
 use transfer_engine::metadata::redis::RedisStore;

@@ -5,8 +5,8 @@
 mod common;
 
 use common::*;
-use transfer_engine::batch::TaskStatus;
-use transfer_engine::engine::LOCAL_SEGMENT_ID;
+use transfer_engine::LOCAL_SEGMENT_ID;
+use transfer_engine::TaskStatus;
 
 #[test]
 fn unregistered_sources_fail_and_touch_nothing() {

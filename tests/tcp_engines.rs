@@ -4,10 +4,10 @@
 mod common;
 
 use std::sync::Arc;
-use transfer_engine::batch::TaskStatus;
-use transfer_engine::engine::{Engine, Opcode, Request};
-use transfer_engine::memory::{Location, Region};
+use transfer_engine::TaskStatus;
 use transfer_engine::metadata::server::MetadataServer;
+use transfer_engine::{Engine, Opcode, Request};
+use transfer_engine::{Location, Region};
 
 fn engine(conn: &str, name: &str) -> Arc<Engine> {
     let e = Engine::new(conn, name, false).expect("engine");
@@ -282,7 +282,7 @@ fn ipv6_names_work() {
 /// nothing; a good one naming no usable interface still installs TCP.
 #[test]
 fn install_checks_the_priority_matrix() {
-    use transfer_engine::error::Error;
+    use transfer_engine::Error;
     let e = Engine::new("P2PHANDSHAKE", "127.0.0.1", false).expect("engine");
     for bad in [
         "{",

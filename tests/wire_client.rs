@@ -10,8 +10,8 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use transfer_engine::batch::TaskStatus;
-use transfer_engine::engine::{Engine, Request};
+use transfer_engine::TaskStatus;
+use transfer_engine::{Engine, Request};
 
 const BASE: u64 = 0x1000_0000;
 const FAIL_WITHIN: Duration = Duration::from_secs(10);

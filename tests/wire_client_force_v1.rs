@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use std::time::Duration;
-use transfer_engine::batch::TaskStatus;
+use transfer_engine::TaskStatus;
 
 const BASE: u64 = 0x3000_0000;
 

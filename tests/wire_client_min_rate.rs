@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
-use transfer_engine::batch::TaskStatus;
-use transfer_engine::engine::{Engine, Request};
+use transfer_engine::TaskStatus;
+use transfer_engine::{Engine, Request};
 
 const BASE: u64 = 0x3000_0000;
 const MIN_RATE: usize = 16 << 10;

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use std::time::{Duration, Instant};
-use transfer_engine::batch::TaskStatus;
+use transfer_engine::TaskStatus;
 
 const BASE: u64 = 0x2000_0000;
 

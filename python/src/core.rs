@@ -13,9 +13,9 @@ use std::collections::HashMap;
 use std::mem;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use transfer_engine::config::config;
-use transfer_engine::engine::{Engine, Opcode, Request};
-use transfer_engine::error::Error;
+use transfer_engine::Error;
+use transfer_engine::config;
+use transfer_engine::{Engine, Opcode, Request};
 
 /// A failed operation: Mooncake's return code and what went wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -26,10 +26,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 use std::sync::{Arc, RwLock};
 use tracing::error;
-use transfer_engine::memory::{Location, Region};
-use transfer_engine::config::config;
-use transfer_engine::engine::{Engine, Opcode};
+use transfer_engine::config;
 use transfer_engine::topology::{PriorityMatrix, Topology};
+use transfer_engine::{Engine, Opcode};
+use transfer_engine::{Location, Region};
 
 /// A transfer engine with the API of Mooncake's `mooncake.engine.TransferEngine`.
 ///
@@ -881,7 +881,11 @@ impl TransferEngine {
     fn get_local_topology(&self, py: Python<'_>, device_name: Option<&str>) -> String {
         let filters = device_list(device_name);
         py.detach(|| {
-            let matrix = PriorityMatrix::from_topology(&Topology::discover(&filters, &config().topology.filters)).to_json();
+            let matrix = PriorityMatrix::from_topology(&Topology::discover(
+                &filters,
+                &config().topology.filters,
+            ))
+            .to_json();
             serde_json_pretty(&matrix)
         })
     }

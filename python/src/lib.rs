@@ -16,7 +16,7 @@ use pyo3::prelude::*;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    transfer_engine::ffi::init_logging();
+    transfer_engine::init_logging();
     m.add_class::<engine::TransferEngine>()?;
     m.add_class::<notify::TransferNotify>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -12,9 +12,9 @@
 
 use std::collections::HashMap;
 use std::ptr::NonNull;
-use transfer_engine::engine::Engine;
-use transfer_engine::memory::{Location, Region};
-use transfer_engine::error::{Error, Result};
+use transfer_engine::Engine;
+use transfer_engine::{Error, Result};
+use transfer_engine::{Location, Region};
 
 /// Bytes of each chunk the small classes are carved from (2 GiB).
 const CHUNK_BYTES: usize = 2 << 30;

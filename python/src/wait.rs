@@ -5,9 +5,9 @@
 
 use std::thread;
 use std::time::{Duration, Instant};
-use transfer_engine::engine::Engine;
-use transfer_engine::batch::TaskStatus;
-use transfer_engine::error::Result;
+use transfer_engine::Engine;
+use transfer_engine::Result;
+use transfer_engine::TaskStatus;
 
 /// Where a batch stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

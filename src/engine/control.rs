@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use tracing::debug;
 
 /// Bounds of the notification queue. Parsed from `MC_*` variables by
-/// [`crate::config::Config::from_env`]; the defaults are Mooncake's.
+/// [`crate::engine::config::Config::from_env`]; the defaults are Mooncake's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NotifyLimits {
     /// `MC_NOTIFY_MAX_SIZE` (64 KiB, 1..=128 MiB): largest notification

@@ -94,7 +94,7 @@ impl Engine {
         };
         let topology = || self.discover_topology();
         let ctx = InstallContext {
-            config: &self.config,
+            config: self.config.transports(),
             memory: &self.memory,
             local_name: &self.local_name,
             loopback: self.loopback,

@@ -10,21 +10,23 @@
 //! * [`peers`]: opening, fetching and refreshing peers' segments,
 //!   notifications and probes;
 //! * [`control`]: what the handshake listener answers; [`keeper`]: the
-//!   store kept up to date; [`peer_work`]: what waits on peers, off the
+//!   store kept up to date; background work (sending notifications,
+//!   refetching descriptors) waits on peers in lanes ([`crate::lanes`]), off the
 //!   callers' threads.
 
+pub mod config;
 pub mod control;
 mod install;
 mod keeper;
-mod peer_work;
 mod peers;
 mod publish;
 mod submit;
 
 use crate::batch::Batch;
-use crate::config::Config;
+use crate::engine::config::Config;
 use crate::error::{Error, Result};
 use crate::handle::HandleTable;
+use crate::lanes::{Finish, Full, Lanes, Limits, Run};
 use crate::memory::MemoryRegistry;
 use crate::metadata::conn::MetadataConn;
 use crate::metadata::store::MetadataStore;
@@ -36,7 +38,6 @@ use crate::transport::Transport;
 use crate::transport::local::LocalCopier;
 use control::ControlState;
 use once_cell::sync::OnceCell;
-use peer_work::{PeerWork, Refused};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -84,35 +85,6 @@ pub struct Request {
     pub length: u64,
 }
 
-/// What the engine itself does with requests. Parsed from `MC_*` variables by
-/// [`crate::config::Config::from_env`]; the defaults are Mooncake's.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EngineConfig {
-    /// `MC_FORCE_TCP`.
-    pub force_tcp: bool,
-    /// `MC_TE_STRICT_LOCAL`: fail a request whose local `source` range is
-    /// not inside one registered buffer, on every transport.
-    pub strict_local: bool,
-    /// `MC_SLICE_TIMEOUT` in seconds (1..=65535; 0 = off, the default): a
-    /// task still waiting this long after its slices were posted reports
-    /// `STATUS_TIMEOUT`.
-    pub slice_timeout_secs: u64,
-    /// `MC_TRANSFER_TIMEOUT` in seconds (30, 5..=86400): how long the
-    /// Python binding's synchronous transfers wait, plus 1 ns per byte.
-    pub transfer_timeout_secs: u64,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            force_tcp: false,
-            strict_local: false,
-            slice_timeout_secs: 0,
-            transfer_timeout_secs: 30,
-        }
-    }
-}
-
 /// A transfer engine instance.
 pub struct Engine {
     local_name: String,
@@ -146,7 +118,7 @@ pub struct Engine {
     /// run one at a time, and none starts once the engine is closed.
     changes: Mutex<()>,
     /// Notifications and descriptor refetches, run off the caller's thread.
-    work: PeerWork,
+    work: Lanes<String>,
     /// Requests waiting for their segment's descriptor to be refetched,
     /// by segment id; the refetch job submits them.
     deferred: Mutex<HashMap<i32, Vec<Deferred>>>,
@@ -159,12 +131,22 @@ pub struct Engine {
 }
 
 /// Why background work was refused, for messages.
-fn refused(why: Refused) -> &'static str {
+fn refused(why: Full) -> &'static str {
     match why {
-        Refused::Stopped => "the engine is being destroyed",
-        Refused::Full => "too much background work is waiting (a peer does not answer)",
+        Full::Stopped => "the engine is being destroyed",
+        Full::Bound => "too much background work is waiting (a peer does not answer)",
     }
 }
+
+/// Bounds of an engine's background work: threads, jobs waiting in all and
+/// per peer, and how long an idle thread stays.
+const BACKGROUND: Limits = Limits {
+    threads: 8,
+    queued: 65536,
+    per_lane: 4096,
+    idle_exit: std::time::Duration::from_secs(10),
+    thread_name: "te-peer-work",
+};
 
 /// How to create an [`Engine`]: its metadata backend and name, and
 /// optionally whether it installs transports by itself, which RDMA devices
@@ -286,7 +268,7 @@ impl Engine {
             loopback,
             device_filter: device_filter.to_vec(),
             changes: Mutex::new(()),
-            work: PeerWork::default(),
+            work: Lanes::new(BACKGROUND),
             deferred: Mutex::default(),
             cancel: Arc::default(),
             me: OnceCell::new(),
@@ -297,7 +279,6 @@ impl Engine {
             return Err(e);
         }
         let engine = Arc::new(engine);
-        engine.work.attach(Arc::downgrade(&engine));
         let _ = engine.me.set(Arc::downgrade(&engine));
         let refresh = match engine.config.store.refresh_interval_secs {
             0 => None,
@@ -349,6 +330,25 @@ impl Engine {
     /// The installed transports, most preferred first.
     fn transports(&self) -> Vec<Arc<dyn Transport>> {
         sync::read(&self.transports).clone()
+    }
+
+    /// Queues `job` in the background lane of `peer`: it runs with the
+    /// engine (unless the engine is destroyed first).
+    fn background(
+        &self,
+        peer: &str,
+        finish: Finish,
+        job: impl FnOnce(&Engine) + Send + 'static,
+    ) -> std::result::Result<(), Full> {
+        let me = self.me.get().cloned().unwrap_or_default();
+        let run = move |run: Run| {
+            if let (Run::Now, Some(engine)) = (run, me.upgrade()) {
+                job(&engine);
+            }
+        };
+        self.work
+            .submit(peer.to_string(), Box::new(run), finish)
+            .map_err(|(_, why)| why)
     }
 
     /// Fails in-flight work, removes this engine's metadata, and stops every

@@ -2,11 +2,11 @@
 //! and handshake addresses of the segments it opens (fetched, bounded,
 //! cached and refreshed), probes and notifications.
 
-use super::peer_work::{Finish, Job};
 use super::{Engine, LOCAL_SEGMENT_ID, refused};
 use crate::batch::PendingNotify;
-use crate::config::Config;
+use crate::engine::config::Config;
 use crate::error::{Error, Result};
+use crate::lanes::Finish;
 use crate::metadata::conn::MetadataConn;
 use crate::metadata::descriptor::SegmentDesc;
 use crate::metadata::etcd::EtcdStore;
@@ -83,6 +83,7 @@ fn check_peer_bounds(name: &str, json: &serde_json::Value, cfg: &Config) -> Resu
 }
 
 /// The engine's peers, as its transports may ask about them.
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
 pub(super) struct Peers(pub(super) Weak<Engine>);
 
 impl PeerDirectory for Peers {
@@ -184,6 +185,7 @@ impl Engine {
     /// segment this engine opened under that name (or whose
     /// `rdma_server_name` it is) unless `fresh`, else fetched with `rpc`
     /// (P2P) or from the store. The own name is answered locally.
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
     fn peer_record(
         &self,
         server: &str,
@@ -361,14 +363,14 @@ impl Engine {
             }
         };
         let to = segment.clone();
-        let job: Job = Box::new(move |e: &Engine| {
+        let sent = self.background(&segment, Finish::Flush, move |e| {
             if let Err(err) = e.notify_segment(&to, &n.name, &n.msg) {
                 crate::warn_limited!(
                     "notification after batch {batch_id:#x} to {to:?} could not be sent: {err}"
                 );
             }
         });
-        if let Err(why) = self.work.submit(&segment, job, Finish::Flush) {
+        if let Err(why) = sent {
             crate::warn_limited!(
                 "notification after batch {batch_id:#x} to {segment:?} dropped: {}",
                 refused(why)

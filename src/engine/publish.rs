@@ -3,7 +3,7 @@
 //! its registered memory and what each installed transport publishes).
 
 use super::Engine;
-use crate::config::Config;
+use crate::engine::config::Config;
 use crate::error::{Error, Result};
 use crate::metadata::conn::MetadataConn;
 use crate::metadata::descriptor::{BufferDesc, SegmentDesc, now_timestamp};

@@ -3,10 +3,10 @@
 //! transport that reaches its target, and what that one cannot move goes to
 //! the next ([`Fallback`]).
 
-use super::peer_work::{Finish, Job};
 use super::{Engine, LOCAL_SEGMENT_ID, Opcode, Request, refused};
 use crate::batch::{Batch, PendingNotify, TaskStatus};
 use crate::error::{Error, Result};
+use crate::lanes::Finish;
 use crate::memory::MemoryRegistry;
 use crate::segment::RemoteSegment;
 use crate::sync;
@@ -209,8 +209,9 @@ impl Engine {
             return;
         }
         let (id, name) = (r.target_id, seg.name.clone());
-        let job: Job = Box::new(move |e: &Engine| e.refetch_then_submit(id, &name));
-        match self.work.submit(&seg.name, job, Finish::Drop) {
+        match self.background(&seg.name, Finish::Refuse, move |e| {
+            e.refetch_then_submit(id, &name)
+        }) {
             Ok(()) => {
                 deferred.insert(id, vec![waiting]);
             }

@@ -2,8 +2,8 @@
 //! last error, the table of live engines, C string conversion, and logging
 //! setup.
 
-use crate::config::{LogLevel, config};
 use crate::engine::Engine;
+use crate::engine::config::{LogLevel, config};
 use crate::handle::HandleTable;
 use std::cell::RefCell;
 use std::ffi::{CStr, c_char, c_void};
@@ -135,7 +135,7 @@ pub fn write_c_string(s: &str, buf: *mut c_char, len: usize) {
 pub fn init_logging() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let level = match crate::config::parsed().log_level {
+        let level = match crate::engine::config::parsed().log_level {
             LogLevel::Trace => "trace",
             LogLevel::Info => "info",
             LogLevel::Warning => "warn",

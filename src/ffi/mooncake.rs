@@ -56,7 +56,7 @@ pub unsafe extern "C" fn createTransferEngine(
         };
         let built = Engine::builder(&conn, &name)
             .auto_discover(auto_discover != 0)
-            .config(crate::config::config().clone())
+            .config(crate::engine::config::config().clone())
             .build();
         match built {
             Ok(e) => insert_engine(e),

@@ -47,11 +47,6 @@ impl Fence {
         (!self.revoked.load(Ordering::SeqCst)).then_some(guard)
     }
 
-    /// Whether the buffer was unregistered.
-    pub fn is_revoked(&self) -> bool {
-        self.revoked.load(Ordering::SeqCst)
-    }
-
     /// Refuses later entries and waits until every caller inside has left.
     pub fn revoke(&self) {
         self.revoked.store(true, Ordering::SeqCst);
@@ -84,7 +79,7 @@ mod tests {
         let f = Fence::new();
         assert!(f.enter().is_some());
         f.revoke();
-        assert!(f.is_revoked());
+        assert!(f.enter().is_none());
         assert!(f.enter().is_none());
     }
 

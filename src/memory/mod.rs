@@ -117,6 +117,11 @@ pub struct MemoryRegistry {
 }
 
 impl MemoryRegistry {
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.regions.len()
+    }
+
     /// Whether `[addr, addr + len)` overlaps a registered region.
     fn overlaps(&self, addr: u64, len: u64) -> bool {
         let end = addr.saturating_add(len);
@@ -209,23 +214,6 @@ impl MemoryRegistry {
     /// Every registered region, by address.
     pub fn regions(&self) -> impl Iterator<Item = &Region> {
         self.regions.values().map(|(r, _)| r)
-    }
-
-    /// Removes every region and revokes every fence (engine destruction).
-    pub fn clear(&mut self) {
-        for (_, (_, fence)) in std::mem::take(&mut self.regions) {
-            fence.revoke();
-        }
-    }
-
-    /// Number of registered regions.
-    pub fn len(&self) -> usize {
-        self.regions.len()
-    }
-
-    /// Whether nothing is registered.
-    pub fn is_empty(&self) -> bool {
-        self.regions.is_empty()
     }
 }
 

@@ -22,7 +22,7 @@ pub mod server;
 pub mod store;
 
 /// The metadata store and the descriptor cache. Parsed from `MC_*` variables by
-/// [`crate::config::Config::from_env`]; the defaults are Mooncake's.
+/// [`crate::engine::config::Config::from_env`]; the defaults are Mooncake's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreConfig {
     /// `MC_DISABLE_METACACHE`: refetch remote descriptors on every use.
@@ -53,7 +53,7 @@ impl Default for StoreConfig {
 }
 
 /// Bounds on what a peer's descriptor may hold. Parsed from `MC_*` variables by
-/// [`crate::config::Config::from_env`]; the defaults are Mooncake's.
+/// [`crate::engine::config::Config::from_env`]; the defaults are Mooncake's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PeerLimits {
     /// `MC_PEER_MAX_DEVICES` (64, 1..=4096): most devices (RDMA `devices`,

@@ -12,8 +12,8 @@ pub mod frame;
 pub mod server;
 
 pub use client::{Cancel, ClientOptions, call};
-pub use frame::{Frame, FrameError, FrameKind, encode, encode_json, read_frame};
-pub use server::{RpcHandler, RpcServer, ServerOptions, bind_in_range, bind_in_range_on};
+pub use frame::FrameKind;
+pub use server::{RpcServer, ServerOptions, bind_in_range, bind_in_range_on};
 
 use std::io::{self, Read};
 use std::net::{Ipv6Addr, TcpStream};
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use tracing::warn;
 
 /// The handshake listener and client. Parsed from `MC_*` variables by
-/// [`crate::config::Config::from_env`]; the defaults are Mooncake's.
+/// [`crate::engine::config::Config::from_env`]; the defaults are Mooncake's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RpcConfig {
     /// `MC_HANDSHAKE_PORT`: port assumed for a server name without one (12001).

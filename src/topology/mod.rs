@@ -24,7 +24,7 @@ pub use matrix::PriorityMatrix;
 use std::net::IpAddr;
 
 /// Which devices are used, and the priority matrix. Parsed from `MC_*`
-/// variables by [`crate::config::Config::from_env`]; the defaults are
+/// variables by [`crate::engine::config::Config::from_env`]; the defaults are
 /// Mooncake's.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct TopologyConfig {

@@ -40,7 +40,8 @@ impl Default for EndpointConfig {
     }
 }
 
-/// What the pool needs of an endpoint.
+/// What the pool needs of an endpoint (RDMA's, which retire).
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
 pub trait Endpoint: Send + Sync {
     /// Whether no slice is queued or in flight.
     fn quiescent(&self) -> bool;
@@ -82,6 +83,11 @@ pub struct EndpointStore<K, V> {
 }
 
 impl<K: Clone + Eq + Hash, V> EndpointStore<K, V> {
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.index.len()
+    }
+
     /// An empty store holding at most `capacity` (≥ 1) endpoints.
     pub fn new(capacity: usize, policy: EndpointStoreType) -> Self {
         EndpointStore {
@@ -112,6 +118,7 @@ impl<K: Clone + Eq + Hash, V> EndpointStore<K, V> {
     }
 
     /// The endpoint for `key`, without marking it visited.
+    #[cfg(feature = "rdma")]
     pub fn peek(&self, key: &K) -> Option<Arc<V>> {
         Some(self.node(*self.index.get(key)?).value.clone())
     }
@@ -211,6 +218,7 @@ impl<K: Clone + Eq + Hash, V> EndpointStore<K, V> {
     }
 
     /// The endpoints, in no particular order.
+    #[cfg(any(feature = "rdma", test))]
     pub fn values(&self) -> impl Iterator<Item = &Arc<V>> {
         self.slots.iter().flatten().map(|n| &n.value)
     }
@@ -224,19 +232,10 @@ impl<K: Clone + Eq + Hash, V> EndpointStore<K, V> {
         self.hand = NIL;
         self.slots.drain(..).flatten().map(|n| n.value).collect()
     }
-
-    /// Number of endpoints.
-    pub fn len(&self) -> usize {
-        self.index.len()
-    }
-
-    /// Whether the store is empty.
-    pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
-    }
 }
 
-/// Endpoints that left the pool and wait for their last slice.
+/// Endpoints that left the pool and wait for their last slice (RDMA's).
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
 pub struct Retiring<V: Endpoint> {
     waiting: Vec<Arc<V>>,
 }
@@ -249,6 +248,7 @@ impl<V: Endpoint> Default for Retiring<V> {
     }
 }
 
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
 impl<V: Endpoint> Retiring<V> {
     /// Adds endpoints to the waiting list.
     pub fn retire(&mut self, eps: impl IntoIterator<Item = Arc<V>>) {
@@ -279,18 +279,6 @@ impl<V: Endpoint> Retiring<V> {
     /// The waiting endpoints.
     pub fn iter(&self) -> impl Iterator<Item = &Arc<V>> {
         self.waiting.iter()
-    }
-
-    /// Closes every waiting endpoint, quiescent or not (shutdown).
-    pub fn close_all(&mut self) {
-        for ep in self.waiting.drain(..) {
-            ep.close();
-        }
-    }
-
-    /// Number of endpoints waiting.
-    pub fn len(&self) -> usize {
-        self.waiting.len()
     }
 
     /// Whether none waits.
@@ -407,7 +395,7 @@ mod tests {
         let closed = r.reclaim();
         assert_eq!(closed.len(), 1);
         assert!(Arc::ptr_eq(&closed[0], &idle));
-        assert_eq!(r.len(), 1);
+        assert_eq!(r.iter().count(), 1);
         assert!(idle.closed.load(Ordering::Relaxed));
         assert!(!busy.closed.load(Ordering::Relaxed));
         busy.inflight.store(0, Ordering::Relaxed);

@@ -18,16 +18,19 @@ pub mod scheduler;
 pub mod tcp;
 
 use crate::batch::Batch;
-use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::memory::{MemoryRegistry, Region};
 use crate::metadata::descriptor::SegmentDesc;
-use crate::rpc::{ClientOptions, FrameKind};
+use crate::rpc::{ClientOptions, FrameKind, RpcConfig};
 use crate::segment::RemoteSegment;
-use crate::topology::{PriorityMatrix, Topology};
+use crate::topology::{PriorityMatrix, Topology, TopologyConfig};
+use endpoint::EndpointConfig;
+use rdma::RdmaConfig;
+use scheduler::SchedConfig;
 use serde_json::Value;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, RwLock};
+use tcp::TcpConfig;
 
 /// A transport as the engine drives it.
 pub trait Transport: Send + Sync {
@@ -176,7 +179,9 @@ impl Submission {
     }
 }
 
-/// What a transport may ask the engine about its peers.
+/// What a transport may ask the engine about its peers (RDMA's handshake
+/// check asks who a peer is).
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
 pub trait PeerDirectory: Send + Sync {
     /// The descriptor of the peer whose server (segment) name is `server`
     /// and the host of its handshake listener: from the engine's cache
@@ -189,10 +194,28 @@ pub trait PeerDirectory: Send + Sync {
     ) -> std::result::Result<(String, SegmentDesc), String>;
 }
 
+/// The parts of the engine's configuration that transports read.
+#[derive(Debug, Clone, Copy)]
+pub struct TransportConfig<'a> {
+    /// The handshake listener and client.
+    pub rpc: &'a RpcConfig,
+    /// The slice scheduler.
+    pub sched: &'a SchedConfig,
+    /// The endpoint pools.
+    pub endpoints: &'a EndpointConfig,
+    /// The TCP transport.
+    pub tcp: &'a TcpConfig,
+    /// The RDMA transport.
+    pub rdma: &'a RdmaConfig,
+    /// Devices and the priority matrix.
+    pub topology: &'a TopologyConfig,
+}
+
 /// What a transport is installed with.
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
 pub struct InstallContext<'a> {
     /// The engine's configuration.
-    pub config: &'a Config,
+    pub config: TransportConfig<'a>,
     /// The engine's registered memory.
     pub memory: &'a Arc<RwLock<MemoryRegistry>>,
     /// The engine's name (its segment name).
@@ -277,7 +300,8 @@ pub enum Outcome {
     },
     /// The slice did not run because its connection was torn down for
     /// another reason (another slice's error, an eviction, a shutdown):
-    /// retry it elsewhere without blaming the rail.
+    /// retry it elsewhere without blaming the rail (RDMA's).
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
     Interrupted,
 }
 

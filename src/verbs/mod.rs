@@ -12,10 +12,10 @@ mod cq;
 mod mr;
 mod qp;
 
-pub use context::{AsyncEvent, AsyncEventKind, Context, DeviceLimits, PortInfo, device_names};
+pub use context::{AsyncEventKind, Context, device_names};
 pub use cq::{CompletionChannel, CompletionQueue, WorkCompletion};
 pub use mr::{MemoryRegion, ProtectionDomain};
-pub use qp::{ConnectParams, PostError, QueuePair, QueuePairCaps, WorkRequest};
+pub use qp::{ConnectParams, QueuePair, QueuePairCaps, WorkRequest};
 
 use std::io;
 

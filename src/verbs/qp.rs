@@ -90,22 +90,7 @@ pub struct PostError {
     pub error: io::Error,
 }
 
-impl WorkRequest {
-    /// A signaled zero-length RDMA WRITE with id `wr_id`: tests a
-    /// connection without touching memory on either side.
-    pub fn probe(wr_id: u64) -> WorkRequest {
-        WorkRequest {
-            wr_id,
-            local_addr: 0,
-            len: 0,
-            lkey: 0,
-            remote_addr: 0,
-            rkey: 0,
-            write: true,
-            signaled: true,
-        }
-    }
-}
+impl WorkRequest {}
 
 /// A reliable-connected queue pair, destroyed on drop.
 pub struct QueuePair {

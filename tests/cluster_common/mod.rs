@@ -14,8 +14,8 @@ use crate::common::{Buf, read_req, register, run, wait_for, write_req};
 use serde_json::Value;
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
-use transfer_engine::batch::TaskStatus;
-use transfer_engine::engine::Engine;
+use transfer_engine::Engine;
+use transfer_engine::TaskStatus;
 
 /// Sets `MC_TCP_BIND_ADDRESS=127.0.0.1` (store mode advertises loopback,
 /// nothing uses other interfaces' addresses for the handshake) and `extra`,
@@ -117,7 +117,7 @@ impl Store {
 }
 
 /// Status of one request run alone (60 s bound).
-pub fn one(e: &Engine, r: transfer_engine::engine::Request) -> TaskStatus {
+pub fn one(e: &Engine, r: transfer_engine::Request) -> TaskStatus {
     run(e, &[r])[0]
 }
 

@@ -10,10 +10,12 @@
 
 #![allow(dead_code)]
 
+pub mod handshake;
 pub mod proc;
 pub mod readers;
 pub mod servers;
 
+use handshake::{Frame, FrameKind, call, encode_json, read_frame};
 use serde_json::{Value, json};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -21,10 +23,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use transfer_engine::batch::TaskStatus;
-use transfer_engine::engine::{Engine, Opcode, Request};
-use transfer_engine::memory::{Location, Region};
-use transfer_engine::rpc::{ClientOptions, Frame, FrameKind, call, encode_json, read_frame};
+use transfer_engine::TaskStatus;
+use transfer_engine::{Engine, Opcode, Request};
+use transfer_engine::{Location, Region};
 
 /// `OK` status word of the v2 framing, spelled out from the spec.
 pub const OK_WORD: u64 = 0x4D43_5456_0000_0000;
@@ -297,7 +298,6 @@ pub fn descriptor(e: &Engine) -> Value {
         port.parse().expect("port"),
         FrameKind::Metadata,
         &json!({}),
-        &ClientOptions::default(),
     )
     .expect("metadata rpc")
 }

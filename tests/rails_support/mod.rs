@@ -7,9 +7,9 @@
 pub use crate::common::{Buf, engine, pattern};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use transfer_engine::batch::TaskStatus;
-use transfer_engine::engine::{Engine, Opcode, Request};
-use transfer_engine::memory::{Location, Region};
+use transfer_engine::TaskStatus;
+use transfer_engine::{Engine, Opcode, Request};
+use transfer_engine::{Location, Region};
 
 /// Longest a batch may take before the test calls it a hang.
 pub const HANG: Duration = Duration::from_secs(60);

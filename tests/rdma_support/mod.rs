@@ -9,7 +9,7 @@
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
-use transfer_engine::engine::Engine;
+use transfer_engine::Engine;
 
 /// Node A's devices and their network interfaces.
 pub const A: [(&str, &str); 2] = [("rxe_a0", "va0"), ("rxe_a1", "va1")];

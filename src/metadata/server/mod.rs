@@ -279,7 +279,7 @@ impl Http {
                 (200, Body::Text("metadata deleted"))
             }
             Err(Refused::Io(e)) => {
-                crate::log_limited!(error, "cannot persist metadata {key:?}: {e}");
+                crate::log_limit::log_limited!(error, "cannot persist metadata {key:?}: {e}");
                 (500, Body::Text("cannot persist metadata"))
             }
             Err(Refused::Keys) => self.full(&key, "a new key"),

@@ -31,11 +31,6 @@ impl RdmaCarrier {
     pub fn new(rdma: Arc<RdmaTransport>) -> RdmaCarrier {
         RdmaCarrier { rdma }
     }
-
-    /// The transport.
-    pub fn transport(&self) -> &Arc<RdmaTransport> {
-        &self.rdma
-    }
 }
 
 /// Starts the RDMA transport on the devices of the given matrix (or of
@@ -119,7 +114,11 @@ pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
             devices: desc.devices.into_iter().map(|d| (d.name, d.gid)).collect(),
         })
     }));
-    Ok(Scheduler::new(RdmaCarrier::new(rdma), matrix, ctx.config))
+    Ok(Scheduler::new(
+        RdmaCarrier::new(rdma),
+        matrix,
+        ctx.config.sched,
+    ))
 }
 
 impl Carrier for RdmaCarrier {

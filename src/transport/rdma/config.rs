@@ -1,7 +1,7 @@
 //! The RDMA transport's configuration, parsed in every build.
 
 /// The RDMA transport. Parsed from `MC_*` variables by
-/// [`crate::config::Config::from_env`]; the defaults are Mooncake's.
+/// [`crate::engine::config::Config::from_env`]; the defaults are Mooncake's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RdmaConfig {
     /// `MC_IB_PORT`: the device port RDMA uses (1, 1..=255).

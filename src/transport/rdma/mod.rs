@@ -32,8 +32,6 @@ mod admission;
 pub mod carrier;
 pub mod config;
 #[cfg(feature = "rdma")]
-mod connector;
-#[cfg(feature = "rdma")]
 mod endpoint;
 #[cfg(feature = "rdma")]
 mod gid;
@@ -51,11 +49,11 @@ mod transport;
 mod wake;
 
 #[cfg(feature = "rdma")]
-pub use admission::{PeerLookup, PeerRecord};
+pub use admission::PeerRecord;
 #[cfg(feature = "rdma")]
 pub use carrier::install;
 pub use config::RdmaConfig;
 #[cfg(feature = "rdma")]
-pub use handshake::{HandshakeDesc, nic_path, split_nic_path};
+pub use handshake::nic_path;
 #[cfg(feature = "rdma")]
 pub use transport::*;

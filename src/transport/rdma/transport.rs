@@ -3,18 +3,17 @@
 
 use super::admission::PeerLookup;
 use super::admission::{Admission, AdmissionLimits, LOOKUP_CONNECT_TIMEOUT};
-use super::connector::Connector;
 use super::endpoint::{PostJob, report};
 use super::handshake::{HandshakeDesc, split_nic_path};
 use super::nic::Nic;
 use super::registry::{DeviceDomain, Registry};
 use super::wake::{EventFd, wait_readable};
-use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::lanes::{Lanes, Limits};
 use crate::rpc::{ClientOptions, FrameKind};
 use crate::sync;
 use crate::transport::endpoint::EndpointStoreType;
-use crate::transport::{Outcome, Slice};
+use crate::transport::{Outcome, Slice, TransportConfig};
 use crate::verbs::{AsyncEventKind, gid_to_string, parse_gid};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -33,6 +32,17 @@ const PEER_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long shutdown waits for flushed completions before destroying
 /// queue pairs regardless.
+/// A connector thread without handshakes for this long ends.
+const CONNECTOR_IDLE_EXIT: Duration = Duration::from_secs(10);
+
+/// The active side's handshakes, in lanes shared by the transport's
+/// devices: those to one peer (one handshake listener address) run one at
+/// a time, in order, those to different peers at once, on at most
+/// `MC_RDMA_CONNECT_THREADS` threads; a peer that does not answer holds one
+/// thread, for one handshake timeout at a time, and delays only its own
+/// endpoints.
+pub(crate) type Connector = Lanes<(String, u16)>;
+
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// The transport's settings, from the configuration.
@@ -98,7 +108,7 @@ pub struct RdmaOptions {
 
 impl RdmaOptions {
     /// The settings of a configuration.
-    pub fn from_config(c: &Config) -> RdmaOptions {
+    pub fn from_config(c: TransportConfig<'_>) -> RdmaOptions {
         RdmaOptions {
             port: c.rdma.ib_port,
             gid_index: c.rdma.gid_index,
@@ -120,7 +130,7 @@ impl RdmaOptions {
             ack_timeout: c.rdma.ib_timeout,
             signal_every: c.rdma.signal_interval,
             handshake_timeout: Duration::from_secs(2 * c.rpc.connect_timeout_secs),
-            rpc: ClientOptions::from_config(&c.rpc),
+            rpc: ClientOptions::from_config(c.rpc),
             peer_gone_for: Duration::from_secs(c.sched.rail_pause_secs),
             max_passive_ep: c.rdma.max_passive_ep,
             max_passive_ep_per_peer: c.rdma.max_passive_ep_per_peer,
@@ -134,13 +144,13 @@ impl RdmaOptions {
 /// workers at once; a fetch within the lookup connect bound and
 /// `MC_HANDSHAKE_IO_TIMEOUT`, and a frame waits for another's lookup at
 /// most that long.
-fn admission_limits(c: &Config) -> AdmissionLimits {
+fn admission_limits(c: TransportConfig<'_>) -> AdmissionLimits {
     let io = Duration::from_secs(c.rpc.io_timeout_secs);
     let rpc = ClientOptions {
         connect_timeout: LOOKUP_CONNECT_TIMEOUT
             .min(Duration::from_secs(c.rpc.connect_timeout_secs)),
         io_timeout: io,
-        ..ClientOptions::from_config(&c.rpc)
+        ..ClientOptions::from_config(c.rpc)
     };
     AdmissionLimits {
         per_sec: c.rdma.peer_lookups_per_sec,
@@ -205,10 +215,20 @@ impl RdmaTransport {
     /// engine named `server_name` and starts their threads. A device that
     /// cannot be used is left out with a warning; none usable is
     /// [`Error::DeviceNotFound`].
-    pub fn start(devices: &[String], server_name: &str, cfg: &Config) -> Result<RdmaTransport> {
+    pub fn start(
+        devices: &[String],
+        server_name: &str,
+        cfg: TransportConfig<'_>,
+    ) -> Result<RdmaTransport> {
         let opts = Arc::new(RdmaOptions::from_config(cfg));
         let gone = Arc::new(GonePeers::default());
-        let connector = Arc::new(Connector::start(opts.connect_threads)?);
+        let connector = Arc::new(Lanes::new(Limits {
+            threads: opts.connect_threads,
+            queued: usize::MAX,
+            per_lane: usize::MAX,
+            idle_exit: CONNECTOR_IDLE_EXIT,
+            thread_name: "te-rdma-conn",
+        }));
         let mut nics = Vec::new();
         for name in devices {
             match Nic::open(name, server_name, &opts, &gone, &connector) {

@@ -20,7 +20,6 @@ pub mod planner;
 pub mod rails;
 
 use crate::batch::Batch;
-use crate::config::Config;
 use crate::error::Result;
 use crate::memory::{MemoryRegistry, Region};
 use crate::metadata::descriptor::SegmentDesc;
@@ -42,7 +41,7 @@ use tracing::debug;
 pub const GENERATION_KEY: &str = "generation";
 
 /// How the scheduler slices requests and retries slices. Parsed from `MC_*`
-/// variables by [`crate::config::Config::from_env`]; the defaults are
+/// variables by [`crate::engine::config::Config::from_env`]; the defaults are
 /// Mooncake's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedConfig {
@@ -252,38 +251,26 @@ pub struct Scheduler<C: Carrier> {
 impl<C: Carrier> Scheduler<C> {
     /// A scheduler over `carrier` whose local devices are chosen by
     /// `matrix`.
-    pub fn new(carrier: C, matrix: PriorityMatrix, cfg: &Config) -> Arc<Scheduler<C>> {
+    pub fn new(carrier: C, matrix: PriorityMatrix, cfg: &SchedConfig) -> Arc<Scheduler<C>> {
         let mut loads: Vec<DeviceLoad> = carrier
             .devices()
             .iter()
             .map(|d| DeviceLoad::new(d.clone()))
             .collect();
         loads.push(DeviceLoad::new(DEFAULT_DEVICE.into()));
-        let slice_size = cfg.sched.slice_size.min(carrier.max_slice());
+        let slice_size = cfg.slice_size.min(carrier.max_slice());
         Arc::new_cyclic(|me| Scheduler {
             carrier,
             matrix,
             loads,
             rail_loads: Mutex::new(HashMap::new()),
-            health: Arc::new(RailHealth::new(Duration::from_secs(
-                cfg.sched.rail_pause_secs,
-            ))),
-            retry_cnt: cfg.sched.retry_cnt,
-            fragment_limit: cfg.sched.fragment_limit.min(slice_size),
+            health: Arc::new(RailHealth::new(Duration::from_secs(cfg.rail_pause_secs))),
+            retry_cnt: cfg.retry_cnt,
+            fragment_limit: cfg.fragment_limit.min(slice_size),
             slice_size,
             closed: AtomicBool::new(false),
             me: me.clone(),
         })
-    }
-
-    /// The transport adapter.
-    pub fn carrier(&self) -> &C {
-        &self.carrier
-    }
-
-    /// The local priority matrix.
-    pub fn matrix(&self) -> &PriorityMatrix {
-        &self.matrix
     }
 
     fn route(&self, seg: &RemoteSegment) -> Route<C::Target> {
@@ -771,8 +758,10 @@ mod tests {
     #[test]
     fn a_retry_reaches_every_rail_beyond_64() {
         let (n, good) = (70, 64);
-        let mut cfg = Config::default();
-        cfg.sched.retry_cnt = 127;
+        let cfg = SchedConfig {
+            retry_cnt: 127,
+            ..SchedConfig::default()
+        };
         let carrier = Rails {
             names: Vec::new(),
             n,

@@ -145,7 +145,7 @@ pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
     .map_err(|e| Error::Socket(format!("no free tcp data port: {e}")))?;
     let tcp = TcpTransport::start(listener, ctx.memory.clone(), ctx.config)?;
     let carrier = TcpCarrier::new(Arc::new(tcp), devices, ctx.config.tcp.force_v1);
-    Ok(Scheduler::new(carrier, matrix, ctx.config))
+    Ok(Scheduler::new(carrier, matrix, ctx.config.sched))
 }
 
 /// The TCP transport with its devices.
@@ -167,11 +167,6 @@ impl TcpCarrier {
             names,
             force_v1,
         }
-    }
-
-    /// The local devices, for the published descriptor.
-    pub fn tcp_devices(&self) -> &[TcpDevice] {
-        &self.devices
     }
 
     /// The data port peers connect to.

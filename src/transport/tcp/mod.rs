@@ -27,8 +27,7 @@ pub use carrier::install;
 pub use lane::{LaneTarget, LaneTimeouts};
 
 use super::endpoint::EndpointStore;
-use super::{Outcome, Slice};
-use crate::config::Config;
+use super::{Outcome, Slice, TransportConfig};
 use crate::error::{Error, Result};
 use crate::memory::RemoteMemory;
 use crate::sync;
@@ -45,7 +44,7 @@ use std::time::{Duration, Instant};
 use tracing::info;
 
 /// The TCP transport. Parsed from `MC_*` variables by
-/// [`crate::config::Config::from_env`]; the defaults are Mooncake's.
+/// [`crate::engine::config::Config::from_env`]; the defaults are Mooncake's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TcpConfig {
     /// `MC_TCP_LANES_PER_PEER` (alias `MC_TCP_MAX_CONNECTIONS_PER_PEER`): 4, 1..=16.
@@ -158,7 +157,7 @@ impl TcpTransport {
     pub fn start(
         listener: TcpListener,
         memory: Arc<dyn RemoteMemory>,
-        cfg: &Config,
+        cfg: TransportConfig<'_>,
     ) -> Result<TcpTransport> {
         let port = listener
             .local_addr()

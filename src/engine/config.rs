@@ -14,11 +14,11 @@ use std::str::FromStr;
 use std::sync::Once;
 use tracing::warn;
 
-use crate::engine::EngineConfig;
-use crate::engine::control::NotifyLimits;
+use super::control::NotifyLimits;
 use crate::metadata::{PeerLimits, StoreConfig};
 use crate::rpc::RpcConfig;
 use crate::topology::TopologyConfig;
+use crate::transport::TransportConfig;
 use crate::transport::endpoint::{EndpointConfig, EndpointStoreType};
 use crate::transport::rdma::RdmaConfig;
 use crate::transport::scheduler::SchedConfig;
@@ -36,6 +36,35 @@ pub enum LogLevel {
     Warning,
     /// `ERROR`
     Error,
+}
+
+/// What the engine itself does with requests. Parsed from `MC_*` variables by
+/// [`crate::engine::config::Config::from_env`]; the defaults are Mooncake's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// `MC_FORCE_TCP`.
+    pub force_tcp: bool,
+    /// `MC_TE_STRICT_LOCAL`: fail a request whose local `source` range is
+    /// not inside one registered buffer, on every transport.
+    pub strict_local: bool,
+    /// `MC_SLICE_TIMEOUT` in seconds (1..=65535; 0 = off, the default): a
+    /// task still waiting this long after its slices were posted reports
+    /// `STATUS_TIMEOUT`.
+    pub slice_timeout_secs: u64,
+    /// `MC_TRANSFER_TIMEOUT` in seconds (30, 5..=86400): how long the
+    /// Python binding's synchronous transfers wait, plus 1 ns per byte.
+    pub transfer_timeout_secs: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            force_tcp: false,
+            strict_local: false,
+            slice_timeout_secs: 0,
+            transfer_timeout_secs: 30,
+        }
+    }
 }
 
 /// The configuration of an engine: every `MC_*` variable, by the part of
@@ -131,6 +160,18 @@ fn valid_port_range(min: u32, max: u32) -> bool {
 }
 
 impl Config {
+    /// The parts the transports read.
+    pub fn transports(&self) -> TransportConfig<'_> {
+        TransportConfig {
+            rpc: &self.rpc,
+            sched: &self.sched,
+            endpoints: &self.endpoints,
+            tcp: &self.tcp,
+            rdma: &self.rdma,
+            topology: &self.topology,
+        }
+    }
+
     /// Parses the configuration from the process environment.
     pub fn from_env() -> Config {
         Config::from_lookup(|k| std::env::var(k).ok())
