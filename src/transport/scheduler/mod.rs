@@ -809,6 +809,71 @@ mod tests {
     }
 
     #[test]
+    fn a_slice_out_of_rails_goes_to_the_fallback() {
+        let carrier = Rails {
+            names: Vec::new(),
+            n: 3,
+            good: usize::MAX,
+        };
+        let matrix = PriorityMatrix::parse("{}").unwrap();
+        let sched = Scheduler::new(carrier, matrix, &SchedConfig::default());
+        let seg = Arc::new(RemoteSegment {
+            name: "peer".into(),
+            desc: SegmentDesc {
+                protocol: "tcp".into(),
+                buffers: vec![BufferDesc {
+                    name: "peer".into(),
+                    addr: 0x1000,
+                    length: 1 << 20,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        let batch = Arc::new(Batch::new(1, None).unwrap());
+        let parts = Arc::new(Mutex::new(Vec::new()));
+        let (b, p) = (batch.clone(), parts.clone());
+        // The next transport: counts the part on the task and moves it.
+        let fallback: Fallback = Arc::new(move |part: Transfer| {
+            p.lock().unwrap().push((part.remote, part.len));
+            let t = b.slot(0).unwrap();
+            t.add_slices(1);
+            t.finish_slice(part.len, true);
+        });
+        let len = 3 * 65536;
+        batch
+            .append(1, |first, _| {
+                sched.submit(Submission {
+                    batch: batch.clone(),
+                    task: first,
+                    seg: seg.clone(),
+                    xfer: Transfer {
+                        local: 0x9000,
+                        remote: 0x1000,
+                        len,
+                        write: true,
+                    },
+                    local: LocalSide::of(&MemoryRegistry::default(), 0x9000),
+                    fallback: Some(fallback),
+                });
+                Ok(())
+            })
+            .unwrap();
+        // Every rail fails: each slice goes to the fallback, whole, and the
+        // task completes with the bytes the fallback moved.
+        assert_eq!(batch.poll(0).unwrap(), (TaskStatus::Completed, len));
+        let mut got = parts.lock().unwrap().clone();
+        got.sort();
+        assert_eq!(
+            got,
+            (0..3)
+                .map(|i| (0x1000 + i * 65536, 65536))
+                .collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
     fn rail_sets_are_exact() {
         let mut s = RailSet::default();
         assert!(!s.contains(0) && s.len() == 0);
