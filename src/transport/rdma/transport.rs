@@ -1,6 +1,7 @@
 //! The RDMA transport's core: devices, registrations, endpoints, the
 //! passive handshake, the monitor.
 
+use super::RdmaConfig;
 use super::admission::PeerLookup;
 use super::admission::{Admission, AdmissionLimits, LOOKUP_CONNECT_TIMEOUT};
 use super::endpoint::{PostJob, report};
@@ -12,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::lanes::{Lanes, Limits};
 use crate::rpc::{ClientOptions, FrameKind};
 use crate::sync;
-use crate::transport::endpoint::EndpointStoreType;
+use crate::transport::endpoint::EndpointConfig;
 use crate::transport::{Outcome, Slice, TransportConfig};
 use crate::verbs::{AsyncEventKind, gid_to_string, parse_gid};
 use serde_json::Value;
@@ -48,45 +49,12 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// The transport's settings, from the configuration.
 #[derive(Debug, Clone)]
 pub struct RdmaOptions {
-    /// `MC_IB_PORT`.
-    pub port: u8,
-    /// `MC_GID_INDEX`; `None` ranks the GID table.
-    pub gid_index: Option<u32>,
-    /// `MC_MTU` in bytes.
-    pub mtu: u32,
-    /// `MC_NUM_QP_PER_EP`.
-    pub num_qp_per_ep: usize,
-    /// `MC_MAX_WR`.
-    pub max_wr: u32,
-    /// `MC_MAX_SGE`.
-    pub max_sge: u32,
-    /// `MC_MAX_INLINE`.
-    pub max_inline: u32,
-    /// `MC_MAX_CQE_PER_CTX`.
-    pub max_cqe: u32,
-    /// `MC_WORKERS_PER_CTX`.
-    pub workers: usize,
-    /// `MC_MAX_EP_PER_CTX`.
-    pub max_ep_per_ctx: usize,
-    /// `MC_ENDPOINT_STORE_TYPE`.
-    pub store_type: EndpointStoreType,
-    /// `MC_PKEY_INDEX`.
-    pub pkey_index: u16,
-    /// `MC_IB_TC`.
-    pub traffic_class: Option<u8>,
-    /// `MC_IB_SL`.
-    pub service_level: Option<u8>,
-    /// `MC_IB_PCI_RELAXED_ORDERING`.
-    pub relaxed_ordering: bool,
-    /// `MC_MAX_MR_SIZE`.
-    pub max_mr_size: u64,
+    /// The RDMA part of the configuration.
+    pub cfg: RdmaConfig,
+    /// The endpoint pools' part.
+    pub endpoints: EndpointConfig,
     /// `MC_RDMA_COMPLETION_TIMEOUT`.
     pub completion_timeout: Duration,
-    /// `MC_IB_TIMEOUT`: the local ACK timeout exponent of queue pairs.
-    pub ack_timeout: u8,
-    /// `MC_RDMA_SIGNAL_INTERVAL`: every how many work requests of a chain
-    /// one is signaled (the last always is).
-    pub signal_every: usize,
     /// Bound on one handshake exchange and on the wait for a ready ACK
     /// (twice `MC_HANDSHAKE_CONNECT_TIMEOUT`, 10 s by default, as
     /// Mooncake's fixed 10 s).
@@ -96,12 +64,6 @@ pub struct RdmaOptions {
     /// How long a peer found gone is not connected to again
     /// (`MC_RDMA_RAIL_PAUSE_SECONDS`).
     pub peer_gone_for: Duration,
-    /// `MC_RDMA_MAX_PASSIVE_EP` (per device).
-    pub max_passive_ep: usize,
-    /// `MC_RDMA_MAX_PASSIVE_EP_PER_PEER` (per device).
-    pub max_passive_ep_per_peer: usize,
-    /// `MC_RDMA_CONNECT_THREADS`.
-    pub connect_threads: usize,
     /// Bounds of the lookups behind the passive handshake's check.
     pub admission: AdmissionLimits,
 }
@@ -110,31 +72,12 @@ impl RdmaOptions {
     /// The settings of a configuration.
     pub fn from_config(c: TransportConfig<'_>) -> RdmaOptions {
         RdmaOptions {
-            port: c.rdma.ib_port,
-            gid_index: c.rdma.gid_index,
-            mtu: c.rdma.mtu,
-            num_qp_per_ep: c.rdma.num_qp_per_ep,
-            max_wr: c.rdma.max_wr,
-            max_sge: c.rdma.max_sge,
-            max_inline: c.rdma.max_inline,
-            max_cqe: c.rdma.max_cqe_per_ctx,
-            workers: c.rdma.workers_per_ctx,
-            max_ep_per_ctx: c.endpoints.max_per_ctx,
-            store_type: c.endpoints.store_type,
-            pkey_index: c.rdma.pkey_index,
-            traffic_class: c.rdma.traffic_class,
-            service_level: c.rdma.service_level,
-            relaxed_ordering: c.rdma.relaxed_ordering,
-            max_mr_size: c.rdma.max_mr_size,
+            cfg: c.rdma.clone(),
+            endpoints: c.endpoints.clone(),
             completion_timeout: Duration::from_secs(c.rdma.completion_timeout_secs),
-            ack_timeout: c.rdma.ib_timeout,
-            signal_every: c.rdma.signal_interval,
             handshake_timeout: Duration::from_secs(2 * c.rpc.connect_timeout_secs),
             rpc: ClientOptions::from_config(c.rpc),
             peer_gone_for: Duration::from_secs(c.sched.rail_pause_secs),
-            max_passive_ep: c.rdma.max_passive_ep,
-            max_passive_ep_per_peer: c.rdma.max_passive_ep_per_peer,
-            connect_threads: c.rdma.connect_threads,
             admission: admission_limits(c),
         }
     }
@@ -223,7 +166,7 @@ impl RdmaTransport {
         let opts = Arc::new(RdmaOptions::from_config(cfg));
         let gone = Arc::new(GonePeers::default());
         let connector = Arc::new(Lanes::new(Limits {
-            threads: opts.connect_threads,
+            threads: opts.cfg.connect_threads,
             queued: usize::MAX,
             per_lane: usize::MAX,
             idle_exit: CONNECTOR_IDLE_EXIT,
@@ -321,8 +264,14 @@ impl RdmaTransport {
         let max = nics.iter().map(|n| n.max_mr_size).min().unwrap_or(0);
         // SAFETY: guaranteed by the caller.
         let reg = unsafe {
-            self.registry
-                .register(&domains, addr, len, remote, self.opts.relaxed_ordering, max)?
+            self.registry.register(
+                &domains,
+                addr,
+                len,
+                remote,
+                self.opts.cfg.relaxed_ordering,
+                max,
+            )?
         };
         Ok(BufferKeys {
             lkey: reg.lkeys(),

@@ -101,7 +101,7 @@ impl Nic {
         };
         let ctx = Arc::new(Context::open(name).map_err(|e| ctx_err("opening it", e))?);
         let limits = ctx.limits().map_err(|e| ctx_err("ibv_query_device", e))?;
-        let port_no = opts.port;
+        let port_no = opts.cfg.ib_port;
         if port_no > limits.ports {
             return Err(Error::Context(format!(
                 "RDMA device {name} has {} port(s); MC_IB_PORT={port_no} does not exist",
@@ -117,8 +117,11 @@ impl Nic {
                 port.state
             )));
         }
-        let gid = select_gid(&ctx, port_no, port.gid_table_len, opts.gid_index)?;
-        let path_mtu = port.active_mtu.min(mtu_enum(opts.mtu).unwrap_or(5)).max(1);
+        let gid = select_gid(&ctx, port_no, port.gid_table_len, opts.cfg.gid_index)?;
+        let path_mtu = port
+            .active_mtu
+            .min(mtu_enum(opts.cfg.mtu).unwrap_or(5))
+            .max(1);
         let clamp = |want: u32, max: u32, what: &str| {
             if max > 0 && want > max {
                 warn!("RDMA device {name}: {what} {want} exceeds the device's {max}; using {max}");
@@ -128,21 +131,25 @@ impl Nic {
             }
         };
         let caps = QueuePairCaps {
-            max_wr: clamp(opts.max_wr, limits.max_qp_wr, "MC_MAX_WR"),
-            max_sge: clamp(opts.max_sge, limits.max_sge, "MC_MAX_SGE"),
-            max_inline: opts.max_inline,
+            max_wr: clamp(opts.cfg.max_wr, limits.max_qp_wr, "MC_MAX_WR"),
+            max_sge: clamp(opts.cfg.max_sge, limits.max_sge, "MC_MAX_SGE"),
+            max_inline: opts.cfg.max_inline,
         };
-        let max_cqe = clamp(opts.max_cqe, limits.max_cqe, "MC_MAX_CQE_PER_CTX");
-        let max_eps = (limits.max_qp as usize / opts.num_qp_per_ep.max(1)).max(1);
-        let capacity = if opts.max_ep_per_ctx > max_eps {
+        let max_cqe = clamp(
+            opts.cfg.max_cqe_per_ctx,
+            limits.max_cqe,
+            "MC_MAX_CQE_PER_CTX",
+        );
+        let max_eps = (limits.max_qp as usize / opts.cfg.num_qp_per_ep.max(1)).max(1);
+        let capacity = if opts.endpoints.max_per_ctx > max_eps {
             warn!(
                 "RDMA device {name}: MC_MAX_EP_PER_CTX {} x MC_NUM_QP_PER_EP {} exceeds the \
                  device's {} queue pairs; using {max_eps} endpoints",
-                opts.max_ep_per_ctx, opts.num_qp_per_ep, limits.max_qp
+                opts.endpoints.max_per_ctx, opts.cfg.num_qp_per_ep, limits.max_qp
             );
             max_eps
         } else {
-            opts.max_ep_per_ctx
+            opts.endpoints.max_per_ctx
         };
         let rd_atomic = 16u32
             .min(limits.max_qp_rd_atom.max(1))
@@ -156,7 +163,7 @@ impl Nic {
         );
         cq.arm().map_err(|e| ctx_err("ibv_req_notify_cq", e))?;
         let wake = EventFd::new().map_err(|e| ctx_err("eventfd", e))?;
-        let max_mr_size = opts.max_mr_size.min(limits.max_mr_size);
+        let max_mr_size = opts.cfg.max_mr_size.min(limits.max_mr_size);
         info!(
             "RDMA device {name}: port {port_no} active, GID index {} ({}), path MTU {} \
              (active {}), LID {}, {} QP(s) per endpoint x {} WRs, CQ {} entries, \
@@ -166,13 +173,13 @@ impl Nic {
             mtu_bytes(path_mtu),
             mtu_bytes(port.active_mtu),
             port.lid,
-            opts.num_qp_per_ep,
+            opts.cfg.num_qp_per_ep,
             caps.max_wr,
             cq.capacity(),
         );
         let passive = PassiveLimits {
-            total: opts.max_passive_ep.min(capacity),
-            per_peer: opts.max_passive_ep_per_peer,
+            total: opts.cfg.max_passive_ep.min(capacity),
+            per_peer: opts.cfg.max_passive_ep_per_peer,
         };
         Ok(Nic {
             name: name.to_string(),
@@ -190,7 +197,7 @@ impl Nic {
             opts: opts.clone(),
             passive,
             active: AtomicBool::new(true),
-            pool: Mutex::new(Pool::new(capacity, opts.store_type)),
+            pool: Mutex::new(Pool::new(capacity, opts.endpoints.store_type)),
             qps: QpTable::default(),
             runnable: crossbeam_channel::unbounded(),
             post_lock: Mutex::new(()),
@@ -210,7 +217,7 @@ impl Nic {
     /// Starts the worker threads.
     pub fn start(self: &Arc<Self>) -> Result<()> {
         let mut threads = sync::lock(&self.threads);
-        for i in 0..self.opts.workers {
+        for i in 0..self.opts.cfg.workers_per_ctx {
             let me = self.clone();
             let t = std::thread::Builder::new()
                 .name(format!("te-rdma-{}-{i}", self.name))
@@ -245,7 +252,7 @@ impl Nic {
                     &self.ctx,
                     self.port,
                     port.gid_table_len,
-                    self.opts.gid_index,
+                    self.opts.cfg.gid_index,
                 ) {
                     if g.0 != self.gid() {
                         info!(
@@ -273,8 +280,8 @@ impl Nic {
 
     /// A fresh endpoint to `peer_nic_path` (not yet in the pool).
     fn new_endpoint(&self, peer_nic_path: &str) -> Result<Arc<RdmaEndpoint>> {
-        let mut qps = Vec::with_capacity(self.opts.num_qp_per_ep);
-        for _ in 0..self.opts.num_qp_per_ep {
+        let mut qps = Vec::with_capacity(self.opts.cfg.num_qp_per_ep);
+        for _ in 0..self.opts.cfg.num_qp_per_ep {
             let qp = QueuePair::new(&self.pd, &self.cq, self.caps).map_err(|e| {
                 Error::Endpoint(format!(
                     "RDMA device {}: creating a queue pair failed: {e}",

@@ -233,7 +233,7 @@ impl Nic {
             // Reserve the completion queue room before posting.
             let outstanding = self.cq_outstanding.load(Ordering::Acquire);
             let mut room = cq_cap.saturating_sub(outstanding);
-            let (left, ended) = ep.post_queued(max_wr, self.opts.signal_every, &mut room);
+            let (left, ended) = ep.post_queued(max_wr, self.opts.cfg.signal_interval, &mut room);
             report(ended);
             match left {
                 Posting::CqFull => {
