@@ -227,6 +227,26 @@ pub struct Config {
     /// `MC_RDMA_CONNECT_THREADS`: threads that run our handshakes,
     /// different peers at once, one peer's in turn (8, 1..=64).
     pub rdma_connect_threads: usize,
+    /// `MC_SHM_THREADS`: threads of the shared-memory transport, serving
+    /// both sides (min(4, CPUs); 1..=64).
+    pub shm_threads: usize,
+    /// `MC_SHM_MAX_PEERS`: request rings (attached initiator processes)
+    /// served at once (256, 1..=65536); at the bound the least recently
+    /// active one gives way.
+    pub shm_max_peers: usize,
+    /// `MC_SHM_RING_ENTRIES`: WRITE requests one initiator may have posted
+    /// to one target (1024, 16..=65536); 64 bytes each.
+    pub shm_ring_entries: usize,
+    /// `MC_SHM_TABLE_SLOTS`: registered buffers published to peers' READs
+    /// (65536, 1..=16777216); 32 bytes each. READs of buffers beyond go
+    /// over another transport.
+    pub shm_table_slots: usize,
+    /// `MC_SHM_TIMEOUT_SEC`: a target that completes none of our WRITEs
+    /// for this long fails them (10, 1..=3600).
+    pub shm_timeout_secs: u64,
+    /// `MC_SHM_SPIN_US`: how long an idle thread of the shared-memory
+    /// transport polls before it sleeps (50, 0..=10000).
+    pub shm_spin_us: u64,
 }
 
 impl Default for Config {
@@ -301,6 +321,12 @@ impl Default for Config {
             rdma_max_passive_ep_per_peer: 32,
             rdma_peer_lookups_per_sec: 100,
             rdma_connect_threads: 8,
+            shm_threads: default_io_threads(),
+            shm_max_peers: 256,
+            shm_ring_entries: 1024,
+            shm_table_slots: 1 << 16,
+            shm_timeout_secs: 10,
+            shm_spin_us: 50,
         }
     }
 }
@@ -653,6 +679,12 @@ impl Config {
                 1,
                 64,
             ),
+            shm_threads: r.number("MC_SHM_THREADS", d.shm_threads, 1, 64),
+            shm_max_peers: r.number("MC_SHM_MAX_PEERS", d.shm_max_peers, 1, 65536),
+            shm_ring_entries: r.number("MC_SHM_RING_ENTRIES", d.shm_ring_entries, 16, 65536),
+            shm_table_slots: r.number("MC_SHM_TABLE_SLOTS", d.shm_table_slots, 1, 1 << 24),
+            shm_timeout_secs: r.number("MC_SHM_TIMEOUT_SEC", d.shm_timeout_secs, 1, 3600),
+            shm_spin_us: r.number("MC_SHM_SPIN_US", d.shm_spin_us, 0, 10_000),
             warnings: r.warnings.into_inner(),
         }
     }
@@ -995,5 +1027,65 @@ mod tests {
         assert_eq!(range("61000", "65536"), (15000, 17000));
         assert_eq!(range("61000", "65535"), (61000, 65535));
         assert_eq!(range("1024", "32767"), (1024, 32767));
+    }
+
+    #[test]
+    fn shared_memory_bounds() {
+        let d = parse(&[]);
+        assert_eq!(
+            (
+                d.shm_max_peers,
+                d.shm_ring_entries,
+                d.shm_table_slots,
+                d.shm_timeout_secs,
+                d.shm_spin_us
+            ),
+            (256, 1024, 65536, 10, 50)
+        );
+        assert!((1..=4).contains(&d.shm_threads));
+        let c = parse(&[
+            ("MC_SHM_THREADS", "2"),
+            ("MC_SHM_MAX_PEERS", "8"),
+            ("MC_SHM_RING_ENTRIES", "64"),
+            ("MC_SHM_TABLE_SLOTS", "100"),
+            ("MC_SHM_TIMEOUT_SEC", "1"),
+            ("MC_SHM_SPIN_US", "0"),
+        ]);
+        assert_eq!(
+            (
+                c.shm_threads,
+                c.shm_max_peers,
+                c.shm_ring_entries,
+                c.shm_table_slots,
+                c.shm_timeout_secs,
+                c.shm_spin_us
+            ),
+            (2, 8, 64, 100, 1, 0)
+        );
+        assert!(c.warnings.is_empty());
+        let bad = parse(&[
+            ("MC_SHM_THREADS", "0"),
+            ("MC_SHM_MAX_PEERS", "x"),
+            ("MC_SHM_RING_ENTRIES", "8"),
+            ("MC_SHM_TABLE_SLOTS", "0"),
+            ("MC_SHM_TIMEOUT_SEC", "0"),
+            ("MC_SHM_SPIN_US", "10001"),
+        ]);
+        assert_eq!(bad.shm_threads, d.shm_threads);
+        assert_eq!(
+            (
+                bad.shm_max_peers,
+                bad.shm_ring_entries,
+                bad.shm_table_slots,
+                bad.shm_timeout_secs,
+                bad.shm_spin_us
+            ),
+            (256, 1024, 65536, 10, 50)
+        );
+        assert_eq!(bad.warnings.len(), 6);
+        assert!(
+            bad.warnings
+                .contains(&"MC_SHM_RING_ENTRIES=8 is outside 16..=65536; using 1024".to_string())
+        );
     }
 }

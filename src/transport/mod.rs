@@ -1,12 +1,14 @@
 //! Transports move slices between memory. `local` serves the engine's own
 //! segment with memory copies, whatever else is installed; `tcp` moves
-//! slices to peers over one rail each, as the engine's scheduler decides.
+//! slices to peers over one rail each, as the engine's scheduler decides;
+//! `shm` copies between processes of one host.
 
 pub mod endpoint;
 pub mod fence;
 pub mod local;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+pub mod shm;
 pub mod tcp;
 
 use fence::Fence;
@@ -37,6 +39,9 @@ pub enum Outcome {
     /// another reason (another slice's error, an eviction, a shutdown):
     /// retry it elsewhere without blaming the rail.
     Interrupted,
+    /// This transport cannot reach the peer (shared memory that the
+    /// kernel refuses between these processes): use another transport.
+    Unreachable,
 }
 
 /// One slice handed to a transport: a contiguous range to move, and what
