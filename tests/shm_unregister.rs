@@ -72,7 +72,7 @@ fn writes_while_unregistering(test: &str, stop_child: bool) {
         );
         wait_served(&local, before + 4 * LEN);
         if stop_child {
-            child.signal(libc::SIGSTOP);
+            child.stop();
         }
         let took = local.unregister(t.addr());
         // SAFETY: our buffer, no longer registered: no peer may write it.

@@ -49,8 +49,12 @@ pub struct Local {
 impl Local {
     /// Settings from the environment's `MC_SHM_*`.
     pub fn start() -> Local {
+        Local::with(ShmOptions::from_config(&Config::from_env()))
+    }
+
+    /// Settings `opts`.
+    pub fn with(opts: ShmOptions) -> Local {
         let registry = Arc::new(RwLock::new(MemoryRegistry::default()));
-        let opts = ShmOptions::from_config(&Config::from_env());
         let shm = ShmTransport::start(registry.clone(), opts).expect("start the transport");
         Local { registry, shm }
     }
@@ -300,6 +304,26 @@ impl Child {
     pub fn signal(&self, sig: i32) {
         // SAFETY: signals our own child process.
         assert_eq!(unsafe { libc::kill(self.pid, sig) }, 0);
+    }
+
+    /// SIGSTOP, and waits until every thread of the child is stopped.
+    pub fn stop(&self) {
+        self.signal(libc::SIGSTOP);
+        let start = Instant::now();
+        let stopped = |task: std::fs::DirEntry| {
+            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+            // The state follows the parenthesised command name.
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
+        };
+        loop {
+            let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid)).unwrap();
+            if tasks.map_while(Result::ok).all(stopped) {
+                return;
+            }
+            assert!(start.elapsed() < HANG, "the child does not stop");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// `kill -9`, and reaps it.
