@@ -247,6 +247,10 @@ pub struct Config {
     /// `MC_SHM_SPIN_US`: how long an idle thread of the shared-memory
     /// transport polls before it sleeps (50, 0..=10000).
     pub shm_spin_us: u64,
+    /// `MC_SHM_MAX_MAPPINGS`: memfd-backed buffers of one peer that the
+    /// shared-memory transport maps at once (256, 1..=65536); the least
+    /// recently used mapping gives way.
+    pub shm_max_mappings: usize,
 }
 
 impl Default for Config {
@@ -327,6 +331,7 @@ impl Default for Config {
             shm_table_slots: 1 << 16,
             shm_timeout_secs: 10,
             shm_spin_us: 50,
+            shm_max_mappings: 256,
         }
     }
 }
@@ -685,6 +690,7 @@ impl Config {
             shm_table_slots: r.number("MC_SHM_TABLE_SLOTS", d.shm_table_slots, 1, 1 << 24),
             shm_timeout_secs: r.number("MC_SHM_TIMEOUT_SEC", d.shm_timeout_secs, 1, 3600),
             shm_spin_us: r.number("MC_SHM_SPIN_US", d.shm_spin_us, 0, 10_000),
+            shm_max_mappings: r.number("MC_SHM_MAX_MAPPINGS", d.shm_max_mappings, 1, 65536),
             warnings: r.warnings.into_inner(),
         }
     }
@@ -1043,6 +1049,9 @@ mod tests {
             (256, 1024, 65536, 10, 50)
         );
         assert!((1..=4).contains(&d.shm_threads));
+        assert_eq!(d.shm_max_mappings, 256);
+        assert_eq!(parse(&[("MC_SHM_MAX_MAPPINGS", "16")]).shm_max_mappings, 16);
+        assert_eq!(parse(&[("MC_SHM_MAX_MAPPINGS", "0")]).shm_max_mappings, 256);
         let c = parse(&[
             ("MC_SHM_THREADS", "2"),
             ("MC_SHM_MAX_PEERS", "8"),

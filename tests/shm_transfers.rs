@@ -2,12 +2,13 @@
 //! at once from 8 threads, over the shared-memory transport; every byte of
 //! both buffers is checked by the side that owns it (the copies, and the
 //! gaps between them untouched), and the transport's counters account for
-//! every byte. Then the other way round: the child initiates.
+//! every byte. Then the other way round: the child initiates. Once with
+//! heap buffers (cross-memory attach), once with buffers of the
+//! transport's memfd allocator (memcpy from mappings).
 
 mod common;
 mod shm_support;
 
-use common::Buf;
 use serde_json::json;
 use shm_support::*;
 use std::sync::Arc;
@@ -65,23 +66,41 @@ fn every_size_at_odd_offsets_both_ways_from_8_threads() {
     if is_child() {
         return child_main();
     }
+    every_size("every_size_at_odd_offsets_both_ways_from_8_threads", false);
+}
+
+#[test]
+fn every_size_between_memfd_buffers() {
+    if is_child() {
+        return child_main();
+    }
+    every_size("every_size_between_memfd_buffers", true);
+}
+
+/// A buffer of ours, by address.
+struct Mine(u64);
+
+impl Mine {
+    fn addr(&self) -> u64 {
+        self.0
+    }
+}
+
+fn every_size(test: &str, shared: bool) {
     let local = Arc::new(Local::start());
-    let child = Child::spawn(
-        "every_size_at_odd_offsets_both_ways_from_8_threads",
-        &[],
-        &[],
-    );
+    let child = Child::spawn(test, &[], &[]);
     let size = total();
+    let mut keep = Vec::new();
     // WRITE: our pattern 11 into the child's zeros; READ: the child's
     // pattern 22 into our zeros.
-    let src = Buf::zeroed(size as usize);
+    let src = Mine(local.buffer(size, shared, &mut keep));
     // SAFETY: a fresh buffer of ours.
     unsafe { fill(src.addr(), size, 11, 0) };
-    let dst = Buf::zeroed(size as usize);
+    let dst = Mine(local.buffer(size, shared, &mut keep));
     local.register(src.addr(), size, true);
     local.register(dst.addr(), size, true);
-    let c_dst = child.alloc(size, None, true);
-    let c_src = child.alloc(size, Some(22), true);
+    let c_dst = child.alloc_in(size, None, true, shared);
+    let c_src = child.alloc_in(size, Some(22), true, shared);
     let peer = Arc::new(child.peer_of(&local));
     let st = starts();
 
@@ -153,6 +172,13 @@ fn every_size_at_odd_offsets_both_ways_from_8_threads() {
     let theirs = child.call(json!({"cmd": "stats"}), None);
     assert_eq!(theirs["served"], json!(moved));
     assert_eq!(theirs["served_peers"], json!(1));
+    // Memfd buffers were copied through mappings, the others by
+    // cross-memory attach.
+    let mapped = if shared { moved } else { 0 };
+    assert_eq!(
+        (ours.mapped, theirs["mapped"].as_u64().unwrap()),
+        (mapped, mapped)
+    );
 
     // The other way round: the child initiates, we are the target.
     let ok = child.call(
@@ -160,7 +186,7 @@ fn every_size_at_odd_offsets_both_ways_from_8_threads() {
         None,
     );
     assert_eq!(ok["ok"], json!(true));
-    let target = Buf::zeroed(4 << 20);
+    let target = Mine(local.buffer(4 << 20, shared, &mut keep));
     local.register(target.addr(), 4 << 20, true);
     let mut batch = slices(c_src + 5, target.addr() + 1, (4 << 20) - 9, true);
     batch.extend(slices(c_dst + 7, src.addr() + 3, (4 << 20) - 13, false));
@@ -187,6 +213,8 @@ fn every_size_at_odd_offsets_both_ways_from_8_threads() {
     );
     assert_eq!(c["bad"], json!(0), "the child's READ: {c}");
     assert_eq!(local.shm.stats().served, (4 << 20) - 9);
+    let mapped_served = if shared { (4 << 20) - 9 } else { 0 };
+    assert_eq!(local.shm.stats().mapped, mapped + mapped_served);
     child.call(json!({"cmd": "exit"}), None);
     drop(peer);
     local.shm.shutdown();

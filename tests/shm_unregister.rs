@@ -4,7 +4,9 @@
 //! requests sit in our ring; we then fill the range with a pattern, and
 //! no peer byte lands in it afterwards, including after the child resumes
 //! and keeps posting. A READ that ends Done never holds a byte written
-//! after the unregister.
+//! after the unregister. With heap buffers (cross-memory attach) and with
+//! buffers of the transport's memfd allocator (memcpy from mappings; our
+//! buffer is freed after each round while the child may still map it).
 
 mod common;
 mod shm_support;
@@ -23,15 +25,16 @@ const ROUNDS: usize = 20;
 const UNREGISTER_BOUND: Duration = Duration::from_secs(1);
 const FILL: u8 = 0xee;
 
-/// A child connected to us (attached, by one WRITE of one byte).
-fn connected_child(test: &str, local: &Local) -> (Arc<Child>, u64) {
+/// A child connected to us (attached, by one WRITE of one byte), and its
+/// source buffer (in a memfd if `shared`).
+fn connected_child(test: &str, local: &Local, shared: bool) -> (Arc<Child>, u64) {
     let child = Child::spawn(test, &[], &[]);
     let ok = child.call(
         json!({"cmd": "connect", "shm": local.shm.descriptor()}),
         None,
     );
     assert_eq!(ok["ok"], json!(true));
-    let src = child.alloc(DEPTH * SLICE, Some(5), true);
+    let src = child.alloc_in(DEPTH * SLICE, Some(5), true, shared);
     let probe = Buf::zeroed(64);
     local.register(probe.addr(), 64, true);
     let r = child.call(
@@ -55,15 +58,21 @@ fn count(v: &Value, k: &str) -> u64 {
     v[k].as_u64().unwrap_or(0)
 }
 
-fn writes_while_unregistering(test: &str, stop_child: bool) {
+/// Our buffer for a round: from the memfd allocator if `shared`.
+fn target(local: &Local, shared: bool, keep: &mut Vec<Buf>) -> u64 {
+    local.buffer(LEN, shared, keep)
+}
+
+fn writes_while_unregistering(test: &str, stop_child: bool, shared: bool) {
     let local = Local::start();
-    let (child, src) = connected_child(test, &local);
+    let (child, src) = connected_child(test, &local, shared);
+    let mut keep = Vec::new();
     let mut slowest = Duration::ZERO;
     let mut rejected = 0;
     for round in 0..ROUNDS {
-        let t = Buf::zeroed(LEN as usize);
-        local.register(t.addr(), LEN, true);
-        let at = t.addr() + (round as u64 * 4099) % (LEN - SLICE);
+        let t = target(&local, shared, &mut keep);
+        local.register(t, LEN, true);
+        let at = t + (round as u64 * 4099) % (LEN - SLICE);
         let before = local.shm.stats().served;
         child.call(
             json!({"cmd": "stream", "local": src, "remote": at, "len": SLICE,
@@ -74,16 +83,16 @@ fn writes_while_unregistering(test: &str, stop_child: bool) {
         if stop_child {
             child.stop();
         }
-        let took = local.unregister(t.addr());
+        let took = local.unregister(t);
         // SAFETY: our buffer, no longer registered: no peer may write it.
-        unsafe { std::ptr::write_bytes(t.addr() as *mut u8, FILL, LEN as usize) };
+        unsafe { std::ptr::write_bytes(t as *mut u8, FILL, LEN as usize) };
         slowest = slowest.max(took);
         assert!(took < UNREGISTER_BOUND, "unregister took {took:?}");
         std::thread::sleep(Duration::from_millis(50));
         if stop_child {
             // SAFETY: as above; reads only.
             assert_eq!(
-                unsafe { not_equal(t.addr(), LEN, FILL) },
+                unsafe { not_equal(t, LEN, FILL) },
                 0,
                 "round {round}: a byte landed"
             );
@@ -92,17 +101,26 @@ fn writes_while_unregistering(test: &str, stop_child: bool) {
         std::thread::sleep(Duration::from_millis(50));
         let counts = child.call(json!({"cmd": "stop_stream"}), None);
         // SAFETY: as above.
-        let landed = unsafe { not_equal(t.addr(), LEN, FILL) };
+        let landed = unsafe { not_equal(t, LEN, FILL) };
         assert_eq!(
             landed, 0,
             "round {round}: {landed} bytes landed after unregister; {counts}"
         );
         assert!(count(&counts, "Done") > 0, "{counts}");
         rejected += count(&counts, "Rejected");
+        if shared {
+            local.shm.free(t).unwrap();
+        }
     }
+    let mapped = local.shm.stats().mapped;
     println!(
-        "{ROUNDS} rounds (child stopped: {stop_child}): unregister took at most {slowest:?}; \
-         {rejected} WRITEs rejected after it"
+        "{ROUNDS} rounds (child stopped: {stop_child}, memfd buffers: {shared}): unregister \
+         took at most {slowest:?}; {rejected} WRITEs rejected after it; {mapped} bytes mapped"
+    );
+    assert_eq!(
+        mapped > 0,
+        shared,
+        "memfd buffers are copied through mappings"
     );
     assert!(rejected > 0, "WRITEs after the unregister are rejected");
     child.call(json!({"cmd": "exit"}), None);
@@ -114,7 +132,8 @@ fn unregister_during_writes_of_a_stopped_initiator() {
     if is_child() {
         return child_main();
     }
-    writes_while_unregistering("unregister_during_writes_of_a_stopped_initiator", true);
+    let test = "unregister_during_writes_of_a_stopped_initiator";
+    writes_while_unregistering(test, true, false);
 }
 
 #[test]
@@ -122,7 +141,26 @@ fn unregister_during_writes_of_a_running_initiator() {
     if is_child() {
         return child_main();
     }
-    writes_while_unregistering("unregister_during_writes_of_a_running_initiator", false);
+    let test = "unregister_during_writes_of_a_running_initiator";
+    writes_while_unregistering(test, false, false);
+}
+
+#[test]
+fn unregister_during_writes_from_memfd_buffers_of_a_stopped_initiator() {
+    if is_child() {
+        return child_main();
+    }
+    let test = "unregister_during_writes_from_memfd_buffers_of_a_stopped_initiator";
+    writes_while_unregistering(test, true, true);
+}
+
+#[test]
+fn unregister_during_writes_from_memfd_buffers_of_a_running_initiator() {
+    if is_child() {
+        return child_main();
+    }
+    let test = "unregister_during_writes_from_memfd_buffers_of_a_running_initiator";
+    writes_while_unregistering(test, false, true);
 }
 
 #[test]
@@ -130,19 +168,35 @@ fn a_read_done_never_holds_bytes_written_after_unregister() {
     if is_child() {
         return child_main();
     }
-    let test = "a_read_done_never_holds_bytes_written_after_unregister";
+    reads_while_unregistering(
+        "a_read_done_never_holds_bytes_written_after_unregister",
+        false,
+    );
+}
+
+#[test]
+fn a_read_from_a_memfd_buffer_done_never_holds_bytes_written_after_unregister() {
+    if is_child() {
+        return child_main();
+    }
+    let test = "a_read_from_a_memfd_buffer_done_never_holds_bytes_written_after_unregister";
+    reads_while_unregistering(test, true);
+}
+
+fn reads_while_unregistering(test: &str, shared: bool) {
     let local = Local::start();
-    let (child, _) = connected_child(test, &local);
+    let (child, _) = connected_child(test, &local, shared);
     let dst = child.alloc(DEPTH * SLICE, None, true);
+    let mut keep = Vec::new();
     let (mut done, mut failed) = (0, 0);
     for round in 0..ROUNDS {
-        let t = Buf::zeroed(LEN as usize);
+        let t = target(&local, shared, &mut keep);
         // SAFETY: a fresh buffer of ours.
-        unsafe { fill(t.addr(), LEN, 33, 0) };
-        local.register(t.addr(), LEN, true);
+        unsafe { fill(t, LEN, 33, 0) };
+        local.register(t, LEN, true);
         let off = (round as u64 * 4099) % (LEN - SLICE);
         child.call(
-            json!({"cmd": "stream", "local": dst, "remote": t.addr() + off, "len": SLICE,
+            json!({"cmd": "stream", "local": dst, "remote": t + off, "len": SLICE,
                    "write": false, "depth": DEPTH, "expect_seed": 33, "expect_from": off}),
             None,
         );
@@ -151,13 +205,13 @@ fn a_read_done_never_holds_bytes_written_after_unregister() {
             assert!(start.elapsed() < HANG, "the stream does not run");
             std::thread::sleep(Duration::from_millis(1));
         }
-        let took = local.unregister(t.addr());
+        let took = local.unregister(t);
         // The memory is reused at once, again and again: a READ whose copy
         // runs now sees these bytes.
         let reuse = Instant::now();
         while reuse.elapsed() < Duration::from_millis(20) {
             // SAFETY: our buffer, no longer registered.
-            unsafe { std::ptr::write_bytes((t.addr() + off) as *mut u8, FILL, SLICE as usize) };
+            unsafe { std::ptr::write_bytes((t + off) as *mut u8, FILL, SLICE as usize) };
         }
         assert!(took < UNREGISTER_BOUND, "unregister took {took:?}");
         std::thread::sleep(Duration::from_millis(30));
@@ -166,10 +220,22 @@ fn a_read_done_never_holds_bytes_written_after_unregister() {
         assert!(count(&counts, "Rejected") > 0, "round {round}: {counts}");
         done += count(&counts, "Done");
         failed += count(&counts, "Failed { hard: false }");
+        if shared {
+            local.shm.free(t).unwrap();
+        }
     }
+    let mapped = child.call(json!({"cmd": "stats"}), None)["mapped"]
+        .as_u64()
+        .unwrap();
     println!(
-        "{ROUNDS} rounds: {done} READs Done with the bytes from before the unregister, \
-         {failed} failed because the buffer was unregistered during their copy"
+        "{ROUNDS} rounds (memfd buffers: {shared}): {done} READs Done with the bytes from \
+         before the unregister, {failed} failed because the buffer was unregistered during \
+         their copy; {mapped} bytes mapped"
+    );
+    assert_eq!(
+        mapped > 0,
+        shared,
+        "memfd buffers are copied through mappings"
     );
     child.call(json!({"cmd": "exit"}), None);
     local.shm.shutdown();

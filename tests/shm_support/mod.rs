@@ -59,6 +59,19 @@ impl Local {
         Local { registry, shm }
     }
 
+    /// A zeroed buffer of `len` bytes, from the transport's memfd
+    /// allocator if `shared` (freed with the transport), else from the
+    /// heap (kept in `keep`).
+    pub fn buffer(&self, len: u64, shared: bool, keep: &mut Vec<Buf>) -> u64 {
+        if shared {
+            return self.shm.allocate(len as usize).expect("allocate");
+        }
+        let b = Buf::zeroed(len as usize);
+        let addr = b.addr();
+        keep.push(b);
+        addr
+    }
+
     /// Registers `[addr, addr + len)` with the registry and the transport.
     pub fn register(&self, addr: u64, len: u64, accessible: bool) {
         let r = Region {
@@ -201,10 +214,16 @@ impl Child {
             }
             None => Command::new(&exe),
         };
-        cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
-            .env(CHILD_VAR, "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
+        cmd.args([
+            test,
+            "--exact",
+            "--nocapture",
+            "--include-ignored",
+            "--test-threads=1",
+        ])
+        .env(CHILD_VAR, "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -293,8 +312,15 @@ impl Child {
     /// Allocates and registers a child buffer of `len` bytes, filled with
     /// pattern `seed` (or zeros); returns its address.
     pub fn alloc(&self, len: u64, seed: Option<u8>, accessible: bool) -> u64 {
+        self.alloc_in(len, seed, accessible, false)
+    }
+
+    /// [`Child::alloc`], from the child transport's memfd allocator if
+    /// `shared`.
+    pub fn alloc_in(&self, len: u64, seed: Option<u8>, accessible: bool, shared: bool) -> u64 {
         let v = self.call(
-            json!({"cmd": "alloc", "len": len, "seed": seed, "accessible": accessible}),
+            json!({"cmd": "alloc", "len": len, "seed": seed, "accessible": accessible,
+                   "shared": shared}),
             None,
         );
         v["addr"].as_u64().unwrap()
@@ -420,23 +446,21 @@ fn obey(
     match cmd["cmd"].as_str().unwrap() {
         "hello" => json!({"pid": std::process::id(), "shm": st.local.shm.descriptor()}),
         "alloc" => {
-            let len = n("len") as usize;
-            let buf = match cmd["seed"].as_u64() {
-                Some(seed) => {
-                    let b = Buf::zeroed(len);
-                    // SAFETY: a fresh buffer of ours.
-                    unsafe { fill(b.addr(), len as u64, seed as u8, 0) };
-                    b
-                }
-                None => Buf::zeroed(len),
+            let len = n("len");
+            let addr = if cmd["shared"].as_bool().unwrap_or(false) {
+                st.local.shm.allocate(len as usize).expect("allocate")
+            } else {
+                let buf = Buf::zeroed(len as usize);
+                let addr = buf.addr();
+                st.bufs.insert(addr, buf);
+                addr
             };
-            let addr = buf.addr();
-            st.local.register(
-                addr,
-                len as u64,
-                cmd["accessible"].as_bool().unwrap_or(true),
-            );
-            st.bufs.insert(addr, buf);
+            if let Some(seed) = cmd["seed"].as_u64() {
+                // SAFETY: a fresh buffer of ours.
+                unsafe { fill(addr, len, seed as u8, 0) };
+            }
+            st.local
+                .register(addr, len, cmd["accessible"].as_bool().unwrap_or(true));
             json!({ "addr": addr })
         }
         "check" => {
@@ -523,10 +547,33 @@ fn obey(
             s.thread.join().unwrap();
             json!(s.counts.lock().unwrap().clone())
         }
+        "memfd" => {
+            // A memfd-backed buffer filled with a pattern, kept for the
+            // process's life (the benchmark maps it from the parent).
+            let len = n("len") as usize;
+            // SAFETY: plain system calls; the mapping is new and ours.
+            let (fd, addr) = unsafe {
+                let fd = libc::memfd_create(c"bench".as_ptr(), libc::MFD_CLOEXEC);
+                assert!(fd >= 0 && libc::ftruncate(fd, len as libc::off_t) == 0);
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                );
+                assert_ne!(p, libc::MAP_FAILED);
+                (fd, p as u64)
+            };
+            // SAFETY: the fresh mapping.
+            unsafe { fill(addr, len as u64, n("seed") as u8, 0) };
+            json!({"fd": fd, "addr": addr})
+        }
         "stats" => {
             let s = st.local.shm.stats();
             json!({"written": s.written, "read": s.read, "served": s.served,
-                   "served_peers": st.local.shm.served_peers()})
+                   "mapped": s.mapped, "served_peers": st.local.shm.served_peers()})
         }
         "exit" => {
             st.peer = None;

@@ -1,10 +1,13 @@
 //! The attach handshake, both sides.
 //!
 //! Request (initiator to target): our boot id, pid, and where in our memory
-//! a random 16-byte token lies, with its value. The target reads the token
-//! from that pid with `process_vm_readv`: equal, the pid is the asking
-//! process in the target's pid namespace, and the kernel lets the target
-//! read it (which every WRITE needs). The target creates a ring and two
+//! a random 16-byte token lies, with its value; and our registration
+//! table's descriptor number and nonce. The target reads the token from
+//! that pid with `process_vm_readv`: equal, the pid is the asking process
+//! in the target's pid namespace, and the kernel lets the target read it
+//! (which every WRITE needs). It takes and checks our table (to know which
+//! of our memfd-backed buffers a WRITE may be copied from, and when to
+//! drop its mappings of them). The target creates a ring and two
 //! eventfds for it and answers with its pid, a random nonce written into
 //! the ring's header, the table's nonce, and the descriptor numbers. The
 //! initiator takes the descriptors with `pidfd_getfd` (which needs the
@@ -12,9 +15,10 @@
 //! the target's process in the initiator's namespace.
 
 use super::cma::{self, Piece};
+use super::maps::PeerMaps;
 use super::peer::Link;
 use super::ring::Ring;
-use super::serve::{self, Served};
+use super::serve::{self, Initiator, RingParts, Served};
 use super::table::TableReader;
 use super::{Shared, VERSION, sys};
 use serde_json::{Value, json};
@@ -30,6 +34,8 @@ pub(crate) fn request(shared: &Shared) -> Value {
         "pid": shared.pid,
         "token_addr": shared.token.as_ptr() as u64,
         "token": [shared.token[0], shared.token[1]],
+        "table_fd": shared.table.fd().as_raw_fd(),
+        "table_nonce": shared.table.nonce(),
     })
 }
 
@@ -97,6 +103,14 @@ fn try_serve(shared: &Shared, req: &Value) -> Result<Value, String> {
         }
         Ok(()) => {}
     }
+    let table_fd =
+        i32::try_from(number(req, "table_fd")?).map_err(|_| "\"table_fd\" is out of range")?;
+    let table = sys::pidfd_getfd(&pidfd, table_fd)
+        .map_err(|e| e.to_string())
+        .and_then(|fd| {
+            TableReader::open(&fd, number(req, "table_nonce")?).map_err(|e| e.to_string())
+        })
+        .map_err(|e| format!("the table of process {pid}: {e}"))?;
     if sys::exited(&pidfd) {
         return Err(format!("process {pid} exited"));
     }
@@ -119,13 +133,19 @@ fn try_serve(shared: &Shared, req: &Value) -> Result<Value, String> {
     });
     let served = Arc::new(Served::new(
         shared.new_id(),
-        pid,
-        token,
-        ring,
-        memfd,
-        to_target,
-        to_initiator,
-        pidfd,
+        Initiator {
+            pid,
+            token,
+            pidfd,
+            table,
+        },
+        RingParts {
+            ring,
+            memfd,
+            to_target,
+            to_initiator,
+        },
+        shared.opts.max_mappings,
         shared.now_ms(),
     ));
     serve::add_ring(shared, served).map_err(|e| io("epoll", e))?;
@@ -133,8 +153,9 @@ fn try_serve(shared: &Shared, req: &Value) -> Result<Value, String> {
 }
 
 /// The initiator's side: takes the target's descriptors named in `reply`
-/// and checks them. `pid` is the target's pid from its descriptor.
-pub(crate) fn connect(reply: &Value, pid: i32) -> Result<Link, String> {
+/// and checks them. `pid` is the target's pid from its descriptor; at most
+/// `max_mappings` of its buffers will be mapped.
+pub(crate) fn connect(reply: &Value, pid: i32, max_mappings: usize) -> Result<Link, String> {
     if let Some(e) = reply.get("error") {
         return Err(format!("it refused: {e}"));
     }
@@ -162,6 +183,7 @@ pub(crate) fn connect(reply: &Value, pid: i32) -> Result<Link, String> {
     Ok(Link {
         ring,
         table,
+        maps: PeerMaps::new(max_mappings),
         pid,
         pidfd,
         to_target,

@@ -4,9 +4,10 @@
 //! becomes unreachable.
 
 use super::cma::{self, Piece};
+use super::maps::PeerMaps;
 use super::poll::Token;
 use super::ring::{Ring, Side, Status};
-use super::table::{Lookup, TableReader};
+use super::table::{Backing, Lookup, SlotView, TableReader};
 use super::{AttachFn, Shared, attach, outcome_of, sys};
 use crate::transport::{Outcome, Slice};
 use std::collections::VecDeque;
@@ -23,6 +24,8 @@ const RETRY_AFTER: Duration = Duration::from_secs(10);
 pub(crate) struct Link {
     pub ring: Ring,
     pub table: TableReader,
+    /// Our mappings of the target's memfd-backed buffers.
+    pub maps: PeerMaps,
     /// The target's pid, checked by the attach.
     pub pid: i32,
     pub pidfd: OwnedFd,
@@ -62,7 +65,8 @@ struct Queue {
     /// Per entry: the slice posted there (`Some(None)`: given up on after a
     /// stall, still claimed by the target).
     posted: Vec<Option<Option<Slice>>>,
-    backlog: VecDeque<Slice>,
+    /// With where the source lies in one of our memfds.
+    backlog: VecDeque<(Slice, Option<Backing>)>,
     last_progress: Instant,
 }
 
@@ -89,15 +93,15 @@ impl Queue {
     /// Moves waiting WRITEs into free entries; whether any was posted.
     fn pump(&mut self, ring: &Ring) -> bool {
         let mut any = false;
-        while let Some(s) = self.backlog.front() {
-            let (pos, src, dst, len) = (self.head, s.local, s.remote, s.len);
-            if self.slot(pos).is_some() || !ring.post(pos, src, dst, len) {
+        while let Some((s, backing)) = self.backlog.front() {
+            let (pos, src, dst, len, backing) = (self.head, s.local, s.remote, s.len, *backing);
+            if self.slot(pos).is_some() || !ring.post(pos, src, dst, len, backing) {
                 break;
             }
             if self.tail == self.head {
                 self.last_progress = Instant::now();
             }
-            let s = self.backlog.pop_front();
+            let s = self.backlog.pop_front().map(|(s, _)| s);
             *self.slot(pos) = Some(s);
             self.head += 1;
             any = true;
@@ -134,7 +138,7 @@ impl Queue {
             }
         }
         self.advance_tail();
-        out.extend(self.backlog.drain(..).map(|s| (s, outcome)));
+        out.extend(self.backlog.drain(..).map(|(s, _)| (s, outcome)));
         out
     }
 }
@@ -264,8 +268,9 @@ impl PeerCore {
             }
             Phase::Attached(link) => {
                 let link = link.clone();
+                let backing = shared.table.backing_of(slice.local, slice.len);
                 let q = st.queue.as_mut().expect("an attached peer has a queue");
-                q.backlog.push_back(slice);
+                q.backlog.push_back((slice, backing));
                 let posted = q.pump(&link.ring);
                 drop(st);
                 if posted && link.ring.wake(Side::Target) {
@@ -303,7 +308,7 @@ impl PeerCore {
         let request = attach::request(shared);
         let linked = (self.attach)(&request)
             .map_err(|e| e.to_string())
-            .and_then(|reply| attach::connect(&reply, self.target_pid));
+            .and_then(|reply| attach::connect(&reply, self.target_pid, shared.opts.max_mappings));
         let link = match linked {
             Ok(l) => Arc::new(l),
             Err(e) => return self.unreachable(shared, &e),
@@ -340,7 +345,8 @@ impl PeerCore {
         let mut reads = Vec::new();
         for s in std::mem::take(&mut st.waiting) {
             if s.write {
-                queue.backlog.push_back(s);
+                let backing = shared.table.backing_of(s.local, s.len);
+                queue.backlog.push_back((s, backing));
             } else {
                 reads.push(s);
             }
@@ -528,26 +534,34 @@ pub(crate) fn run_reads(shared: &Shared, jobs: Vec<ReadJob>) {
 fn read_group(shared: &Shared, group: Vec<ReadJob>) {
     let link = group[0].link.clone();
     let core = group[0].core.clone();
+    link.maps.prune(&link.table);
     let mut pieces = Vec::with_capacity(group.len());
     let mut checked = Vec::with_capacity(group.len());
     let mut unknown = false;
     for job in group {
         let s = &job.slice;
-        match link.table.lookup(s.remote, s.len) {
-            Lookup::Found(v) if v.accessible() => {
-                pieces.push(Piece {
-                    local: s.local,
-                    remote: s.remote,
-                    len: s.len,
-                });
-                checked.push((job.slice, v));
+        let view = match link.table.lookup(s.remote, s.len) {
+            Lookup::Found(v) if v.accessible() => v,
+            Lookup::Found(_) | Lookup::Missing => {
+                finish(shared, job.slice, Outcome::Rejected);
+                continue;
             }
-            Lookup::Found(_) | Lookup::Missing => finish(shared, job.slice, Outcome::Rejected),
             Lookup::Unknown => {
                 unknown = true;
                 finish(shared, job.slice, Outcome::Unreachable);
+                continue;
             }
+        };
+        if let Some(outcome) = read_mapped(shared, &link, &view, s) {
+            finish(shared, job.slice, outcome);
+            continue;
         }
+        pieces.push(Piece {
+            local: s.local,
+            remote: s.remote,
+            len: s.len,
+        });
+        checked.push((job.slice, view));
     }
     if unknown {
         crate::warn_limited!(
@@ -582,6 +596,35 @@ fn read_group(shared: &Shared, group: Vec<ReadJob>) {
         Some(cma::CopyError::Gone) => core.target_died(shared),
         _ => {}
     }
+}
+
+/// A READ from a memfd-backed buffer of the target, by memcpy from our
+/// mapping of it, checked against the table after the copy; `None` if the
+/// buffer is not in a memfd we can map.
+fn read_mapped(shared: &Shared, link: &Link, view: &SlotView, s: &Slice) -> Option<Outcome> {
+    let b = view.backing?;
+    let at = Backing {
+        offset: b.offset.checked_add(s.remote - view.addr)?,
+        ..b
+    };
+    let map = link.maps.get(&link.pidfd, &at, s.len)?;
+    // SAFETY: the source lies inside the mapping (`PeerMaps::get` checked
+    // it against its size, which is sealed); the destination is the READ's
+    // local buffer, ours until the slice ends. The target may write the
+    // source meanwhile, as it may during a copy over TCP.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            map.ptr().add(at.offset as usize),
+            s.local as usize as *mut u8,
+            s.len as usize,
+        )
+    };
+    shared.counters.mapped.fetch_add(s.len, Ordering::Relaxed);
+    Some(if link.table.unchanged(view) {
+        Outcome::Done
+    } else {
+        Outcome::Failed { hard: false }
+    })
 }
 
 /// Waits for the attach threads (shutdown).

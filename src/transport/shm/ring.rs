@@ -2,9 +2,9 @@
 //! target creates and both map, holding the WRITE requests the initiator
 //! posts and the target executes.
 //!
-//! Each entry has one control word, `position << 3 | state`, and the
-//! request (source in the initiator, destination in the target, length)
-//! and result. The initiator posts request number `p` (positions start at
+//! Each entry has one control word, `position << 3 | state`, the request
+//! (source in the initiator, destination in the target, length, and where
+//! the source lies if in a memfd of the initiator) and the result. The initiator posts request number `p` (positions start at
 //! the ring size and grow by one) into entry `p % entries`, once that entry
 //! is free, and publishes it by storing `p | POSTED`. The target walks the
 //! positions in order with a cursor of its own and claims a posted request
@@ -25,6 +25,7 @@
 //! a request once into its own variables and checks it there.
 
 use super::sys::{self, Mapping};
+use super::table::Backing;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -87,6 +88,8 @@ pub struct Request {
     pub dst: u64,
     /// Bytes.
     pub len: u64,
+    /// Where the source lies in a memfd of the initiator, as it says.
+    pub backing: Option<Backing>,
 }
 
 /// What the target found at its cursor.
@@ -170,7 +173,7 @@ impl Ring {
 
     /// Posts request `pos` if its entry is free; false if the entry still
     /// holds an older request.
-    pub fn post(&self, pos: u64, src: u64, dst: u64, len: u64) -> bool {
+    pub fn post(&self, pos: u64, src: u64, dst: u64, len: u64, backing: Option<Backing>) -> bool {
         let e = self.entry(pos);
         if self.map.word(e).load(Ordering::Acquire) & 7 != FREE {
             return false;
@@ -178,6 +181,10 @@ impl Ring {
         self.map.word(e + 8).store(src, Ordering::Relaxed);
         self.map.word(e + 16).store(dst, Ordering::Relaxed);
         self.map.word(e + 24).store(len, Ordering::Relaxed);
+        let (id, fd, offset) = backing.map_or((0, 0, 0), |b| (b.id, b.fd as u64, b.offset));
+        self.map.word(e + 40).store(id, Ordering::Relaxed);
+        self.map.word(e + 48).store(fd, Ordering::Relaxed);
+        self.map.word(e + 56).store(offset, Ordering::Relaxed);
         self.map.word(e).store(pos << 3 | POSTED, Ordering::SeqCst);
         true
     }
@@ -226,11 +233,21 @@ impl Ring {
             return Next::Skip;
         }
         let e = self.entry(cursor);
+        let word = |off: usize| self.map.word(e + off).load(Ordering::Relaxed);
+        let backing = match (word(40), i32::try_from(word(48))) {
+            (0, _) | (_, Err(_)) => None,
+            (id, Ok(fd)) => Some(Backing {
+                id,
+                fd,
+                offset: word(56),
+            }),
+        };
         Next::Claimed(Request {
             pos: cursor,
-            src: self.map.word(e + 8).load(Ordering::Relaxed),
-            dst: self.map.word(e + 16).load(Ordering::Relaxed),
-            len: self.map.word(e + 24).load(Ordering::Relaxed),
+            src: word(8),
+            dst: word(16),
+            len: word(24),
+            backing,
         })
     }
 
@@ -314,7 +331,7 @@ mod tests {
         let (t, i) = pair(4);
         let p = i.first_position();
         assert_eq!(t.claim(p), Next::Empty);
-        assert!(i.post(p, 1, 2, 3));
+        assert!(i.post(p, 1, 2, 3, None));
         assert_eq!(i.take(p), None);
         let Next::Claimed(r) = t.claim(p) else {
             panic!()
@@ -325,25 +342,32 @@ mod tests {
                 pos: p,
                 src: 1,
                 dst: 2,
-                len: 3
+                len: 3,
+                backing: None
             }
         );
         assert!(!i.withdraw(p), "claimed requests cannot be withdrawn");
-        assert!(!i.post(p + 4, 0, 0, 0), "the entry is busy");
+        assert!(!i.post(p + 4, 0, 0, 0, None), "the entry is busy");
         t.complete(p, Status::Rejected);
         assert_eq!(i.take(p), Some(Status::Rejected));
-        assert!(i.post(p + 4, 0, 0, 0));
+        let b = Backing {
+            id: 5,
+            fd: 6,
+            offset: 7,
+        };
+        assert!(i.post(p + 4, 0, 0, 0, Some(b)));
+        assert!(matches!(t.claim(p + 4), Next::Claimed(r) if r.backing == Some(b)));
     }
 
     #[test]
     fn withdrawn_requests_are_skipped_even_once_reused() {
         let (t, i) = pair(2);
         let p = i.first_position();
-        assert!(i.post(p, 1, 1, 1));
-        assert!(i.post(p + 1, 2, 2, 2));
+        assert!(i.post(p, 1, 1, 1, None));
+        assert!(i.post(p + 1, 2, 2, 2, None));
         assert!(i.withdraw(p));
         // The freed entry takes the request two positions on.
-        assert!(i.post(p + 2, 3, 3, 3));
+        assert!(i.post(p + 2, 3, 3, 3, None));
         assert_eq!(t.claim(p), Next::Skip);
         assert!(matches!(t.claim(p + 1), Next::Claimed(r) if r.src == 2));
         assert!(matches!(t.claim(p + 2), Next::Claimed(r) if r.src == 3));

@@ -6,7 +6,10 @@
 //! does.
 
 use super::cma::{self, CopyError, MAX_IOV, Piece};
+use super::maps::PeerMaps;
 use super::ring::{Next, Request, Ring, Side, Status};
+use super::sys::Mapping;
+use super::table::TableReader;
 use super::{BATCH, BATCH_BYTES, Shared, sys};
 use crate::transport::fence::{Fence, Inside};
 use std::os::fd::OwnedFd;
@@ -33,6 +36,10 @@ pub(crate) struct Served {
     pub to_initiator: OwnedFd,
     /// Readable once the initiator exited.
     pub pidfd: OwnedFd,
+    /// The initiator's registration table, and our mappings of its
+    /// memfd-backed buffers.
+    pub table: TableReader,
+    pub maps: PeerMaps,
     /// The next position to look at (only this process consumes).
     cursor: Mutex<u64>,
     /// When a request was last claimed (ms since start).
@@ -40,31 +47,44 @@ pub(crate) struct Served {
     gone: AtomicBool,
 }
 
+/// An initiator, as its attach proved it.
+pub(crate) struct Initiator {
+    pub pid: i32,
+    pub token: [u64; 2],
+    pub pidfd: OwnedFd,
+    pub table: TableReader,
+}
+
+/// A new ring and its eventfds.
+pub(crate) struct RingParts {
+    pub ring: Ring,
+    pub memfd: OwnedFd,
+    pub to_target: OwnedFd,
+    pub to_initiator: OwnedFd,
+}
+
 impl Served {
-    /// A ring served for `initiator`.
-    #[allow(clippy::too_many_arguments)]
+    /// A ring served for an initiator; at most `max_mappings` of its
+    /// buffers will be mapped.
     pub fn new(
         id: u64,
-        initiator: i32,
-        token: [u64; 2],
-        ring: Ring,
-        memfd: OwnedFd,
-        to_target: OwnedFd,
-        to_initiator: OwnedFd,
-        pidfd: OwnedFd,
+        who: Initiator,
+        parts: RingParts,
+        max_mappings: usize,
         now_ms: u64,
     ) -> Served {
-        let cursor = Mutex::new(ring.first_position());
         Served {
             id,
-            initiator,
-            token,
-            ring,
-            _memfd: memfd,
-            to_target,
-            to_initiator,
-            pidfd,
-            cursor,
+            initiator: who.pid,
+            token: who.token,
+            cursor: Mutex::new(parts.ring.first_position()),
+            ring: parts.ring,
+            _memfd: parts.memfd,
+            to_target: parts.to_target,
+            to_initiator: parts.to_initiator,
+            pidfd: who.pidfd,
+            table: who.table,
+            maps: PeerMaps::new(max_mappings),
             last_active: AtomicU64::new(now_ms),
             gone: AtomicBool::new(false),
         }
@@ -175,8 +195,11 @@ pub(crate) fn serve_one(shared: &Shared, s: &Arc<Served>) -> bool {
 }
 
 /// Copies each request's bytes from the initiator into our buffer and
-/// completes it. Returns whether the initiator is gone.
+/// completes it: by memcpy from our mapping of the initiator's memfd if
+/// the source lies in a buffer its table backs with one, else with
+/// cross-memory attach. Returns whether the initiator is gone.
 fn execute(shared: &Shared, s: &Served, batch: &[Request]) -> bool {
+    s.maps.prune(&s.table);
     let fences: Vec<Option<Arc<Fence>>> = batch
         .iter()
         .map(|r| shared.memory.admit(r.dst, r.len))
@@ -189,13 +212,32 @@ fn execute(shared: &Shared, s: &Served, batch: &[Request]) -> bool {
         })
         .collect();
     let mut copied = vec![0u64; batch.len()];
-    // Cut admitted requests into pieces of at most CALL_BYTES.
+    // Mapped sources are copied now; the others are cut into pieces of at
+    // most CALL_BYTES for cross-memory attach.
     let mut chunks: Vec<(usize, Piece)> = Vec::new();
-    for (i, r) in batch
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| fences[*i].is_some())
-    {
+    for (i, r) in batch.iter().enumerate() {
+        let Some(fence) = &fences[i] else {
+            continue;
+        };
+        let mapped = r
+            .backing
+            .filter(|b| s.table.backs(r.src, r.len, b))
+            .and_then(|b| Some((b.offset, s.maps.get(&s.pidfd, &b, r.len)?)));
+        if let Some((offset, map)) = mapped {
+            copied[i] = copy_mapped(fence, &map, offset, r.dst, r.len);
+            if copied[i] < r.len {
+                status[i] = if copied[i] == 0 {
+                    Status::Rejected
+                } else {
+                    Status::Failed
+                };
+            }
+            shared
+                .counters
+                .mapped
+                .fetch_add(copied[i], Ordering::Relaxed);
+            continue;
+        }
         let mut off = 0;
         while off < r.len {
             let len = (r.len - off).min(CALL_BYTES);
@@ -270,4 +312,32 @@ fn execute(shared: &Shared, s: &Served, batch: &[Request]) -> bool {
         s.ring.complete(r.pos, st);
     }
     gone
+}
+
+/// Copies `len` bytes from byte `offset` of `map` (checked to hold them) to
+/// our `dst`, at most CALL_BYTES at a time inside `fence`; returns the
+/// bytes copied (fewer if the buffer was unregistered meanwhile).
+fn copy_mapped(fence: &Fence, map: &Mapping, offset: u64, dst: u64, len: u64) -> u64 {
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(CALL_BYTES);
+        let Some(_inside) = fence.enter() else {
+            break;
+        };
+        // SAFETY: the source lies inside the mapping (`PeerMaps::get`
+        // checked `offset + len` against its size, and the memfd's size is
+        // sealed); the destination lies in a registered, remotely
+        // accessible buffer of ours whose fence we are inside. The
+        // initiator may write its source meanwhile, as it could while the
+        // kernel copies it over TCP.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                map.ptr().add((offset + off) as usize),
+                (dst + off) as usize as *mut u8,
+                n as usize,
+            )
+        };
+        off += n;
+    }
+    off
 }

@@ -71,6 +71,15 @@ pub fn seal_seals(fd: &OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
+/// The name a memfd was created with (from its `/proc/self/fd` link,
+/// `/memfd:NAME (deleted)`); `None` for anything else.
+pub fn memfd_name(fd: &OwnedFd) -> Option<String> {
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+    let link = link.to_str()?;
+    let name = link.strip_prefix("/memfd:")?;
+    Some(name.strip_suffix(" (deleted)").unwrap_or(name).to_string())
+}
+
 /// The size of the file behind `fd`.
 pub fn file_size(fd: &OwnedFd) -> io::Result<u64> {
     // SAFETY: `stat` is plain data; an all-zero value is valid.
@@ -124,6 +133,16 @@ impl Mapping {
         }
         let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave NULL"))?;
         Ok(Mapping { ptr, len })
+    }
+
+    /// The first byte.
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Bytes mapped.
+    pub fn size(&self) -> usize {
+        self.len
     }
 
     /// The 8-byte word at byte `offset` (8-aligned, inside the mapping).

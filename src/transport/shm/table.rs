@@ -9,13 +9,20 @@
 //! between, the generation differs and the READ fails. Unregistering only
 //! bumps the generation, so it never waits for a peer.
 //!
+//! A buffer the engine allocated in a memfd ([`super::alloc`]) names it in
+//! its slot (the memfd's id and descriptor number, and the buffer's offset
+//! in it): peers map the memfd and copy with memcpy instead of
+//! cross-memory attach, and keep the mapping only while a slot names it.
+//!
 //! Layout (all little-endian u64 words): a header of 8 words (magic,
 //! nonce, slots, high-water mark, epoch, incomplete, two spare), then
-//! `slots` slots of 4 words (sequence, address, length, state), where
-//! state is `generation << 2 | accessible << 1 | live`.
+//! `slots` slots of 8 words (sequence, address, length, state, memfd id,
+//! memfd descriptor, offset in the memfd, spare), where state is
+//! `generation << 2 | accessible << 1 | live` and a memfd id of 0 means
+//! none.
 
 use super::sys::{self, Mapping};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{Ordering, fence};
@@ -23,7 +30,7 @@ use std::sync::{Arc, Mutex};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"TEshmTB1");
 const HEADER: usize = 64;
-const SLOT: usize = 32;
+const SLOT: usize = 64;
 const H_MAGIC: usize = 0;
 const H_NONCE: usize = 8;
 const H_SLOTS: usize = 16;
@@ -41,6 +48,17 @@ pub fn table_bytes(slots: usize) -> usize {
     HEADER + slots * SLOT
 }
 
+/// Where a buffer lives in a memfd of its process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backing {
+    /// The memfd's id (random, never 0; also in its name).
+    pub id: u64,
+    /// Its descriptor number in the owner.
+    pub fd: i32,
+    /// Offset of the buffer's first byte in the memfd.
+    pub offset: u64,
+}
+
 /// One consistent read of a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlotView {
@@ -52,6 +70,8 @@ pub struct SlotView {
     pub len: u64,
     /// Generation, accessibility and liveness.
     pub state: u64,
+    /// The memfd holding the buffer, if any.
+    pub backing: Option<Backing>,
 }
 
 impl SlotView {
@@ -80,13 +100,21 @@ fn read_slot(map: &Mapping, i: usize) -> Option<SlotView> {
             let addr = map.word(base + 8).load(Ordering::Relaxed);
             let len = map.word(base + 16).load(Ordering::Relaxed);
             let state = map.word(base + 24).load(Ordering::Relaxed);
+            let id = map.word(base + 32).load(Ordering::Relaxed);
+            let fd = map.word(base + 40).load(Ordering::Relaxed);
+            let offset = map.word(base + 48).load(Ordering::Relaxed);
             fence(Ordering::Acquire);
             if map.word(base).load(Ordering::Relaxed) == s1 {
+                let backing = match (id, i32::try_from(fd)) {
+                    (0, _) | (_, Err(_)) => None,
+                    (id, Ok(fd)) => Some(Backing { id, fd, offset }),
+                };
                 return Some(SlotView {
                     index: i,
                     addr,
                     len,
                     state,
+                    backing,
                 });
             }
         }
@@ -104,14 +132,15 @@ pub struct TableWriter {
     index: Mutex<Index>,
 }
 
-/// Which slot holds which buffer; free slots, lowest first.
+/// Which slot holds which buffer (with its length and backing); free
+/// slots, lowest first.
 #[derive(Default)]
 struct Index {
-    by_addr: HashMap<u64, usize>,
-    free: std::collections::BTreeSet<usize>,
+    by_addr: BTreeMap<u64, (usize, u64, Option<Backing>)>,
+    free: BTreeSet<usize>,
     hwm: usize,
     /// Buffers registered while the table was full.
-    missing: std::collections::HashSet<u64>,
+    missing: HashSet<u64>,
 }
 
 impl TableWriter {
@@ -149,7 +178,7 @@ impl TableWriter {
         self.slots
     }
 
-    fn write_slot(&self, i: usize, addr: u64, len: u64, flags: u64) {
+    fn write_slot(&self, i: usize, addr: u64, len: u64, flags: u64, backing: Option<Backing>) {
         let base = HEADER + i * SLOT;
         let seq = self.map.word(base);
         let s = seq.load(Ordering::Relaxed);
@@ -160,6 +189,10 @@ impl TableWriter {
         self.map.word(base + 8).store(addr, Ordering::Relaxed);
         self.map.word(base + 16).store(len, Ordering::Relaxed);
         state.store(generation << 2 | flags, Ordering::Relaxed);
+        let (id, fd, offset) = backing.map_or((0, 0, 0), |b| (b.id, b.fd as u64, b.offset));
+        self.map.word(base + 32).store(id, Ordering::Relaxed);
+        self.map.word(base + 40).store(fd, Ordering::Relaxed);
+        self.map.word(base + 48).store(offset, Ordering::Relaxed);
         seq.store(s + 2, Ordering::Release);
     }
 
@@ -167,15 +200,20 @@ impl TableWriter {
         self.map.word(H_EPOCH).fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Publishes a buffer. Returns false if the table is full: the buffer
-    /// is then missing from it and the header says the table is
-    /// incomplete, so peers use another transport for ranges they cannot
-    /// find.
-    pub fn register(&self, addr: u64, len: u64, accessible: bool) -> bool {
+    /// Publishes a buffer (in a memfd if `backing`). Returns false if the
+    /// table is full: the buffer is then missing from it and the header
+    /// says the table is incomplete, so peers use another transport for
+    /// ranges they cannot find.
+    pub fn register(
+        &self,
+        addr: u64,
+        len: u64,
+        accessible: bool,
+        backing: Option<Backing>,
+    ) -> bool {
         let mut ix = self.index.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(&i) = ix.by_addr.get(&addr) {
-            self.write_slot(i, 0, 0, 0);
-            ix.by_addr.remove(&addr);
+        if let Some((i, _, _)) = ix.by_addr.remove(&addr) {
+            self.write_slot(i, 0, 0, 0, None);
             ix.free.insert(i);
         }
         let slot = ix.free.pop_first().or_else(|| {
@@ -192,25 +230,43 @@ impl TableWriter {
             return false;
         };
         let flags = LIVE | if accessible { ACCESSIBLE } else { 0 };
-        self.write_slot(i, addr, len, flags);
-        ix.by_addr.insert(addr, i);
+        self.write_slot(i, addr, len, flags, backing);
+        ix.by_addr.insert(addr, (i, len, backing));
         self.map.word(H_HWM).store(ix.hwm as u64, Ordering::Release);
         self.bump_epoch();
         true
     }
 
     /// Withdraws the buffer at `addr`: from now on a peer's READ of it
-    /// fails, including one whose copy is under way.
-    pub fn unregister(&self, addr: u64) {
+    /// fails, including one whose copy is under way. Returns whether the
+    /// buffer was in a memfd (peers may hold a mapping of it to drop).
+    pub fn unregister(&self, addr: u64) -> bool {
         let mut ix = self.index.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = ix.by_addr.remove(&addr) {
-            self.write_slot(i, 0, 0, 0);
+        if let Some((i, _, backing)) = ix.by_addr.remove(&addr) {
+            self.write_slot(i, 0, 0, 0, None);
             ix.free.insert(i);
             self.bump_epoch();
-        } else if ix.missing.remove(&addr) {
-            self.map.word(H_INCOMPLETE).fetch_sub(1, Ordering::SeqCst);
-            self.bump_epoch();
+            backing.is_some()
+        } else {
+            if ix.missing.remove(&addr) {
+                self.map.word(H_INCOMPLETE).fetch_sub(1, Ordering::SeqCst);
+                self.bump_epoch();
+            }
+            false
         }
+    }
+
+    /// Where `[addr, addr + len)` lies in a memfd, if it is inside a
+    /// published buffer that is in one.
+    pub fn backing_of(&self, addr: u64, len: u64) -> Option<Backing> {
+        let ix = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        let (&base, &(_, blen, backing)) = ix.by_addr.range(..=addr).next_back()?;
+        let b = backing?;
+        let end = addr.checked_add(len)?;
+        (end <= base + blen).then_some(Backing {
+            offset: b.offset + (addr - base),
+            ..b
+        })
     }
 }
 
@@ -336,6 +392,33 @@ impl TableReader {
         }
     }
 
+    /// The table's epoch: it changes whenever a slot does.
+    pub fn epoch(&self) -> u64 {
+        self.map.word(H_EPOCH).load(Ordering::SeqCst)
+    }
+
+    /// The memfd ids the live slots name now.
+    pub fn memfd_ids(&self) -> HashSet<u64> {
+        self.sorted()
+            .live
+            .iter()
+            .filter_map(|v| v.backing.map(|b| b.id))
+            .collect()
+    }
+
+    /// Whether `[addr, addr + len)` lies in a live slot backed by memfd
+    /// `id` at `offset`: what an initiator claims of a WRITE's source.
+    pub fn backs(&self, addr: u64, len: u64, b: &Backing) -> bool {
+        match self.lookup(addr, len) {
+            Lookup::Found(v) => v.backing.is_some_and(|vb| {
+                vb.id == b.id
+                    && vb.fd == b.fd
+                    && vb.offset.checked_add(addr - v.addr) == Some(b.offset)
+            }),
+            _ => false,
+        }
+    }
+
     /// Whether the slot still holds what `view` saw (same generation): the
     /// buffer was not unregistered since.
     pub fn unchanged(&self, view: &SlotView) -> bool {
@@ -357,8 +440,8 @@ mod tests {
         let w = TableWriter::new(8, 42).unwrap();
         let r = reader(&w);
         assert_eq!(r.lookup(0x1000, 1), Lookup::Missing);
-        assert!(w.register(0x1000, 0x1000, true));
-        assert!(w.register(0x4000, 0x100, false));
+        assert!(w.register(0x1000, 0x1000, true, None));
+        assert!(w.register(0x4000, 0x100, false, None));
         let Lookup::Found(v) = r.lookup(0x1800, 0x800) else {
             panic!("not found")
         };
@@ -377,7 +460,7 @@ mod tests {
     fn unregister_changes_the_generation_a_reader_checks() {
         let w = TableWriter::new(4, 1).unwrap();
         let r = reader(&w);
-        w.register(0x1000, 0x1000, true);
+        w.register(0x1000, 0x1000, true, None);
         let Lookup::Found(v) = r.lookup(0x1000, 8) else {
             panic!()
         };
@@ -386,7 +469,7 @@ mod tests {
         assert!(!r.unchanged(&v));
         assert_eq!(r.lookup(0x1000, 8), Lookup::Missing);
         // The same range registered again is a new generation.
-        w.register(0x1000, 0x1000, true);
+        w.register(0x1000, 0x1000, true, None);
         let Lookup::Found(again) = r.lookup(0x1000, 8) else {
             panic!()
         };
@@ -399,14 +482,14 @@ mod tests {
     fn a_full_table_says_it_is_incomplete() {
         let w = TableWriter::new(1, 1).unwrap();
         let r = reader(&w);
-        assert!(w.register(0x1000, 0x10, true));
-        assert!(!w.register(0x2000, 0x10, true));
+        assert!(w.register(0x1000, 0x10, true, None));
+        assert!(!w.register(0x2000, 0x10, true, None));
         assert_eq!(r.lookup(0x2000, 1), Lookup::Unknown);
         assert!(matches!(r.lookup(0x1000, 1), Lookup::Found(_)));
         w.unregister(0x2000);
         assert_eq!(r.lookup(0x2000, 1), Lookup::Missing);
         w.unregister(0x1000);
-        assert!(w.register(0x2000, 0x10, true));
+        assert!(w.register(0x2000, 0x10, true, None));
         assert!(matches!(r.lookup(0x2000, 1), Lookup::Found(_)));
     }
 
@@ -422,15 +505,55 @@ mod tests {
     }
 
     #[test]
+    fn backings_are_published_and_found() {
+        let w = TableWriter::new(4, 1).unwrap();
+        let r = reader(&w);
+        let b = Backing {
+            id: 77,
+            fd: 5,
+            offset: 0x100,
+        };
+        assert!(w.register(0x1000, 0x1000, true, Some(b)));
+        assert!(w.register(0x3000, 0x10, true, None));
+        let Lookup::Found(v) = r.lookup(0x1800, 8) else {
+            panic!()
+        };
+        assert_eq!(v.backing, Some(b));
+        assert_eq!(
+            w.backing_of(0x1800, 0x800),
+            Some(Backing { offset: 0x900, ..b })
+        );
+        assert_eq!(w.backing_of(0x1800, 0x801), None);
+        assert_eq!(w.backing_of(0x3000, 1), None);
+        assert!(r.backs(0x1800, 8, &Backing { offset: 0x900, ..b }));
+        assert!(!r.backs(0x1800, 8, &Backing { offset: 0x901, ..b }));
+        assert!(!r.backs(
+            0x1800,
+            8,
+            &Backing {
+                id: 78,
+                offset: 0x900,
+                ..b
+            }
+        ));
+        assert_eq!(r.memfd_ids(), [77].into_iter().collect());
+        let e = r.epoch();
+        assert!(w.unregister(0x1000));
+        assert!(!w.unregister(0x3000));
+        assert_ne!(r.epoch(), e);
+        assert!(r.memfd_ids().is_empty());
+    }
+
+    #[test]
     fn slots_are_reused_lowest_first() {
         let w = TableWriter::new(4, 1).unwrap();
         let r = reader(&w);
         for k in 0..4 {
-            assert!(w.register(0x1000 * (k + 1), 0x10, true));
+            assert!(w.register(0x1000 * (k + 1), 0x10, true, None));
         }
         w.unregister(0x2000);
         w.unregister(0x1000);
-        w.register(0x9000, 0x10, true);
+        w.register(0x9000, 0x10, true, None);
         let Lookup::Found(v) = r.lookup(0x9000, 1) else {
             panic!()
         };

@@ -20,6 +20,7 @@ fn options() -> ShmOptions {
         table_slots: 16,
         timeout: Duration::from_secs(2),
         spin: Duration::from_micros(20),
+        max_mappings: 8,
     }
 }
 
@@ -291,7 +292,7 @@ fn an_attach_from_a_pid_that_is_not_the_asker_is_refused() {
     assert!(good.get("error").is_none(), "{good}");
     assert_eq!(b.shm.served_peers(), 1);
     // A reply naming another pid is refused by the initiator.
-    assert!(attach::connect(&good, 1).is_err());
+    assert!(attach::connect(&good, 1, 8).is_err());
     a.shm.shutdown();
     b.shm.shutdown();
 }
@@ -380,5 +381,137 @@ fn the_descriptor_names_this_host_and_process() {
     other["boot_id"] = json!("another host");
     assert!(a.shm.peer(&other, attach.clone()).is_none());
     assert!(a.shm.peer(&json!({}), attach).is_none());
+    a.shm.shutdown();
+}
+
+/// A buffer of `len` bytes from `e`'s allocator, filled with `pattern`.
+fn shared_buffer(e: &Engine, len: usize, seed: u8) -> &'static mut [u8] {
+    let addr = e.shm.allocate(len).unwrap();
+    // SAFETY: a new buffer of ours, used by this test only.
+    let b = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
+    b.copy_from_slice(&pattern(len, seed));
+    b
+}
+
+#[test]
+fn allocated_buffers_are_copied_through_mappings() {
+    let (a, b) = (engine(options()), engine(options()));
+    let src = shared_buffer(&a, 1 << 20, 3);
+    a.register(src, true);
+    let dst = shared_buffer(&b, 1 << 20, 0);
+    dst.fill(0);
+    b.register(dst, true);
+    let plain = vec![0u8; 1 << 20];
+    a.register(&plain, true);
+    let peer = a.peer_of(&b);
+    let writes: Vec<_> = (0..16u64)
+        .map(|k| {
+            (
+                addr(src) + k * 65536 + 1,
+                addr(dst) + k * 65536,
+                65535,
+                true,
+            )
+        })
+        .collect();
+    assert!(a.run(&peer, &writes).iter().all(|o| *o == Outcome::Done));
+    for k in 0..16 {
+        let at = k * 65536;
+        assert!(dst[at..at + 65535] == src[at + 1..at + 65536], "block {k}");
+    }
+    assert_eq!(
+        b.shm.stats().mapped,
+        16 * 65535,
+        "the target memcpy'd from its mapping"
+    );
+    let reads: Vec<_> = (0..16u64)
+        .map(|k| {
+            (
+                addr(&plain) + k * 65536,
+                addr(dst) + k * 65536,
+                65536,
+                false,
+            )
+        })
+        .collect();
+    assert!(a.run(&peer, &reads).iter().all(|o| *o == Outcome::Done));
+    assert!(plain[..] == dst[..]);
+    assert_eq!(
+        a.shm.stats().mapped,
+        1 << 20,
+        "the initiator memcpy'd from its mapping"
+    );
+    // A WRITE from a plain buffer still goes by cross-memory attach.
+    let out = a.run(&peer, &[(addr(&plain), addr(dst), 4096, true)]);
+    assert_eq!(out, vec![Outcome::Done]);
+    assert_eq!(b.shm.stats().mapped, 16 * 65535);
+    // Out of range, mapped or not: rejected.
+    let out = a.run(
+        &peer,
+        &[(addr(&plain), addr(dst) + (1 << 20) - 1, 2, false)],
+    );
+    assert_eq!(out, vec![Outcome::Rejected]);
+    a.shm.shutdown();
+    b.shm.shutdown();
+}
+
+#[test]
+fn a_peer_drops_its_mapping_of_an_unregistered_buffer() {
+    let (a, b) = (engine(options()), engine(options()));
+    let one = shared_buffer(&b, 1 << 20, 1);
+    b.register(one, true);
+    let peer = a.peer_of(&b);
+    let back = vec![0u8; 4096];
+    let out = a.run(&peer, &[(addr(&back), addr(one), 4096, false)]);
+    assert_eq!(out, vec![Outcome::Done]);
+    assert!(back[..] == one[..4096]);
+    let link = peer.core.link().unwrap();
+    assert_eq!(link.maps.len(), 1);
+    let (one_addr, one_fd) = (
+        addr(one),
+        b.shm.shared.allocs.backing_of(addr(one), 1).unwrap().fd,
+    );
+    b.unregister(one);
+    b.shm.free(one_addr).unwrap();
+    let start = Instant::now();
+    while link.maps.len() != 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the mapping stays"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // A new buffer, likely in the same descriptor number: its own bytes.
+    let two = shared_buffer(&b, 1 << 20, 2);
+    b.register(two, true);
+    let two_fd = b.shm.shared.allocs.backing_of(addr(two), 1).unwrap().fd;
+    let out = a.run(&peer, &[(addr(&back), addr(two), 4096, false)]);
+    assert_eq!(out, vec![Outcome::Done]);
+    assert!(back[..] == two[..4096], "not the bytes of the freed buffer");
+    println!("descriptor {one_fd} then {two_fd}");
+    a.shm.shutdown();
+    b.shm.shutdown();
+}
+
+#[test]
+fn a_mapping_is_refused_unless_the_descriptor_is_the_named_memfd() {
+    let a = engine(options());
+    let addr = a.shm.allocate(8192).unwrap();
+    let b = a.shm.shared.allocs.backing_of(addr, 8192).unwrap();
+    let me = sys::pidfd_open(sys::own_pid()).unwrap();
+    let maps = maps::PeerMaps::new(2);
+    assert!(maps.get(&me, &b, 8192).is_some());
+    assert!(maps.get(&me, &b, 8193).is_none(), "past its end");
+    let wrong_id = table::Backing { id: b.id ^ 1, ..b };
+    assert!(maps.get(&me, &wrong_id, 1).is_none());
+    let wrong_fd = table::Backing {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&a.shm.shared.kick),
+        id: b.id ^ 2,
+        ..b
+    };
+    assert!(maps.get(&me, &wrong_fd, 1).is_none());
+    assert!(maps.len() <= 2, "bounded");
+    a.shm.free(addr).unwrap();
+    assert!(a.shm.free(addr).is_err());
     a.shm.shutdown();
 }

@@ -96,12 +96,16 @@ fn handle(shared: &Shared, events: &[Token]) {
             // Left readable at shutdown, so that every thread wakes.
             Token::Kick if shared.closing() => {}
             Token::Kick => sys::drain(&shared.kick),
+            // A peer posted, completed, or unregistered a buffer (drop our
+            // mappings of those it no longer names).
             Token::Bell(id) => {
                 if let Some(s) = shared.served().iter().find(|s| s.id == id) {
                     sys::drain(&s.to_target);
+                    s.maps.prune(&s.table);
                 } else if let Some(l) = shared.links().iter().find(|l| l.id == id) {
                     if let Some(link) = l.link() {
                         sys::drain(&link.to_initiator);
+                        link.maps.prune(&link.table);
                     }
                 }
             }
