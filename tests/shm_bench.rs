@@ -5,13 +5,18 @@
 //! cargo test --release --test shm_bench -- --ignored --nocapture
 //! ```
 //!
-//! * 1 MiB requests (16 slices of 64 KiB, the planner's default), WRITE
-//!   and READ, against memcpy of 1 MiB in the same run, on one thread and
-//!   split over `MC_SHM_THREADS` threads;
-//! * 4 KiB requests in batches of 64, WRITE and READ, requests/s;
-//! * what a shared memfd mapping would give instead of cross-memory
-//!   attach: memcpy from a mapping of the peer's memfd against
-//!   `process_vm_readv` from the peer, 1 MiB, one and several threads.
+//! As `scripts/bench-local.sh` does for local copies, requests walk rings
+//! of blocks (1 MiB blocks: 64 MiB rings, so memory, not cache, is the
+//! limit; 4 KiB blocks: 256 KiB rings) and the memcpy baseline copies the
+//! same blocks, on one thread and split over `MC_SHM_THREADS` threads.
+//!
+//! * 1 MiB requests (16 slices of 64 KiB, the planner's default), 8 in
+//!   flight, WRITE and READ, between heap buffers (cross-memory attach)
+//!   and between buffers of the transport's allocator (memfd mappings);
+//! * 4 KiB requests in batches of 64, WRITE and READ, requests/s, both
+//!   kinds of buffers;
+//! * the two copy mechanisms alone, the same blocks: memcpy from a mapping
+//!   of the peer's memfd against `process_vm_readv` from the peer.
 
 mod common;
 mod shm_support;
@@ -69,9 +74,9 @@ fn batch(local: &Local, peer: &ShmPeer, slices: &[(u64, u64, u64, bool)]) {
 }
 
 /// Rate of requests of `len` bytes, each split over `threads` threads
-/// (this one and helpers that spin for the next request); `copy(i)` does
-/// part `i`.
-fn split_rate(len: u64, threads: usize, copy: Arc<dyn Fn(u64) + Send + Sync>) -> f64 {
+/// (this one and helpers that spin for the next request); `copy(n, i)`
+/// does part `i` of request `n`.
+fn split_rate(len: u64, threads: usize, copy: Arc<dyn Fn(u64, u64) + Send + Sync>) -> f64 {
     let generation = Arc::new(AtomicUsize::new(0));
     let finished = Arc::new(AtomicUsize::new(0));
     let helpers: Vec<_> = (1..threads)
@@ -91,7 +96,7 @@ fn split_rate(len: u64, threads: usize, copy: Arc<dyn Fn(u64) + Send + Sync>) ->
                         return;
                     }
                     seen = now;
-                    copy(i as u64);
+                    copy(now as u64, i as u64);
                     f.fetch_add(1, Ordering::AcqRel);
                 }
             })
@@ -99,8 +104,8 @@ fn split_rate(len: u64, threads: usize, copy: Arc<dyn Fn(u64) + Send + Sync>) ->
         .collect();
     let r = rate(|| {
         finished.store(0, Ordering::Release);
-        generation.fetch_add(1, Ordering::AcqRel);
-        copy(0);
+        let n = generation.fetch_add(1, Ordering::AcqRel) + 1;
+        copy(n as u64, 0);
         while finished.load(Ordering::Acquire) != threads - 1 {
             std::hint::spin_loop();
         }
@@ -111,47 +116,111 @@ fn split_rate(len: u64, threads: usize, copy: Arc<dyn Fn(u64) + Send + Sync>) ->
     r
 }
 
-/// memcpy of `len` bytes from `src` to `dst`, split over `threads`.
-fn memcpy_rate(src: u64, dst: u64, len: u64, threads: usize) -> f64 {
-    let part = len / threads as u64;
+fn gb(bytes_per_sec: f64) -> String {
+    format!("{:.2} GB/s", bytes_per_sec / 1e9)
+}
+
+/// One kind of buffers on both sides: our source and destination rings,
+/// and the child's.
+struct Rings {
+    src: u64,
+    dst: u64,
+    c_src: u64,
+    c_dst: u64,
+}
+
+impl Rings {
+    fn new(local: &Local, child: &Child, len: u64, shared: bool, keep: &mut Vec<Buf>) -> Rings {
+        let src = local.buffer(len, shared, keep);
+        // SAFETY: a fresh buffer of ours.
+        unsafe { fill(src, len, 1, 0) };
+        let dst = local.buffer(len, shared, keep);
+        // SAFETY: as above (fault its pages in before timing).
+        unsafe { std::ptr::write_bytes(dst as *mut u8, 0, len as usize) };
+        local.register(src, len, true);
+        local.register(dst, len, true);
+        Rings {
+            src,
+            dst,
+            c_src: child.alloc_in(len, Some(2), true, shared),
+            c_dst: child.alloc_in(len, None, true, shared),
+        }
+    }
+
+    /// The slices of request `i` (block `i` of the ring), cut at `slice`.
+    fn request(
+        &self,
+        i: u64,
+        block: u64,
+        ring: u64,
+        slice: u64,
+        write: bool,
+    ) -> Vec<(u64, u64, u64, bool)> {
+        let off = (i * block) % ring;
+        (0..block / slice)
+            .map(|k| {
+                let o = off + k * slice;
+                if write {
+                    (self.src + o, self.c_dst + o, slice, true)
+                } else {
+                    (self.dst + o, self.c_src + o, slice, false)
+                }
+            })
+            .collect()
+    }
+}
+
+/// Requests of `block` bytes walking a ring of `ring` bytes, `depth` at a
+/// time; bytes (or requests, with `count_requests`) per second.
+#[allow(clippy::too_many_arguments)]
+fn transfer_rate(
+    local: &Local,
+    peer: &ShmPeer,
+    r: &Rings,
+    block: u64,
+    ring: u64,
+    depth: u64,
+    write: bool,
+    count_requests: bool,
+) -> f64 {
+    let slice = block.min(65536);
+    let mut next = 0;
+    rate(|| {
+        let mut all = Vec::new();
+        for _ in 0..depth {
+            all.extend(r.request(next, block, ring, slice, write));
+            next += 1;
+        }
+        batch(local, peer, &all);
+        if count_requests {
+            depth as f64
+        } else {
+            (depth * block) as f64
+        }
+    })
+}
+
+/// memcpy of the same blocks: `depth` blocks per round, split over
+/// `threads`.
+fn memcpy_ring_rate(src: u64, dst: u64, block: u64, ring: u64, depth: u64, threads: usize) -> f64 {
+    let span = block * depth;
+    let part = span / threads as u64;
     split_rate(
-        len,
+        span,
         threads,
-        Arc::new(move |i| {
-            // SAFETY: disjoint parts of two buffers of ours (the source
-            // may be a read-only mapping).
+        Arc::new(move |n, i| {
+            let off = (n * span + i * part) % ring;
+            // SAFETY: disjoint parts of two rings of ours (`ring` is a
+            // multiple of `span`).
             unsafe {
                 std::ptr::copy_nonoverlapping(
-                    (src + i * part) as *const u8,
-                    (dst + i * part) as *mut u8,
+                    (src + off) as *const u8,
+                    (dst + off) as *mut u8,
                     part as usize,
                 )
             }
         }),
     )
-}
-
-/// `process_vm_readv` of `len` bytes from `pid`, split over `threads`.
-fn cma_rate(pid: i32, remote: u64, dst: u64, len: u64, threads: usize) -> f64 {
-    let part = len / threads as u64;
-    split_rate(
-        len,
-        threads,
-        Arc::new(move |i| {
-            let piece = cma::Piece {
-                local: dst + i * part,
-                remote: remote + i * part,
-                len: part,
-            };
-            // SAFETY: a part of our buffer only this thread writes.
-            let r = unsafe { cma::read_from(pid, &[piece]) };
-            assert!(r[0].is_ok());
-        }),
-    )
-}
-
-fn gb(bytes_per_sec: f64) -> String {
-    format!("{:.2} GB/s", bytes_per_sec / 1e9)
 }
 
 #[test]
@@ -163,145 +232,110 @@ fn shm_bench() {
     let threads = Config::from_env().shm_threads;
     let local = Local::start();
     let child = Child::spawn("shm_bench", &[], &[]);
-    let src = Buf::zeroed(MIB as usize);
-    // SAFETY: a fresh buffer of ours.
-    unsafe { fill(src.addr(), MIB, 1, 0) };
-    let dst = Buf::zeroed(MIB as usize);
-    local.register(src.addr(), MIB, true);
-    local.register(dst.addr(), MIB, true);
-    let c_dst = child.alloc(MIB, None, true);
-    let c_src = child.alloc(MIB, Some(2), true);
+    let ring = 64 * MIB;
+    let mut keep = Vec::new();
+    let heap = Rings::new(&local, &child, ring, false, &mut keep);
+    let memfd = Rings::new(&local, &child, ring, true, &mut keep);
     let peer = child.peer_of(&local);
-    batch(&local, &peer, &[(src.addr(), c_dst, 1, true)]);
+    batch(&local, &peer, &[(heap.src, heap.c_dst, 1, true)]);
 
-    let memcpy_1 = memcpy_rate(src.addr(), dst.addr(), MIB, 1);
-    let memcpy_n = memcpy_rate(src.addr(), dst.addr(), MIB, threads);
-    let slices = |write: bool, slice: u64| -> Vec<(u64, u64, u64, bool)> {
-        (0..MIB / slice)
-            .map(|k| {
-                let off = k * slice;
-                if write {
-                    (src.addr() + off, c_dst + off, slice, true)
-                } else {
-                    (dst.addr() + off, c_src + off, slice, false)
-                }
-            })
-            .collect()
-    };
-    let (w64k, r64k) = (slices(true, 65536), slices(false, 65536));
-    let write_1m = rate(|| {
-        batch(&local, &peer, &w64k);
-        MIB as f64
-    });
-    let read_1m = rate(|| {
-        batch(&local, &peer, &r64k);
-        MIB as f64
-    });
-    let small = |write: bool| -> Vec<(u64, u64, u64, bool)> {
-        (0..64u64)
-            .map(|k| {
-                let off = k * 8192 + 64;
-                if write {
-                    (src.addr() + off, c_dst + off, 4096, true)
-                } else {
-                    (dst.addr() + off, c_src + off, 4096, false)
-                }
-            })
-            .collect()
-    };
-    let (w4k, r4k) = (small(true), small(false));
-    let write_4k = rate(|| {
-        batch(&local, &peer, &w4k);
-        64.0
-    });
-    let read_4k = rate(|| {
-        batch(&local, &peer, &r4k);
-        64.0
-    });
-    // The data is right (the last rounds).
-    let c = child.call(
-        json!({"cmd": "check", "addr": c_dst, "len": MIB, "seed": 1, "from": 0}),
-        None,
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "shm bench: {cpus} CPUs, MC_SHM_THREADS={threads}, MC_SHM_SPIN_US={}, medians of {ROUNDS} rounds of {ROUND_TIME:?}",
+        Config::from_env().shm_spin_us
     );
-    assert_eq!(c["bad"], json!(0));
-    // SAFETY: our buffer; every READ has ended.
-    assert_eq!(unsafe { mismatches(dst.addr(), MIB, 2, 0) }.0, 0);
+    let depth = 8;
+    let m1 = memcpy_ring_rate(heap.src, heap.dst, MIB, ring, depth, 1);
+    let mn = memcpy_ring_rate(heap.src, heap.dst, MIB, ring, depth, threads);
+    println!(
+        "  memcpy 1 MiB blocks, 64 MiB rings: 1 thread {}, {threads} threads {}",
+        gb(m1),
+        gb(mn)
+    );
+    let best = m1.max(mn);
+    for (name, r) in [("heap", &heap), ("memfd", &memfd)] {
+        for write in [true, false] {
+            let v = transfer_rate(&local, &peer, r, MIB, ring, depth, write, false);
+            println!(
+                "  shm {} 1 MiB, {name} buffers, {depth} in flight: {}  ({:.2}x the better memcpy)",
+                if write { "WRITE" } else { "READ " },
+                gb(v),
+                v / best
+            );
+        }
+    }
+    for (name, r) in [("heap", &heap), ("memfd", &memfd)] {
+        for write in [true, false] {
+            let v = transfer_rate(&local, &peer, r, 4096, 64 * 4096, 64, write, true);
+            println!(
+                "  shm {} 4 KiB, batches of 64, {name} buffers: {:.2} M requests/s",
+                if write { "WRITE" } else { "READ " },
+                v / 1e6
+            );
+        }
+    }
+    // The data is right (the last rounds wrote and read whole blocks).
+    for r in [&heap, &memfd] {
+        let c = child.call(
+            json!({"cmd": "check", "addr": r.c_dst, "len": 4096, "seed": 1, "from": 0}),
+            None,
+        );
+        assert_eq!(c["bad"], json!(0));
+        // SAFETY: our ring; every READ has ended.
+        assert_eq!(unsafe { mismatches(r.dst, MIB, 2, 0) }.0, 0);
+    }
 
-    // Shared memfd mapping against cross-memory attach, same bytes.
-    let m = child.call(json!({"cmd": "memfd", "len": MIB, "seed": 3}), None);
+    // The two copy mechanisms alone, from the child's memfd ring.
+    let m = child.call(json!({"cmd": "memfd", "len": ring, "seed": 3}), None);
     let (fd, m_addr) = (
         m["fd"].as_u64().unwrap() as i32,
         m["addr"].as_u64().unwrap(),
     );
     let pidfd = sys::pidfd_open(child.pid()).unwrap();
     let mine = sys::pidfd_getfd(&pidfd, fd).unwrap();
-    // SAFETY: a new read-only shared mapping of the peer's memfd.
-    let mapped = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            MIB as usize,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            std::os::fd::AsRawFd::as_raw_fd(&mine),
-            0,
-        )
-    };
-    assert_ne!(mapped, libc::MAP_FAILED);
-    let memfd_1 = memcpy_rate(mapped as u64, dst.addr(), MIB, 1);
-    let memfd_n = memcpy_rate(mapped as u64, dst.addr(), MIB, threads);
-    let cma_1 = cma_rate(child.pid(), m_addr, dst.addr(), MIB, 1);
-    let cma_n = cma_rate(child.pid(), m_addr, dst.addr(), MIB, threads);
-    // SAFETY: our buffer; the copies have ended.
-    assert_eq!(unsafe { mismatches(dst.addr(), MIB, 3, 0) }.0, 0);
-
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    println!(
-        "shm bench: {cpus} CPUs, MC_SHM_THREADS={threads}, medians of {ROUNDS} rounds of {ROUND_TIME:?}"
-    );
-    println!("  memcpy 1 MiB, 1 thread               {}", gb(memcpy_1));
-    println!(
-        "  memcpy 1 MiB, {threads} threads              {}",
-        gb(memcpy_n)
-    );
-    println!(
-        "  shm WRITE 1 MiB (16 x 64 KiB)        {}  ({:.2}x memcpy 1T, {:.2}x {threads}T)",
-        gb(write_1m),
-        write_1m / memcpy_1,
-        write_1m / memcpy_n
-    );
-    println!(
-        "  shm READ 1 MiB (16 x 64 KiB)         {}  ({:.2}x memcpy 1T, {:.2}x {threads}T)",
-        gb(read_1m),
-        read_1m / memcpy_1,
-        read_1m / memcpy_n
-    );
-    println!(
-        "  shm WRITE 4 KiB, batches of 64       {:.2} M requests/s",
-        write_4k / 1e6
-    );
-    println!(
-        "  shm READ 4 KiB, batches of 64        {:.2} M requests/s",
-        read_4k / 1e6
-    );
-    println!(
-        "  memcpy from a memfd mapping, 1 MiB, 1 thread    {}",
-        gb(memfd_1)
-    );
-    println!(
-        "  memcpy from a memfd mapping, 1 MiB, {threads} threads   {}",
-        gb(memfd_n)
-    );
-    println!(
-        "  process_vm_readv, 1 MiB, 1 thread               {}",
-        gb(cma_1)
-    );
-    println!(
-        "  process_vm_readv, 1 MiB, {threads} threads              {}",
-        gb(cma_n)
-    );
-    // SAFETY: unmaps the mapping made above.
-    unsafe { libc::munmap(mapped, MIB as usize) };
+    let mapped = sys::Mapping::new(&mine, ring as usize, false).unwrap();
+    for t in [1, threads] {
+        let mm = memcpy_ring_rate(mapped.ptr() as u64, heap.dst, MIB, ring, depth, t);
+        let cma = cma_ring_rate(child.pid(), m_addr, heap.dst, MIB, ring, depth, t);
+        println!(
+            "  1 MiB blocks from the peer, {t} thread(s): memcpy from a memfd mapping {}, process_vm_readv {}",
+            gb(mm),
+            gb(cma)
+        );
+    }
+    // SAFETY: our ring; the copies have ended.
+    assert_eq!(unsafe { mismatches(heap.dst, MIB, 3, 0) }.0, 0);
     child.call(json!({"cmd": "exit"}), None);
     drop(peer);
     local.shm.shutdown();
+}
+
+/// `process_vm_readv` of the same blocks from `pid`: `depth` blocks per
+/// round, split over `threads`.
+fn cma_ring_rate(
+    pid: i32,
+    remote: u64,
+    dst: u64,
+    block: u64,
+    ring: u64,
+    depth: u64,
+    threads: usize,
+) -> f64 {
+    let span = block * depth;
+    let part = span / threads as u64;
+    split_rate(
+        span,
+        threads,
+        Arc::new(move |n, i| {
+            let off = (n * span + i * part) % ring;
+            let piece = cma::Piece {
+                local: dst + off,
+                remote: remote + off,
+                len: part,
+            };
+            // SAFETY: a part of our ring only this thread writes now.
+            let r = unsafe { cma::read_from(pid, &[piece]) };
+            assert!(r[0].is_ok());
+        }),
+    )
 }

@@ -166,6 +166,10 @@ pub(crate) struct Shared {
     reads_rx: Receiver<ReadJob>,
     /// Threads asleep or about to be.
     sleepers: AtomicUsize,
+    /// The kick eventfd was signalled and not yet drained.
+    kicked: AtomicBool,
+    /// A thread is polling for work.
+    spinning: AtomicBool,
     /// Our WRITEs posted or queued and not yet finished.
     writes_in_flight: AtomicUsize,
     closing: AtomicBool,
@@ -194,10 +198,11 @@ impl Shared {
         self.closing.load(Ordering::Acquire)
     }
 
-    /// Wakes a sleeping thread for local work.
+    /// Wakes the sleeping threads for local work (one signal until a
+    /// thread takes it).
     fn kick(&self) {
         std::sync::atomic::fence(Ordering::SeqCst);
-        if self.sleepers.load(Ordering::SeqCst) > 0 {
+        if self.sleepers.load(Ordering::SeqCst) > 0 && !self.kicked.swap(true, Ordering::SeqCst) {
             sys::signal(&self.kick);
         }
     }
@@ -307,6 +312,8 @@ impl ShmTransport {
             reads_tx,
             reads_rx,
             sleepers: AtomicUsize::new(0),
+            kicked: AtomicBool::new(false),
+            spinning: AtomicBool::new(false),
             writes_in_flight: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
             next_id: AtomicU64::new(1),

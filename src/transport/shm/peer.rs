@@ -440,7 +440,13 @@ impl PeerCore {
     /// Returns whether anything happened.
     pub fn reap(self: &Arc<Self>, shared: &Shared) -> bool {
         let mut done = Vec::new();
-        let mut st = self.lock();
+        // A caller posting holds the lock: reap on the next round rather
+        // than wait for it.
+        let mut st = match self.state.try_lock() {
+            Ok(st) => st,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
         let Phase::Attached(link) = &st.phase else {
             return false;
         };

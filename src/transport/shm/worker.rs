@@ -21,16 +21,9 @@ fn tick(shared: &Shared) -> Duration {
 pub(crate) fn run(shared: &Arc<Shared>, me: usize) {
     let poll = &shared.polls[me];
     let mut events = Vec::new();
-    let mut idle_since: Option<Instant> = None;
     while !shared.closing() {
         check_stalls(shared);
-        if pass(shared) {
-            idle_since = None;
-            continue;
-        }
-        let now = Instant::now();
-        if now.duration_since(*idle_since.get_or_insert(now)) < shared.opts.spin {
-            std::hint::spin_loop();
+        if pass(shared) || spin(shared) {
             continue;
         }
         // Say we sleep, then look once more: whoever posts after that
@@ -46,7 +39,6 @@ pub(crate) fn run(shared: &Arc<Shared>, me: usize) {
         }
         if shared.closing() || pass(shared) {
             shared.sleepers.fetch_sub(1, Ordering::SeqCst);
-            idle_since = None;
             continue;
         }
         let timeout = (shared.writes_in_flight.load(Ordering::Relaxed) > 0).then(|| tick(shared));
@@ -54,8 +46,33 @@ pub(crate) fn run(shared: &Arc<Shared>, me: usize) {
         poll.wait(timeout, &mut events);
         shared.sleepers.fetch_sub(1, Ordering::SeqCst);
         handle(shared, &events);
-        idle_since = None;
     }
+}
+
+/// Polls for work for `MC_SHM_SPIN_US`, unless another thread of the
+/// transport is polling already (one is enough to pick work up at once,
+/// and more would take the cores the copies need). Returns whether work
+/// was found.
+fn spin(shared: &Shared) -> bool {
+    if shared.opts.spin.is_zero() || shared.spinning.swap(true, Ordering::AcqRel) {
+        return false;
+    }
+    let start = Instant::now();
+    let mut found = false;
+    let mut polls = 0u32;
+    while !shared.closing() {
+        if pass(shared) {
+            found = true;
+            break;
+        }
+        polls = polls.wrapping_add(1);
+        if polls % 16 == 0 && start.elapsed() >= shared.opts.spin {
+            break;
+        }
+        std::hint::spin_loop();
+    }
+    shared.spinning.store(false, Ordering::Release);
+    found
 }
 
 /// One round over every source of work; whether any was found.
@@ -95,7 +112,10 @@ fn handle(shared: &Shared, events: &[Token]) {
         match t {
             // Left readable at shutdown, so that every thread wakes.
             Token::Kick if shared.closing() => {}
-            Token::Kick => sys::drain(&shared.kick),
+            Token::Kick => {
+                sys::drain(&shared.kick);
+                shared.kicked.store(false, Ordering::SeqCst);
+            }
             // A peer posted, completed, or unregistered a buffer (drop our
             // mappings of those it no longer names).
             Token::Bell(id) => {
