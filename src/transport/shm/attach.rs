@@ -1,18 +1,24 @@
 //! The attach handshake, both sides.
 //!
-//! Request (initiator to target): our boot id, pid, and where in our memory
-//! a random 16-byte token lies, with its value; and our registration
-//! table's descriptor number and nonce. The target reads the token from
-//! that pid with `process_vm_readv`: equal, the pid is the asking process
-//! in the target's pid namespace, and the kernel lets the target read it
-//! (which every WRITE needs). It takes and checks our table (to know which
-//! of our memfd-backed buffers a WRITE may be copied from, and when to
-//! drop its mappings of them). The target creates a ring and two
-//! eventfds for it and answers with its pid, a random nonce written into
-//! the ring's header, the table's nonce, and the descriptor numbers. The
-//! initiator takes the descriptors with `pidfd_getfd` (which needs the
-//! permission every READ needs) and checks both nonces: equal, the pid is
-//! the target's process in the initiator's namespace.
+//! Request (initiator to target, over the engine's handshake): our boot
+//! id, pid, and our registration table's descriptor number and nonce. The
+//! target accepts it only from an address of this host, creates a ring and
+//! two eventfds for it, and answers with its pid, a nonce written into the
+//! ring's header, the table's nonce and the descriptor numbers. Nothing in
+//! the request makes the target touch another process yet.
+//!
+//! The initiator takes the descriptors with `pidfd_getfd` (which needs the
+//! permission cross-memory attach needs) and checks both nonces: equal,
+//! the pid is the target's process in the initiator's pid namespace. It
+//! then copies two words the target chose (in the ring's header, which
+//! only a process that took the ring can read) into its own memory and
+//! writes their address into the header. Before executing a request the
+//! target reads them back from the pid the request named: equal, that pid
+//! is the initiator in the target's namespace and the kernel lets the
+//! target read it (as every WRITE needs); only then does it take the
+//! initiator's table. Else it closes the ring as refused. The target only
+//! ever compares memory with words it chose at random, so a request cannot
+//! use it to probe another process's memory.
 
 use super::cma::{self, Piece};
 use super::maps::PeerMaps;
@@ -22,7 +28,7 @@ use super::serve::{self, Initiator, RingParts, Served};
 use super::table::TableReader;
 use super::{Shared, VERSION, sys};
 use serde_json::{Value, json};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 
@@ -32,8 +38,6 @@ pub(crate) fn request(shared: &Shared) -> Value {
         "version": VERSION,
         "boot_id": shared.boot_id,
         "pid": shared.pid,
-        "token_addr": shared.token.as_ptr() as u64,
-        "token": [shared.token[0], shared.token[1]],
         "table_fd": shared.table.fd().as_raw_fd(),
         "table_nonce": shared.table.nonce(),
     })
@@ -59,7 +63,7 @@ fn pid_of(v: &Value) -> Result<i32, String> {
 /// The target's answer to an attach request: a ring for the initiator,
 /// or `{"error": why}` (logged once per interval).
 pub(crate) fn serve(shared: &Shared, request: &Value, source: SocketAddr) -> Value {
-    match try_serve(shared, request) {
+    match try_serve(shared, request, source) {
         Ok(v) => v,
         Err(e) => {
             crate::warn_limited!("shm: attach request from {source} refused: {e}");
@@ -68,9 +72,17 @@ pub(crate) fn serve(shared: &Shared, request: &Value, source: SocketAddr) -> Val
     }
 }
 
-fn try_serve(shared: &Shared, req: &Value) -> Result<Value, String> {
+/// Whether `ip` is an address of this host (a socket can be bound to it).
+fn is_local(ip: IpAddr) -> bool {
+    ip.is_loopback() || (!ip.is_unspecified() && UdpSocket::bind((ip, 0)).is_ok())
+}
+
+fn try_serve(shared: &Shared, req: &Value, source: SocketAddr) -> Result<Value, String> {
     if shared.closing() {
         return Err("the engine is shutting down".into());
+    }
+    if !is_local(source.ip()) {
+        return Err("it does not come from this host".into());
     }
     if number(req, "version")? != VERSION {
         return Err("another version of the shared-memory transport".into());
@@ -79,46 +91,16 @@ fn try_serve(shared: &Shared, req: &Value) -> Result<Value, String> {
         return Err("the initiator runs on another host or kernel".into());
     }
     let pid = pid_of(req)?;
-    let token_addr = number(req, "token_addr")?;
-    let token = field(req, "token")?
-        .as_array()
-        .filter(|a| a.len() == 2)
-        .and_then(|a| Some([a[0].as_u64()?, a[1].as_u64()?]))
-        .ok_or("\"token\" is not two numbers")?;
-    let pidfd = sys::pidfd_open(pid).map_err(|e| format!("pidfd_open({pid}): {e}"))?;
-    let mut seen = [0u64; 2];
-    let piece = Piece {
-        local: seen.as_mut_ptr() as u64,
-        remote: token_addr,
-        len: 16,
-    };
-    // SAFETY: `seen` is ours, 16 bytes, and untouched during the call.
-    let read = unsafe { cma::read_from(pid, &[piece]) };
-    match read[0] {
-        Err(e) => return Err(format!("cannot read the memory of process {pid}: {e:?}")),
-        Ok(()) if seen != token => {
-            return Err(format!(
-                "process {pid} here is not the one that asked (another pid namespace?)"
-            ));
-        }
-        Ok(()) => {}
-    }
     let table_fd =
         i32::try_from(number(req, "table_fd")?).map_err(|_| "\"table_fd\" is out of range")?;
-    let table = sys::pidfd_getfd(&pidfd, table_fd)
-        .map_err(|e| e.to_string())
-        .and_then(|fd| {
-            TableReader::open(&fd, number(req, "table_nonce")?).map_err(|e| e.to_string())
-        })
-        .map_err(|e| format!("the table of process {pid}: {e}"))?;
-    if sys::exited(&pidfd) {
-        return Err(format!("process {pid} exited"));
-    }
+    let table_nonce = number(req, "table_nonce")?;
+    let pidfd = sys::pidfd_open(pid).map_err(|e| format!("pidfd_open({pid}): {e}"))?;
     let _serial = shared.serving.lock().unwrap_or_else(|e| e.into_inner());
     let nonce = sys::random_u64();
+    let proof = [sys::random_u64(), sys::random_u64()];
     let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
     let (ring, memfd) =
-        Ring::create(shared.opts.ring_entries, nonce).map_err(|e| io("request ring", e))?;
+        Ring::create(shared.opts.ring_entries, nonce, proof).map_err(|e| io("request ring", e))?;
     let to_target = sys::eventfd().map_err(|e| io("eventfd", e))?;
     let to_initiator = sys::eventfd().map_err(|e| io("eventfd", e))?;
     let reply = json!({
@@ -135,9 +117,9 @@ fn try_serve(shared: &Shared, req: &Value) -> Result<Value, String> {
         shared.new_id(),
         Initiator {
             pid,
-            token,
             pidfd,
-            table,
+            proof,
+            table: (table_fd, table_nonce),
         },
         RingParts {
             ring,
@@ -150,6 +132,37 @@ fn try_serve(shared: &Shared, req: &Value) -> Result<Value, String> {
     ));
     serve::add_ring(shared, served).map_err(|e| io("epoll", e))?;
     Ok(reply)
+}
+
+/// The target's check of an initiator that activated its ring: the two
+/// words at `addr` in process `pid` are `proof`. Then its table.
+pub(crate) fn verify(
+    pid: i32,
+    pidfd: &OwnedFd,
+    addr: u64,
+    proof: [u64; 2],
+    table: (i32, u64),
+) -> Result<TableReader, String> {
+    let mut seen = [0u64; 2];
+    let piece = Piece {
+        local: seen.as_mut_ptr() as u64,
+        remote: addr,
+        len: 16,
+    };
+    // SAFETY: `seen` is ours, 16 bytes, and untouched during the call.
+    let read = unsafe { cma::read_from(pid, &[piece]) };
+    match read[0] {
+        Err(e) => return Err(format!("cannot read process {pid}: {e:?}")),
+        Ok(()) if seen != proof => {
+            return Err(format!(
+                "process {pid} here is not the one that attached (another pid namespace?)"
+            ));
+        }
+        Ok(()) => {}
+    }
+    let fd =
+        sys::pidfd_getfd(pidfd, table.0).map_err(|e| format!("the table of process {pid}: {e}"))?;
+    TableReader::open(&fd, table.1).map_err(|e| format!("the table of process {pid}: {e}"))
 }
 
 /// The initiator's side: takes the target's descriptors named in `reply`
@@ -180,6 +193,11 @@ pub(crate) fn connect(reply: &Value, pid: i32, max_mappings: usize) -> Result<Li
     if sys::exited(&pidfd) {
         return Err(format!("process {pid} exited"));
     }
+    // Our proof for the target: its words, in our memory, for the link's
+    // life.
+    let proof = Box::new(ring.proof());
+    ring.activate(proof.as_ptr() as u64);
+    sys::signal(&to_target);
     Ok(Link {
         ring,
         table,
@@ -188,5 +206,6 @@ pub(crate) fn connect(reply: &Value, pid: i32, max_mappings: usize) -> Result<Li
         pidfd,
         to_target,
         to_initiator,
+        _proof: proof,
     })
 }

@@ -102,10 +102,7 @@ fn open(pidfd: &OwnedFd, b: &Backing) -> Option<Mapping> {
     if sys::memfd_name(&fd)? != name_of(b.id) {
         return None;
     }
-    let sealed = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
-    if sys::seals(&fd).ok()? & sealed != sealed {
-        return None;
-    }
+    sys::check_size_sealed(&fd).ok()?;
     let size = usize::try_from(sys::file_size(&fd).ok()?).ok()?;
     Mapping::new(&fd, size, false).ok()
 }

@@ -21,11 +21,12 @@
 //!   Unregistering only bumps the slot's generation: it never waits.
 //!
 //! Peers attach once, through a handshake the engine routes to
-//! [`ShmTransport::serve_attach`]: the initiator proves its pid by a random
-//! token the target reads from its memory, the target answers with its pid
-//! and the descriptor numbers of the ring, the table and two eventfds,
-//! which the initiator takes with `pidfd_getfd` and checks by a nonce (so
-//! a pid of another pid namespace never passes). Any refusal (another
+//! [`ShmTransport::serve_attach`]: the target answers with its pid and the
+//! descriptor numbers of a ring, its table and two eventfds, which the
+//! initiator takes with `pidfd_getfd` and checks by a nonce (so a pid of
+//! another pid namespace never passes); the initiator then proves its own
+//! pid by copying words the target chose into its memory, which the target
+//! reads back before it executes any request ([`attach`]). Any refusal (another
 //! user, a ptrace policy, a container boundary) makes the peer
 //! [`Outcome::Unreachable`]: the engine uses another transport.
 //!
@@ -149,9 +150,6 @@ pub(crate) struct Shared {
     opts: ShmOptions,
     boot_id: String,
     pid: i32,
-    /// The secret attach requests prove our pid with: targets read it
-    /// from our memory.
-    token: Box<[u64; 2]>,
     table: TableWriter,
     /// Buffers allocated in memfds.
     allocs: Allocs,
@@ -302,7 +300,6 @@ impl ShmTransport {
             opts,
             boot_id,
             pid: sys::own_pid(),
-            token: Box::new([sys::random_u64(), sys::random_u64()]),
             table,
             allocs: Allocs::default(),
             kick,

@@ -21,6 +21,9 @@ use std::time::{Duration, Instant};
 const RETRY_AFTER: Duration = Duration::from_secs(10);
 
 /// What the initiator holds of an attached target.
+/// Why a target closed our ring as refused.
+const REFUSED: &str = "it could not read our memory to verify us (another user or pid namespace?)";
+
 pub(crate) struct Link {
     pub ring: Ring,
     pub table: TableReader,
@@ -33,6 +36,9 @@ pub(crate) struct Link {
     pub to_target: OwnedFd,
     /// Rung by the target when it completes a request we wait for.
     pub to_initiator: OwnedFd,
+    /// The target's proof words, which it reads from our memory here
+    /// (held, never read by us).
+    pub _proof: Box<[u64; 2]>,
 }
 
 impl Link {
@@ -232,12 +238,20 @@ impl PeerCore {
             shared.kick();
         }
         let mut st = self.lock();
-        if matches!(&st.phase, Phase::Attached(link) if link.ring.closed()) {
-            // The target closed our ring: what is in it is interrupted,
-            // and this slice attaches again.
-            drop(st);
-            self.end_link(&shared, Phase::Idle, Outcome::Interrupted);
-            st = self.lock();
+        if let Phase::Attached(link) = &st.phase {
+            if link.ring.closed() {
+                // The target closed our ring: what is in it is interrupted,
+                // and this slice attaches again, or goes to another
+                // transport if the target could not verify us.
+                let refused = link.ring.refused();
+                drop(st);
+                if refused {
+                    self.unreachable(&shared, REFUSED);
+                } else {
+                    self.end_link(&shared, Phase::Idle, Outcome::Interrupted);
+                }
+                st = self.lock();
+            }
         }
         let refuse = match &st.phase {
             Phase::Dead => Some(Outcome::Failed { hard: true }),
@@ -484,6 +498,8 @@ impl PeerCore {
         }
         if denied {
             self.unreachable(shared, "the kernel does not let it read our memory");
+        } else if closed && link.ring.refused() {
+            self.unreachable(shared, REFUSED);
         } else if closed {
             tracing::debug!("shm: process {} closed our ring", self.target_pid);
             self.end_link(shared, Phase::Idle, Outcome::Interrupted);

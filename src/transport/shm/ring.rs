@@ -37,6 +37,12 @@ const ENTRY: usize = 64;
 const H_MAGIC: usize = 0;
 const H_NONCE: usize = 8;
 const H_ENTRIES: usize = 16;
+/// Two words the target chose: the initiator copies them into its own
+/// memory and says where, which proves its pid (see [`super::attach`]).
+const H_PROOF: usize = 24;
+const H_PROOF_ADDR: usize = 40;
+const H_ACTIVE: usize = 48;
+const H_REFUSED: usize = 56;
 const H_TARGET_SLEEPS: usize = 64;
 const H_INITIATOR_SLEEPS: usize = 128;
 const H_CLOSED: usize = 192;
@@ -110,15 +116,18 @@ pub struct Ring {
 }
 
 impl Ring {
-    /// Creates a ring of `entries` entries with `nonce` in its header: the
-    /// target's side. Returns its memfd too, for the initiator to take.
-    pub fn create(entries: usize, nonce: u64) -> io::Result<(Ring, OwnedFd)> {
+    /// Creates a ring of `entries` entries with `nonce` and `proof` in its
+    /// header: the target's side. Returns its memfd too, for the initiator
+    /// to take.
+    pub fn create(entries: usize, nonce: u64, proof: [u64; 2]) -> io::Result<(Ring, OwnedFd)> {
         let len = ring_bytes(entries);
         let fd = sys::memfd(c"te-shm-ring", len)?;
         sys::seal_seals(&fd)?;
         let map = Mapping::new(&fd, len, true)?;
         map.word(H_MAGIC).store(MAGIC, Ordering::Relaxed);
         map.word(H_NONCE).store(nonce, Ordering::Relaxed);
+        map.word(H_PROOF).store(proof[0], Ordering::Relaxed);
+        map.word(H_PROOF + 8).store(proof[1], Ordering::Relaxed);
         map.word(H_ENTRIES).store(entries as u64, Ordering::Release);
         Ok((
             Ring {
@@ -132,6 +141,7 @@ impl Ring {
     /// Maps a ring the target created and checks its header against
     /// `nonce` and the size of the file: the initiator's side.
     pub fn open(fd: &OwnedFd, nonce: u64) -> io::Result<Ring> {
+        sys::check_size_sealed(fd)?;
         let size = sys::file_size(fd)? as usize;
         if size < HEADER {
             return Err(io::Error::other("the request ring is too small"));
@@ -149,6 +159,40 @@ impl Ring {
             return Err(bad("size"));
         }
         Ok(Ring { map, entries })
+    }
+
+    /// The two words the target chose for the initiator's proof.
+    pub fn proof(&self) -> [u64; 2] {
+        [
+            self.map.word(H_PROOF).load(Ordering::Relaxed),
+            self.map.word(H_PROOF + 8).load(Ordering::Relaxed),
+        ]
+    }
+
+    /// The initiator says where in its memory it copied [`Ring::proof`].
+    pub fn activate(&self, proof_addr: u64) {
+        self.map
+            .word(H_PROOF_ADDR)
+            .store(proof_addr, Ordering::Relaxed);
+        self.map.word(H_ACTIVE).store(1, Ordering::SeqCst);
+    }
+
+    /// Where the initiator says it copied the proof, once it did.
+    pub fn activation(&self) -> Option<u64> {
+        (self.map.word(H_ACTIVE).load(Ordering::SeqCst) != 0)
+            .then(|| self.map.word(H_PROOF_ADDR).load(Ordering::Relaxed))
+    }
+
+    /// The target could not verify the initiator: it closes the ring.
+    pub fn refuse(&self) {
+        self.map.word(H_REFUSED).store(1, Ordering::SeqCst);
+        self.close();
+    }
+
+    /// Whether the target closed the ring because it could not verify the
+    /// initiator.
+    pub fn refused(&self) -> bool {
+        self.map.word(H_REFUSED).load(Ordering::SeqCst) != 0
     }
 
     /// Entries in the ring.
@@ -321,7 +365,7 @@ mod tests {
     use super::*;
 
     fn pair(entries: usize) -> (Ring, Ring) {
-        let (t, fd) = Ring::create(entries, 9).unwrap();
+        let (t, fd) = Ring::create(entries, 9, [1, 2]).unwrap();
         let i = Ring::open(&fd, 9).unwrap();
         (t, i)
     }
@@ -387,13 +431,40 @@ mod tests {
         assert!(!t.detached());
         i.detach();
         assert!(t.detached());
+        assert_eq!(i.proof(), [1, 2]);
+        assert_eq!(t.activation(), None);
+        i.activate(0x1234);
+        assert_eq!(t.activation(), Some(0x1234));
+        assert!(!i.refused());
+        t.refuse();
+        assert!(i.refused() && i.closed());
     }
 
     #[test]
     fn a_ring_with_another_nonce_or_size_is_refused() {
-        let (_t, fd) = Ring::create(4, 9).unwrap();
+        let (_t, fd) = Ring::create(4, 9, [0, 0]).unwrap();
         assert!(Ring::open(&fd, 8).is_err());
         let other = sys::memfd(c"x", 4096).unwrap();
         assert!(Ring::open(&other, 0).is_err());
+        // A ring whose size is not sealed could be truncated under us.
+        let unsealed: OwnedFd = {
+            // SAFETY: a plain system call; the descriptor is new and ours.
+            let fd = unsafe { libc::memfd_create(c"y".as_ptr(), libc::MFD_CLOEXEC) };
+            assert!(fd >= 0);
+            // SAFETY: as above.
+            unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }
+        };
+        // SAFETY: a plain system call on our descriptor.
+        assert_eq!(
+            unsafe {
+                libc::ftruncate(
+                    std::os::fd::AsRawFd::as_raw_fd(&unsealed),
+                    ring_bytes(4) as i64,
+                )
+            },
+            0
+        );
+        let err = Ring::open(&unsealed, 9).err().unwrap();
+        assert!(err.to_string().contains("sealed"), "{err}");
     }
 }

@@ -14,7 +14,7 @@ use super::{BATCH, BATCH_BYTES, Shared, sys};
 use crate::transport::fence::{Fence, Inside};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Bytes copied per system call while inside the fences.
 const CALL_BYTES: u64 = 256 << 10;
@@ -23,10 +23,12 @@ const CALL_BYTES: u64 = 256 << 10;
 pub(crate) struct Served {
     /// Identifies its descriptors in the poll sets.
     pub id: u64,
-    /// The initiator's pid (checked at attach) and the token it proved it
-    /// with: one ring per initiator process.
+    /// The pid the initiator named; trusted once it is [`Served::verified`].
     pub initiator: i32,
-    pub token: [u64; 2],
+    /// The words the initiator must show in its memory (see
+    /// [`super::attach`]), and where its registration table is to be taken.
+    proof: [u64; 2],
+    table_at: (i32, u64),
     pub ring: Ring,
     /// The ring's memfd, held open (never read) for the initiator to take.
     _memfd: OwnedFd,
@@ -36,10 +38,14 @@ pub(crate) struct Served {
     pub to_initiator: OwnedFd,
     /// Readable once the initiator exited.
     pub pidfd: OwnedFd,
-    /// The initiator's registration table, and our mappings of its
+    /// The initiator's registration table, taken once the initiator proved
+    /// its pid (no request is executed before), and our mappings of its
     /// memfd-backed buffers.
-    pub table: TableReader,
+    table: OnceLock<TableReader>,
     pub maps: PeerMaps,
+    /// When the ring was created (ms since start): one the initiator does
+    /// not activate within `MC_SHM_TIMEOUT_SEC` is dropped.
+    created_ms: u64,
     /// The next position to look at (only this process consumes).
     cursor: Mutex<u64>,
     /// When a request was last claimed (ms since start).
@@ -47,12 +53,14 @@ pub(crate) struct Served {
     gone: AtomicBool,
 }
 
-/// An initiator, as its attach proved it.
+/// An initiator, as its attach request names it (unverified).
 pub(crate) struct Initiator {
     pub pid: i32,
-    pub token: [u64; 2],
     pub pidfd: OwnedFd,
-    pub table: TableReader,
+    /// The words it must copy into its memory.
+    pub proof: [u64; 2],
+    /// Its table's descriptor number and nonce.
+    pub table: (i32, u64),
 }
 
 /// A new ring and its eventfds.
@@ -76,36 +84,52 @@ impl Served {
         Served {
             id,
             initiator: who.pid,
-            token: who.token,
+            proof: who.proof,
+            table_at: who.table,
             cursor: Mutex::new(parts.ring.first_position()),
             ring: parts.ring,
             _memfd: parts.memfd,
             to_target: parts.to_target,
             to_initiator: parts.to_initiator,
             pidfd: who.pidfd,
-            table: who.table,
+            table: OnceLock::new(),
             maps: PeerMaps::new(max_mappings),
+            created_ms: now_ms,
             last_active: AtomicU64::new(now_ms),
             gone: AtomicBool::new(false),
         }
     }
+
+    /// Whether the initiator proved its pid.
+    pub fn verified(&self) -> bool {
+        self.table.get().is_some()
+    }
+
+    /// Drops our mappings of the initiator's buffers its table no longer
+    /// names.
+    pub fn prune(&self) {
+        if let Some(t) = self.table.get() {
+            self.maps.prune(t);
+        }
+    }
 }
 
-/// Adds a ring: replaces an older ring of the same initiator, and at
-/// `MC_SHM_MAX_PEERS` the least recently active ring gives way. The
-/// caller serializes calls.
+/// Adds a ring: at `MC_SHM_MAX_PEERS` a ring not activated yet gives way
+/// (the oldest), else the least recently active one. The caller
+/// serializes calls.
 pub(crate) fn add_ring(shared: &Shared, new: Arc<Served>) -> std::io::Result<()> {
     let rings = shared.served();
-    if let Some(old) = rings
-        .iter()
-        .find(|r| r.initiator == new.initiator && r.token == new.token)
-    {
-        drop_ring(shared, old);
-    } else if rings.len() >= shared.opts.max_peers {
-        if let Some(old) = rings
+    if rings.len() >= shared.opts.max_peers {
+        let victim = rings
             .iter()
-            .min_by_key(|r| r.last_active.load(Ordering::Relaxed))
-        {
+            .filter(|r| !r.verified())
+            .min_by_key(|r| r.created_ms)
+            .or_else(|| {
+                rings
+                    .iter()
+                    .min_by_key(|r| r.last_active.load(Ordering::Relaxed))
+            });
+        if let Some(old) = victim {
             crate::warn_limited!(
                 "shm: MC_SHM_MAX_PEERS={} rings are served; the least recently \
                  active one (process {}) gives way",
@@ -154,6 +178,9 @@ pub(crate) fn serve_one(shared: &Shared, s: &Arc<Served>) -> bool {
     let Ok(mut cursor) = s.cursor.try_lock() else {
         return false;
     };
+    if !s.verified() && !verify(shared, s) {
+        return false;
+    }
     if s.ring.detached() {
         drop(cursor);
         drop_ring(shared, s);
@@ -194,12 +221,47 @@ pub(crate) fn serve_one(shared: &Shared, s: &Arc<Served>) -> bool {
     true
 }
 
+/// Checks the proof of a ring's initiator once it activated the ring
+/// (then takes its table, and drops an older ring of the same process);
+/// refuses the ring if the proof fails, drops it if it was not activated
+/// within `MC_SHM_TIMEOUT_SEC`. Returns whether the ring is verified.
+fn verify(shared: &Shared, s: &Arc<Served>) -> bool {
+    let Some(addr) = s.ring.activation() else {
+        if shared.now_ms().saturating_sub(s.created_ms) > shared.opts.timeout.as_millis() as u64 {
+            tracing::debug!(
+                "shm: the ring of process {} was not activated in time; dropped",
+                s.initiator
+            );
+            drop_ring(shared, s);
+        }
+        return false;
+    };
+    match super::attach::verify(s.initiator, &s.pidfd, addr, s.proof, s.table_at) {
+        Ok(table) => {
+            let _ = s.table.set(table);
+            for old in shared.served().iter() {
+                if !Arc::ptr_eq(old, s) && old.initiator == s.initiator && old.verified() {
+                    drop_ring(shared, old);
+                }
+            }
+            true
+        }
+        Err(e) => {
+            crate::warn_limited!("shm: an attached initiator is refused: {e}");
+            s.ring.refuse();
+            drop_ring(shared, s);
+            false
+        }
+    }
+}
+
 /// Copies each request's bytes from the initiator into our buffer and
 /// completes it: by memcpy from our mapping of the initiator's memfd if
 /// the source lies in a buffer its table backs with one, else with
 /// cross-memory attach. Returns whether the initiator is gone.
 fn execute(shared: &Shared, s: &Served, batch: &[Request]) -> bool {
-    s.maps.prune(&s.table);
+    let table = s.table.get().expect("requests are executed once verified");
+    s.maps.prune(table);
     let fences: Vec<Option<Arc<Fence>>> = batch
         .iter()
         .map(|r| shared.memory.admit(r.dst, r.len))
@@ -221,7 +283,7 @@ fn execute(shared: &Shared, s: &Served, batch: &[Request]) -> bool {
         };
         let mapped = r
             .backing
-            .filter(|b| s.table.backs(r.src, r.len, b))
+            .filter(|b| table.backs(r.src, r.len, b))
             .and_then(|b| Some((b.offset, s.maps.get(&s.pidfd, &b, r.len)?)));
         if let Some((offset, map)) = mapped {
             copied[i] = copy_mapped(fence, &map, offset, r.dst, r.len);

@@ -80,6 +80,16 @@ pub fn memfd_name(fd: &OwnedFd) -> Option<String> {
     Some(name.strip_suffix(" (deleted)").unwrap_or(name).to_string())
 }
 
+/// Checks that a peer's memfd can neither shrink nor grow: a mapping of it
+/// can then never fault.
+pub fn check_size_sealed(fd: &OwnedFd) -> io::Result<()> {
+    let want = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+    if seals(fd)? & want != want {
+        return Err(io::Error::other("its size is not sealed"));
+    }
+    Ok(())
+}
+
 /// The size of the file behind `fd`.
 pub fn file_size(fd: &OwnedFd) -> io::Result<u64> {
     // SAFETY: `stat` is plain data; an all-zero value is valid.

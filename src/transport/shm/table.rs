@@ -304,6 +304,7 @@ impl TableReader {
     /// Maps a peer's table and checks its header against `nonce` and the
     /// size of the file.
     pub fn open(fd: &OwnedFd, nonce: u64) -> io::Result<TableReader> {
+        sys::check_size_sealed(fd)?;
         let size = sys::file_size(fd)? as usize;
         if size < HEADER {
             return Err(io::Error::other("the registration table is too small"));

@@ -271,24 +271,34 @@ fn a_refused_attach_makes_the_peer_unreachable_until_retry() {
 fn an_attach_from_a_pid_that_is_not_the_asker_is_refused() {
     let b = engine(options());
     let a = engine(options());
+    let here: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
+    // Naming another process (pid 1) gets a ring, but the proof is read
+    // from pid 1, where it is not: the ring is refused before any request
+    // runs, and the target never compared pid 1's memory with anything but
+    // words it chose.
     let mut req = attach::request(&a.shm.shared);
-    // pid 1 is not this process: the token is not at that address there.
     req["pid"] = json!(1);
-    let reply = b.shm.serve_attach(&req, "127.0.0.1:1".parse().unwrap());
-    assert!(reply.get("error").is_some(), "{reply}");
-    let mut req = attach::request(&a.shm.shared);
-    req["token"] = json!([1, 2]);
-    let reply = b.shm.serve_attach(&req, "127.0.0.1:1".parse().unwrap());
-    assert!(reply.get("error").is_some(), "{reply}");
+    let reply = b.shm.serve_attach(&req, here);
+    assert!(reply.get("error").is_none(), "{reply}");
+    let link = attach::connect(&reply, b.shm.shared.pid, 8).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !link.ring.refused() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(link.ring.refused() && link.ring.closed());
+    assert_eq!(b.shm.served_peers(), 0);
     let mut req = attach::request(&a.shm.shared);
     req["boot_id"] = json!("another");
-    let reply = b.shm.serve_attach(&req, "127.0.0.1:1".parse().unwrap());
+    let reply = b.shm.serve_attach(&req, here);
+    assert!(reply.get("error").is_some(), "{reply}");
+    // A request from another host is refused whatever it says.
+    let reply = b.shm.serve_attach(
+        &attach::request(&a.shm.shared),
+        "192.0.2.1:1".parse().unwrap(),
+    );
     assert!(reply.get("error").is_some(), "{reply}");
     assert_eq!(b.shm.served_peers(), 0);
-    let good = b.shm.serve_attach(
-        &attach::request(&a.shm.shared),
-        "127.0.0.1:1".parse().unwrap(),
-    );
+    let good = b.shm.serve_attach(&attach::request(&a.shm.shared), here);
     assert!(good.get("error").is_none(), "{good}");
     assert_eq!(b.shm.served_peers(), 1);
     // A reply naming another pid is refused by the initiator.

@@ -121,7 +121,7 @@ fn handle(shared: &Shared, events: &[Token]) {
             Token::Bell(id) => {
                 if let Some(s) = shared.served().iter().find(|s| s.id == id) {
                     sys::drain(&s.to_target);
-                    s.maps.prune(&s.table);
+                    s.prune();
                 } else if let Some(l) = shared.links().iter().find(|l| l.id == id) {
                     if let Some(link) = l.link() {
                         sys::drain(&link.to_initiator);
