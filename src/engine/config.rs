@@ -22,6 +22,7 @@ use crate::transport::TransportConfig;
 use crate::transport::endpoint::{EndpointConfig, EndpointStoreType};
 use crate::transport::rdma::RdmaConfig;
 use crate::transport::scheduler::SchedConfig;
+use crate::transport::shm::ShmConfig;
 use crate::transport::tcp::TcpConfig;
 
 /// Log verbosity (`MC_LOG_LEVEL`).
@@ -91,6 +92,8 @@ pub struct Config {
     pub tcp: TcpConfig,
     /// The RDMA transport.
     pub rdma: RdmaConfig,
+    /// The shared-memory transport.
+    pub shm: ShmConfig,
     /// Devices and the priority matrix.
     pub topology: TopologyConfig,
     /// The warnings parsing produced (bad values and what was kept).
@@ -168,6 +171,7 @@ impl Config {
             endpoints: &self.endpoints,
             tcp: &self.tcp,
             rdma: &self.rdma,
+            shm: &self.shm,
             topology: &self.topology,
         }
     }
@@ -438,6 +442,16 @@ impl Config {
                     100_000,
                 ),
                 connect_threads: r.number("MC_RDMA_CONNECT_THREADS", d.rdma.connect_threads, 1, 64),
+            },
+            shm: ShmConfig {
+                auto_install: r.raw("MC_TE_SHM").is_none() || r.flag("MC_TE_SHM"),
+                threads: r.number("MC_SHM_THREADS", d.shm.threads, 1, 64),
+                max_peers: r.number("MC_SHM_MAX_PEERS", d.shm.max_peers, 1, 65536),
+                ring_entries: r.number("MC_SHM_RING_ENTRIES", d.shm.ring_entries, 16, 65536),
+                table_slots: r.number("MC_SHM_TABLE_SLOTS", d.shm.table_slots, 1, 1 << 24),
+                timeout_secs: r.number("MC_SHM_TIMEOUT_SEC", d.shm.timeout_secs, 1, 3600),
+                spin_us: r.number("MC_SHM_SPIN_US", d.shm.spin_us, 0, 10_000),
+                max_mappings: r.number("MC_SHM_MAX_MAPPINGS", d.shm.max_mappings, 1, 65536),
             },
             topology: TopologyConfig {
                 custom_topo_json: r.string("MC_CUSTOM_TOPO_JSON"),
@@ -814,5 +828,62 @@ mod tests {
         assert_eq!(range("61000", "65536"), (15000, 17000));
         assert_eq!(range("61000", "65535"), (61000, 65535));
         assert_eq!(range("1024", "32767"), (1024, 32767));
+    }
+
+    #[test]
+    fn shared_memory_variables() {
+        let d = parse(&[]);
+        assert!(d.shm.auto_install);
+        assert_eq!(
+            (
+                d.shm.max_peers,
+                d.shm.ring_entries,
+                d.shm.table_slots,
+                d.shm.timeout_secs,
+                d.shm.spin_us,
+                d.shm.max_mappings
+            ),
+            (256, 1024, 65536, 10, 50, 256)
+        );
+        assert!((1..=4).contains(&d.shm.threads));
+        assert!(!parse(&[("MC_TE_SHM", "0")]).shm.auto_install);
+        assert!(parse(&[("MC_TE_SHM", "1")]).shm.auto_install);
+        let c = parse(&[
+            ("MC_SHM_THREADS", "2"),
+            ("MC_SHM_MAX_PEERS", "8"),
+            ("MC_SHM_RING_ENTRIES", "64"),
+            ("MC_SHM_TABLE_SLOTS", "100"),
+            ("MC_SHM_TIMEOUT_SEC", "1"),
+            ("MC_SHM_SPIN_US", "0"),
+            ("MC_SHM_MAX_MAPPINGS", "16"),
+        ]);
+        assert_eq!(
+            (
+                c.shm.threads,
+                c.shm.max_peers,
+                c.shm.ring_entries,
+                c.shm.table_slots,
+                c.shm.timeout_secs,
+                c.shm.spin_us,
+                c.shm.max_mappings
+            ),
+            (2, 8, 64, 100, 1, 0, 16)
+        );
+        assert!(c.warnings.is_empty());
+        let bad = parse(&[
+            ("MC_SHM_THREADS", "0"),
+            ("MC_SHM_MAX_PEERS", "x"),
+            ("MC_SHM_RING_ENTRIES", "8"),
+            ("MC_SHM_TABLE_SLOTS", "0"),
+            ("MC_SHM_TIMEOUT_SEC", "0"),
+            ("MC_SHM_SPIN_US", "10001"),
+            ("MC_SHM_MAX_MAPPINGS", "0"),
+        ]);
+        assert_eq!(bad.shm, ShmConfig::default());
+        assert_eq!(bad.warnings.len(), 7);
+        assert!(
+            bad.warnings
+                .contains(&"MC_SHM_RING_ENTRIES=8 is outside 16..=65536; using 1024".to_string())
+        );
     }
 }

@@ -218,6 +218,15 @@ impl RpcHandler for ControlState {
                     }),
                 }
             }
+            FrameKind::ShmAttach => {
+                let handlers = sync::read(&self.handshakes);
+                match handlers.iter().find(|h| h.kind == kind) {
+                    Some(h) => (h.answer)(&request, peer),
+                    None => {
+                        json!({"error": "this engine has no shared-memory transport installed"})
+                    }
+                }
+            }
             FrameKind::Probe => json!({"status": "success"}),
         }
     }

@@ -12,17 +12,21 @@ use std::sync::Arc;
 use tracing::warn;
 
 impl Engine {
-    /// Installs the transport for an auto-discovered machine, as Mooncake
-    /// does: RDMA when RDMA devices with an active port exist (and
-    /// `MC_FORCE_TCP` is not set), TCP otherwise. If no RDMA device can be
-    /// set up after all, TCP serves (with a warning).
+    /// Installs the transports for an auto-discovered machine: as Mooncake,
+    /// RDMA when RDMA devices with an active port exist (and `MC_FORCE_TCP`
+    /// is not set), TCP otherwise (also when no RDMA device can be set up
+    /// after all, with a warning); and shared memory for peers on this host
+    /// (`MC_TE_SHM=0` leaves it out).
     pub(super) fn auto_install(&self) -> Result<()> {
         let topo = self.discover_topology();
         let usable = topo.rdma_devices.iter().filter(|d| d.ports_active).count();
         if usable > 0 && !self.config.engine.force_tcp {
             if cfg!(feature = "rdma") {
                 match self.install_transport("rdma", None) {
-                    Ok(_) => return Ok(()),
+                    Ok(_) => {
+                        self.auto_install_shm();
+                        return Ok(());
+                    }
                     Err(e) => {
                         warn!("auto discovery: rdma could not be installed ({e}); installing tcp")
                     }
@@ -34,7 +38,22 @@ impl Engine {
                 );
             }
         }
-        self.install_transport("tcp", None).map(|_| ())
+        self.install_transport("tcp", None)?;
+        self.auto_install_shm();
+        Ok(())
+    }
+
+    /// Installs the shared-memory transport beside the network one, unless
+    /// `MC_TE_SHM=0`; an engine that cannot run it goes on without it.
+    fn auto_install_shm(&self) {
+        if !self.config.shm.auto_install {
+            return;
+        }
+        if let Err(e) = self.install_transport("shm", None) {
+            warn!(
+                "auto discovery: shm could not be installed ({e}); peers on this host use the network transport"
+            );
+        }
     }
 
     /// Scans the machine's topology and keeps it with its priority matrix
@@ -72,7 +91,7 @@ impl Engine {
         PriorityMatrix::parse(&json).map(Some)
     }
 
-    /// Installs a transport by protocol name (`tcp`, `rdma`) and returns
+    /// Installs a transport by protocol name (`tcp`, `rdma`, `shm`) and returns
     /// its handle. `matrix` is a NIC priority matrix JSON (`{"cpu:0":
     /// [[preferred], [available]], ...}`), else `MC_CUSTOM_TOPO_JSON`'s,
     /// else the discovered one. For TCP its devices are network interfaces

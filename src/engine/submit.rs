@@ -442,6 +442,17 @@ impl Engine {
         self.control.take_notifies()
     }
 
+    /// The installed transports' own counters: (protocol, name, value).
+    pub fn transport_counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        self.transports()
+            .iter()
+            .flat_map(|t| {
+                let p = t.protocol();
+                t.counters().into_iter().map(move |(n, v)| (p, n, v))
+            })
+            .collect()
+    }
+
     /// Per-device load of the installed transports.
     pub fn nic_loads(&self) -> Vec<NicLoad> {
         self.transports()

@@ -40,7 +40,9 @@ enum Layout {
 
 fn layout(protocol: &str) -> Option<Layout> {
     match protocol {
-        "tcp" => Some(Layout::Tcp),
+        // "shm": an engine with only the shared-memory transport, which
+        // publishes as TCP does (only engines of this project read it).
+        "tcp" | "shm" => Some(Layout::Tcp),
         "rdma" | "efa" | "cxi" => Some(Layout::RdmaLike {
             keys_per_device: true,
         }),

@@ -22,16 +22,20 @@ pub enum FrameKind {
     Notify = 2,
     /// Liveness probe; the server answers `{"status":"success"}` itself.
     Probe = 3,
+    /// The shared-memory transport's attach request (ours; Mooncake has no
+    /// such frame, and never sends one).
+    ShmAttach = 4,
 }
 
 impl FrameKind {
-    /// The kind for a type byte, or `None` if the byte is above 3.
+    /// The kind for a type byte, or `None` if the byte is above 4.
     pub fn from_byte(b: u8) -> Option<FrameKind> {
         match b {
             0 => Some(FrameKind::Connection),
             1 => Some(FrameKind::Metadata),
             2 => Some(FrameKind::Notify),
             3 => Some(FrameKind::Probe),
+            4 => Some(FrameKind::ShmAttach),
             _ => None,
         }
     }

@@ -9,12 +9,14 @@
 //! reaches the target; a part of a request one cannot move goes to the next
 //! one ([`Fallback`]). `local` serves the engine's own segment with memory
 //! copies, whatever else is installed; `scheduler` is the slice and rail
-//! scheduler that the rail-based transports (TCP, RDMA) share.
+//! scheduler that the rail-based transports (TCP, RDMA) share; `shm` copies
+//! between processes of one host.
 
 pub mod endpoint;
 pub mod local;
 pub mod rdma;
 pub mod scheduler;
+pub mod shm;
 pub mod tcp;
 
 use crate::batch::Batch;
@@ -28,6 +30,7 @@ use endpoint::EndpointConfig;
 use rdma::RdmaConfig;
 use scheduler::SchedConfig;
 use serde_json::Value;
+use shm::ShmConfig;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, RwLock};
 use tcp::TcpConfig;
@@ -92,6 +95,11 @@ pub trait Transport: Send + Sync {
 
     /// Per-device load, for `getNicLoadStats`.
     fn nic_loads(&self) -> Vec<NicLoad> {
+        Vec::new()
+    }
+
+    /// The transport's own counters (name, value), for tests and tools.
+    fn counters(&self) -> Vec<(&'static str, u64)> {
         Vec::new()
     }
 
@@ -207,6 +215,8 @@ pub struct TransportConfig<'a> {
     pub tcp: &'a TcpConfig,
     /// The RDMA transport.
     pub rdma: &'a RdmaConfig,
+    /// The shared-memory transport.
+    pub shm: &'a ShmConfig,
     /// Devices and the priority matrix.
     pub topology: &'a TopologyConfig,
 }
@@ -239,6 +249,7 @@ pub struct InstallContext<'a> {
 pub fn install(protocol: &str, ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
     match protocol {
         "tcp" => tcp::install(ctx),
+        "shm" => shm::install(ctx),
         #[cfg(feature = "rdma")]
         "rdma" => rdma::install(ctx),
         #[cfg(not(feature = "rdma"))]
@@ -261,6 +272,7 @@ pub fn install(protocol: &str, ctx: &InstallContext<'_>) -> Result<Arc<dyn Trans
 /// The protocols [`install`] starts in this build.
 pub const PROTOCOLS: &[&str] = &[
     "\"tcp\"",
+    "\"shm\"",
     #[cfg(feature = "rdma")]
     "\"rdma\"",
 ];
@@ -303,6 +315,9 @@ pub enum Outcome {
     /// retry it elsewhere without blaming the rail (RDMA's).
     #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
     Interrupted,
+    /// This transport cannot reach the peer (shared memory that the
+    /// kernel refuses between these processes): use another transport.
+    Unreachable,
 }
 
 /// One slice handed to a transport: a contiguous range to move, and what

@@ -529,6 +529,9 @@ impl<C: Carrier> Scheduler<C> {
                 return;
             }
             Outcome::Failed { hard } => Some(hard),
+            // The rail's transport cannot reach the peer: as a rail that
+            // cannot connect.
+            Outcome::Unreachable => Some(true),
             Outcome::Interrupted => None,
         };
         if let Some(hard) = charge {

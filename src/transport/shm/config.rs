@@ -1,0 +1,48 @@
+//! The shared-memory transport's configuration.
+
+/// The shared-memory transport. Parsed from `MC_TE_SHM` and `MC_SHM_*` by
+/// [`crate::engine::config::Config::from_env`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShmConfig {
+    /// `MC_TE_SHM`: whether auto discovery installs the transport beside
+    /// the network one (1; 0 turns it off).
+    pub auto_install: bool,
+    /// `MC_SHM_THREADS`: threads serving both sides (min(4, CPUs); 1..=64).
+    pub threads: usize,
+    /// `MC_SHM_MAX_PEERS`: request rings (attached initiator processes)
+    /// served at once (256, 1..=65536); at the bound a ring not activated
+    /// yet gives way, else the least recently active one.
+    pub max_peers: usize,
+    /// `MC_SHM_RING_ENTRIES`: WRITE requests one initiator may have posted
+    /// to one target (1024, 16..=65536); 64 bytes each.
+    pub ring_entries: usize,
+    /// `MC_SHM_TABLE_SLOTS`: registered buffers published to peers' READs
+    /// (65536, 1..=16777216); 32 bytes each. READs of buffers beyond go
+    /// over another transport.
+    pub table_slots: usize,
+    /// `MC_SHM_TIMEOUT_SEC`: a target that completes none of our WRITEs for
+    /// this long fails them, and a ring its initiator does not activate
+    /// this long is dropped (10, 1..=3600).
+    pub timeout_secs: u64,
+    /// `MC_SHM_SPIN_US`: how long an idle thread polls before it sleeps
+    /// (50, 0..=10000).
+    pub spin_us: u64,
+    /// `MC_SHM_MAX_MAPPINGS`: memfd-backed buffers of one peer mapped at
+    /// once (256, 1..=65536); the least recently used mapping gives way.
+    pub max_mappings: usize,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        ShmConfig {
+            auto_install: true,
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get().min(4)),
+            max_peers: 256,
+            ring_entries: 1024,
+            table_slots: 1 << 16,
+            timeout_secs: 10,
+            spin_us: 50,
+            max_mappings: 256,
+        }
+    }
+}

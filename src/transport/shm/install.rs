@@ -1,0 +1,186 @@
+//! The shared-memory transport behind the engine's [`Transport`] seam:
+//! what it adds to the descriptor (key `"shm"`), the attach handshake it
+//! serves ([`FrameKind::ShmAttach`]), which peers it reaches (another
+//! process on this host), and requests cut into slices that go to the
+//! peer's ring or this process's threads. A slice this transport cannot
+//! move (the kernel refuses cross-memory attach, the peer detached, it
+//! stalled) goes to the next transport; one the target rejects fails.
+
+use super::{AttachFn, ShmOptions, ShmPeer, ShmTransport};
+use crate::error::Result;
+use crate::memory::{MemoryRegistry, Region, RemoteMemory};
+use crate::metadata::descriptor::SegmentDesc;
+use crate::rpc::{ClientOptions, FrameKind};
+use crate::segment::RemoteSegment;
+use crate::transport::scheduler::planner;
+use crate::transport::{
+    Handshake, InstallContext, Outcome, Slice, Submission, Transfer, Transport,
+};
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The descriptor key under which this transport publishes its
+/// [`ShmTransport::descriptor`]; Mooncake peers ignore it.
+pub const SHM_KEY: &str = "shm";
+
+/// Installs the shared-memory transport of an engine.
+pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
+    let memory: Arc<dyn RemoteMemory> = ctx.memory.clone();
+    let core = ShmTransport::start(memory, ShmOptions::from_config(ctx.config.shm))?;
+    let mut rpc = ClientOptions::from_config(ctx.config.rpc);
+    rpc.io_timeout = Duration::from_secs(ctx.config.rpc.io_timeout_secs);
+    Ok(Arc::new(Shm {
+        core,
+        rpc,
+        slice_size: ctx.config.sched.slice_size,
+        fragment_limit: ctx.config.sched.fragment_limit,
+    }))
+}
+
+/// The transport of one engine.
+struct Shm {
+    core: Arc<ShmTransport>,
+    /// How attach requests are sent.
+    rpc: ClientOptions,
+    slice_size: u64,
+    fragment_limit: u64,
+}
+
+/// A segment's peer as this transport sees it, cached with the segment
+/// (a refetched descriptor, a new process, gets a new one).
+struct Route(Option<ShmPeer>);
+
+impl Shm {
+    /// The peer behind `seg`, if it is another process of this host.
+    fn route(&self, seg: &RemoteSegment) -> Arc<Route> {
+        seg.routes.get_or_insert(|| {
+            let Some(key) = seg.desc.extra.get(SHM_KEY) else {
+                return Route(None);
+            };
+            let (host, port, rpc) = (seg.data_host.clone(), seg.rpc_port, self.rpc.clone());
+            let attach: AttachFn = Arc::new(move |request: &Value| {
+                crate::rpc::call(&host, port, FrameKind::ShmAttach, request, &rpc)
+            });
+            Route(self.core.peer(key, attach))
+        })
+    }
+}
+
+impl Transport for Shm {
+    fn protocol(&self) -> &'static str {
+        "shm"
+    }
+
+    fn rank(&self) -> u8 {
+        0
+    }
+
+    fn descriptor_rank(&self) -> Option<u8> {
+        None
+    }
+
+    unsafe fn register(&self, region: &Region) -> Result<()> {
+        self.core.register(region);
+        Ok(())
+    }
+
+    fn unregister(&self, addr: u64) {
+        self.core.unregister(addr);
+    }
+
+    fn publish(&self, desc: &mut SegmentDesc, _memory: &MemoryRegistry) {
+        desc.extra
+            .insert(SHM_KEY.to_string(), self.core.descriptor());
+    }
+
+    fn handshake(&self) -> Option<Handshake> {
+        let core = self.core.clone();
+        Some(Handshake {
+            kind: FrameKind::ShmAttach,
+            answer: Box::new(move |request, source| core.serve_attach(request, source)),
+        })
+    }
+
+    fn speaks(&self, seg: &RemoteSegment) -> bool {
+        self.core.is_peer(seg.desc.extra.get(SHM_KEY))
+    }
+
+    fn reaches(&self, seg: &RemoteSegment, _remote: u64, _len: u64) -> bool {
+        self.speaks(seg)
+    }
+
+    fn submit(&self, sub: Submission) {
+        let Submission {
+            batch,
+            task,
+            seg,
+            xfer,
+            fallback,
+            ..
+        } = sub;
+        let Some(t) = batch.slot(task) else {
+            return;
+        };
+        let route = self.route(&seg);
+        let Some(peer) = &route.0 else {
+            // Not a peer of this host after all: the next transport.
+            t.add_slices(1);
+            let handed = Submission::fall_back(&fallback, xfer);
+            return t.finish_slice(0, handed);
+        };
+        let pieces: Vec<(u64, u64)> =
+            planner::slices(xfer.len, self.slice_size, self.fragment_limit).collect();
+        t.add_slices(pieces.len() as u64);
+        for (off, len) in pieces {
+            let part = Transfer {
+                local: xfer.local + off,
+                remote: xfer.remote + off,
+                len,
+                write: xfer.write,
+            };
+            let (batch, fallback) = (batch.clone(), fallback.clone());
+            let done = Box::new(move |outcome: Outcome| {
+                let Some(t) = batch.slot(task) else {
+                    return;
+                };
+                match outcome {
+                    Outcome::Done => t.finish_slice(len, true),
+                    // The target checked the range and refused it: no
+                    // other transport would be let in either.
+                    Outcome::Rejected => t.finish_slice(0, false),
+                    // Unreachable by shared memory, or the link failed:
+                    // the next transport moves the slice, if there is one.
+                    Outcome::Unreachable | Outcome::Failed { .. } | Outcome::Interrupted => {
+                        let handed = Submission::fall_back(&fallback, part);
+                        t.finish_slice(0, handed)
+                    }
+                }
+            });
+            self.core.post(
+                peer,
+                Slice {
+                    local: part.local,
+                    remote: part.remote,
+                    len,
+                    write: part.write,
+                    done,
+                },
+            );
+        }
+    }
+
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let s = self.core.stats();
+        vec![
+            ("written", s.written),
+            ("read", s.read),
+            ("served", s.served),
+            ("mapped", s.mapped),
+        ]
+    }
+
+    fn shutdown(&self) {
+        self.core.shutdown();
+    }
+}

@@ -1,0 +1,518 @@
+//! The shared-memory transport: copies between the registered buffers of
+//! two processes on the same host with cross-memory attach
+//! (`process_vm_readv`), at memory speed, with the guarantees of the
+//! network transports.
+//!
+//! Each process only ever writes its own memory ("pull both ways"):
+//!
+//! * A WRITE is executed by the target. The initiator posts the request
+//!   (source, destination, length) into a ring it shares with the target
+//!   ([`ring`]); a target thread claims it, checks the destination with the
+//!   engine's registry ([`RemoteMemory::admit`]), and inside the buffer's
+//!   [`Fence`](crate::memory::fence::Fence) copies from the initiator
+//!   into its own buffer. Unregistering a buffer is then exactly as on
+//!   TCP: the fence is local, so once it returns no peer's WRITE touches
+//!   the range, however stopped or slow the peer.
+//! * A READ is executed by the initiator, from the target into its own
+//!   buffer. The target publishes a registration table ([`table`]) that
+//!   peers map read-only; the initiator checks the range there before the
+//!   copy (nothing moves if it is not a registered, accessible range) and
+//!   again after (a buffer unregistered meanwhile fails the READ).
+//!   Unregistering only bumps the slot's generation: it never waits.
+//!
+//! Peers attach once, through a handshake the engine routes to
+//! [`ShmTransport::serve_attach`]: the target answers with its pid and the
+//! descriptor numbers of a ring, its table and two eventfds, which the
+//! initiator takes with `pidfd_getfd` and checks by a nonce (so a pid of
+//! another pid namespace never passes); the initiator then proves its own
+//! pid by copying words the target chose into its memory, which the target
+//! reads back before it executes any request ([`attach`]). Any refusal (another
+//! user, a ptrace policy, a container boundary) makes the peer
+//! [`Outcome::Unreachable`]: the engine uses another transport.
+//!
+//! Each side keeps a pidfd of the other and learns at once that it exited:
+//! an initiator fails what it has in flight to a dead target; a target
+//! drops the ring of a dead initiator. A target that completes nothing for
+//! `MC_SHM_TIMEOUT_SEC` fails the WRITEs in flight to it. `MC_SHM_THREADS`
+//! threads do all the work of both sides; they sleep on eventfds (after
+//! `MC_SHM_SPIN_US` of polling) when idle. A target serves at most
+//! `MC_SHM_MAX_PEERS` rings of `MC_SHM_RING_ENTRIES` entries and publishes
+//! at most `MC_SHM_TABLE_SLOTS` buffers.
+//!
+//! Trust: a process of the same user may ptrace us anyway; the checks here
+//! protect against mistakes and races, not against a hostile process of
+//! the same user. Still, everything read from shared memory is checked
+//! before use, and no peer can make this process fault or wait forever.
+
+mod alloc;
+mod attach;
+pub mod cma;
+mod config;
+mod install;
+mod maps;
+mod peer;
+mod poll;
+pub mod ring;
+mod serve;
+pub mod sys;
+pub mod table;
+mod worker;
+
+use crate::error::{Error, Result};
+use crate::memory::{Region, RemoteMemory};
+use crate::transport::{Outcome, Slice};
+use alloc::Allocs;
+pub use config::ShmConfig;
+use crossbeam_channel::{Receiver, Sender};
+pub use install::install;
+use peer::{PeerCore, ReadJob};
+use poll::Poller;
+use serde_json::{Value, json};
+use serve::Served;
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use table::TableWriter;
+
+/// Version of the attach handshake and of the shared layouts.
+const VERSION: u64 = 1;
+/// Most requests one thread takes at once (one READ batch, one ring claim).
+const BATCH: usize = 64;
+/// Most bytes one thread takes at once, so that a large transfer's slices
+/// spread over the threads.
+const BATCH_BYTES: u64 = 256 << 10;
+
+/// The settings of the transport (see [`ShmConfig`]).
+#[derive(Debug, Clone)]
+pub struct ShmOptions {
+    /// `MC_SHM_THREADS`: threads serving both sides.
+    pub threads: usize,
+    /// `MC_SHM_MAX_PEERS`: rings (attached initiators) served at once.
+    pub max_peers: usize,
+    /// `MC_SHM_RING_ENTRIES`: requests one initiator may have posted.
+    pub ring_entries: usize,
+    /// `MC_SHM_TABLE_SLOTS`: buffers published to peers.
+    pub table_slots: usize,
+    /// `MC_SHM_TIMEOUT_SEC`: a target that completes nothing this long
+    /// fails the WRITEs in flight to it.
+    pub timeout: Duration,
+    /// `MC_SHM_SPIN_US`: how long an idle thread polls before sleeping.
+    pub spin: Duration,
+    /// `MC_SHM_MAX_MAPPINGS`: memfd-backed buffers of one peer mapped at
+    /// once.
+    pub max_mappings: usize,
+}
+
+impl ShmOptions {
+    /// The settings `c` holds.
+    pub fn from_config(c: &ShmConfig) -> ShmOptions {
+        ShmOptions {
+            threads: c.threads,
+            max_peers: c.max_peers,
+            ring_entries: c.ring_entries,
+            table_slots: c.table_slots,
+            timeout: Duration::from_secs(c.timeout_secs),
+            spin: Duration::from_micros(c.spin_us),
+            max_mappings: c.max_mappings,
+        }
+    }
+}
+
+/// Sends one attach request to a peer's engine and returns its answer
+/// (the engine routes it to the peer's [`ShmTransport::serve_attach`]).
+pub type AttachFn = Arc<dyn Fn(&Value) -> Result<Value> + Send + Sync>;
+
+/// Bytes moved, as counted by the transport.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShmStats {
+    /// Bytes of our WRITEs that targets copied.
+    pub written: u64,
+    /// Bytes of our READs copied from targets.
+    pub read: u64,
+    /// Bytes we copied for initiators' WRITEs.
+    pub served: u64,
+    /// Of those bytes (ours read, theirs served), how many we copied from
+    /// a mapping of the peer's memfd rather than with cross-memory attach.
+    pub mapped: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    written: AtomicU64,
+    read: AtomicU64,
+    served: AtomicU64,
+    mapped: AtomicU64,
+}
+
+/// What the worker threads, the handshake and the callers share.
+pub(crate) struct Shared {
+    memory: Arc<dyn RemoteMemory>,
+    opts: ShmOptions,
+    boot_id: String,
+    pid: i32,
+    table: TableWriter,
+    /// Buffers allocated in memfds.
+    allocs: Allocs,
+    /// Rung for local work (READs queued, shutdown).
+    kick: OwnedFd,
+    polls: Vec<Poller>,
+    /// Rings we serve as target.
+    served: RwLock<Arc<Vec<Arc<Served>>>>,
+    /// Targets we are attached to, as initiator.
+    links: RwLock<Arc<Vec<Arc<PeerCore>>>>,
+    reads_tx: Sender<ReadJob>,
+    reads_rx: Receiver<ReadJob>,
+    /// Threads asleep or about to be.
+    sleepers: AtomicUsize,
+    /// The kick eventfd was signalled and not yet drained.
+    kicked: AtomicBool,
+    /// A thread is polling for work.
+    spinning: AtomicBool,
+    /// Our WRITEs posted or queued and not yet finished.
+    writes_in_flight: AtomicUsize,
+    closing: AtomicBool,
+    next_id: AtomicU64,
+    started: Instant,
+    counters: Counters,
+    /// Attaches under way, each on its own short-lived thread.
+    attaches: Mutex<Vec<JoinHandle<()>>>,
+    /// When a thread looks for stalled targets next (ms since start).
+    next_stall_check: AtomicU64,
+    /// Serializes the attaches we serve (ring bound and replacement).
+    serving: Mutex<()>,
+}
+
+impl Shared {
+    fn new_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Milliseconds since start (activity stamps).
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    /// Wakes the sleeping threads for local work (one signal until a
+    /// thread takes it).
+    fn kick(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 && !self.kicked.swap(true, Ordering::SeqCst) {
+            sys::signal(&self.kick);
+        }
+    }
+
+    fn served(&self) -> Arc<Vec<Arc<Served>>> {
+        self.served
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn links(&self) -> Arc<Vec<Arc<PeerCore>>> {
+        self.links.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set_served(&self, f: impl FnOnce(&mut Vec<Arc<Served>>)) {
+        let mut g = self.served.write().unwrap_or_else(|e| e.into_inner());
+        let mut v = g.as_ref().clone();
+        f(&mut v);
+        *g = Arc::new(v);
+    }
+
+    fn set_links(&self, f: impl FnOnce(&mut Vec<Arc<PeerCore>>)) {
+        let mut g = self.links.write().unwrap_or_else(|e| e.into_inner());
+        let mut v = g.as_ref().clone();
+        f(&mut v);
+        *g = Arc::new(v);
+    }
+
+    /// Watches `fd` in every thread's poll set.
+    fn watch(&self, fd: &OwnedFd, token: poll::Token) -> std::io::Result<()> {
+        for (i, p) in self.polls.iter().enumerate() {
+            if let Err(e) = p.add(fd, token) {
+                self.polls[..i].iter().for_each(|p| p.remove(fd));
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops watching `fd` anywhere.
+    fn unwatch(&self, fd: &OwnedFd) {
+        self.polls.iter().for_each(|p| p.remove(fd));
+    }
+}
+
+/// A target reached by shared memory, as seen from the initiator: made by
+/// [`ShmTransport::peer`], used by [`ShmTransport::post`]. Dropping it
+/// fails what is still queued for it and detaches from the target.
+pub struct ShmPeer {
+    core: Arc<PeerCore>,
+}
+
+impl ShmPeer {
+    /// The target's process id, as its descriptor gives it.
+    pub fn pid(&self) -> i32 {
+        self.core.target_pid
+    }
+}
+
+impl Drop for ShmPeer {
+    fn drop(&mut self) {
+        self.core.detach();
+    }
+}
+
+/// The shared-memory transport of one engine: both sides, the target
+/// (serving rings and the registration table) and the initiator (posting
+/// WRITEs, executing READs).
+pub struct ShmTransport {
+    shared: Arc<Shared>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl ShmTransport {
+    /// Creates the registration table and starts the threads. Fails if
+    /// this kernel lacks what the transport needs (memfd, eventfd, epoll)
+    /// or the boot id cannot be read.
+    pub fn start(memory: Arc<dyn RemoteMemory>, opts: ShmOptions) -> Result<Arc<ShmTransport>> {
+        let err =
+            |what: &str, e: std::io::Error| Error::NotImplemented(format!("shm: {what}: {e}"));
+        let boot_id = sys::boot_id().map_err(|e| err("boot id", e))?;
+        let table = TableWriter::new(opts.table_slots, sys::random_u64())
+            .map_err(|e| err("registration table", e))?;
+        let kick = sys::eventfd().map_err(|e| err("eventfd", e))?;
+        let threads = opts.threads.max(1);
+        let mut polls = Vec::with_capacity(threads);
+        for _ in 0..threads {
+            let p = Poller::new().map_err(|e| err("epoll", e))?;
+            p.add(&kick, poll::Token::Kick)
+                .map_err(|e| err("epoll", e))?;
+            polls.push(p);
+        }
+        let (reads_tx, reads_rx) = crossbeam_channel::unbounded();
+        let shared = Arc::new(Shared {
+            memory,
+            opts,
+            boot_id,
+            pid: sys::own_pid(),
+            table,
+            allocs: Allocs::default(),
+            kick,
+            polls,
+            served: RwLock::default(),
+            links: RwLock::default(),
+            reads_tx,
+            reads_rx,
+            sleepers: AtomicUsize::new(0),
+            kicked: AtomicBool::new(false),
+            spinning: AtomicBool::new(false),
+            writes_in_flight: AtomicUsize::new(0),
+            closing: AtomicBool::new(false),
+            next_id: AtomicU64::new(1),
+            started: Instant::now(),
+            counters: Counters::default(),
+            attaches: Mutex::new(Vec::new()),
+            next_stall_check: AtomicU64::new(0),
+            serving: Mutex::new(()),
+        });
+        let me = Arc::new(ShmTransport {
+            shared: shared.clone(),
+            workers: Mutex::new(Vec::new()),
+        });
+        for i in 0..threads {
+            let s = shared.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("te-shm-{i}"))
+                .spawn(move || worker::run(&s, i))
+                .map_err(|e| {
+                    me.shutdown();
+                    Error::Context(format!("shm: cannot start a thread: {e}"))
+                })?;
+            me.workers.lock().unwrap_or_else(|e| e.into_inner()).push(h);
+        }
+        Ok(me)
+    }
+
+    /// What this engine adds to its descriptor, under the key `"shm"`:
+    /// the boot id (peers on another kernel skip it) and the pid.
+    pub fn descriptor(&self) -> Value {
+        json!({
+            "version": VERSION,
+            "boot_id": self.shared.boot_id,
+            "pid": self.shared.pid,
+        })
+    }
+
+    /// The peer whose descriptor has `shm_key` (its `"shm"` value), if it
+    /// runs on this host in another process; `attach` sends it our attach
+    /// request. Nothing is sent before the first slice.
+    pub fn peer(&self, shm_key: &Value, attach: AttachFn) -> Option<ShmPeer> {
+        let pid = self.peer_pid(shm_key)?;
+        Some(ShmPeer {
+            core: PeerCore::new(&self.shared, pid, attach),
+        })
+    }
+
+    /// Whether a descriptor's `"shm"` value names another process of this
+    /// host that speaks this version.
+    pub fn is_peer(&self, shm_key: Option<&Value>) -> bool {
+        shm_key.and_then(|k| self.peer_pid(k)).is_some()
+    }
+
+    fn peer_pid(&self, shm_key: &Value) -> Option<i32> {
+        let boot = shm_key.get("boot_id")?.as_str()?;
+        let pid = i32::try_from(shm_key.get("pid")?.as_u64()?).ok()?;
+        let version = shm_key.get("version")?.as_u64()?;
+        (version == VERSION && boot == self.shared.boot_id && pid != self.shared.pid && pid > 0)
+            .then_some(pid)
+    }
+
+    /// Answers a peer's attach request (`source`: where it came from, for
+    /// the log): creates the ring for it, or says why not.
+    pub fn serve_attach(&self, request: &Value, source: SocketAddr) -> Value {
+        attach::serve(&self.shared, request, source)
+    }
+
+    /// Publishes a registered buffer to peers: its range for their READs
+    /// and, if it lies in a buffer of [`ShmTransport::allocate`], its
+    /// memfd, which they map to copy with memcpy. A buffer that does not
+    /// fit in the table (`MC_SHM_TABLE_SLOTS`) is read over another
+    /// transport (logged once per interval).
+    pub fn register(&self, region: &Region) {
+        let backing = self.shared.allocs.backing_of(region.addr, region.length);
+        if !self.shared.table.register(
+            region.addr,
+            region.length,
+            region.remote_accessible,
+            backing,
+        ) {
+            crate::warn_limited!(
+                "shm: MC_SHM_TABLE_SLOTS={} buffers are published already; \
+                 peers read buffer {:#x} over another transport",
+                self.shared.table.slots(),
+                region.addr
+            );
+        }
+    }
+
+    /// Withdraws the buffer at `addr` from peers' READs: a READ whose copy
+    /// is under way fails. Never waits. (Peers' WRITEs are fenced by the
+    /// engine's registry, whose fence the engine revokes.) A buffer in a
+    /// memfd: peers are woken to drop their mappings of it.
+    pub fn unregister(&self, addr: u64) {
+        if self.shared.table.unregister(addr) {
+            for s in self.shared.served().iter() {
+                sys::signal(&s.to_initiator);
+            }
+            for l in self.shared.links().iter() {
+                if let Some(link) = l.link() {
+                    sys::signal(&link.to_target);
+                }
+            }
+        }
+    }
+
+    /// A new zeroed buffer of `len` bytes in a memfd of its own, for the
+    /// engine to hand to a caller that asks it for memory. Registered, it
+    /// is copied by peers on this host with memcpy from their mapping of
+    /// it, several times faster than cross-memory attach.
+    pub fn allocate(&self, len: usize) -> Result<u64> {
+        self.shared
+            .allocs
+            .allocate(len)
+            .map_err(|e| Error::Memory(format!("shm: a buffer of {len} bytes: {e}")))
+    }
+
+    /// Frees a buffer of [`ShmTransport::allocate`] (unregistered first).
+    /// Peers that map it keep its pages until they notice it is no longer
+    /// registered.
+    pub fn free(&self, addr: u64) -> Result<()> {
+        if self.shared.allocs.free(addr) {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "shm: no buffer was allocated at {addr:#x}"
+            )))
+        }
+    }
+
+    /// Moves one slice to or from `peer`: a WRITE goes into the target's
+    /// ring, a READ to this process's threads. Never waits on the peer;
+    /// the first slice to a peer starts its attach in the background.
+    pub fn post(&self, peer: &ShmPeer, slice: Slice) {
+        if self.shared.closing() {
+            return slice.finish(Outcome::Failed { hard: true });
+        }
+        peer.core.post(slice);
+    }
+
+    /// Bytes moved so far.
+    pub fn stats(&self) -> ShmStats {
+        let c = &self.shared.counters;
+        ShmStats {
+            written: c.written.load(Ordering::Relaxed),
+            read: c.read.load(Ordering::Relaxed),
+            served: c.served.load(Ordering::Relaxed),
+            mapped: c.mapped.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Rings served now (attached initiators).
+    pub fn served_peers(&self) -> usize {
+        self.shared.served().len()
+    }
+
+    /// Stops every thread (each finishes the copy it is in), fails what is
+    /// queued or in flight, and closes every ring: afterwards no copy for
+    /// a peer runs in this process. Also waits for attaches under way.
+    pub fn shutdown(&self) {
+        if self.shared.closing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        sys::signal(&self.shared.kick);
+        let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|e| e.into_inner()));
+        for w in workers {
+            if w.join().is_err() {
+                tracing::warn!("shm: a thread panicked");
+            }
+        }
+        for s in self.shared.served().iter() {
+            serve::drop_ring(&self.shared, s);
+        }
+        for l in self.shared.links().iter() {
+            l.fail_all(Outcome::Interrupted);
+        }
+        while let Ok(job) = self.shared.reads_rx.try_recv() {
+            job.slice.finish(Outcome::Interrupted);
+        }
+        peer::join_attaches(&self.shared);
+    }
+}
+
+impl Drop for ShmTransport {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// How a link's error ends a slice and what it says about the peer.
+fn outcome_of(e: cma::CopyError) -> Outcome {
+    match e {
+        cma::CopyError::Denied => Outcome::Unreachable,
+        cma::CopyError::Gone => Outcome::Failed { hard: true },
+        cma::CopyError::Fault(_) => Outcome::Failed { hard: false },
+    }
+}
+
+#[cfg(test)]
+mod proc_tests;
+#[cfg(test)]
+mod tests;

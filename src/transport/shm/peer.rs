@@ -1,0 +1,655 @@
+//! The initiator's side of one target: attaching to it in the background,
+//! posting WRITEs into its ring and taking their results, executing READs
+//! from its memory, and failing what is in flight when it exits, stalls or
+//! becomes unreachable.
+
+use super::cma::{self, Piece};
+use super::maps::PeerMaps;
+use super::poll::Token;
+use super::ring::{Ring, Side, Status};
+use super::table::{Backing, Lookup, SlotView, TableReader};
+use super::{AttachFn, Shared, attach, outcome_of, sys};
+use crate::transport::{Outcome, Slice};
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+/// How long a target that could not be attached is left alone before the
+/// next slice tries again.
+const RETRY_AFTER: Duration = Duration::from_secs(10);
+
+/// What the initiator holds of an attached target.
+
+pub(crate) struct Link {
+    pub ring: Ring,
+    pub table: TableReader,
+    /// Our mappings of the target's memfd-backed buffers.
+    pub maps: PeerMaps,
+    /// The target's pid, checked by the attach.
+    pub pid: i32,
+    pub pidfd: OwnedFd,
+    /// Rung to wake the target's threads.
+    pub to_target: OwnedFd,
+    /// Rung by the target when it completes a request we wait for.
+    pub to_initiator: OwnedFd,
+    /// The target's proof words, which it reads from our memory here
+    /// (held, never read by us).
+    pub _proof: Box<[u64; 2]>,
+}
+
+impl Link {
+    /// Tells the target we post no more, so that it drops the ring.
+    fn give_up(&self) {
+        self.ring.detach();
+        sys::signal(&self.to_target);
+    }
+}
+
+enum Phase {
+    /// Not attached; the next slice attaches.
+    Idle,
+    Attaching,
+    Attached(Arc<Link>),
+    /// Attaching failed or the kernel refused a copy: use another
+    /// transport until then.
+    Unreachable(Instant),
+    /// The target exited.
+    Dead,
+    /// Its [`super::ShmPeer`] was dropped.
+    Detached,
+}
+
+/// The WRITEs of the current link: posted ones by position, and those
+/// waiting for a free entry.
+struct Queue {
+    head: u64,
+    tail: u64,
+    /// Per entry: the slice posted there (`Some(None)`: given up on after a
+    /// stall, still claimed by the target).
+    posted: Vec<Option<Option<Slice>>>,
+    /// With where the source lies in one of our memfds.
+    backlog: VecDeque<(Slice, Option<Backing>)>,
+    last_progress: Instant,
+}
+
+impl Queue {
+    fn new(ring: &Ring) -> Queue {
+        Queue {
+            head: ring.first_position(),
+            tail: ring.first_position(),
+            posted: (0..ring.entries()).map(|_| None).collect(),
+            backlog: VecDeque::new(),
+            last_progress: Instant::now(),
+        }
+    }
+
+    fn slot(&mut self, pos: u64) -> &mut Option<Option<Slice>> {
+        let n = self.posted.len() as u64;
+        &mut self.posted[(pos % n) as usize]
+    }
+
+    fn busy(&self) -> bool {
+        self.tail != self.head || !self.backlog.is_empty()
+    }
+
+    /// Moves waiting WRITEs into free entries; whether any was posted.
+    fn pump(&mut self, ring: &Ring) -> bool {
+        let mut any = false;
+        while let Some((s, backing)) = self.backlog.front() {
+            let (pos, src, dst, len, backing) = (self.head, s.local, s.remote, s.len, *backing);
+            if self.slot(pos).is_some() || !ring.post(pos, src, dst, len, backing) {
+                break;
+            }
+            if self.tail == self.head {
+                self.last_progress = Instant::now();
+            }
+            let s = self.backlog.pop_front().map(|(s, _)| s);
+            *self.slot(pos) = Some(s);
+            self.head += 1;
+            any = true;
+        }
+        any
+    }
+
+    fn advance_tail(&mut self) {
+        while self.tail < self.head && self.slot(self.tail).is_none() {
+            self.tail += 1;
+        }
+    }
+
+    /// Every slice still held, with how it ends: a completed one with its
+    /// result, any other with `outcome`. Posted ones not yet claimed are
+    /// withdrawn; claimed ones are left to the target, their entries busy
+    /// until it completes them.
+    fn take_all(&mut self, ring: &Ring, outcome: Outcome) -> Vec<(Slice, Outcome)> {
+        let mut out = Vec::new();
+        for pos in self.tail..self.head {
+            let Some(held) = self.slot(pos).take() else {
+                continue;
+            };
+            let ended = match ring.take(pos) {
+                Some(status) => outcome_of_status(status),
+                None if ring.withdraw(pos) => outcome,
+                None => {
+                    *self.slot(pos) = Some(None);
+                    outcome
+                }
+            };
+            if let Some(s) = held {
+                out.push((s, ended));
+            }
+        }
+        self.advance_tail();
+        out.extend(self.backlog.drain(..).map(|(s, _)| (s, outcome)));
+        out
+    }
+}
+
+struct State {
+    phase: Phase,
+    /// Slices posted while attaching.
+    waiting: Vec<Slice>,
+    queue: Option<Queue>,
+}
+
+/// One target as the initiator sees it.
+pub(crate) struct PeerCore {
+    /// Identifies the link's descriptors in the poll sets.
+    pub id: u64,
+    /// The target's pid, from its descriptor.
+    pub target_pid: i32,
+    shared: Weak<Shared>,
+    attach: AttachFn,
+    state: Mutex<State>,
+}
+
+/// A READ waiting for a thread.
+pub(crate) struct ReadJob {
+    core: Arc<PeerCore>,
+    link: Arc<Link>,
+    /// The slice.
+    pub slice: Slice,
+}
+
+/// Ends a slice, keeping the counts.
+fn finish(shared: &Shared, slice: Slice, outcome: Outcome) {
+    if slice.write {
+        shared.writes_in_flight.fetch_sub(1, Ordering::Relaxed);
+        if outcome == Outcome::Done {
+            shared
+                .counters
+                .written
+                .fetch_add(slice.len, Ordering::Relaxed);
+        }
+    } else if outcome == Outcome::Done {
+        shared.counters.read.fetch_add(slice.len, Ordering::Relaxed);
+    }
+    slice.finish(outcome);
+}
+
+fn outcome_of_status(s: Status) -> Outcome {
+    match s {
+        Status::Done => Outcome::Done,
+        Status::Rejected => Outcome::Rejected,
+        Status::Failed => Outcome::Failed { hard: false },
+        Status::Denied => Outcome::Unreachable,
+    }
+}
+
+impl PeerCore {
+    pub fn new(shared: &Arc<Shared>, target_pid: i32, attach: AttachFn) -> Arc<PeerCore> {
+        Arc::new(PeerCore {
+            id: shared.new_id(),
+            target_pid,
+            shared: Arc::downgrade(shared),
+            attach,
+            state: Mutex::new(State {
+                phase: Phase::Idle,
+                waiting: Vec::new(),
+                queue: None,
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The link, while attached.
+    pub fn link(&self) -> Option<Arc<Link>> {
+        match &self.lock().phase {
+            Phase::Attached(l) => Some(l.clone()),
+            _ => None,
+        }
+    }
+
+    /// Takes one slice (see [`super::ShmTransport::post`]).
+    pub fn post(self: &Arc<Self>, slice: Slice) {
+        let Some(shared) = self.shared.upgrade() else {
+            return slice.finish(Outcome::Failed { hard: true });
+        };
+        // The first WRITE in flight wakes a thread, so that it sleeps with
+        // a deadline (to notice a stalled target) from now on.
+        if slice.write && shared.writes_in_flight.fetch_add(1, Ordering::Relaxed) == 0 {
+            shared.kick();
+        }
+        let mut st = self.lock();
+        if matches!(&st.phase, Phase::Attached(link) if link.ring.closed()) {
+            // The target closed our ring: what is in it is interrupted,
+            // and this slice attaches again.
+            drop(st);
+            self.end_link(&shared, Phase::Idle, Outcome::Interrupted);
+            st = self.lock();
+        }
+        let refuse = match &st.phase {
+            Phase::Dead => Some(Outcome::Failed { hard: true }),
+            Phase::Detached => Some(Outcome::Interrupted),
+            Phase::Unreachable(until) if Instant::now() < *until => Some(Outcome::Unreachable),
+            Phase::Unreachable(_) | Phase::Idle => {
+                st.phase = Phase::Attaching;
+                st.waiting.push(slice);
+                drop(st);
+                return self.start_attach(&shared);
+            }
+            Phase::Attaching => {
+                st.waiting.push(slice);
+                return;
+            }
+            Phase::Attached(link) if !slice.write => {
+                let link = link.clone();
+                drop(st);
+                let job = ReadJob {
+                    core: self.clone(),
+                    link,
+                    slice,
+                };
+                if let Err(e) = shared.reads_tx.send(job) {
+                    finish(&shared, e.into_inner().slice, Outcome::Interrupted);
+                }
+                return shared.kick();
+            }
+            Phase::Attached(link) => {
+                let link = link.clone();
+                let backing = shared.table.backing_of(slice.local, slice.len);
+                let q = st.queue.as_mut().expect("an attached peer has a queue");
+                q.backlog.push_back((slice, backing));
+                let posted = q.pump(&link.ring);
+                drop(st);
+                if posted && link.ring.wake(Side::Target) {
+                    sys::signal(&link.to_target);
+                }
+                return;
+            }
+        };
+        drop(st);
+        if let Some(outcome) = refuse {
+            finish(&shared, slice, outcome);
+        }
+    }
+
+    fn start_attach(self: &Arc<Self>, shared: &Arc<Shared>) {
+        let me = self.clone();
+        let s = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("te-shm-attach".into())
+            .spawn(move || me.attach_now(&s));
+        let mut attaches = shared.attaches.lock().unwrap_or_else(|e| e.into_inner());
+        attaches.retain(|h| !h.is_finished());
+        match spawned {
+            Ok(h) => attaches.push(h),
+            Err(e) => {
+                drop(attaches);
+                self.unreachable(shared, &format!("cannot start a thread: {e}"));
+            }
+        }
+    }
+
+    /// Runs the attach handshake and the checks; then the waiting slices
+    /// go to the link, or, on failure, to another transport.
+    fn attach_now(self: &Arc<Self>, shared: &Arc<Shared>) {
+        let request = attach::request(shared);
+        let linked = (self.attach)(&request)
+            .map_err(|e| e.to_string())
+            .and_then(|reply| {
+                attach::connect(
+                    &reply,
+                    self.target_pid,
+                    shared.opts.max_mappings,
+                    shared.opts.timeout,
+                )
+            });
+        let link = match linked {
+            Ok(l) => Arc::new(l),
+            Err(e) => return self.unreachable(shared, &e),
+        };
+        let mut st = self.lock();
+        if !matches!(st.phase, Phase::Attaching) || shared.closing() {
+            // Detached meanwhile, or shutting down: whoever changed the
+            // phase failed the waiting slices.
+            let waiting = std::mem::take(&mut st.waiting);
+            drop(st);
+            link.give_up();
+            waiting
+                .into_iter()
+                .for_each(|s| finish(shared, s, Outcome::Interrupted));
+            return;
+        }
+        shared.set_links(|v| v.push(self.clone()));
+        let watched = shared
+            .watch(&link.to_initiator, Token::Bell(self.id))
+            .and_then(|()| {
+                shared
+                    .watch(&link.pidfd, Token::Death(self.id))
+                    .inspect_err(|_| {
+                        shared.unwatch(&link.to_initiator);
+                    })
+            });
+        if let Err(e) = watched {
+            drop(st);
+            shared.set_links(|v| v.retain(|p| !Arc::ptr_eq(p, self)));
+            link.give_up();
+            return self.unreachable(shared, &format!("epoll: {e}"));
+        }
+        let mut queue = Queue::new(&link.ring);
+        let mut reads = Vec::new();
+        for s in std::mem::take(&mut st.waiting) {
+            if s.write {
+                let backing = shared.table.backing_of(s.local, s.len);
+                queue.backlog.push_back((s, backing));
+            } else {
+                reads.push(s);
+            }
+        }
+        let posted = queue.pump(&link.ring);
+        st.queue = Some(queue);
+        st.phase = Phase::Attached(link.clone());
+        drop(st);
+        tracing::debug!("shm: attached to pid {}", self.target_pid);
+        if posted && link.ring.wake(Side::Target) {
+            sys::signal(&link.to_target);
+        }
+        for slice in reads {
+            let job = ReadJob {
+                core: self.clone(),
+                link: link.clone(),
+                slice,
+            };
+            if let Err(e) = shared.reads_tx.send(job) {
+                finish(shared, e.into_inner().slice, Outcome::Interrupted);
+            }
+        }
+        sys::signal(&shared.kick);
+    }
+
+    /// The target cannot be reached by shared memory (for a while): one
+    /// log line per interval, and every slice goes to another transport.
+    fn unreachable(self: &Arc<Self>, shared: &Shared, why: &str) {
+        crate::warn_limited!(
+            "shm: process {} cannot be reached by shared memory ({why}); \
+             using another transport",
+            self.target_pid
+        );
+        self.end_link(
+            shared,
+            Phase::Unreachable(Instant::now() + RETRY_AFTER),
+            Outcome::Unreachable,
+        );
+    }
+
+    /// Leaves the current phase for `phase` (unless detached), drops the
+    /// link, and ends every slice held with `outcome`.
+    fn end_link(self: &Arc<Self>, shared: &Shared, phase: Phase, outcome: Outcome) {
+        let mut st = self.lock();
+        let old = if matches!(st.phase, Phase::Detached) {
+            Phase::Detached
+        } else {
+            std::mem::replace(&mut st.phase, phase)
+        };
+        let mut slices: Vec<(Slice, Outcome)> = std::mem::take(&mut st.waiting)
+            .into_iter()
+            .map(|s| (s, outcome))
+            .collect();
+        let queue = st.queue.take();
+        drop(st);
+        if let Phase::Attached(link) = old {
+            if let Some(mut q) = queue {
+                slices.extend(q.take_all(&link.ring, outcome));
+            }
+            shared.unwatch(&link.to_initiator);
+            shared.unwatch(&link.pidfd);
+            shared.set_links(|v| v.retain(|p| !Arc::ptr_eq(p, self)));
+            link.give_up();
+        }
+        for (s, o) in slices {
+            finish(shared, s, o);
+        }
+    }
+
+    /// The target exited: everything in flight fails at once, and so will
+    /// every later slice.
+    pub fn target_died(self: &Arc<Self>, shared: &Shared) {
+        tracing::debug!("shm: process {} exited", self.target_pid);
+        self.end_link(shared, Phase::Dead, Outcome::Failed { hard: true });
+    }
+
+    /// Fails everything held (shutdown).
+    pub fn fail_all(self: &Arc<Self>, outcome: Outcome) {
+        if let Some(shared) = self.shared.upgrade() {
+            self.end_link(&shared, Phase::Detached, outcome);
+        }
+    }
+
+    /// The handle was dropped: fail what is held, detach from the target.
+    pub fn detach(self: &Arc<Self>) {
+        self.fail_all(Outcome::Interrupted);
+    }
+
+    /// Takes the results the target completed, posts waiting WRITEs into
+    /// the entries that freed, and notices a ring the target closed.
+    /// Returns whether anything happened.
+    pub fn reap(self: &Arc<Self>, shared: &Shared) -> bool {
+        let mut done = Vec::new();
+        // A caller posting holds the lock: reap on the next round rather
+        // than wait for it.
+        let mut st = match self.state.try_lock() {
+            Ok(st) => st,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        let Phase::Attached(link) = &st.phase else {
+            return false;
+        };
+        let link = link.clone();
+        let Some(q) = st.queue.as_mut().filter(|q| q.busy()) else {
+            return false;
+        };
+        let mut freed = false;
+        for pos in q.tail..q.head {
+            let slot = q.slot(pos);
+            if slot.is_none() {
+                continue;
+            }
+            if let Some(status) = link.ring.take(pos) {
+                if let Some(Some(s)) = slot.take() {
+                    done.push((s, status));
+                }
+                freed = true;
+            }
+        }
+        if freed {
+            q.advance_tail();
+            q.last_progress = Instant::now();
+        }
+        let posted = q.pump(&link.ring);
+        let closed = link.ring.closed();
+        drop(st);
+        if posted && link.ring.wake(Side::Target) {
+            sys::signal(&link.to_target);
+        }
+        let mut denied = false;
+        for (s, status) in done {
+            denied |= status == Status::Denied;
+            finish(shared, s, outcome_of_status(status));
+        }
+        if denied {
+            self.unreachable(shared, "the kernel does not let it read our memory");
+        } else if closed {
+            tracing::debug!("shm: process {} closed our ring", self.target_pid);
+            self.end_link(shared, Phase::Idle, Outcome::Interrupted);
+        }
+        freed || posted || closed
+    }
+
+    /// Fails the WRITEs in flight if the target completed none for the
+    /// timeout: withdrawn if not claimed yet; a claimed one may still be
+    /// copied later, as with a network peer that received bytes but had
+    /// not stored them.
+    pub fn check_stall(self: &Arc<Self>, shared: &Shared, now: Instant) {
+        let mut st = self.lock();
+        let Phase::Attached(link) = &st.phase else {
+            return;
+        };
+        let link = link.clone();
+        let Some(q) = st.queue.as_mut().filter(|q| q.busy()) else {
+            return;
+        };
+        if now.saturating_duration_since(q.last_progress) < shared.opts.timeout {
+            return;
+        }
+        let stalled = q.take_all(&link.ring, Outcome::Failed { hard: false });
+        q.last_progress = now;
+        drop(st);
+        crate::warn_limited!(
+            "shm: process {} completed no request for {:?} (MC_SHM_TIMEOUT_SEC); \
+             {} WRITE slice(s) to it fail",
+            self.target_pid,
+            shared.opts.timeout,
+            stalled.len()
+        );
+        for (s, o) in stalled {
+            finish(shared, s, o);
+        }
+    }
+}
+
+/// Executes READs, batching those to the same target into one copy: each
+/// range is checked in the target's table before the copy and again
+/// after.
+pub(crate) fn run_reads(shared: &Shared, jobs: Vec<ReadJob>) {
+    let mut jobs = jobs.into_iter().peekable();
+    while let Some(first) = jobs.next() {
+        let mut group = vec![first];
+        while let Some(j) = jobs.next_if(|j| Arc::ptr_eq(&j.link, &group[0].link)) {
+            group.push(j);
+        }
+        read_group(shared, group);
+    }
+}
+
+fn read_group(shared: &Shared, group: Vec<ReadJob>) {
+    let link = group[0].link.clone();
+    let core = group[0].core.clone();
+    link.maps.prune(&link.table);
+    let mut pieces = Vec::with_capacity(group.len());
+    let mut checked = Vec::with_capacity(group.len());
+    let mut unknown = false;
+    for job in group {
+        let s = &job.slice;
+        let view = match link.table.lookup(s.remote, s.len) {
+            Lookup::Found(v) if v.accessible() => v,
+            Lookup::Found(_) | Lookup::Missing => {
+                finish(shared, job.slice, Outcome::Rejected);
+                continue;
+            }
+            Lookup::Unknown => {
+                unknown = true;
+                finish(shared, job.slice, Outcome::Unreachable);
+                continue;
+            }
+        };
+        if let Some(outcome) = read_mapped(shared, &link, &view, s) {
+            finish(shared, job.slice, outcome);
+            continue;
+        }
+        pieces.push(Piece {
+            local: s.local,
+            remote: s.remote,
+            len: s.len,
+        });
+        checked.push((job.slice, view));
+    }
+    if unknown {
+        crate::warn_limited!(
+            "shm: a READ from process {} is outside the buffers its table shows \
+             (the table is full, MC_SHM_TABLE_SLOTS); using another transport",
+            core.target_pid
+        );
+    }
+    if pieces.is_empty() {
+        return;
+    }
+    // SAFETY: each local range is the destination of a READ slice: memory
+    // the engine checked (or the caller vouched for) and that nobody else
+    // touches until the slice ends, which happens after this call.
+    let results = unsafe { cma::read_from(link.pid, &pieces) };
+    let mut last_error = None;
+    for ((slice, view), r) in checked.into_iter().zip(results) {
+        let outcome = match r {
+            Ok(()) if link.table.unchanged(&view) => Outcome::Done,
+            Ok(()) => Outcome::Failed { hard: false },
+            Err(e) => {
+                last_error = Some(e);
+                outcome_of(e)
+            }
+        };
+        finish(shared, slice, outcome);
+    }
+    match last_error {
+        Some(cma::CopyError::Denied) => {
+            core.unreachable(shared, "the kernel does not let us read its memory")
+        }
+        Some(cma::CopyError::Gone) => core.target_died(shared),
+        _ => {}
+    }
+}
+
+/// A READ from a memfd-backed buffer of the target, by memcpy from our
+/// mapping of it, checked against the table after the copy; `None` if the
+/// buffer is not in a memfd we can map.
+fn read_mapped(shared: &Shared, link: &Link, view: &SlotView, s: &Slice) -> Option<Outcome> {
+    let b = view.backing?;
+    let at = Backing {
+        offset: b.offset.checked_add(s.remote - view.addr)?,
+        ..b
+    };
+    let map = link.maps.get(&link.pidfd, &at, s.len)?;
+    // SAFETY: the source lies inside the mapping (`PeerMaps::get` checked
+    // it against its size, which is sealed); the destination is the READ's
+    // local buffer, ours until the slice ends. The target may write the
+    // source meanwhile, as it may during a copy over TCP.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            map.ptr().add(at.offset as usize),
+            s.local as usize as *mut u8,
+            s.len as usize,
+        )
+    };
+    shared.counters.mapped.fetch_add(s.len, Ordering::Relaxed);
+    Some(if link.table.unchanged(view) {
+        Outcome::Done
+    } else {
+        Outcome::Failed { hard: false }
+    })
+}
+
+/// Waits for the attach threads (shutdown).
+pub(crate) fn join_attaches(shared: &Shared) {
+    let handles = std::mem::take(&mut *shared.attaches.lock().unwrap_or_else(|e| e.into_inner()));
+    for h in handles {
+        if h.join().is_err() {
+            tracing::warn!("shm: an attach thread panicked");
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! Tests of the transport between two processes: the test binary runs
+//! again as the peer ([`harness`]), with a registry and a transport of its
+//! own, driven over its stdin and stdout.
+
+#![allow(dead_code)]
+
+mod bench;
+mod buf;
+mod harness;
+mod other_user;
+mod peer_death;
+mod transfers;
+mod unregister;

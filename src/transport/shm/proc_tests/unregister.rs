@@ -1,0 +1,239 @@
+//! The unregister guarantee across processes. The child streams WRITEs
+//! (or READs) against a buffer of ours while we unregister it: the call
+//! returns at once, even with the child stopped (SIGSTOP) while its
+//! requests sit in our ring; we then fill the range with a pattern, and
+//! no peer byte lands in it afterwards, including after the child resumes
+//! and keeps posting. A READ that ends Done never holds a byte written
+//! after the unregister. With heap buffers (cross-memory attach) and with
+//! buffers of the transport's memfd allocator (memcpy from mappings; our
+//! buffer is freed after each round while the child may still map it).
+
+use super::buf::Buf;
+use super::harness::*;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const LEN: u64 = 1 << 20;
+const SLICE: u64 = 65536;
+const DEPTH: u64 = 64;
+const ROUNDS: usize = 20;
+/// Generous: unregister waits for one copy of at most 256 KiB.
+const UNREGISTER_BOUND: Duration = Duration::from_secs(1);
+const FILL: u8 = 0xee;
+
+/// A child connected to us (attached, by one WRITE of one byte), and its
+/// source buffer (in a memfd if `shared`).
+fn connected_child(test: &str, local: &Local, shared: bool) -> (Arc<Child>, u64) {
+    let child = Child::spawn(test, &[], &[]);
+    let ok = child.call(
+        json!({"cmd": "connect", "shm": local.shm.descriptor()}),
+        None,
+    );
+    assert_eq!(ok["ok"], json!(true));
+    let src = child.alloc_in(DEPTH * SLICE, Some(5), true, shared);
+    let probe = Buf::zeroed(64);
+    local.register(probe.addr(), 64, true);
+    let r = child.call(
+        json!({"cmd": "run", "slices": [[src, probe.addr(), 1, true]]}),
+        Some(local),
+    );
+    assert_eq!(r["outcomes"], json!(["Done"]));
+    local.unregister(probe.addr());
+    (child, src)
+}
+
+fn wait_served(local: &Local, more_than: u64) {
+    let start = Instant::now();
+    while local.shm.stats().served <= more_than {
+        assert!(start.elapsed() < HANG, "the stream does not run");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn count(v: &Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or(0)
+}
+
+/// Our buffer for a round: from the memfd allocator if `shared`.
+fn target(local: &Local, shared: bool, keep: &mut Vec<Buf>) -> u64 {
+    local.buffer(LEN, shared, keep)
+}
+
+fn writes_while_unregistering(test: &str, stop_child: bool, shared: bool) {
+    let local = Local::start();
+    let (child, src) = connected_child(test, &local, shared);
+    let mut keep = Vec::new();
+    let mut slowest = Duration::ZERO;
+    let mut rejected = 0;
+    for round in 0..ROUNDS {
+        let t = target(&local, shared, &mut keep);
+        local.register(t, LEN, true);
+        let at = t + (round as u64 * 4099) % (LEN - SLICE);
+        let before = local.shm.stats().served;
+        child.call(
+            json!({"cmd": "stream", "local": src, "remote": at, "len": SLICE,
+                   "write": true, "depth": DEPTH}),
+            None,
+        );
+        wait_served(&local, before + 4 * LEN);
+        if stop_child {
+            child.stop();
+        }
+        let took = local.unregister(t);
+        // SAFETY: our buffer, no longer registered: no peer may write it.
+        unsafe { std::ptr::write_bytes(t as *mut u8, FILL, LEN as usize) };
+        slowest = slowest.max(took);
+        assert!(took < UNREGISTER_BOUND, "unregister took {took:?}");
+        std::thread::sleep(Duration::from_millis(50));
+        if stop_child {
+            // SAFETY: as above; reads only.
+            assert_eq!(
+                unsafe { not_equal(t, LEN, FILL) },
+                0,
+                "round {round}: a byte landed"
+            );
+            child.signal(libc::SIGCONT);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let counts = child.call(json!({"cmd": "stop_stream"}), None);
+        // SAFETY: as above.
+        let landed = unsafe { not_equal(t, LEN, FILL) };
+        assert_eq!(
+            landed, 0,
+            "round {round}: {landed} bytes landed after unregister; {counts}"
+        );
+        assert!(count(&counts, "Done") > 0, "{counts}");
+        rejected += count(&counts, "Rejected");
+        if shared {
+            local.shm.free(t).unwrap();
+        }
+    }
+    let mapped = local.shm.stats().mapped;
+    println!(
+        "{ROUNDS} rounds (child stopped: {stop_child}, memfd buffers: {shared}): unregister \
+         took at most {slowest:?}; {rejected} WRITEs rejected after it; {mapped} bytes mapped"
+    );
+    assert_eq!(
+        mapped > 0,
+        shared,
+        "memfd buffers are copied through mappings"
+    );
+    assert!(rejected > 0, "WRITEs after the unregister are rejected");
+    child.call(json!({"cmd": "exit"}), None);
+    local.shm.shutdown();
+}
+
+#[test]
+fn unregister_during_writes_of_a_stopped_initiator() {
+    if is_child() {
+        return child_main();
+    }
+    let test = "unregister_during_writes_of_a_stopped_initiator";
+    writes_while_unregistering(test, true, false);
+}
+
+#[test]
+fn unregister_during_writes_of_a_running_initiator() {
+    if is_child() {
+        return child_main();
+    }
+    let test = "unregister_during_writes_of_a_running_initiator";
+    writes_while_unregistering(test, false, false);
+}
+
+#[test]
+fn unregister_during_writes_from_memfd_buffers_of_a_stopped_initiator() {
+    if is_child() {
+        return child_main();
+    }
+    let test = "unregister_during_writes_from_memfd_buffers_of_a_stopped_initiator";
+    writes_while_unregistering(test, true, true);
+}
+
+#[test]
+fn unregister_during_writes_from_memfd_buffers_of_a_running_initiator() {
+    if is_child() {
+        return child_main();
+    }
+    let test = "unregister_during_writes_from_memfd_buffers_of_a_running_initiator";
+    writes_while_unregistering(test, false, true);
+}
+
+#[test]
+fn a_read_done_never_holds_bytes_written_after_unregister() {
+    if is_child() {
+        return child_main();
+    }
+    reads_while_unregistering(
+        "a_read_done_never_holds_bytes_written_after_unregister",
+        false,
+    );
+}
+
+#[test]
+fn a_read_from_a_memfd_buffer_done_never_holds_bytes_written_after_unregister() {
+    if is_child() {
+        return child_main();
+    }
+    let test = "a_read_from_a_memfd_buffer_done_never_holds_bytes_written_after_unregister";
+    reads_while_unregistering(test, true);
+}
+
+fn reads_while_unregistering(test: &str, shared: bool) {
+    let local = Local::start();
+    let (child, _) = connected_child(test, &local, shared);
+    let dst = child.alloc(DEPTH * SLICE, None, true);
+    let mut keep = Vec::new();
+    let (mut done, mut failed) = (0, 0);
+    for round in 0..ROUNDS {
+        let t = target(&local, shared, &mut keep);
+        // SAFETY: a fresh buffer of ours.
+        unsafe { fill(t, LEN, 33, 0) };
+        local.register(t, LEN, true);
+        let off = (round as u64 * 4099) % (LEN - SLICE);
+        child.call(
+            json!({"cmd": "stream", "local": dst, "remote": t + off, "len": SLICE,
+                   "write": false, "depth": DEPTH, "expect_seed": 33, "expect_from": off}),
+            None,
+        );
+        let start = Instant::now();
+        while count(&child.call(json!({"cmd": "stream_counts"}), None), "Done") < 200 {
+            assert!(start.elapsed() < HANG, "the stream does not run");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let took = local.unregister(t);
+        // The memory is reused at once, again and again: a READ whose copy
+        // runs now sees these bytes.
+        let reuse = Instant::now();
+        while reuse.elapsed() < Duration::from_millis(20) {
+            // SAFETY: our buffer, no longer registered.
+            unsafe { std::ptr::write_bytes((t + off) as *mut u8, FILL, SLICE as usize) };
+        }
+        assert!(took < UNREGISTER_BOUND, "unregister took {took:?}");
+        std::thread::sleep(Duration::from_millis(30));
+        let counts = child.call(json!({"cmd": "stop_stream"}), None);
+        assert_eq!(count(&counts, "corrupt"), 0, "round {round}: {counts}");
+        assert!(count(&counts, "Rejected") > 0, "round {round}: {counts}");
+        done += count(&counts, "Done");
+        failed += count(&counts, "Failed { hard: false }");
+        if shared {
+            local.shm.free(t).unwrap();
+        }
+    }
+    let mapped = child.call(json!({"cmd": "stats"}), None)["mapped"]
+        .as_u64()
+        .unwrap();
+    println!(
+        "{ROUNDS} rounds (memfd buffers: {shared}): {done} READs Done with the bytes from \
+         before the unregister, {failed} failed because the buffer was unregistered during \
+         their copy; {mapped} bytes mapped"
+    );
+    assert_eq!(
+        mapped > 0,
+        shared,
+        "memfd buffers are copied through mappings"
+    );
+    child.call(json!({"cmd": "exit"}), None);
+    local.shm.shutdown();
+}

@@ -1,0 +1,523 @@
+//! Two transports in one process, one the target of the other (the
+//! kernel lets a process read its own memory with `process_vm_readv`).
+//! Two-process behaviour (kills, stops, another user) is tested in
+//! `tests/shm_*.rs`.
+
+use super::*;
+use crate::memory::{Location, MemoryRegistry};
+use std::sync::mpsc;
+
+struct Engine {
+    registry: Arc<RwLock<MemoryRegistry>>,
+    shm: Arc<ShmTransport>,
+}
+
+fn options() -> ShmOptions {
+    ShmOptions {
+        threads: 2,
+        max_peers: 4,
+        ring_entries: 64,
+        table_slots: 16,
+        timeout: Duration::from_secs(2),
+        spin: Duration::from_micros(20),
+        max_mappings: 8,
+    }
+}
+
+fn engine(opts: ShmOptions) -> Engine {
+    let registry = Arc::new(RwLock::new(MemoryRegistry::default()));
+    let shm = ShmTransport::start(registry.clone(), opts).expect("start");
+    Engine { registry, shm }
+}
+
+impl Engine {
+    fn register(&self, buf: &[u8], accessible: bool) {
+        let r = Region {
+            addr: buf.as_ptr() as u64,
+            length: buf.len() as u64,
+            location: Location::Any,
+            remote_accessible: accessible,
+        };
+        self.registry
+            .write()
+            .unwrap()
+            .insert(std::slice::from_ref(&r))
+            .unwrap();
+        self.shm.register(&r);
+    }
+
+    fn unregister(&self, buf: &[u8]) {
+        let addr = buf.as_ptr() as u64;
+        self.registry.write().unwrap().remove(addr).unwrap();
+        self.shm.unregister(addr);
+    }
+
+    /// A peer handle to `target`, attaching through a direct call.
+    fn peer_of(&self, target: &Engine) -> ShmPeer {
+        let t = Arc::downgrade(&target.shm);
+        let attach: AttachFn = Arc::new(move |req: &Value| {
+            let t = t
+                .upgrade()
+                .ok_or_else(|| Error::Socket("target gone".into()))?;
+            Ok(t.serve_attach(req, "127.0.0.1:1".parse().unwrap()))
+        });
+        ShmPeer {
+            core: PeerCore::new(&self.shm.shared, sys::own_pid(), attach),
+        }
+    }
+
+    /// Posts every `(local, remote, len, write)` and waits for them all.
+    fn run(&self, peer: &ShmPeer, slices: &[(u64, u64, u64, bool)]) -> Vec<Outcome> {
+        let (tx, rx) = mpsc::channel();
+        for (i, &(local, remote, len, write)) in slices.iter().enumerate() {
+            let tx = tx.clone();
+            self.shm.post(
+                peer,
+                Slice {
+                    local,
+                    remote,
+                    len,
+                    write,
+                    done: Box::new(move |o| tx.send((i, o)).unwrap()),
+                },
+            );
+        }
+        let mut out = vec![None; slices.len()];
+        for _ in slices {
+            let (i, o) = rx
+                .recv_timeout(Duration::from_secs(20))
+                .expect("every slice ends");
+            assert!(out[i].replace(o).is_none(), "slice {i} ended twice");
+        }
+        out.into_iter().map(Option::unwrap).collect()
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn addr(b: &[u8]) -> u64 {
+    b.as_ptr() as u64
+}
+
+#[test]
+fn writes_and_reads_move_every_byte() {
+    let (a, b) = (engine(options()), engine(options()));
+    let remote = vec![0u8; 1 << 20];
+    b.register(&remote, true);
+    let src = pattern(1 << 20, 7);
+    let peer = a.peer_of(&b);
+    // 16 slices of 64 KiB, then a few odd ones.
+    let mut slices: Vec<_> = (0..16u64)
+        .map(|k| {
+            (
+                addr(&src) + k * 65536,
+                addr(&remote) + k * 65536,
+                65536,
+                true,
+            )
+        })
+        .collect();
+    slices.push((addr(&src) + 3, addr(&remote) + 5, 1, true));
+    let out = a.run(&peer, &slices);
+    assert!(out.iter().all(|o| *o == Outcome::Done), "{out:?}");
+    let mut expect = src.clone();
+    expect[5] = src[3];
+    assert!(remote == expect, "the target's buffer holds the source");
+    let back = vec![0u8; 1 << 20];
+    let reads: Vec<_> = (0..8u64)
+        .map(|k| {
+            (
+                addr(&back) + k * 131072,
+                addr(&remote) + k * 131072,
+                131072,
+                false,
+            )
+        })
+        .collect();
+    let out = a.run(&peer, &reads);
+    assert!(out.iter().all(|o| *o == Outcome::Done), "{out:?}");
+    assert!(back == expect);
+    let st = a.shm.stats();
+    assert_eq!(st.written, (1 << 20) + 1);
+    assert_eq!(st.read, 1 << 20);
+    assert_eq!(b.shm.stats().served, (1 << 20) + 1);
+    assert_eq!(b.shm.served_peers(), 1);
+    a.shm.shutdown();
+    b.shm.shutdown();
+}
+
+#[test]
+fn out_of_range_requests_fail_before_any_byte_moves() {
+    let (a, b) = (engine(options()), engine(options()));
+    let remote = vec![1u8; 4096];
+    let private = vec![2u8; 4096];
+    b.register(&remote, true);
+    b.register(&private, false);
+    let peer = a.peer_of(&b);
+    let src = vec![9u8; 8192];
+    let mut local = vec![3u8; 8192];
+    let r = addr(&remote);
+    let cases = [
+        (addr(&src), r + 1, 4096, true),           // runs past the end
+        (addr(&src), r - 1, 2, true),              // starts before
+        (addr(&src), addr(&private), 16, true),    // not accessible
+        (addr(&src), 8, 16, true),                 // nothing there
+        (addr(&src), r, u64::MAX - 10, true),      // wraps
+        (addr(&local), r + 4000, 200, false),      // READ past the end
+        (addr(&local), addr(&private), 16, false), // READ not accessible
+        (addr(&local), 8, 16, false),              // READ of nothing
+    ];
+    let out = a.run(&peer, &cases);
+    assert!(out.iter().all(|o| *o == Outcome::Rejected), "{out:?}");
+    assert!(remote.iter().all(|&x| x == 1));
+    assert!(private.iter().all(|&x| x == 2));
+    assert!(local.iter().all(|&x| x == 3));
+    // The link still works.
+    let out = a.run(&peer, &[(addr(&local), r, 4096, false)]);
+    assert_eq!(out, vec![Outcome::Done]);
+    assert!(local[..4096].iter().all(|&x| x == 1));
+    local[0] = 0;
+    a.shm.shutdown();
+    b.shm.shutdown();
+}
+
+#[test]
+fn an_unregistered_buffer_takes_no_more_writes_nor_gives_reads() {
+    let (a, b) = (engine(options()), engine(options()));
+    let remote = vec![0u8; 65536];
+    b.register(&remote, true);
+    let peer = a.peer_of(&b);
+    let src = vec![5u8; 65536];
+    let mut back = vec![0u8; 65536];
+    assert_eq!(
+        a.run(&peer, &[(addr(&src), addr(&remote), 65536, true)]),
+        vec![Outcome::Done]
+    );
+    b.unregister(&remote);
+    let after = a.run(
+        &peer,
+        &[
+            (addr(&src), addr(&remote), 65536, true),
+            (addr(&back), addr(&remote), 65536, false),
+        ],
+    );
+    assert_eq!(after, vec![Outcome::Rejected; 2]);
+    assert!(back.iter().all(|&x| x == 0));
+    back[0] = 1;
+    a.shm.shutdown();
+    b.shm.shutdown();
+}
+
+#[test]
+fn a_full_table_sends_reads_elsewhere() {
+    let (a, b) = (
+        engine(options()),
+        engine(ShmOptions {
+            table_slots: 1,
+            ..options()
+        }),
+    );
+    let one = vec![1u8; 64];
+    let two = vec![2u8; 64];
+    b.register(&one, true);
+    b.register(&two, true);
+    let peer = a.peer_of(&b);
+    let mut back = vec![0u8; 128];
+    let base = addr(&back);
+    let out = a.run(
+        &peer,
+        &[
+            (base, addr(&one), 64, false),
+            (base + 64, addr(&two), 64, false),
+        ],
+    );
+    assert_eq!(out, vec![Outcome::Done, Outcome::Unreachable]);
+    assert!(back[..64].iter().all(|&x| x == 1));
+    assert!(back[64..].iter().all(|&x| x == 0));
+    back[0] = 0;
+    a.shm.shutdown();
+    b.shm.shutdown();
+}
+
+#[test]
+fn a_refused_attach_makes_the_peer_unreachable_until_retry() {
+    let a = engine(options());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let attach: AttachFn = Arc::new(move |_req: &Value| {
+        c.fetch_add(1, Ordering::SeqCst);
+        Ok(json!({"error": "no"}))
+    });
+    let peer = ShmPeer {
+        core: PeerCore::new(&a.shm.shared, sys::own_pid(), attach),
+    };
+    let src = [0u8; 8];
+    let s = (addr(&src), 0x1000, 8, true);
+    assert_eq!(a.run(&peer, &[s, s]), vec![Outcome::Unreachable; 2]);
+    assert_eq!(a.run(&peer, &[s]), vec![Outcome::Unreachable]);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "one attach, then no retry for a while"
+    );
+    a.shm.shutdown();
+}
+
+#[test]
+fn an_attach_from_a_pid_that_is_not_the_asker_is_refused() {
+    let b = engine(options());
+    let a = engine(options());
+    let here: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
+    // Naming another process (pid 1) gets a ring, but the proof is read
+    // from pid 1, where it is not: the ring is refused before any request
+    // runs, and the target never compared pid 1's memory with anything but
+    // words it chose.
+    let mut req = attach::request(&a.shm.shared);
+    req["pid"] = json!(1);
+    let reply = b.shm.serve_attach(&req, here);
+    assert!(reply.get("error").is_none(), "{reply}");
+    let refused = attach::connect(&reply, b.shm.shared.pid, 8, Duration::from_secs(10));
+    assert!(refused.err().unwrap().contains("could not read our memory"));
+    assert_eq!(b.shm.served_peers(), 0);
+    let mut req = attach::request(&a.shm.shared);
+    req["boot_id"] = json!("another");
+    let reply = b.shm.serve_attach(&req, here);
+    assert!(reply.get("error").is_some(), "{reply}");
+    // A request from another host is refused whatever it says.
+    let reply = b.shm.serve_attach(
+        &attach::request(&a.shm.shared),
+        "192.0.2.1:1".parse().unwrap(),
+    );
+    assert!(reply.get("error").is_some(), "{reply}");
+    assert_eq!(b.shm.served_peers(), 0);
+    let good = b.shm.serve_attach(&attach::request(&a.shm.shared), here);
+    assert!(good.get("error").is_none(), "{good}");
+    assert_eq!(b.shm.served_peers(), 1);
+    // A reply naming another pid is refused by the initiator.
+    assert!(attach::connect(&good, 1, 8, Duration::from_secs(10)).is_err());
+    a.shm.shutdown();
+    b.shm.shutdown();
+}
+
+#[test]
+fn rings_are_bounded_and_the_least_active_gives_way() {
+    let b = engine(ShmOptions {
+        max_peers: 1,
+        ..options()
+    });
+    let remote = vec![0u8; 64];
+    b.register(&remote, true);
+    let (a1, a2) = (engine(options()), engine(options()));
+    let (p1, p2) = (a1.peer_of(&b), a2.peer_of(&b));
+    let src = vec![4u8; 64];
+    let w = (addr(&src), addr(&remote), 64, true);
+    assert_eq!(a1.run(&p1, &[w]), vec![Outcome::Done]);
+    assert_eq!(a2.run(&p2, &[w]), vec![Outcome::Done]);
+    assert_eq!(b.shm.served_peers(), 1);
+    // The first initiator's ring was closed; it attaches again.
+    let mut ok = false;
+    for _ in 0..3 {
+        ok |= a1.run(&p1, &[w]) == vec![Outcome::Done];
+    }
+    assert!(ok, "the evicted initiator attaches again");
+    assert_eq!(b.shm.served_peers(), 1);
+    for e in [&a1, &a2, &b] {
+        e.shm.shutdown();
+    }
+}
+
+#[test]
+fn dropping_the_peer_handle_detaches_from_the_target() {
+    let (a, b) = (engine(options()), engine(options()));
+    let remote = vec![0u8; 64];
+    b.register(&remote, true);
+    let peer = a.peer_of(&b);
+    let src = vec![4u8; 64];
+    assert_eq!(
+        a.run(&peer, &[(addr(&src), addr(&remote), 64, true)]),
+        vec![Outcome::Done]
+    );
+    assert_eq!(b.shm.served_peers(), 1);
+    drop(peer);
+    let start = Instant::now();
+    while b.shm.served_peers() != 0 {
+        assert!(start.elapsed() < Duration::from_secs(10), "the ring stays");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    a.shm.shutdown();
+    b.shm.shutdown();
+}
+
+#[test]
+fn shutdown_stops_serving_and_fails_later_slices() {
+    let (a, b) = (engine(options()), engine(options()));
+    let remote = vec![0u8; 64];
+    b.register(&remote, true);
+    let peer = a.peer_of(&b);
+    let src = vec![4u8; 64];
+    let w = (addr(&src), addr(&remote), 64, true);
+    assert_eq!(a.run(&peer, &[w]), vec![Outcome::Done]);
+    b.shm.shutdown();
+    assert_eq!(b.shm.served_peers(), 0);
+    // The initiator sees the ring closed; the next attach is refused.
+    let out = a.run(&peer, &[w]);
+    assert!(
+        matches!(out[0], Outcome::Interrupted | Outcome::Unreachable),
+        "{out:?}"
+    );
+    a.shm.shutdown();
+    assert_eq!(a.run(&peer, &[w]), vec![Outcome::Failed { hard: true }]);
+}
+
+#[test]
+fn the_descriptor_names_this_host_and_process() {
+    let a = engine(options());
+    let d = a.shm.descriptor();
+    assert_eq!(d["pid"], json!(sys::own_pid()));
+    assert_eq!(d["boot_id"], json!(sys::boot_id().unwrap()));
+    let attach: AttachFn = Arc::new(|_: &Value| Ok(json!({})));
+    assert!(a.shm.peer(&d, attach.clone()).is_none(), "ourselves");
+    let mut other = d.clone();
+    other["pid"] = json!(1);
+    assert!(a.shm.peer(&other, attach.clone()).is_some());
+    other["boot_id"] = json!("another host");
+    assert!(a.shm.peer(&other, attach.clone()).is_none());
+    assert!(a.shm.peer(&json!({}), attach).is_none());
+    a.shm.shutdown();
+}
+
+/// A buffer of `len` bytes from `e`'s allocator, filled with `pattern`.
+fn shared_buffer(e: &Engine, len: usize, seed: u8) -> &'static mut [u8] {
+    let addr = e.shm.allocate(len).unwrap();
+    // SAFETY: a new buffer of ours, used by this test only.
+    let b = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
+    b.copy_from_slice(&pattern(len, seed));
+    b
+}
+
+#[test]
+fn allocated_buffers_are_copied_through_mappings() {
+    let (a, b) = (engine(options()), engine(options()));
+    let src = shared_buffer(&a, 1 << 20, 3);
+    a.register(src, true);
+    let dst = shared_buffer(&b, 1 << 20, 0);
+    dst.fill(0);
+    b.register(dst, true);
+    let plain = vec![0u8; 1 << 20];
+    a.register(&plain, true);
+    let peer = a.peer_of(&b);
+    let writes: Vec<_> = (0..16u64)
+        .map(|k| {
+            (
+                addr(src) + k * 65536 + 1,
+                addr(dst) + k * 65536,
+                65535,
+                true,
+            )
+        })
+        .collect();
+    assert!(a.run(&peer, &writes).iter().all(|o| *o == Outcome::Done));
+    for k in 0..16 {
+        let at = k * 65536;
+        assert!(dst[at..at + 65535] == src[at + 1..at + 65536], "block {k}");
+    }
+    assert_eq!(
+        b.shm.stats().mapped,
+        16 * 65535,
+        "the target memcpy'd from its mapping"
+    );
+    let reads: Vec<_> = (0..16u64)
+        .map(|k| {
+            (
+                addr(&plain) + k * 65536,
+                addr(dst) + k * 65536,
+                65536,
+                false,
+            )
+        })
+        .collect();
+    assert!(a.run(&peer, &reads).iter().all(|o| *o == Outcome::Done));
+    assert!(plain[..] == dst[..]);
+    assert_eq!(
+        a.shm.stats().mapped,
+        1 << 20,
+        "the initiator memcpy'd from its mapping"
+    );
+    // A WRITE from a plain buffer still goes by cross-memory attach.
+    let out = a.run(&peer, &[(addr(&plain), addr(dst), 4096, true)]);
+    assert_eq!(out, vec![Outcome::Done]);
+    assert_eq!(b.shm.stats().mapped, 16 * 65535);
+    // Out of range, mapped or not: rejected.
+    let out = a.run(
+        &peer,
+        &[(addr(&plain), addr(dst) + (1 << 20) - 1, 2, false)],
+    );
+    assert_eq!(out, vec![Outcome::Rejected]);
+    a.shm.shutdown();
+    b.shm.shutdown();
+}
+
+#[test]
+fn a_peer_drops_its_mapping_of_an_unregistered_buffer() {
+    let (a, b) = (engine(options()), engine(options()));
+    let one = shared_buffer(&b, 1 << 20, 1);
+    b.register(one, true);
+    let peer = a.peer_of(&b);
+    let back = vec![0u8; 4096];
+    let out = a.run(&peer, &[(addr(&back), addr(one), 4096, false)]);
+    assert_eq!(out, vec![Outcome::Done]);
+    assert!(back[..] == one[..4096]);
+    let link = peer.core.link().unwrap();
+    assert_eq!(link.maps.len(), 1);
+    let (one_addr, one_fd) = (
+        addr(one),
+        b.shm.shared.allocs.backing_of(addr(one), 1).unwrap().fd,
+    );
+    b.unregister(one);
+    b.shm.free(one_addr).unwrap();
+    let start = Instant::now();
+    while link.maps.len() != 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the mapping stays"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // A new buffer, likely in the same descriptor number: its own bytes.
+    let two = shared_buffer(&b, 1 << 20, 2);
+    b.register(two, true);
+    let two_fd = b.shm.shared.allocs.backing_of(addr(two), 1).unwrap().fd;
+    let out = a.run(&peer, &[(addr(&back), addr(two), 4096, false)]);
+    assert_eq!(out, vec![Outcome::Done]);
+    assert!(back[..] == two[..4096], "not the bytes of the freed buffer");
+    println!("descriptor {one_fd} then {two_fd}");
+    a.shm.shutdown();
+    b.shm.shutdown();
+}
+
+#[test]
+fn a_mapping_is_refused_unless_the_descriptor_is_the_named_memfd() {
+    let a = engine(options());
+    let addr = a.shm.allocate(8192).unwrap();
+    let b = a.shm.shared.allocs.backing_of(addr, 8192).unwrap();
+    let me = sys::pidfd_open(sys::own_pid()).unwrap();
+    let maps = maps::PeerMaps::new(2);
+    assert!(maps.get(&me, &b, 8192).is_some());
+    assert!(maps.get(&me, &b, 8193).is_none(), "past its end");
+    let wrong_id = table::Backing { id: b.id ^ 1, ..b };
+    assert!(maps.get(&me, &wrong_id, 1).is_none());
+    let wrong_fd = table::Backing {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&a.shm.shared.kick),
+        id: b.id ^ 2,
+        ..b
+    };
+    assert!(maps.get(&me, &wrong_fd, 1).is_none());
+    assert!(maps.len() <= 2, "bounded");
+    a.shm.free(addr).unwrap();
+    assert!(a.shm.free(addr).is_err());
+    a.shm.shutdown();
+}

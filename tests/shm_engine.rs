@@ -1,0 +1,591 @@
+//! Engines with the shared-memory transport beside TCP, two processes on
+//! one host, through the public API only: the peer is this test binary run
+//! again ([`CHILD`] set), which starts an engine, registers one buffer and
+//! obeys one-line JSON commands on its stdin (answers on stdout, marked
+//! `@@`).
+//!
+//! * 1 B to 64 MiB at odd offsets, WRITE and READ at once from 8 threads;
+//!   every byte (and the gaps) checked by the side that owns it; the
+//!   transport's counters account for every byte and no connection ever
+//!   reached the peer's TCP data port: shared memory carried the data.
+//! * `kill -9` of the peer mid-batch: every task ends within a bound, and
+//!   a new peer is served.
+//! * The peer unregisters its buffer during a stream of WRITEs: unregister
+//!   returns within its bound and no byte lands afterwards (with a stopped
+//!   initiator: the transport's own tests, `transport::shm::proc_tests`).
+//! * A peer running as another user (`setpriv` to `nobody`): the kernel
+//!   refuses cross-memory attach, and the bytes go over TCP.
+//! * Auto discovery installs shared memory beside TCP, `MC_TE_SHM=0` not.
+
+mod common;
+
+use common::{Buf, pattern_byte};
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use transfer_engine::{Engine, Location, Opcode, Region, Request, TaskStatus};
+
+/// Set in the peer's environment: the test whose peer it is.
+const CHILD: &str = "TE_SHM_ENGINE_CHILD";
+/// Bytes of the peer's buffer (`TE_SHM_LEN` in its environment).
+const LEN_VAR: &str = "TE_SHM_LEN";
+/// The pattern seed of the peer's buffer; WRITEs bring [`SEED_WRITE`].
+const SEED_PEER: u8 = 7;
+const SEED_WRITE: u8 = 3;
+/// Longest any task may take before the test calls it a hang.
+const HANG: Duration = Duration::from_secs(120);
+
+/// A hash of bytes (FNV-1a), to compare a buffer over time.
+fn digest(b: &Buf) -> u64 {
+    b.snapshot().iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// The peer: an engine with `tcp,shm`, one registered buffer filled with
+/// the peer pattern, and a loop over commands.
+fn child_main() {
+    let len: usize = std::env::var(LEN_VAR).unwrap().parse().unwrap();
+    let e = Engine::new("P2PHANDSHAKE", "127.0.0.1:0", false).expect("engine");
+    e.install_transport("tcp", None).expect("tcp");
+    e.install_transport("shm", None).expect("shm");
+    let buf = Buf::new(len, SEED_PEER);
+    let region = Region {
+        addr: buf.addr(),
+        length: len as u64,
+        location: Location::Any,
+        remote_accessible: true,
+    };
+    e.register(&[region]).expect("register");
+    let say = |v: Value| {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "@@{v}").unwrap();
+        out.flush().unwrap();
+    };
+    say(json!({"name": e.local_ip_and_port(), "addr": buf.addr(), "pid": std::process::id()}));
+    for line in std::io::stdin().lock().lines() {
+        let cmd: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        let answer = match cmd["op"].as_str().unwrap() {
+            // Ranges [off, len] must hold the written pattern, the rest
+            // of the buffer the peer pattern: the count of wrong bytes.
+            "check" => {
+                let bytes = buf.snapshot();
+                let mut written = vec![false; len];
+                for r in cmd["ranges"].as_array().unwrap() {
+                    let (o, l) = (
+                        r[0].as_u64().unwrap() as usize,
+                        r[1].as_u64().unwrap() as usize,
+                    );
+                    written[o..o + l].iter_mut().for_each(|w| *w = true);
+                }
+                let bad = (0..len)
+                    .filter(|&i| {
+                        let seed = if written[i] { SEED_WRITE } else { SEED_PEER };
+                        bytes[i] != pattern_byte(i, seed)
+                    })
+                    .count();
+                json!({"bad": bad})
+            }
+            "unregister" => {
+                let t = Instant::now();
+                e.unregister(&[buf.addr()]).expect("unregister");
+                json!({"ms": t.elapsed().as_millis() as u64, "digest": digest(&buf)})
+            }
+            "digest" => json!({"digest": digest(&buf)}),
+            "counters" => json!({"shm": counters(&e)}),
+            other => panic!("unknown command {other}"),
+        };
+        say(answer);
+    }
+}
+
+/// The shared-memory counters of an engine, by name.
+fn counters(e: &Engine) -> Value {
+    e.transport_counters()
+        .into_iter()
+        .filter(|(p, _, _)| *p == "shm")
+        .map(|(_, n, v)| (n.to_string(), json!(v)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// A running peer.
+struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    name: String,
+    addr: u64,
+    pid: i32,
+}
+
+impl Peer {
+    /// Starts the peer of test `test` with a buffer of `len` bytes,
+    /// through `wrap` (e.g. `setpriv ...`) if not empty.
+    fn start(test: &str, len: usize, wrap: &[&str]) -> Peer {
+        let exe = std::env::current_exe().unwrap();
+        let mut cmd = match wrap.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&exe);
+                c
+            }
+            None => Command::new(&exe),
+        };
+        cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD, test)
+            .env(LEN_VAR, len.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn the peer");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut p = Peer {
+            child,
+            stdin,
+            stdout,
+            name: String::new(),
+            addr: 0,
+            pid: 0,
+        };
+        let hello = p.read();
+        p.name = hello["name"].as_str().unwrap().to_string();
+        p.addr = hello["addr"].as_u64().unwrap();
+        p.pid = hello["pid"].as_u64().unwrap() as i32;
+        p
+    }
+
+    fn read(&mut self) -> Value {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                self.stdout.read_line(&mut line).unwrap() > 0,
+                "the peer exited"
+            );
+            // libtest may have begun the line ("test NAME ... ").
+            if let Some((_, v)) = line.trim_end().split_once("@@") {
+                return serde_json::from_str(v).unwrap();
+            }
+        }
+    }
+
+    fn call(&mut self, cmd: Value) -> Value {
+        writeln!(self.stdin, "{cmd}").unwrap();
+        self.stdin.flush().unwrap();
+        self.read()
+    }
+
+    /// The TCP data port the peer publishes.
+    fn data_port(&self) -> u16 {
+        let (host, port) = self.name.rsplit_once(':').unwrap();
+        let d = common::handshake::call(
+            host,
+            port.parse().unwrap(),
+            common::handshake::FrameKind::Metadata,
+            &json!({}),
+        )
+        .unwrap();
+        d["tcp_data_port"].as_u64().unwrap() as u16
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: a plain system call on our own child's pid.
+        assert_eq!(unsafe { libc::kill(self.pid, sig) }, 0);
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether a TCP connection to or from local `port` is listed by the
+/// kernel (any state but LISTEN, including TIME_WAIT).
+fn tcp_connections_on(port: u16) -> usize {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .flat_map(|t| t.lines().skip(1).map(str::to_string).collect::<Vec<_>>())
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let port_of = |a: &str| u16::from_str_radix(a.rsplit(':').next().unwrap(), 16).unwrap();
+            f.len() > 3 && f[3] != "0A" && (port_of(f[1]) == port || port_of(f[2]) == port)
+        })
+        .count()
+}
+
+/// An engine of this process with `tcp` and `shm`.
+fn engine() -> Arc<Engine> {
+    let e = Engine::new("P2PHANDSHAKE", "127.0.0.1:0", false).expect("engine");
+    e.install_transport("tcp", None).expect("tcp");
+    e.install_transport("shm", None).expect("shm");
+    e
+}
+
+fn register(e: &Engine, b: &Buf) {
+    e.register(&[Region {
+        addr: b.addr(),
+        length: b.len() as u64,
+        location: Location::Any,
+        remote_accessible: true,
+    }])
+    .expect("register");
+}
+
+/// Submits `reqs` as one batch and waits for every task.
+fn run(e: &Engine, reqs: &[Request]) -> Vec<TaskStatus> {
+    common::run_within(e, reqs, HANG)
+}
+
+const SIZES: [u64; 14] = [
+    1,
+    2,
+    3,
+    7,
+    100,
+    4095,
+    4096,
+    4097,
+    65535,
+    65537,
+    (1 << 20) + 3,
+    (3 << 20) + 1,
+    (8 << 20) + 5,
+    64 << 20,
+];
+const GAP: u64 = 8;
+
+/// `(offset, len)` of each transfer in a layout with gaps, at odd offsets.
+fn layout() -> (Vec<(u64, u64)>, u64) {
+    let mut at = 1;
+    let v = SIZES
+        .iter()
+        .map(|&l| {
+            let r = (at, l);
+            at += l + GAP;
+            r
+        })
+        .collect();
+    (v, at + GAP)
+}
+
+fn is_child(test: &str) -> bool {
+    std::env::var(CHILD).is_ok_and(|t| t == test)
+}
+
+#[test]
+fn shm_carries_every_byte_both_ways_from_8_threads() {
+    const TEST: &str = "shm_carries_every_byte_both_ways_from_8_threads";
+    if is_child(TEST) {
+        return child_main();
+    }
+    let (ranges, half) = layout();
+    // The peer's first half takes WRITEs, its second half gives READs.
+    let mut peer = Peer::start(TEST, 2 * half as usize, &[]);
+    let e = engine();
+    let src = Buf::new(half as usize, 0);
+    // The source holds the written pattern at the peer's indices.
+    src.set(
+        0,
+        &(0..half as usize)
+            .map(|i| pattern_byte(i, SEED_WRITE))
+            .collect::<Vec<_>>(),
+    );
+    let dst = Buf::zeroed(half as usize);
+    register(&e, &src);
+    register(&e, &dst);
+    let seg = e.open_segment(&peer.name).expect("open");
+    let data_port = peer.data_port();
+    let before = tcp_connections_on(data_port);
+    let base = peer.addr;
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let (e, ranges, src, dst) = (&e, &ranges, &src, &dst);
+            s.spawn(move || {
+                let mine: Vec<Request> = ranges
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| i % 8 == t)
+                    .flat_map(|(_, &(o, l))| {
+                        [
+                            Request {
+                                opcode: Opcode::Write,
+                                source: src.addr() + o,
+                                target_id: seg,
+                                target_offset: base + o,
+                                length: l,
+                            },
+                            Request {
+                                opcode: Opcode::Read,
+                                source: dst.addr() + o,
+                                target_id: seg,
+                                target_offset: base + half + o,
+                                length: l,
+                            },
+                        ]
+                    })
+                    .collect();
+                if !mine.is_empty() {
+                    assert!(run(e, &mine).iter().all(|s| *s == TaskStatus::Completed));
+                }
+            });
+        }
+    });
+    // Every byte the peer owns: its check.
+    let written: Vec<[u64; 2]> = ranges.iter().map(|&(o, l)| [o, l]).collect();
+    assert_eq!(
+        peer.call(json!({"op": "check", "ranges": written}))["bad"],
+        0
+    );
+    // Every byte we own: READ ranges hold the peer pattern at the peer's
+    // indices, gaps are untouched.
+    let got = dst.snapshot();
+    let mut bad = 0usize;
+    let mut k = 0;
+    for (i, &b) in got.iter().enumerate() {
+        while k < ranges.len() && (ranges[k].0 + ranges[k].1) as usize <= i {
+            k += 1;
+        }
+        let inside = k < ranges.len() && ranges[k].0 as usize <= i;
+        let want = if inside {
+            pattern_byte(half as usize + i, SEED_PEER)
+        } else {
+            0
+        };
+        bad += usize::from(b != want);
+    }
+    assert_eq!(bad, 0, "bytes wrong in what we read");
+    let total: u64 = SIZES.iter().sum();
+    let c = counters(&e);
+    assert_eq!(
+        (c["written"].as_u64(), c["read"].as_u64()),
+        (Some(total), Some(total)),
+        "{c}"
+    );
+    assert_eq!(peer.call(json!({"op": "counters"}))["shm"]["served"], total);
+    assert_eq!(
+        tcp_connections_on(data_port),
+        before,
+        "a connection reached the peer's data port"
+    );
+    e.shutdown();
+}
+
+#[test]
+fn a_peer_killed_mid_batch_ends_every_task_and_another_is_served() {
+    const TEST: &str = "a_peer_killed_mid_batch_ends_every_task_and_another_is_served";
+    if is_child(TEST) {
+        return child_main();
+    }
+    const LEN: usize = 256 << 20;
+    let e = engine();
+    let src = Buf::new(LEN, SEED_WRITE);
+    register(&e, &src);
+    let peer = Peer::start(TEST, LEN, &[]);
+    let seg = e.open_segment(&peer.name).expect("open");
+    // 64 WRITEs of 4 MiB, and the peer dies while they run.
+    let reqs: Vec<Request> = (0..64)
+        .map(|i| Request {
+            opcode: Opcode::Write,
+            source: src.addr() + i * (4 << 20),
+            target_id: seg,
+            target_offset: peer.addr + i * (4 << 20),
+            length: 4 << 20,
+        })
+        .collect();
+    let b = e.allocate_batch(reqs.len()).unwrap();
+    e.submit(b, &reqs).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let killed = Instant::now();
+    peer.signal(libc::SIGKILL);
+    let statuses: Vec<TaskStatus> = (0..reqs.len())
+        .map(|i| common::wait_task(&e, b, i, HANG))
+        .collect();
+    let ended = killed.elapsed();
+    e.free_batch(b).unwrap();
+    assert!(
+        ended < Duration::from_secs(30),
+        "every task ended {ended:?} after the kill"
+    );
+    assert!(
+        statuses
+            .iter()
+            .all(|s| matches!(s, TaskStatus::Completed | TaskStatus::Failed))
+    );
+    drop(peer);
+    // A new peer is served, by shared memory.
+    let mut peer = Peer::start(TEST, 1 << 20, &[]);
+    let seg = e.open_segment(&peer.name).expect("open");
+    let before = counters(&e)["written"].as_u64().unwrap();
+    let w = Request {
+        opcode: Opcode::Write,
+        source: src.addr(),
+        target_id: seg,
+        target_offset: peer.addr,
+        length: 1 << 20,
+    };
+    assert_eq!(run(&e, &[w]), vec![TaskStatus::Completed]);
+    assert_eq!(counters(&e)["written"].as_u64().unwrap() - before, 1 << 20);
+    let check = peer.call(json!({"op": "check", "ranges": []}));
+    // The peer's buffer now holds our pattern, which is the written seed
+    // at the same indices: all of it is "written".
+    assert_eq!(check["bad"].as_u64().unwrap(), 1 << 20);
+    assert_eq!(
+        peer.call(json!({"op": "check", "ranges": [[0, 1 << 20]]}))["bad"],
+        0
+    );
+    e.shutdown();
+}
+
+#[test]
+fn unregister_during_a_stream_of_writes_returns_at_once_and_nothing_lands_after() {
+    const TEST: &str =
+        "unregister_during_a_stream_of_writes_returns_at_once_and_nothing_lands_after";
+    if is_child(TEST) {
+        return child_main();
+    }
+    const LEN: usize = 64 << 20;
+    let e = engine();
+    let src = Buf::new(LEN, SEED_WRITE);
+    register(&e, &src);
+    let mut peer = Peer::start(TEST, LEN, &[]);
+    let seg = e.open_segment(&peer.name).expect("open");
+    let base = peer.addr;
+    let w = |i: u64| Request {
+        opcode: Opcode::Write,
+        source: src.addr() + i * (1 << 20),
+        target_id: seg,
+        target_offset: base + i * (1 << 20),
+        length: 1 << 20,
+    };
+    // Attached, by shared memory.
+    assert_eq!(run(&e, &[w(0)]), vec![TaskStatus::Completed]);
+    // A stream of WRITEs, and the peer unregisters its buffer in the
+    // middle of it.
+    let b = e.allocate_batch(4096).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (answer, submitted) = std::thread::scope(|s| {
+        let streamer = s.spawn(|| {
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 4096 {
+                if e.submit(b, &[w(i as u64 % 64)]).is_err() {
+                    break;
+                }
+                i += 1;
+            }
+            i
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let a = peer.call(json!({"op": "unregister"}));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (a, streamer.join().unwrap())
+    });
+    assert!(
+        answer["ms"].as_u64().unwrap() < 5000,
+        "unregister took {answer}"
+    );
+    let after = answer["digest"].clone();
+    // Every task ends; nothing lands in the unregistered buffer later.
+    for i in 0..submitted {
+        common::wait_task(&e, b, i, HANG);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(peer.call(json!({"op": "digest"}))["digest"], after);
+    e.shutdown();
+}
+
+#[test]
+fn a_peer_of_another_user_is_reached_over_tcp() {
+    const TEST: &str = "a_peer_of_another_user_is_reached_over_tcp";
+    if is_child(TEST) {
+        return child_main();
+    }
+    // SAFETY: a plain system call.
+    if unsafe { libc::geteuid() } != 0 || Command::new("setpriv").arg("--version").output().is_err()
+    {
+        return common::skip("needs root and setpriv to run the peer as nobody");
+    }
+    let e = engine();
+    let src = Buf::new(4 << 20, SEED_WRITE);
+    let dst = Buf::zeroed(4 << 20);
+    register(&e, &src);
+    register(&e, &dst);
+    let mut peer = Peer::start(
+        TEST,
+        8 << 20,
+        &[
+            "setpriv",
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "--",
+        ],
+    );
+    let seg = e.open_segment(&peer.name).expect("open");
+    let data_port = peer.data_port();
+    let reqs = [
+        Request {
+            opcode: Opcode::Write,
+            source: src.addr(),
+            target_id: seg,
+            target_offset: peer.addr,
+            length: 4 << 20,
+        },
+        Request {
+            opcode: Opcode::Read,
+            source: dst.addr(),
+            target_id: seg,
+            target_offset: peer.addr + (4 << 20),
+            length: 4 << 20,
+        },
+    ];
+    assert_eq!(run(&e, &reqs), vec![TaskStatus::Completed; 2]);
+    assert_eq!(
+        peer.call(json!({"op": "check", "ranges": [[0, 4 << 20]]}))["bad"],
+        0
+    );
+    let got = dst.snapshot();
+    assert!(
+        got.iter()
+            .enumerate()
+            .all(|(i, &b)| b == pattern_byte((4 << 20) + i, SEED_PEER))
+    );
+    // The peer cannot read our memory to verify us, so it refuses our
+    // ring, and neither direction uses shared memory (although we, as
+    // root, could read the peer's memory).
+    let c = counters(&e);
+    assert_eq!(
+        (c["written"].as_u64(), c["read"].as_u64()),
+        (Some(0), Some(0)),
+        "{c}"
+    );
+    assert!(
+        tcp_connections_on(data_port) > 0,
+        "no connection reached the peer's data port"
+    );
+    e.shutdown();
+}
+
+#[test]
+fn auto_discovery_installs_shm_beside_tcp_unless_mc_te_shm_is_0() {
+    let transports = |shm: &str| {
+        let mut config = transfer_engine::Config::default();
+        config.engine.force_tcp = true;
+        config.shm.auto_install = shm != "0";
+        let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+            .auto_discover(true)
+            .config(config)
+            .build()
+            .expect("engine");
+        let d = common::descriptor(&e);
+        e.shutdown();
+        (d["protocol"].clone(), d.get("shm").is_some())
+    };
+    assert_eq!(transports("1"), (json!("tcp"), true));
+    assert_eq!(transports("0"), (json!("tcp"), false));
+}
