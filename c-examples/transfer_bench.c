@@ -16,7 +16,8 @@
  *
  * Flags are Mooncake's (spec section 8), as "--flag value" or "--flag=value":
  *   --mode initiator|target (initiator)     --operation read|write (read)
- *   --protocol tcp|rdma (tcp)               --metadata_server (P2PHANDSHAKE;
+ *   --protocol tcp|rdma|shm (tcp; a list such as tcp,shm installs each)
+ *                                           --metadata_server (P2PHANDSHAKE;
  *       "http://host:port/path" for our metadata server; Mooncake's default is etcd)
  *   --local_server_name (127.0.0.1)         --segment_id (the target's name)
  *   --buffer_size (1 GiB; the initiator raises it to block*batch*threads)
@@ -152,7 +153,7 @@ static void usage(const char *why) {
   if (why) fprintf(stderr, "transfer_bench: %s\n", why);
   fprintf(stderr,
           "usage: transfer_bench --mode target|initiator [--metadata_server P2PHANDSHAKE|http://...]\n"
-          "         [--local_server_name HOST] [--protocol tcp|rdma] [--buffer_size BYTES] [--verify]\n"
+          "         [--local_server_name HOST] [--protocol tcp|rdma|shm[,...]] [--buffer_size BYTES] [--verify]\n"
           "       initiator: --segment_id NAME [--target_base ADDR] [--target_size BYTES]\n"
           "         [--operation read|write] [--block_size B] [--batch_size N] [--threads N]\n"
           "         [--duration S] [--report_unit GB|GiB|Gb|MB|MiB|Mb|KB|KiB|Kb]\n"
@@ -273,10 +274,16 @@ static void parse_args(int argc, char **argv) {
     usage("--mode must be initiator or target");
   if (strcmp(opt.operation, "read") && strcmp(opt.operation, "write"))
     usage("--operation must be read or write");
-  if (strcmp(opt.protocol, "tcp") && strcmp(opt.protocol, "rdma")) {
-    fprintf(stderr, "transfer_bench: --protocol %s is not supported; use tcp or rdma\n",
-            opt.protocol);
-    exit(2);
+  {
+    char list[256];
+    snprintf(list, sizeof list, "%s", opt.protocol);
+    for (char *save = NULL, *p = strtok_r(list, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+      if (strcmp(p, "tcp") && strcmp(p, "rdma") && strcmp(p, "shm")) {
+        fprintf(stderr, "transfer_bench: --protocol %s is not supported; use tcp, rdma or shm\n",
+                p);
+        exit(2);
+      }
+    }
   }
   if (opt.block_size == 0 || opt.batch_size == 0) usage("--block_size and --batch_size must be > 0");
   if (opt.threads < 1 || opt.threads > MAX_THREADS) usage("--threads must be 1..1024");
@@ -354,12 +361,18 @@ static transfer_engine_t make_engine(char *name, size_t name_len) {
     exit(1);
   }
   char *matrix = matrix_json();
-  void *installed = installTransport(e, opt.protocol, matrix ? (void **)&matrix : NULL);
-  if (!installed) {
-    fprintf(stderr, "transfer_bench: installTransport(%s%s%s) failed: %s\n", opt.protocol,
-            matrix ? ", " : "", matrix ? matrix : "", last_error());
-    destroyTransferEngine(e);
-    exit(1);
+  char list[256];
+  snprintf(list, sizeof list, "%s", opt.protocol);
+  for (char *save = NULL, *p = strtok_r(list, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+    /* The devices are the network transport's. */
+    char *m = strcmp(p, "shm") ? matrix : NULL;
+    void *installed = installTransport(e, p, m ? (void **)&m : NULL);
+    if (!installed) {
+      fprintf(stderr, "transfer_bench: installTransport(%s%s%s) failed: %s\n", p, m ? ", " : "",
+              m ? m : "", last_error());
+      destroyTransferEngine(e);
+      exit(1);
+    }
   }
   free(matrix);
   /* P2P mode renames the engine "host:<rpc port>"; with a metadata server

@@ -409,13 +409,16 @@ impl Engine {
     }
 
     /// Status of one task. A caller polling a task that is still running
-    /// first lends its thread to one queued local copy. When the batch has
+    /// first lends its thread to one queued local copy, or to one round of
+    /// a transport's work ([`Transport::help`]). When the batch has
     /// completed and carries a notification, it is handed to the
     /// background to send (this call does not wait on the peer).
     pub fn status(&self, batch_id: u64, task_id: usize) -> Result<(TaskStatus, u64)> {
         let batch = self.batch(batch_id)?;
         let mut result = batch.poll(task_id)?;
-        if result.0 == TaskStatus::Waiting && self.local.help_one() {
+        if result.0 == TaskStatus::Waiting
+            && (self.local.help_one() || sync::read(&self.transports).iter().any(|t| t.help()))
+        {
             result = batch.poll(task_id)?;
         }
         if result.0 == TaskStatus::Completed {

@@ -98,6 +98,13 @@ pub trait Transport: Send + Sync {
         Vec::new()
     }
 
+    /// Lends the calling thread to the transport for one round of its
+    /// work (a caller polling a task that is still running); returns
+    /// whether there was any.
+    fn help(&self) -> bool {
+        false
+    }
+
     /// The transport's own counters (name, value), for tests and tools.
     fn counters(&self) -> Vec<(&'static str, u64)> {
         Vec::new()

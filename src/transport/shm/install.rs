@@ -170,6 +170,10 @@ impl Transport for Shm {
         }
     }
 
+    fn help(&self) -> bool {
+        self.core.help()
+    }
+
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.core.stats();
         vec![

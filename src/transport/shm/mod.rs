@@ -454,6 +454,14 @@ impl ShmTransport {
         peer.core.post(slice);
     }
 
+    /// One round of the threads' work on the calling thread (READs queued,
+    /// rings to serve, results to take): a caller that polls for its
+    /// tasks moves them on instead of waiting for a thread. Returns whether
+    /// there was any.
+    pub fn help(&self) -> bool {
+        !self.shared.closing() && worker::pass(&self.shared)
+    }
+
     /// Bytes moved so far.
     pub fn stats(&self) -> ShmStats {
         let c = &self.shared.counters;

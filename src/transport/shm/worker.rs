@@ -76,7 +76,7 @@ fn spin(shared: &Shared) -> bool {
 }
 
 /// One round over every source of work; whether any was found.
-fn pass(shared: &Shared) -> bool {
+pub(crate) fn pass(shared: &Shared) -> bool {
     let mut found = false;
     let mut jobs = Vec::new();
     let mut bytes = 0u64;

@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# bench-shm.sh: same-host transfers between two processes over the
+# shared-memory transport, beside memcpy, our TCP loopback and Mooncake's
+# TCP loopback, in the same run.
+#
+#   scripts/bench-shm.sh [--quick] [--runs N] [--duration S] [--threads N]
+#
+# Builds release with CMake (build/, or $BUILD_DIR), starts three
+# transfer_bench-style targets on 127.0.0.1 (P2PHANDSHAKE): ours with
+# --protocol shm, ours with --protocol tcp, and Mooncake's
+# transfer_engine_bench with --protocol tcp (from $MOONCAKE_BENCH, else
+# build/pyvenv/bin/transfer_engine_bench as scripts/test-python.sh leaves
+# it, else a virtualenv build/mooncake-venv made here with pip; Mooncake's
+# column is left out if none can be had). Then, for each run, interleaved:
+# memcpy of the same block sizes by the same number of threads
+# (local_bench's baseline), and WRITE and READ of 1 MiB blocks (batch 8)
+# and 4 KiB blocks (batch 64) through each of the three. The table shows
+# medians: GB/s, requests/s, and the ratios of shm to memcpy, to our TCP
+# and to Mooncake's TCP. GB = 1e9 bytes.
+#
+# Defaults: 3 runs of 3 s, 2 threads (about 3 minutes). --quick: 3 runs of
+# 1 s. A benchmark, not a test: its verdict is the table, not the exit code
+# (non-zero only when something failed to run).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+runs=3
+duration=3
+threads=2
+while [ $# -gt 0 ]; do
+  case $1 in
+    --quick) duration=1; shift ;;
+    --runs) runs=$2; shift 2 ;;
+    --runs=*) runs=${1#*=}; shift ;;
+    --duration) duration=$2; shift 2 ;;
+    --duration=*) duration=${1#*=}; shift ;;
+    --threads) threads=$2; shift 2 ;;
+    --threads=*) threads=${1#*=}; shift ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    *) echo "bench-shm.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+command -v python3 >/dev/null || { echo "python3 is required" >&2; exit 1; }
+
+build=${BUILD_DIR:-"$root/build"}
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" -j"${JOBS:-2}" --target transfer_bench local_bench >/dev/null
+bench=$build/transfer_bench
+
+mooncake=${MOONCAKE_BENCH:-}
+if [ -z "$mooncake" ] && [ -x "$build/pyvenv/bin/transfer_engine_bench" ]; then
+  mooncake=$build/pyvenv/bin/transfer_engine_bench
+fi
+if [ -z "$mooncake" ]; then
+  venv=$build/mooncake-venv
+  if [ ! -x "$venv/bin/transfer_engine_bench" ]; then
+    python3 -m venv "$venv" >/dev/null 2>&1 &&
+      "$venv/bin/python" -m pip install --quiet "mooncake-transfer-engine-non-cuda==0.3.13.post1" >/dev/null 2>&1 ||
+      echo "bench-shm.sh: Mooncake's wheel cannot be installed; its column is left out" >&2
+  fi
+  [ -x "$venv/bin/transfer_engine_bench" ] && mooncake=$venv/bin/transfer_engine_bench
+fi
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/te-bench-shm.XXXXXX")
+pids=()
+cleanup() {
+  local rc=$?
+  set +e
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$p" 2>/dev/null
+    wait "$p" 2>/dev/null
+  done
+  if [ "$rc" -ne 0 ]; then
+    for f in "$tmp"/*.err; do [ -s "$f" ] && { echo "----- $(basename "$f")"; tail -n 20 "$f"; }; done >&2
+  fi
+  rm -rf "$tmp"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Waits up to $3 s for a line matching $2 in file $1 while pid $4 lives.
+wait_line() {
+  local i
+  for i in $(seq $(($3 * 10))); do
+    grep -m1 -oE "$2" "$1" 2>/dev/null && return 0
+    kill -0 "$4" 2>/dev/null || { echo "process $4 exited early" >&2; return 1; }
+    sleep 0.1
+  done
+  echo "no line matching '$2' in $1 after $3 s" >&2
+  return 1
+}
+
+target_size=$((256 << 20))
+declare -A seg base
+for proto in shm tcp; do
+  "$bench" --mode target --protocol "$proto" --metadata_server P2PHANDSHAKE --local_server_name 127.0.0.1 \
+    --buffer_size "$target_size" >"$tmp/target-$proto.out" 2>"$tmp/target-$proto.err" &
+  pids+=($!)
+  line=$(wait_line "$tmp/target-$proto.out" '^segment .*' 60 "$!")
+  read -r _ seg[$proto] _ base[$proto] _ _ <<<"$line"
+done
+if [ -n "$mooncake" ]; then
+  "$mooncake" --mode target --protocol tcp --metadata_server P2PHANDSHAKE --local_server_name 127.0.0.1 \
+    --buffer_size "$target_size" >"$tmp/target-mooncake.out" 2>&1 &
+  pids+=($!)
+  seg[mooncake]=$(wait_line "$tmp/target-mooncake.out" 'listening on [0-9.:]+' 60 "$!" | awk '{print $3}')
+fi
+
+# memcpy BLOCK_KIB -> GB/s of local_bench's memcpy baseline, $threads threads.
+memcpy() {
+  "$build/local_bench" --duration "$duration" --runs 1 --threads "$threads" --blocks "$1" \
+    2>"$tmp/local.err" | python3 -c 'import re,sys; print(re.search(r"memcpy=([0-9.]+) GB/s", sys.stdin.read()).group(1))'
+}
+
+# run WHO OP BLOCK BATCH -> "GB/s req/s"
+run() {
+  local who=$1 op=$2 block=$3 batch=$4 out="$tmp/initiator.out"
+  local cmd
+  case $who in
+    shm|tcp) cmd=("$bench" --protocol "$who" --target_base "${base[$who]}" --target_size "$target_size") ;;
+    mooncake) cmd=("$mooncake" --protocol tcp) ;;
+  esac
+  if ! timeout -k 5 $((duration + 60)) "${cmd[@]}" --mode initiator --metadata_server P2PHANDSHAKE \
+    --local_server_name 127.0.0.1 --segment_id "${seg[$who]}" --operation "$op" --block_size "$block" \
+    --batch_size "$batch" --threads "$threads" --duration "$duration" --buffer_size $((64 << 20)) \
+    --report_unit GB --report_precision 4 >"$out" 2>&1; then
+    echo "$who initiator $op block $block failed:" >&2
+    tail -n 20 "$out" >&2
+    return 1
+  fi
+  python3 - "$out" "$batch" <<'EOF'
+import re, sys
+text = open(sys.argv[1]).read()
+m = re.search(r"Test completed: duration ([0-9.]+), batch count ([0-9]+), throughput ([0-9.]+) GB/s", text)
+d, n, r = float(m.group(1)), int(m.group(2)), float(m.group(3))
+print("%.4f %.0f" % (r, n * int(sys.argv[2]) / d))
+EOF
+}
+
+whos=(shm tcp)
+[ -n "$mooncake" ] && whos+=(mooncake)
+cases=("write 1048576 8 1MiB" "read 1048576 8 1MiB" "write 4096 64 4KiB" "read 4096 64 4KiB")
+results=$tmp/results
+: >"$results"
+echo "# one host, $runs runs x ${duration} s, $threads threads; targets: shm ${seg[shm]}, tcp ${seg[tcp]}${seg[mooncake]:+, mooncake ${seg[mooncake]}}"
+for r in $(seq "$runs"); do
+  for kib in 1024 4; do
+    v=$(memcpy "$kib")
+    echo "$r memcpy $kib $v 0" >>"$results"
+    echo "run $r: memcpy ${kib} KiB x $threads threads: $v GB/s"
+  done
+  for c in "${cases[@]}"; do
+    read -r op block batch label <<<"$c"
+    for who in "${whos[@]}"; do
+      v=$(run "$who" "$op" "$block" "$batch")
+      echo "$r $who ${op^^}-$label $v" >>"$results"
+      echo "run $r: $who ${op^^} $label: $v (GB/s req/s)"
+    done
+  done
+done
+
+python3 - "$results" "$threads" <<'EOF'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    _, who, case, gbs, rps = line.split()
+    rows.setdefault((who, case), []).append((float(gbs), float(rps)))
+med = lambda key, i: statistics.median(v[i] for v in rows[key]) if key in rows else None
+print()
+print("%-11s %8s %11s %8s %6s %8s %6s %9s %7s" % ("case", "shm GB/s", "requests/s", "memcpy", "ratio",
+      "our tcp", "ratio", "mooncake", "ratio"))
+for case in ["WRITE-1MiB", "READ-1MiB", "WRITE-4KiB", "READ-4KiB"]:
+    g, r = med(("shm", case), 0), med(("shm", case), 1)
+    m = med(("memcpy", "1024" if case.endswith("1MiB") else "4"), 0)
+    t, mc = med(("tcp", case), 0), med(("mooncake", case), 0)
+    fmt = lambda x: "%8.2f" % x if x is not None else "%8s" % "-"
+    ratio = lambda x: "%6.2f" % (g / x) if x else "%6s" % "-"
+    print("%-11s %8.2f %11.0f %s %s %s %s %9s %7s" % (case, g, r, fmt(m), ratio(m), fmt(t), ratio(t),
+          ("%.3f" % mc) if mc is not None else "-", ("%.1f" % (g / mc)) if mc else "-"))
+print("medians of %d runs, %s threads; memcpy: the same block sizes copied by local_bench's baseline" %
+      (len(rows[("memcpy", "1024")]), sys.argv[2]))
+EOF
