@@ -6,6 +6,7 @@
 //! transfer-engine-metadata-server [--addr 127.0.0.1:8080] [--path /metadata] [--data FILE]
 //!     [--max-body BYTES] [--max-connections N] [--timeout SECS] [--workers N]
 //!     [--max-buffered BYTES] [--max-keys N] [--max-total-bytes BYTES]
+//!     [--auth-token-file FILE [--auth-read]] [--tls-cert FILE --tls-key FILE]
 //! ```
 //!
 //! Prints `listening on <url>` on stdout once ready; stops on SIGINT or
@@ -17,6 +18,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use transfer_engine::metadata::secret::read_token_file;
 use transfer_engine::metadata::server::{MetadataServer, ServerOptions};
 
 /// Set by the signal handler.
@@ -30,6 +32,7 @@ const USAGE: &str = "\
 usage: transfer-engine-metadata-server [--addr HOST:PORT] [--path /metadata] [--data FILE]
            [--max-body BYTES] [--max-connections N] [--timeout SECS] [--workers N]
            [--max-buffered BYTES] [--max-keys N] [--max-total-bytes BYTES]
+           [--auth-token-file FILE [--auth-read]] [--tls-cert FILE --tls-key FILE]
   --addr             address to listen on (default 127.0.0.1:8080; 0.0.0.0:8080 for all
                      interfaces)
   --path             URL path of the metadata routes (default /metadata)
@@ -48,12 +51,20 @@ usage: transfer-engine-metadata-server [--addr HOST:PORT] [--path /metadata] [--
                      longest is closed (default 268435456; at least one largest request)
   --max-keys         keys stored at once; a PUT of a new key beyond gets 507 (default 100000)
   --max-total-bytes  bytes of keys and values stored at once; a PUT growing the store
-                     beyond gets 507 (default 1073741824)";
+                     beyond gets 507 (default 1073741824)
+  --auth-token-file  file holding a token of 16 to 4096 visible ASCII characters (e.g.
+                     `openssl rand -hex 32`); PUT and DELETE then need the header
+                     `Authorization: Bearer <token>`, else 401 (default: no token)
+  --auth-read        GET needs the token too (with --auth-token-file)
+  --tls-cert         PEM certificate chain: serve HTTPS (with --tls-key; default: HTTP)
+  --tls-key          PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1)";
 
 struct Args {
     addr: String,
     path: String,
     data: Option<PathBuf>,
+    /// Read once logging is set up (it may warn).
+    token_file: Option<PathBuf>,
     opts: ServerOptions,
 }
 
@@ -70,6 +81,7 @@ fn parse_args() -> Result<Args, String> {
         addr: "127.0.0.1:8080".into(),
         path: "/metadata".into(),
         data: None,
+        token_file: None,
         opts: ServerOptions::default(),
     };
     let mut it = std::env::args().skip(1);
@@ -81,7 +93,11 @@ fn parse_args() -> Result<Args, String> {
         if flag == "-h" || flag == "--help" {
             return Err(String::new());
         }
-        const FLAGS: [&str; 10] = [
+        if flag == "--auth-read" && inline.is_none() {
+            args.opts.auth_read = true;
+            continue;
+        }
+        const FLAGS: [&str; 13] = [
             "--addr",
             "--path",
             "--data",
@@ -92,6 +108,9 @@ fn parse_args() -> Result<Args, String> {
             "--max-buffered",
             "--max-keys",
             "--max-total-bytes",
+            "--auth-token-file",
+            "--tls-cert",
+            "--tls-key",
         ];
         if !FLAGS.contains(&flag.as_str()) {
             return Err(format!("unknown option {flag}"));
@@ -112,6 +131,9 @@ fn parse_args() -> Result<Args, String> {
             "--workers" => args.opts.workers = number(&flag, &value)?,
             "--max-buffered" => args.opts.max_buffered = number(&flag, &value)?,
             "--max-keys" => args.opts.max_keys = number(&flag, &value)?,
+            "--auth-token-file" => args.token_file = Some(PathBuf::from(value)),
+            "--tls-cert" => args.opts.tls_cert = Some(PathBuf::from(value)),
+            "--tls-key" => args.opts.tls_key = Some(PathBuf::from(value)),
             _ => args.opts.max_total_bytes = number(&flag, &value)?,
         }
     }
@@ -119,7 +141,7 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
+    let mut args = match parse_args() {
         Ok(a) => a,
         Err(msg) if msg.is_empty() => {
             println!("{USAGE}");
@@ -138,6 +160,16 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
 
+    if let Some(file) = &args.token_file {
+        match read_token_file(file, "--auth-token-file") {
+            Ok(token) => args.opts.auth_token = Some(token),
+            Err(msg) => {
+                tracing::error!("{msg}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+
     for sig in [libc::SIGINT, libc::SIGTERM] {
         let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
         // SAFETY: `on_signal` only stores to an atomic, which is
@@ -147,6 +179,7 @@ fn main() -> ExitCode {
         }
     }
 
+    let token_in_clear = args.opts.auth_token.is_some() && args.opts.tls_cert.is_none();
     let server =
         match MetadataServer::start_with(&args.addr, &args.path, args.data.clone(), args.opts) {
             Ok(s) => s,
@@ -155,6 +188,12 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+    if token_in_clear {
+        tracing::warn!(
+            "--auth-token-file without --tls-cert: clients send the token in clear text; \
+             serve HTTPS with --tls-cert and --tls-key"
+        );
+    }
     match &args.data {
         Some(f) => tracing::info!(file = %f.display(), "data kept in file"),
         None => tracing::warn!("no --data file: data is lost when the server stops"),
