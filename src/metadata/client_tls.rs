@@ -229,9 +229,57 @@ impl ClientTls {
     pub(crate) fn explain_ureq(&self, e: &ureq::Error) -> Option<String> {
         match e {
             ureq::Error::Rustls(t) => Some(self.explain(t)),
-            ureq::Error::Io(io) => find_rustls_error(io).map(|t| self.explain(t)),
+            ureq::Error::Io(io) => find_rustls_error(io)
+                .map(|t| self.explain(t))
+                .or_else(|| self.explain_closed(io)),
             _ => None,
         }
+    }
+
+    /// What a TLS connection the server closed under the client means: in
+    /// TLS 1.3 a server that refuses the client's certificate (or its
+    /// absence) does so after the client's handshake is over, and the
+    /// client sees the connection end; `None` for other I/O errors.
+    fn explain_closed(&self, io: &std::io::Error) -> Option<String> {
+        use std::io::ErrorKind as K;
+        if !matches!(
+            io.kind(),
+            K::BrokenPipe | K::ConnectionReset | K::ConnectionAborted | K::UnexpectedEof
+        ) {
+            return None;
+        }
+        Some(match &self.client {
+            None => format!(
+                "TLS connection closed by the server ({io}): it may require a client \
+                 certificate: set {}",
+                self.cert_vars
+            ),
+            Some(_) => format!(
+                "TLS connection closed by the server ({io}): it may not trust the client \
+                 certificate of {}",
+                self.cert_vars
+            ),
+        })
+    }
+
+    /// What to check when a TLS connection failed for a reason the
+    /// client library does not tell apart.
+    pub(crate) fn checklist(&self) -> String {
+        let client = match &self.client {
+            None => format!(
+                "a server that requires client certificates needs {}",
+                self.cert_vars
+            ),
+            Some(_) => format!(
+                "the server trusts the client certificate of {}",
+                self.cert_vars
+            ),
+        };
+        format!(
+            "check that the server's certificate is signed by a CA in {} (set {} to the CA \
+             that signed it) and valid for the host name or address, that {client}",
+            self.roots_from, self.ca_var
+        )
     }
 
     /// Says what the TLS failure `tls` means and what to check.

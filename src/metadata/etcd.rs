@@ -487,6 +487,14 @@ impl EtcdStore {
                     "; the value exceeds etcd's request limit: raise etcd's --max-request-bytes",
                 );
             }
+            if text.contains("CommonName of client") {
+                msg.push_str(
+                    "; with --client-cert-auth etcd's JSON gateway, which this client uses, \
+                     refuses client certificates that carry a CommonName: give MC_ETCD_CERT a \
+                     certificate without one (subjectAltName only), and name the user with \
+                     MC_ETCD_USERNAME and MC_ETCD_PASSWORD",
+                );
+            }
             // 5xx: this member cannot serve (no leader, stopping…); another
             // member may. 4xx: the request itself is wrong.
             return Err(if status >= 500 {

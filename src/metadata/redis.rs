@@ -269,12 +269,18 @@ impl RedisStore {
     fn error(&self, what: &str, stage: &str, e: &RedisError) -> Error {
         let addr = &self.addr;
         tracing::warn!(%addr, %what, %stage, error = %e, "redis request failed");
-        if let Some(why) = self
-            .tls
-            .as_ref()
-            .and_then(|t| super::client_tls::find_rustls_error(e).map(|r| t.explain(r)))
+        // The crate keeps the TLS error of a failed connection as text
+        // only: say what to check.
+        if let Some(t) = &self.tls
+            && e.is_io_error()
+            && !e.is_connection_refusal()
+            && !e.is_timeout()
         {
-            return Error::Metadata(format!("redis at rediss://{addr}: {what}: {why}"));
+            return Error::Socket(format!(
+                "redis at rediss://{addr}: {what}: the connection failed ({e}); {}, and that \
+                 redis-server is running",
+                t.checklist()
+            ));
         }
         let code = e.code().unwrap_or_default();
         // The crate wraps errors of the connection setup (AUTH, SELECT) and

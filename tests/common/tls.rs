@@ -5,8 +5,8 @@
 
 use super::servers::TempDir;
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,10 +17,15 @@ pub struct Pki {
     /// The CA's certificate.
     pub ca: PathBuf,
     /// A certificate for `127.0.0.1` and `localhost` signed by the CA,
-    /// usable by servers and clients.
+    /// usable by servers and clients, without a CommonName (etcd's JSON
+    /// gateway refuses client certificates with one).
     pub cert: PathBuf,
     /// Its private key (PKCS#8).
     pub key: PathBuf,
+    /// The same with the CommonName `te-user`, and its key.
+    pub cn_cert: PathBuf,
+    /// The key of [`Pki::cn_cert`].
+    pub cn_key: PathBuf,
     /// Another CA's certificate, which signed nothing here.
     pub other_ca: PathBuf,
     /// Where the files are (removed on drop).
@@ -48,22 +53,31 @@ impl Pki {
         let dir = TempDir::new("pki");
         let (ca_pem, issuer) = ca("te test CA");
         let (other_pem, _) = ca("te other CA");
-        let mut params = CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()])
-            .expect("leaf params");
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "te test peer");
-        params.use_authority_key_identifier_extension = true;
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let key = KeyPair::generate().expect("leaf key");
-        let cert = params.signed_by(&key, &issuer).expect("signed leaf");
+        let leaf = |cn: Option<&str>| {
+            let mut params = CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()])
+                .expect("leaf params");
+            params.distinguished_name = DistinguishedName::new();
+            params
+                .distinguished_name
+                .push(DnType::OrganizationName, "te tests");
+            if let Some(cn) = cn {
+                params.distinguished_name.push(DnType::CommonName, cn);
+            }
+            params.use_authority_key_identifier_extension = true;
+            params.key_usages = vec![
+                KeyUsagePurpose::DigitalSignature,
+                KeyUsagePurpose::KeyEncipherment,
+            ];
+            params.extended_key_usages = vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ];
+            let key = KeyPair::generate().expect("leaf key");
+            let cert = params.signed_by(&key, &issuer).expect("signed leaf");
+            (cert.pem(), key.serialize_pem())
+        };
+        let (cert, key) = leaf(None);
+        let (cn_cert, cn_key) = leaf(Some("te-user"));
         let file = |name: &str, text: &str| {
             let p = dir.path().join(name);
             std::fs::write(&p, text).expect("write PEM");
@@ -71,8 +85,10 @@ impl Pki {
         };
         Pki {
             ca: file("ca.pem", &ca_pem),
-            cert: file("cert.pem", &cert.pem()),
-            key: file("key.pem", &key.serialize_pem()),
+            cert: file("cert.pem", &cert),
+            key: file("key.pem", &key),
+            cn_cert: file("cn-cert.pem", &cn_cert),
+            cn_key: file("cn-key.pem", &cn_key),
             other_ca: file("other-ca.pem", &other_pem),
             dir,
         }
