@@ -144,3 +144,29 @@ fn wrong_ca_password_or_certificate_fail_clearly() {
         "plain http on the TLS port: {e}"
     );
 }
+
+#[test]
+fn a_token_etcd_forgot_is_replaced() {
+    let pki = Pki::new();
+    let Some(mut etcd) = etcd(&pki) else { return };
+    let c = StoreConfig {
+        etcd_auth: Some((USER.into(), Secret::new(PASSWORD))),
+        etcd_tls: TlsFiles {
+            cacert: Some(pki.ca.clone()),
+            cert: Some(pki.cert.clone()),
+            key: Some(pki.key.clone()),
+        },
+        ..StoreConfig::default()
+    };
+    let store = EtcdStore::from_config(&[format!("https://{}", etcd.endpoint())], &c).unwrap();
+    store.set("mooncake/ram/kept", &json!([1, 2, 3])).unwrap();
+    // etcd's simple tokens live in its memory: after a restart the store's
+    // token is unknown to it, and the store authenticates again.
+    etcd.restart();
+    assert_eq!(
+        store.get("mooncake/ram/kept").unwrap(),
+        Some(json!([1, 2, 3]))
+    );
+    store.set("mooncake/ram/kept", &json!([4])).unwrap();
+    assert_eq!(store.get("mooncake/ram/kept").unwrap(), Some(json!([4])));
+}

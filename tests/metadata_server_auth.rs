@@ -342,3 +342,62 @@ fn engines_meet_through_an_https_server_with_a_token() {
     assert!(server.url().starts_with("https://"));
     cluster_common::two_engines(&server.url(), ["https-a:1", "https-b:1"]);
 }
+
+/// Reads from `s` until the server closes it (or 30 s pass): whether it
+/// closed, and when, counted from `start`.
+fn closed_within(s: &mut TcpStream, start: Instant) -> (bool, Duration) {
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    while start.elapsed() < Duration::from_secs(30) {
+        match s.read(&mut buf) {
+            Ok(0) => return (true, start.elapsed()),
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return (true, start.elapsed()),
+        }
+    }
+    (false, start.elapsed())
+}
+
+#[test]
+fn silent_and_half_handshakes_are_closed_at_the_deadline() {
+    let pki = Pki::new();
+    let dir = TempDir::new("meta-tls-slow");
+    let server = Server::start(
+        &dir,
+        &[
+            "--timeout",
+            "2",
+            "--tls-cert",
+            pki.cert.to_str().unwrap(),
+            "--tls-key",
+            pki.key.to_str().unwrap(),
+        ],
+    );
+    let start = Instant::now();
+    let mut silent = TcpStream::connect(server.addr).unwrap();
+    // The first bytes of a TLS record header of a ClientHello, then nothing.
+    let mut half = TcpStream::connect(server.addr).unwrap();
+    half.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+        .unwrap();
+    // A real client is served meanwhile.
+    let store = store(&server.url, None, &pki.ca);
+    store.set("mooncake/ram/live", &json!({"up": 1})).unwrap();
+    for (what, s) in [("silent", &mut silent), ("half handshake", &mut half)] {
+        let (closed, after) = closed_within(s, start);
+        assert!(closed, "{what} connection still open after {after:?}");
+        assert!(
+            after >= Duration::from_secs(1),
+            "{what} closed after {after:?}, well before the 2 s deadline"
+        );
+    }
+    assert_eq!(
+        store.get("mooncake/ram/live").unwrap(),
+        Some(json!({"up": 1}))
+    );
+}
