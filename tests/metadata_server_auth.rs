@@ -211,6 +211,8 @@ fn writes_need_the_token() {
 fn auth_read_guards_gets_too() {
     let dir = TempDir::new("meta-auth-read");
     let file = token_file(dir.path(), "token", TOKEN);
+    // Readable by others: accepted, with a warning.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
     let server = Server::start(
         &dir,
         &["--auth-token-file", file.to_str().unwrap(), "--auth-read"],
@@ -225,7 +227,12 @@ fn auth_read_guards_gets_too() {
     let (status, answer) = call(server.addr, "GET", "r", Some(&ok), "");
     assert_eq!(status, 200);
     assert!(answer.ends_with("[1]"), "{answer}");
-    assert!(!server.log().contains(TOKEN), "the token is in the log");
+    let log = server.log();
+    assert!(
+        log.contains("mode is 644") && log.contains("chmod 600"),
+        "{log}"
+    );
+    assert!(!log.contains(TOKEN), "the token is in the log");
 }
 
 /// A store on `url` with `token` and `ca` as its files.
@@ -400,4 +407,40 @@ fn silent_and_half_handshakes_are_closed_at_the_deadline() {
         store.get("mooncake/ram/live").unwrap(),
         Some(json!({"up": 1}))
     );
+}
+
+#[test]
+fn incomplete_or_bad_settings_are_refused_at_start() {
+    let pki = Pki::new();
+    let dir = TempDir::new("meta-bad-flags");
+    let short = token_file(dir.path(), "short", "tooshort");
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_transfer-engine-metadata-server"));
+    let cert = pki.cert.to_str().unwrap();
+    for (args, says) in [
+        (vec!["--auth-read"], "--auth-read needs --auth-token-file"),
+        (
+            vec!["--tls-cert", cert],
+            "--tls-cert and --tls-key go together",
+        ),
+        (
+            vec!["--tls-cert", cert, "--tls-key", cert],
+            "holds no usable PEM private key",
+        ),
+        (
+            vec!["--auth-token-file", short.to_str().unwrap()],
+            "the token has 8 characters",
+        ),
+    ] {
+        let out = Command::new(&bin)
+            .args(["--addr", "127.0.0.1:0"])
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run the server");
+        let text = String::from_utf8_lossy(&out.stderr).into_owned()
+            + &String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success(), "{args:?} started: {text}");
+        assert!(text.contains(says), "{args:?}: {text}");
+        assert!(!text.contains("tooshort"), "the token is quoted: {text}");
+    }
 }
