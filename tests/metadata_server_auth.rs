@@ -208,6 +208,28 @@ fn writes_need_the_token() {
 }
 
 #[test]
+fn two_tokens_while_one_is_replaced() {
+    const NEW: &str = "9a0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d";
+    let dir = TempDir::new("meta-auth-two");
+    let new = token_file(dir.path(), "new", NEW);
+    let old = token_file(dir.path(), "old", TOKEN);
+    let both = format!("{},{}", new.display(), old.display());
+    let server = Server::start(&dir, &["--auth-token-file", &both, "--auth-read"]);
+    let a = server.addr;
+    assert_eq!(call(a, "PUT", "r", Some(&bearer(NEW)), "[1]").0, 200);
+    assert_eq!(call(a, "PUT", "r", Some(&bearer(TOKEN)), "[2]").0, 200);
+    assert_eq!(call(a, "PUT", "r", Some(&bearer(WRONG)), "[3]").0, 401);
+    let (status, answer) = call(a, "GET", "r", Some(&bearer(NEW)), "");
+    assert_eq!(status, 200);
+    assert!(answer.ends_with("[2]"), "{answer}");
+    let log = server.log();
+    assert!(
+        !log.contains(NEW) && !log.contains(TOKEN),
+        "a token is in the log"
+    );
+}
+
+#[test]
 fn auth_read_guards_gets_too() {
     let dir = TempDir::new("meta-auth-read");
     let file = token_file(dir.path(), "token", TOKEN);
@@ -339,7 +361,7 @@ fn engines_meet_through_an_https_server_with_a_token() {
         ("MC_METADATA_CACERT", pki.ca.to_str().unwrap()),
     ]);
     let opts = ServerOptions {
-        auth_token: Some(transfer_engine::metadata::secret::Secret::new(TOKEN)),
+        auth_tokens: vec![transfer_engine::metadata::secret::Secret::new(TOKEN)],
         auth_read: true,
         tls_cert: Some(pki.cert.clone()),
         tls_key: Some(pki.key.clone()),
@@ -429,6 +451,10 @@ fn incomplete_or_bad_settings_are_refused_at_start() {
         (
             vec!["--auth-token-file", short.to_str().unwrap()],
             "the token has 8 characters",
+        ),
+        (
+            vec!["--auth-token-file", "a,b,c"],
+            "takes one file, or two (new,old)",
         ),
     ] {
         let out = Command::new(&bin)

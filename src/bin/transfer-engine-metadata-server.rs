@@ -6,14 +6,14 @@
 //! transfer-engine-metadata-server [--addr 127.0.0.1:8080] [--path /metadata] [--data FILE]
 //!     [--max-body BYTES] [--max-connections N] [--timeout SECS] [--workers N]
 //!     [--max-buffered BYTES] [--max-keys N] [--max-total-bytes BYTES]
-//!     [--auth-token-file FILE [--auth-read]] [--tls-cert FILE --tls-key FILE]
+//!     [--auth-token-file FILE[,FILE] [--auth-read]] [--tls-cert FILE --tls-key FILE]
 //! ```
 //!
 //! Prints `listening on <url>` on stdout once ready; stops on SIGINT or
 //! SIGTERM. Log level via `RUST_LOG` (default `info`).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -32,7 +32,7 @@ const USAGE: &str = "\
 usage: transfer-engine-metadata-server [--addr HOST:PORT] [--path /metadata] [--data FILE]
            [--max-body BYTES] [--max-connections N] [--timeout SECS] [--workers N]
            [--max-buffered BYTES] [--max-keys N] [--max-total-bytes BYTES]
-           [--auth-token-file FILE [--auth-read]] [--tls-cert FILE --tls-key FILE]
+           [--auth-token-file FILE[,FILE] [--auth-read]] [--tls-cert FILE --tls-key FILE]
   --addr             address to listen on (default 127.0.0.1:8080; 0.0.0.0:8080 for all
                      interfaces)
   --path             URL path of the metadata routes (default /metadata)
@@ -54,7 +54,9 @@ usage: transfer-engine-metadata-server [--addr HOST:PORT] [--path /metadata] [--
                      beyond gets 507 (default 1073741824)
   --auth-token-file  file holding a token of 16 to 4096 visible ASCII characters (e.g.
                      `openssl rand -hex 32`); PUT and DELETE then need the header
-                     `Authorization: Bearer <token>`, else 401 (default: no token)
+                     `Authorization: Bearer <token>`, else 401 (default: no token).
+                     NEW,OLD: two files, either token accepted, while clients move
+                     from OLD to NEW
   --auth-read        GET needs the token too (with --auth-token-file)
   --tls-cert         PEM certificate chain: serve HTTPS (with --tls-key; default: HTTP)
   --tls-key          PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1)";
@@ -63,8 +65,8 @@ struct Args {
     addr: String,
     path: String,
     data: Option<PathBuf>,
-    /// Read once logging is set up (it may warn).
-    token_file: Option<PathBuf>,
+    /// `FILE[,FILE]`, read once logging is set up (it may warn).
+    token_files: Option<String>,
     opts: ServerOptions,
 }
 
@@ -81,7 +83,7 @@ fn parse_args() -> Result<Args, String> {
         addr: "127.0.0.1:8080".into(),
         path: "/metadata".into(),
         data: None,
-        token_file: None,
+        token_files: None,
         opts: ServerOptions::default(),
     };
     let mut it = std::env::args().skip(1);
@@ -131,7 +133,14 @@ fn parse_args() -> Result<Args, String> {
             "--workers" => args.opts.workers = number(&flag, &value)?,
             "--max-buffered" => args.opts.max_buffered = number(&flag, &value)?,
             "--max-keys" => args.opts.max_keys = number(&flag, &value)?,
-            "--auth-token-file" => args.token_file = Some(PathBuf::from(value)),
+            "--auth-token-file" => {
+                if value.split(',').count() > 2 {
+                    return Err(format!(
+                        "{flag} takes one file, or two (new,old) while replacing a token"
+                    ));
+                }
+                args.token_files = Some(value);
+            }
             "--tls-cert" => args.opts.tls_cert = Some(PathBuf::from(value)),
             "--tls-key" => args.opts.tls_key = Some(PathBuf::from(value)),
             _ => args.opts.max_total_bytes = number(&flag, &value)?,
@@ -160,12 +169,14 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
 
-    if let Some(file) = &args.token_file {
-        match read_token_file(file, "--auth-token-file") {
-            Ok(token) => args.opts.auth_token = Some(token),
-            Err(msg) => {
-                tracing::error!("{msg}");
-                return ExitCode::from(2);
+    if let Some(files) = &args.token_files {
+        for file in files.split(',') {
+            match read_token_file(Path::new(file), "--auth-token-file") {
+                Ok(token) => args.opts.auth_tokens.push(token),
+                Err(msg) => {
+                    tracing::error!("{msg}");
+                    return ExitCode::from(2);
+                }
             }
         }
     }
@@ -179,7 +190,7 @@ fn main() -> ExitCode {
         }
     }
 
-    let token_in_clear = args.opts.auth_token.is_some() && args.opts.tls_cert.is_none();
+    let token_in_clear = !args.opts.auth_tokens.is_empty() && args.opts.tls_cert.is_none();
     let server =
         match MetadataServer::start_with(&args.addr, &args.path, args.data.clone(), args.opts) {
             Ok(s) => s,

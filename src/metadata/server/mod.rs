@@ -14,8 +14,9 @@
 //! stored body, and a log of changes beside it) before the answer goes
 //! out, and the data is loaded at start.
 //!
-//! Access: with a token ([`ServerOptions::auth_token`], `--auth-token-file`)
-//! PUT and DELETE need `Authorization: Bearer <token>`, and GET too with
+//! Access: with tokens ([`ServerOptions::auth_tokens`], `--auth-token-file
+//! FILE[,FILE]`: two while a token is being replaced) PUT and DELETE need
+//! `Authorization: Bearer <one of them>`, and GET too with
 //! [`ServerOptions::auth_read`] (`--auth-read`); anything else is answered
 //! 401 as soon as its head is read, its body unread, and the connection
 //! closed, with one rate-limited log line naming the client and the reason
@@ -75,11 +76,12 @@ pub struct ServerOptions {
     /// Bytes of keys and values stored at once (`--max-total-bytes`,
     /// 1 GiB); a PUT that would grow the store beyond is answered 507.
     pub max_total_bytes: usize,
-    /// The bearer token PUT and DELETE need (`--auth-token-file`; none:
-    /// anyone may write). `Debug` does not show it.
-    pub auth_token: Option<Secret>,
-    /// GET needs the token too (`--auth-read`; needs
-    /// [`ServerOptions::auth_token`]).
+    /// The bearer tokens PUT and DELETE accept, any of them
+    /// (`--auth-token-file FILE[,FILE]`; none: anyone may write). `Debug`
+    /// does not show them.
+    pub auth_tokens: Vec<Secret>,
+    /// GET needs a token too (`--auth-read`; needs
+    /// [`ServerOptions::auth_tokens`]).
     pub auth_read: bool,
     /// PEM certificate chain served over TLS (`--tls-cert`, with
     /// [`ServerOptions::tls_key`]; none: plain HTTP).
@@ -98,7 +100,7 @@ impl Default for ServerOptions {
             max_buffered: 256 << 20,
             max_keys: 100_000,
             max_total_bytes: 1 << 30,
-            auth_token: None,
+            auth_tokens: Vec::new(),
             auth_read: false,
             tls_cert: None,
             tls_key: None,
@@ -172,7 +174,7 @@ impl MetadataServer {
         } else {
             format!("/{path}")
         };
-        if opts.auth_read && opts.auth_token.is_none() {
+        if opts.auth_read && opts.auth_tokens.is_empty() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "--auth-read needs --auth-token-file",
@@ -320,10 +322,8 @@ impl Http {
     /// Whether a request of `method` with the `Authorization` value
     /// `authorization` may go on: `Err` says why not, without quoting it.
     fn admit(&self, method: &str, authorization: Option<&[u8]>) -> Result<(), String> {
-        let Some(token) = &self.opts.auth_token else {
-            return Ok(());
-        };
-        if method == "GET" && !self.opts.auth_read {
+        let tokens = &self.opts.auth_tokens;
+        if tokens.is_empty() || (method == "GET" && !self.opts.auth_read) {
             return Ok(());
         }
         let Some(value) = authorization else {
@@ -339,7 +339,8 @@ impl Http {
             None => Err(format!(
                 "{method} with an Authorization header that is not \"Bearer <token>\": 401"
             )),
-            Some(t) if token.matches(t) => Ok(()),
+            // Every token is compared, so the time says not which matched.
+            Some(t) if tokens.iter().fold(false, |any, k| k.matches(t) | any) => Ok(()),
             Some(_) => Err(format!("{method} with a wrong bearer token: 401")),
         }
     }
