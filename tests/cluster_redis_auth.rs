@@ -31,6 +31,7 @@ fn acl_user_and_database_index() {
     let Some(r) = Redis::start_with(RedisOptions {
         password: Some("default-secret".into()),
         user: Some(("te-user".into(), "te-user-secret".into())),
+        tls: None,
     }) else {
         return;
     };

@@ -268,6 +268,7 @@ fn redis_password_and_database_index() {
     let options = RedisOptions {
         password: Some("s3cret".into()),
         user: Some(("alice".into(), "wonder".into())),
+        tls: None,
     };
     let Some(redis) = Redis::start_with(options) else {
         return;

@@ -6,17 +6,19 @@
 //! transfer-engine-metadata-server [--addr 127.0.0.1:8080] [--path /metadata] [--data FILE]
 //!     [--max-body BYTES] [--max-connections N] [--timeout SECS] [--workers N]
 //!     [--max-buffered BYTES] [--max-keys N] [--max-total-bytes BYTES]
+//!     [--auth-token-file FILE[,FILE] [--auth-read]] [--tls-cert FILE --tls-key FILE]
 //! ```
 //!
 //! Prints `listening on <url>` on stdout once ready; stops on SIGINT or
 //! SIGTERM. Log level via `RUST_LOG` (default `info`).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use transfer_engine::metadata::secret::read_token_file;
 use transfer_engine::metadata::server::{MetadataServer, ServerOptions};
 
 /// Set by the signal handler.
@@ -30,6 +32,7 @@ const USAGE: &str = "\
 usage: transfer-engine-metadata-server [--addr HOST:PORT] [--path /metadata] [--data FILE]
            [--max-body BYTES] [--max-connections N] [--timeout SECS] [--workers N]
            [--max-buffered BYTES] [--max-keys N] [--max-total-bytes BYTES]
+           [--auth-token-file FILE[,FILE] [--auth-read]] [--tls-cert FILE --tls-key FILE]
   --addr             address to listen on (default 127.0.0.1:8080; 0.0.0.0:8080 for all
                      interfaces)
   --path             URL path of the metadata routes (default /metadata)
@@ -48,12 +51,22 @@ usage: transfer-engine-metadata-server [--addr HOST:PORT] [--path /metadata] [--
                      longest is closed (default 268435456; at least one largest request)
   --max-keys         keys stored at once; a PUT of a new key beyond gets 507 (default 100000)
   --max-total-bytes  bytes of keys and values stored at once; a PUT growing the store
-                     beyond gets 507 (default 1073741824)";
+                     beyond gets 507 (default 1073741824)
+  --auth-token-file  file holding a token of 16 to 4096 visible ASCII characters (e.g.
+                     `openssl rand -hex 32`); PUT and DELETE then need the header
+                     `Authorization: Bearer <token>`, else 401 (default: no token).
+                     NEW,OLD: two files, either token accepted, while clients move
+                     from OLD to NEW
+  --auth-read        GET needs the token too (with --auth-token-file)
+  --tls-cert         PEM certificate chain: serve HTTPS (with --tls-key; default: HTTP)
+  --tls-key          PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1)";
 
 struct Args {
     addr: String,
     path: String,
     data: Option<PathBuf>,
+    /// `FILE[,FILE]`, read once logging is set up (it may warn).
+    token_files: Option<String>,
     opts: ServerOptions,
 }
 
@@ -70,6 +83,7 @@ fn parse_args() -> Result<Args, String> {
         addr: "127.0.0.1:8080".into(),
         path: "/metadata".into(),
         data: None,
+        token_files: None,
         opts: ServerOptions::default(),
     };
     let mut it = std::env::args().skip(1);
@@ -81,7 +95,11 @@ fn parse_args() -> Result<Args, String> {
         if flag == "-h" || flag == "--help" {
             return Err(String::new());
         }
-        const FLAGS: [&str; 10] = [
+        if flag == "--auth-read" && inline.is_none() {
+            args.opts.auth_read = true;
+            continue;
+        }
+        const FLAGS: [&str; 13] = [
             "--addr",
             "--path",
             "--data",
@@ -92,6 +110,9 @@ fn parse_args() -> Result<Args, String> {
             "--max-buffered",
             "--max-keys",
             "--max-total-bytes",
+            "--auth-token-file",
+            "--tls-cert",
+            "--tls-key",
         ];
         if !FLAGS.contains(&flag.as_str()) {
             return Err(format!("unknown option {flag}"));
@@ -112,6 +133,16 @@ fn parse_args() -> Result<Args, String> {
             "--workers" => args.opts.workers = number(&flag, &value)?,
             "--max-buffered" => args.opts.max_buffered = number(&flag, &value)?,
             "--max-keys" => args.opts.max_keys = number(&flag, &value)?,
+            "--auth-token-file" => {
+                if value.split(',').count() > 2 {
+                    return Err(format!(
+                        "{flag} takes one file, or two (new,old) while replacing a token"
+                    ));
+                }
+                args.token_files = Some(value);
+            }
+            "--tls-cert" => args.opts.tls_cert = Some(PathBuf::from(value)),
+            "--tls-key" => args.opts.tls_key = Some(PathBuf::from(value)),
             _ => args.opts.max_total_bytes = number(&flag, &value)?,
         }
     }
@@ -119,7 +150,7 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
+    let mut args = match parse_args() {
         Ok(a) => a,
         Err(msg) if msg.is_empty() => {
             println!("{USAGE}");
@@ -138,6 +169,18 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
 
+    if let Some(files) = &args.token_files {
+        for file in files.split(',') {
+            match read_token_file(Path::new(file), "--auth-token-file") {
+                Ok(token) => args.opts.auth_tokens.push(token),
+                Err(msg) => {
+                    tracing::error!("{msg}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+    }
+
     for sig in [libc::SIGINT, libc::SIGTERM] {
         let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
         // SAFETY: `on_signal` only stores to an atomic, which is
@@ -147,6 +190,7 @@ fn main() -> ExitCode {
         }
     }
 
+    let token_in_clear = !args.opts.auth_tokens.is_empty() && args.opts.tls_cert.is_none();
     let server =
         match MetadataServer::start_with(&args.addr, &args.path, args.data.clone(), args.opts) {
             Ok(s) => s,
@@ -155,6 +199,12 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+    if token_in_clear {
+        tracing::warn!(
+            "--auth-token-file without --tls-cert: clients send the token in clear text; \
+             serve HTTPS with --tls-cert and --tls-key"
+        );
+    }
     match &args.data {
         Some(f) => tracing::info!(file = %f.display(), "data kept in file"),
         None => tracing::warn!("no --data file: data is lost when the server stops"),

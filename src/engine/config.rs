@@ -15,6 +15,8 @@ use std::sync::Once;
 use tracing::warn;
 
 use super::control::NotifyLimits;
+use crate::metadata::client_tls::TlsFiles;
+use crate::metadata::secret::Secret;
 use crate::metadata::{PeerLimits, StoreConfig};
 use crate::rpc::RpcConfig;
 use crate::topology::TopologyConfig;
@@ -128,6 +130,50 @@ impl<F: Fn(&str) -> Option<String>> Reader<F> {
                 v.to_ascii_lowercase().as_str(),
                 "" | "0" | "false" | "no" | "off"
             ),
+        }
+    }
+
+    /// A file path.
+    fn path(&self, name: &str) -> Option<std::path::PathBuf> {
+        self.string(name).map(std::path::PathBuf::from)
+    }
+
+    /// The TLS files `<prefix>_CACERT`, `<prefix>_CERT` and `<prefix>_KEY`;
+    /// a certificate without its key (or the reverse) warns and sends none.
+    fn tls_files(&self, prefix: &str) -> TlsFiles {
+        let (cert_var, key_var) = (format!("{prefix}_CERT"), format!("{prefix}_KEY"));
+        let (cert, key) = match (self.path(&cert_var), self.path(&key_var)) {
+            (Some(c), Some(k)) => (Some(c), Some(k)),
+            (None, None) => (None, None),
+            (Some(_), None) | (None, Some(_)) => {
+                self.warn(format!(
+                    "only one of {cert_var} and {key_var} is set; sending no client \
+                     certificate (set both)"
+                ));
+                (None, None)
+            }
+        };
+        TlsFiles {
+            cacert: self.path(&format!("{prefix}_CACERT")),
+            cert,
+            key,
+        }
+    }
+
+    /// A user name and password, `<prefix>_USERNAME` and `<prefix>_PASSWORD`:
+    /// one without the other warns and authenticates not.
+    fn credentials(&self, prefix: &str) -> Option<(String, Secret)> {
+        let (user_var, pass_var) = (format!("{prefix}_USERNAME"), format!("{prefix}_PASSWORD"));
+        match (self.string(&user_var), self.string(&pass_var)) {
+            (Some(user), Some(pass)) => Some((user, Secret::new(pass))),
+            (None, None) => None,
+            (Some(_), None) | (None, Some(_)) => {
+                self.warn(format!(
+                    "only one of {user_var} and {pass_var} is set; not authenticating \
+                     (set both)"
+                ));
+                None
+            }
         }
     }
 
@@ -357,8 +403,13 @@ impl Config {
                 ),
                 cluster_id: r.string("MC_METADATA_CLUSTER_ID"),
                 redis_username: r.string("MC_REDIS_USERNAME"),
-                redis_password: r.string("MC_REDIS_PASSWORD"),
+                redis_password: r.string("MC_REDIS_PASSWORD").map(Secret::new),
                 redis_db_index: r.number("MC_REDIS_DB_INDEX", 0, 0, 255),
+                redis_tls: r.tls_files("MC_REDIS"),
+                etcd_auth: r.credentials("MC_ETCD"),
+                etcd_tls: r.tls_files("MC_ETCD"),
+                http_token_file: r.path("MC_METADATA_AUTH_TOKEN_FILE"),
+                http_cacert: r.path("MC_METADATA_CACERT"),
             },
             peers: PeerLimits {
                 max_devices: r.number("MC_PEER_MAX_DEVICES", d.peers.max_devices, 1, 4096),
@@ -742,6 +793,69 @@ mod tests {
         }
         assert_eq!(c.warnings.len(), want.len(), "{:?}", c.warnings);
         assert!(parse(&[("MC_SLICE_SIZE", "131072")]).warnings.is_empty());
+    }
+
+    #[test]
+    fn store_security_variables() {
+        let c = parse(&[
+            ("MC_ETCD_USERNAME", "te"),
+            ("MC_ETCD_PASSWORD", "pa55-w0rd-secret"),
+            ("MC_ETCD_CACERT", "/etc/te/ca.pem"),
+            ("MC_ETCD_CERT", "/etc/te/client.pem"),
+            ("MC_ETCD_KEY", "/etc/te/client.key"),
+            ("MC_METADATA_AUTH_TOKEN_FILE", "/etc/te/token"),
+            ("MC_METADATA_CACERT", "/etc/te/meta-ca.pem"),
+            ("MC_REDIS_PASSWORD", "redis-secret-word"),
+            ("MC_REDIS_CACERT", "/etc/te/redis-ca.pem"),
+        ]);
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        let s = &c.store;
+        let (user, pass) = s.etcd_auth.as_ref().expect("etcd credentials");
+        assert_eq!(user, "te");
+        assert!(pass.matches(b"pa55-w0rd-secret"));
+        assert_eq!(
+            s.etcd_tls.cacert.as_deref(),
+            Some("/etc/te/ca.pem".as_ref())
+        );
+        assert!(s.etcd_tls.has_client_cert());
+        assert_eq!(s.http_token_file.as_deref(), Some("/etc/te/token".as_ref()));
+        assert_eq!(
+            s.http_cacert.as_deref(),
+            Some("/etc/te/meta-ca.pem".as_ref())
+        );
+        assert_eq!(
+            s.redis_tls.cacert.as_deref(),
+            Some("/etc/te/redis-ca.pem".as_ref())
+        );
+        let shown = format!("{c:?}");
+        assert!(
+            !shown.contains("pa55-w0rd-secret") && !shown.contains("redis-secret-word"),
+            "a password in the Debug output: {shown}"
+        );
+        // Halves warn and are dropped.
+        let c = parse(&[
+            ("MC_ETCD_USERNAME", "te"),
+            ("MC_ETCD_CERT", "/c.pem"),
+            ("MC_REDIS_KEY", "/k.pem"),
+        ]);
+        assert!(c.store.etcd_auth.is_none() && !c.store.etcd_tls.has_client_cert());
+        assert_eq!(c.store.etcd_tls.cert, None);
+        assert_eq!(c.store.redis_tls.key, None);
+        for w in [
+            "only one of MC_ETCD_USERNAME and MC_ETCD_PASSWORD is set; not authenticating \
+             (set both)",
+            "only one of MC_ETCD_CERT and MC_ETCD_KEY is set; sending no client certificate \
+             (set both)",
+            "only one of MC_REDIS_CERT and MC_REDIS_KEY is set; sending no client certificate \
+             (set both)",
+        ] {
+            assert!(
+                c.warnings.iter().any(|x| x == w),
+                "{w:?} not in {:?}",
+                c.warnings
+            );
+        }
+        assert_eq!(c.warnings.len(), 3, "{:?}", c.warnings);
     }
 
     #[test]

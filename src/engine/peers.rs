@@ -32,12 +32,17 @@ pub(super) fn open_store(
     let max = cfg.peers.max_descriptor_bytes;
     Ok(match conn {
         MetadataConn::P2p => None,
-        MetadataConn::Http(url) => Some(Box::new(HttpStore::new(url)?.limit_values(max))),
-        MetadataConn::Etcd(endpoints) => {
-            Some(Box::new(EtcdStore::new(endpoints)?.limit_values(max)))
-        }
+        MetadataConn::Http(url) => Some(Box::new(
+            HttpStore::from_config(url, &cfg.store)?.limit_values(max),
+        )),
+        MetadataConn::Etcd(endpoints) => Some(Box::new(
+            EtcdStore::from_config(endpoints, &cfg.store)?.limit_values(max),
+        )),
         MetadataConn::Redis(addr) => Some(Box::new(
-            RedisStore::from_config(addr, &cfg.store)?.limit_values(max),
+            RedisStore::from_config(addr, false, &cfg.store)?.limit_values(max),
+        )),
+        MetadataConn::Rediss(addr) => Some(Box::new(
+            RedisStore::from_config(addr, true, &cfg.store)?.limit_values(max),
         )),
     })
 }

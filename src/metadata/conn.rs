@@ -21,6 +21,8 @@ pub enum MetadataConn {
     Etcd(Vec<String>),
     /// `redis://host[:port]`.
     Redis(String),
+    /// `rediss://host[:port]`: redis over TLS.
+    Rediss(String),
 }
 
 impl MetadataConn {
@@ -64,9 +66,12 @@ impl MetadataConn {
             Some(("http" | "https", _)) => Ok(MetadataConn::Http(conn.to_string())),
             Some(("etcd", rest)) => Ok(MetadataConn::Etcd(endpoints(rest)?)),
             Some(("redis", rest)) if !rest.is_empty() => Ok(MetadataConn::Redis(rest.to_string())),
+            Some(("rediss", rest)) if !rest.is_empty() => {
+                Ok(MetadataConn::Rediss(rest.to_string()))
+            }
             Some((scheme, _)) => Err(Error::InvalidArgument(format!(
                 "metadata scheme {scheme:?} in {conn:?} is not one of P2PHANDSHAKE, http, https, \
-                 etcd, redis"
+                 etcd, redis, rediss"
             ))),
         }
     }
@@ -77,7 +82,7 @@ impl MetadataConn {
             MetadataConn::P2p => "P2PHANDSHAKE",
             MetadataConn::Http(_) => "http",
             MetadataConn::Etcd(_) => "etcd",
-            MetadataConn::Redis(_) => "redis",
+            MetadataConn::Redis(_) | MetadataConn::Rediss(_) => "redis",
         }
     }
 }
@@ -89,6 +94,7 @@ impl fmt::Display for MetadataConn {
             MetadataConn::Http(url) => write!(f, "{url}"),
             MetadataConn::Etcd(list) => write!(f, "etcd://{}", list.join(",")),
             MetadataConn::Redis(addr) => write!(f, "redis://{addr}"),
+            MetadataConn::Rediss(addr) => write!(f, "rediss://{addr}"),
         }
     }
 }
@@ -118,6 +124,10 @@ mod tests {
         assert_eq!(
             MetadataConn::parse("redis://127.0.0.1:6379").unwrap(),
             MetadataConn::Redis("127.0.0.1:6379".into())
+        );
+        assert_eq!(
+            MetadataConn::parse("rediss://h:6380").unwrap(),
+            MetadataConn::Rediss("h:6380".into())
         );
         assert!(MetadataConn::parse("").is_err());
         assert!(MetadataConn::parse("ftp://x").is_err());

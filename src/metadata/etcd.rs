@@ -1,5 +1,5 @@
 //! The etcd metadata store: etcd's v3 key-value API through its JSON
-//! gateway over plain HTTP.
+//! gateway, over HTTP or HTTPS, with etcd's user authentication.
 //!
 //! Mooncake talks to etcd with the Go `clientv3` over gRPC; the data it
 //! stores is the same whichever way it travels, so a Mooncake peer and this
@@ -18,13 +18,33 @@
 //! over all endpoints after 10 s. Endpoints are tried in order starting from
 //! the last one that answered. Proxy variables (`http_proxy`…) are ignored:
 //! etcd is reached directly.
+//!
+//! TLS: an endpoint written `https://host:port` is reached over TLS
+//! (rustls), the server verified with the CA certificates of
+//! `MC_ETCD_CACERT` (default: the system's), with the client certificate
+//! of `MC_ETCD_CERT` and `MC_ETCD_KEY` when set (etcd's
+//! `--client-cert-auth`). The names follow etcdctl's `--cacert`, `--cert`
+//! and `--key`.
+//!
+//! Authentication: with `MC_ETCD_USERNAME` and `MC_ETCD_PASSWORD` the store
+//! asks `/v3/auth/authenticate` for a token before its first request and
+//! sends it in the `Authorization` header of every request, as etcd's
+//! gateway expects. A token etcd no longer accepts (it expired, the user's
+//! password or roles changed: "invalid auth token", "revision of auth
+//! store is old") is replaced by a new one and the request sent once more,
+//! as etcd's Go client does. A server with authentication off is used
+//! without a token. Credentials in the connection string
+//! (`etcd://user:pass@host`) are refused: connection strings are logged.
 
+use super::client_tls::{ClientTls, TlsFiles};
+use super::secret::Secret;
 use super::store::MetadataStore;
 use crate::error::{Error, Result};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use serde_json::{Value, json};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A connection attempt to one endpoint gives up after this long.
@@ -57,6 +77,8 @@ enum Failure {
 struct Endpoint {
     /// `host:port`.
     addr: String,
+    /// Reached over TLS (`https://`).
+    tls: bool,
     /// Set once the endpoint answered 404 on `/v3/` and served `/v3beta/`.
     beta: AtomicBool,
 }
@@ -67,6 +89,10 @@ pub struct EtcdStore {
     /// Index of the endpoint that answered last; tried first.
     preferred: AtomicUsize,
     agent: ureq::Agent,
+    /// The TLS settings, when an endpoint is `https://`.
+    tls: Option<ClientTls>,
+    /// etcd's authentication, when configured.
+    auth: Option<Auth>,
     /// Largest response read (a value of `max_value` bytes, in base64 and
     /// JSON).
     max_body: u64,
@@ -74,21 +100,39 @@ pub struct EtcdStore {
     max_value: u64,
 }
 
-/// Normalises one endpoint to `host:port`: strips `http://` and a trailing
-/// `/`, adds port 2379 when none is given.
-fn normalise_endpoint(raw: &str) -> Result<String> {
+/// etcd's user authentication: the credentials and the token they gave.
+struct Auth {
+    user: String,
+    password: Secret,
+    /// The token in use; the lock also makes one thread at a time ask for
+    /// a new one.
+    token: Mutex<Option<Arc<str>>>,
+    /// Set when etcd answered that its authentication is off.
+    off: AtomicBool,
+}
+
+/// Normalises one endpoint to `host:port` and whether it is `https://`:
+/// strips `http://` or `https://` and a trailing `/`, adds port 2379 when
+/// none is given.
+fn normalise_endpoint(raw: &str) -> Result<(String, bool)> {
     let trimmed = raw.trim();
     let lower = trimmed.to_ascii_lowercase();
-    let rest = if lower.starts_with("https://") {
-        return Err(Error::NotImplemented(format!(
-            "etcd endpoint {trimmed}: TLS (https) is not supported in this build; \
-             use the plain http client port of etcd"
-        )));
+    let (rest, tls) = if lower.starts_with("https://") {
+        (&trimmed["https://".len()..], true)
     } else if lower.starts_with("http://") {
-        &trimmed["http://".len()..]
+        (&trimmed["http://".len()..], false)
     } else {
-        trimmed
+        (trimmed, false)
     };
+    if rest.contains('@') {
+        // Not quoted: it holds a password.
+        return Err(Error::InvalidArgument(
+            "an etcd endpoint carries credentials (user:password@); set MC_ETCD_USERNAME and \
+             MC_ETCD_PASSWORD instead: connection strings are logged"
+                .into(),
+        ));
+    }
+    let with_port = |addr: String| Ok((addr, tls));
     let rest = rest.trim_end_matches('/');
     if rest.is_empty() || rest.contains('/') || rest.chars().any(char::is_whitespace) {
         return Err(Error::InvalidArgument(format!(
@@ -103,9 +147,9 @@ fn normalise_endpoint(raw: &str) -> Result<String> {
     };
     if !has_port {
         if rest.contains(':') && !rest.starts_with('[') {
-            return Ok(format!("[{rest}]:{DEFAULT_PORT}"));
+            return with_port(format!("[{rest}]:{DEFAULT_PORT}"));
         }
-        return Ok(format!("{rest}:{DEFAULT_PORT}"));
+        return with_port(format!("{rest}:{DEFAULT_PORT}"));
     }
     let port = &rest[rest.rfind(':').map_or(rest.len(), |i| i + 1)..];
     if port.parse::<u16>().map_or(true, |p| p == 0) {
@@ -113,7 +157,7 @@ fn normalise_endpoint(raw: &str) -> Result<String> {
             "etcd endpoint {raw:?}: port {port:?} is not a number in 1..=65535"
         )));
     }
-    Ok(rest.to_string())
+    with_port(rest.to_string())
 }
 
 /// The text of a gateway error body: its `message` (or `error`) field, or
@@ -132,15 +176,26 @@ fn gateway_message(body: &[u8]) -> String {
 impl EtcdStore {
     /// A store on the etcd cluster reachable at `endpoints` (`host:port`
     /// each, as parsed from `etcd://h1:p1,h2:p2` or `h1:p1;h2:p2`; an
-    /// `http://` prefix is accepted, a missing port means 2379). Nothing is
-    /// contacted here. No endpoint is [`Error::InvalidArgument`]; `https://`
-    /// is [`Error::NotImplemented`].
+    /// `http://` prefix is accepted, a missing port means 2379), without
+    /// authentication; `https://` endpoints are verified with the system's
+    /// CA certificates. Nothing is contacted here. No endpoint is
+    /// [`Error::InvalidArgument`].
     pub fn new(endpoints: &[String]) -> Result<EtcdStore> {
+        Self::from_config(endpoints, &super::StoreConfig::default())
+    }
+
+    /// [`EtcdStore::new`] with the credentials (`MC_ETCD_USERNAME`,
+    /// `MC_ETCD_PASSWORD`) and TLS files (`MC_ETCD_CACERT`, `MC_ETCD_CERT`,
+    /// `MC_ETCD_KEY`) of `c`. The TLS files are read here when an endpoint
+    /// is `https://`; one that cannot be read or parsed is
+    /// [`Error::InvalidArgument`].
+    pub fn from_config(endpoints: &[String], c: &super::StoreConfig) -> Result<EtcdStore> {
         let endpoints = endpoints
             .iter()
             .map(|e| {
-                normalise_endpoint(e).map(|addr| Endpoint {
+                normalise_endpoint(e).map(|(addr, tls)| Endpoint {
                     addr,
+                    tls,
                     beta: AtomicBool::new(false),
                 })
             })
@@ -150,17 +205,37 @@ impl EtcdStore {
                 "no etcd endpoint given; use etcd://host:port[,host:port...]".into(),
             ));
         }
-        let agent: ureq::Agent = ureq::Agent::config_builder()
+        let tls = if endpoints.iter().any(|e| e.tls) {
+            Some(c.etcd_tls.load("MC_ETCD")?)
+        } else {
+            if c.etcd_tls != TlsFiles::default() {
+                tracing::warn!(
+                    "MC_ETCD_CACERT, MC_ETCD_CERT or MC_ETCD_KEY is set but no etcd endpoint is \
+                     https://; they are not used"
+                );
+            }
+            None
+        };
+        let mut config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .proxy(None)
             .timeout_connect(Some(CONNECT_TIMEOUT))
-            .timeout_global(Some(REQUEST_TIMEOUT))
-            .build()
-            .into();
+            .timeout_global(Some(REQUEST_TIMEOUT));
+        if let Some(t) = &tls {
+            config = config.tls_config(t.ureq_config());
+        }
+        let auth = c.etcd_auth.as_ref().map(|(user, password)| Auth {
+            user: user.clone(),
+            password: password.clone(),
+            token: Mutex::new(None),
+            off: AtomicBool::new(false),
+        });
         Ok(EtcdStore {
             endpoints,
             preferred: AtomicUsize::new(0),
-            agent,
+            agent: config.build().into(),
+            tls,
+            auth,
             max_body: MAX_BODY,
             max_value: MAX_BODY / 4 * 3,
         })
@@ -174,9 +249,16 @@ impl EtcdStore {
         self
     }
 
-    /// The endpoints as `host:port`, in the order given.
+    /// The endpoints as `host:port` (`https://host:port` for TLS), in the
+    /// order given.
     pub fn endpoints(&self) -> Vec<String> {
-        self.endpoints.iter().map(|e| e.addr.clone()).collect()
+        self.endpoints
+            .iter()
+            .map(|e| match e.tls {
+                true => format!("https://{}", e.addr),
+                false => e.addr.clone(),
+            })
+            .collect()
     }
 
     /// Sends `body` to `/<prefix>/kv/<op>` of every endpoint in turn until
@@ -226,8 +308,9 @@ impl EtcdStore {
         )))
     }
 
-    /// One request to one endpoint, on the gateway prefix it served last
-    /// (`/v3/` at first), switching to the other prefix on a 404.
+    /// One request to `kv/<op>` of one endpoint, with the authentication
+    /// token when credentials are configured; a token etcd no longer
+    /// accepts is replaced and the request sent once more.
     fn attempt(
         &self,
         ep: &Endpoint,
@@ -236,23 +319,133 @@ impl EtcdStore {
         timeout: Duration,
     ) -> std::result::Result<Value, Failure> {
         let deadline = Instant::now() + timeout;
+        let path = format!("kv/{op}");
+        for round in 0..2 {
+            let token = self.token(ep, deadline)?;
+            let msg = match self.post(ep, &path, body, deadline, token.as_deref()) {
+                Err(Failure::Refused(msg)) if is_token_refusal(&msg) => msg,
+                other => return other.map_err(|f| self.hint(f)),
+            };
+            let Some(auth) = &self.auth else {
+                return Err(Failure::Refused(format!(
+                    "{msg}; etcd has authentication on: set MC_ETCD_USERNAME and \
+                     MC_ETCD_PASSWORD"
+                )));
+            };
+            if round == 1 {
+                return Err(Failure::Refused(format!(
+                    "{msg} (with a new token of user {:?})",
+                    auth.user
+                )));
+            }
+            tracing::debug!(endpoint = %ep.addr, error = %msg, "etcd refused the token; authenticating again");
+            auth.forget(token.as_ref());
+        }
+        Err(Failure::Unreachable("no attempt made".into()))
+    }
+
+    /// A refusal with what to check added.
+    fn hint(&self, f: Failure) -> Failure {
+        match f {
+            Failure::Refused(msg) if msg.contains("permission denied") => {
+                let who = self
+                    .auth
+                    .as_ref()
+                    .map_or("the user".to_string(), |a| format!("user {:?}", a.user));
+                Failure::Refused(format!(
+                    "{msg}; {who} needs a role with readwrite permission on the metadata keys \
+                     (the key prefix mooncake/)"
+                ))
+            }
+            f => f,
+        }
+    }
+
+    /// The token to send to `ep`: the one in use, or a new one from
+    /// `/v3/auth/authenticate`; `None` without credentials or when etcd's
+    /// authentication is off.
+    fn token(
+        &self,
+        ep: &Endpoint,
+        deadline: Instant,
+    ) -> std::result::Result<Option<Arc<str>>, Failure> {
+        let Some(auth) = &self.auth else {
+            return Ok(None);
+        };
+        let mut token = crate::sync::lock(&auth.token);
+        if let Some(t) = &*token {
+            return Ok(Some(t.clone()));
+        }
+        if auth.off.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let body = json!({ "name": auth.user, "password": auth.password.expose() });
+        let body = serde_json::to_vec(&body)
+            .map_err(|e| Failure::Refused(format!("cannot encode the authentication: {e}")))?;
+        match self.post(ep, "auth/authenticate", &body, deadline, None) {
+            Ok(answer) => match answer.get("token").and_then(Value::as_str) {
+                Some(t) if !t.is_empty() => {
+                    tracing::debug!(endpoint = %ep.addr, user = %auth.user, "etcd: authenticated");
+                    let t: Arc<str> = Arc::from(t);
+                    *token = Some(t.clone());
+                    Ok(Some(t))
+                }
+                _ => Err(Failure::Unreachable(format!(
+                    "{}: the authentication answer has no token",
+                    ep.addr
+                ))),
+            },
+            Err(Failure::Refused(msg)) if msg.contains("authentication is not enabled") => {
+                tracing::info!(
+                    endpoint = %ep.addr,
+                    "etcd has authentication off; MC_ETCD_USERNAME and MC_ETCD_PASSWORD are \
+                     not used"
+                );
+                auth.off.store(true, Ordering::Relaxed);
+                Ok(None)
+            }
+            Err(Failure::Refused(msg)) => Err(Failure::Refused(format!(
+                "authentication as user {:?} failed: {msg}; check MC_ETCD_USERNAME and \
+                 MC_ETCD_PASSWORD",
+                auth.user
+            ))),
+            Err(f) => Err(f),
+        }
+    }
+
+    /// POSTs `body` to `/<prefix>/<path>` of one endpoint, on the gateway
+    /// prefix it served last (`/v3/` at first), switching to the other
+    /// prefix on a 404; sends `token` in the `Authorization` header.
+    fn post(
+        &self,
+        ep: &Endpoint,
+        path: &str,
+        body: &[u8],
+        deadline: Instant,
+        token: Option<&str>,
+    ) -> std::result::Result<Value, Failure> {
         let first_beta = ep.beta.load(Ordering::Relaxed);
+        let scheme = if ep.tls { "https" } else { "http" };
         for beta in [first_beta, !first_beta] {
             let prefix = if beta { "v3beta" } else { "v3" };
-            let url = format!("http://{}/{prefix}/kv/{op}", ep.addr);
+            let url = format!("{scheme}://{}/{prefix}/{path}", ep.addr);
             let left = deadline.saturating_duration_since(Instant::now());
             if left < MIN_ATTEMPT {
                 return Err(Failure::Unreachable(format!("POST {url}: out of time")));
             }
-            let mut resp = self
+            let mut req = self
                 .agent
                 .post(&url)
                 .config()
                 .timeout_global(Some(left))
                 .build()
-                .header("Content-Type", "application/json")
+                .header("Content-Type", "application/json");
+            if let Some(t) = token {
+                req = req.header("Authorization", t);
+            }
+            let mut resp = req
                 .send(body)
-                .map_err(|e| Failure::Unreachable(describe_ureq(&url, e)))?;
+                .map_err(|e| Failure::Unreachable(self.describe_ureq(&url, e)))?;
             let status = resp.status().as_u16();
             if status == 404 {
                 tracing::debug!(endpoint = %ep.addr, %url, "etcd gateway path answered 404");
@@ -273,7 +466,7 @@ impl EtcdStore {
                              (MC_PEER_MAX_DESCRIPTOR_BYTES)",
                             self.max_value
                         )),
-                        e => Failure::Unreachable(describe_ureq(&url, e)),
+                        e => Failure::Unreachable(self.describe_ureq(&url, e)),
                     })?;
                 return serde_json::from_slice(&bytes).map_err(|e| {
                     Failure::Unreachable(format!(
@@ -294,6 +487,14 @@ impl EtcdStore {
                     "; the value exceeds etcd's request limit: raise etcd's --max-request-bytes",
                 );
             }
+            if text.contains("CommonName of client") {
+                msg.push_str(
+                    "; with --client-cert-auth etcd's JSON gateway, which this client uses, \
+                     refuses client certificates that carry a CommonName: give MC_ETCD_CERT a \
+                     certificate without one (subjectAltName only), and name the user with \
+                     MC_ETCD_USERNAME and MC_ETCD_PASSWORD",
+                );
+            }
             // 5xx: this member cannot serve (no leader, stopping…); another
             // member may. 4xx: the request itself is wrong.
             return Err(if status >= 500 {
@@ -303,10 +504,47 @@ impl EtcdStore {
             });
         }
         Err(Failure::Unreachable(format!(
-            "HTTP 404 on both /v3/kv/{op} and /v3beta/kv/{op}; this is not the client port \
+            "HTTP 404 on both /v3/{path} and /v3beta/{path}; this is not the client port \
              of etcd 3.3 or newer"
         )))
     }
+
+    /// A transport failure of `POST url` in words, with what a TLS failure
+    /// means.
+    fn describe_ureq(&self, url: &str, e: ureq::Error) -> String {
+        match self.tls.as_ref().and_then(|t| t.explain_ureq(&e)) {
+            Some(why) => format!("POST {url}: {why}"),
+            None => describe_ureq(url, e),
+        }
+    }
+}
+
+impl Auth {
+    /// Drops `failed` if it is still the token in use.
+    fn forget(&self, failed: Option<&Arc<str>>) {
+        let mut token = crate::sync::lock(&self.token);
+        match failed {
+            Some(f) if token.as_ref() == Some(f) => *token = None,
+            Some(_) => {}
+            // Sent without a token because authentication was off: it is
+            // on now.
+            None => self.off.store(false, Ordering::Relaxed),
+        }
+    }
+}
+
+/// Whether an etcd refusal is about the token: expired or unknown, issued
+/// before the users or roles changed, or missing where authentication is
+/// on.
+fn is_token_refusal(msg: &str) -> bool {
+    [
+        "invalid auth token",
+        "revision of auth store is old",
+        "user name is empty",
+    ]
+    .iter()
+    .any(|m| msg.contains(m))
+        || msg.contains("HTTP 401")
 }
 
 /// A transport failure of `POST url` in words.
@@ -381,7 +619,8 @@ impl MetadataStore for EtcdStore {
     }
 
     fn describe(&self) -> String {
-        format!("etcd store at etcd://{}", self.endpoints().join(","))
+        let scheme = if self.tls.is_some() { "" } else { "etcd://" };
+        format!("etcd store at {scheme}{}", self.endpoints().join(","))
     }
 }
 
@@ -391,17 +630,23 @@ mod tests {
 
     #[test]
     fn endpoints_are_normalised() {
-        let ok = |s: &str| normalise_endpoint(s).unwrap();
+        let ok = |s: &str| normalise_endpoint(s).unwrap().0;
         assert_eq!(ok("10.0.0.1:2379"), "10.0.0.1:2379");
         assert_eq!(ok(" http://h:1234/ "), "h:1234");
         assert_eq!(ok("h"), "h:2379");
         assert_eq!(ok("[::1]:23"), "[::1]:23");
         assert_eq!(ok("[::1]"), "[::1]:2379");
         assert_eq!(ok("::1"), "[::1]:2379");
-        assert!(matches!(
-            normalise_endpoint("https://h:2379"),
-            Err(Error::NotImplemented(_))
-        ));
+        assert_eq!(
+            normalise_endpoint("HTTPS://h:2380/").unwrap(),
+            ("h:2380".to_string(), true)
+        );
+        assert!(!normalise_endpoint("http://h").unwrap().1);
+        let e = normalise_endpoint("https://root:pa55word@h:2379").unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if !m.contains("pa55word")),
+            "{e:?}"
+        );
         for bad in ["", "h:x", "h:0", "h:70000", "h:1/path", "a b:1"] {
             assert!(
                 matches!(normalise_endpoint(bad), Err(Error::InvalidArgument(_))),

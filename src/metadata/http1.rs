@@ -90,6 +90,8 @@ struct Head {
     keep_alive: bool,
     body: Body,
     expect_continue: bool,
+    /// The `Authorization` header's value, if sent.
+    authorization: Option<Vec<u8>>,
 }
 
 /// Per-connection parsing state: the head once it is parsed (its bytes
@@ -104,6 +106,7 @@ fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
         400 => "Bad Request",
+        401 => "Unauthorized",
         404 => "Not Found",
         405 => "Method Not Allowed",
         413 => "Payload Too Large",
@@ -134,6 +137,9 @@ pub(super) fn response_head(status: u16, len: usize, keep_alive: bool) -> Vec<u8
     .into_bytes();
     if status == 405 {
         out.extend_from_slice(b"Allow: GET, PUT, DELETE\r\n");
+    }
+    if status == 401 {
+        out.extend_from_slice(b"WWW-Authenticate: Bearer\r\n");
     }
     if !keep_alive {
         out.extend_from_slice(b"Connection: close\r\n");
@@ -197,6 +203,7 @@ fn parse_head(buf: &[u8], limits: Limits) -> Result<Option<(Head, usize)>, Parse
     let mut length: Option<usize> = None;
     let mut chunked = false;
     let mut expect_continue = false;
+    let mut authorization: Option<Vec<u8>> = None;
     for h in req.headers.iter() {
         let name = h.name;
         if name.eq_ignore_ascii_case("content-length") {
@@ -240,6 +247,15 @@ fn parse_head(buf: &[u8], limits: Limits) -> Result<Option<(Head, usize)>, Parse
             }
         } else if name.eq_ignore_ascii_case("expect") && has_token(h.value, "100-continue") {
             expect_continue = true;
+        } else if name.eq_ignore_ascii_case("authorization") {
+            if authorization.is_some() {
+                return Err(invalid(
+                    400,
+                    "more than one Authorization header".into(),
+                    "bad request",
+                ));
+            }
+            authorization = Some(h.value.to_vec());
         }
     }
     // HTTP/1.0 clients get one response per connection.
@@ -274,6 +290,7 @@ fn parse_head(buf: &[u8], limits: Limits) -> Result<Option<(Head, usize)>, Parse
         keep_alive,
         body,
         expect_continue,
+        authorization,
     };
     Ok(Some((head, head_len)))
 }
@@ -369,7 +386,19 @@ fn next_chunks(buf: &mut [u8], c: &mut Chunks, limits: Limits) -> Result<bool, P
 /// Looks at the bytes received: a complete request is removed from the
 /// front of `buf` (what follows it stays), with the head and any decoded
 /// chunks removed as soon as they are parsed.
-pub(super) fn parse(parser: &mut Parser, buf: &mut Vec<u8>, limits: Limits) -> Parse<Request> {
+/// Decides once a request's head is parsed, before its body is read,
+/// whether it may go on: from its method and its `Authorization` header's
+/// value; `Err` says why not (for the log: it must not quote the header).
+pub(super) type Gate<'a> = &'a dyn Fn(&str, Option<&[u8]>) -> Result<(), String>;
+
+/// Parses the request at the front of `buf`. A request refused by `gate`
+/// is answered 401 (its body unread) and its connection closed.
+pub(super) fn parse(
+    parser: &mut Parser,
+    buf: &mut Vec<u8>,
+    limits: Limits,
+    gate: Gate<'_>,
+) -> Parse<Request> {
     if parser.head.is_none() {
         match parse_head(buf, limits) {
             Ok(None) => {
@@ -378,7 +407,10 @@ pub(super) fn parse(parser: &mut Parser, buf: &mut Vec<u8>, limits: Limits) -> P
                     want: None,
                 };
             }
-            Ok(Some((head, len))) => {
+            Ok(Some((mut head, len))) => {
+                if let Err(reason) = gate(&head.method, head.authorization.take().as_deref()) {
+                    return invalid(401, reason, "unauthorized");
+                }
                 buf.drain(..len);
                 parser.head = Some(head);
             }
@@ -428,6 +460,9 @@ pub(super) fn parse(parser: &mut Parser, buf: &mut Vec<u8>, limits: Limits) -> P
 mod tests {
     use super::*;
 
+    /// A gate that lets every request in.
+    const OPEN: Gate<'static> = &|_, _| Ok(());
+
     const LIMITS: Limits = Limits::new(100);
 
     /// What feeding a request byte by byte gave: the requests (or the
@@ -448,7 +483,7 @@ mod tests {
         for b in bytes {
             buf.push(*b);
             loop {
-                match parse(&mut p, &mut buf, LIMITS) {
+                match parse(&mut p, &mut buf, LIMITS, OPEN) {
                     Parse::More { interim, .. } => {
                         interims.extend(interim);
                         break;
@@ -563,12 +598,12 @@ mod tests {
         }
         buf.extend_from_slice(b"5;e=1\r\nhel");
         assert!(matches!(
-            parse(&mut p, &mut buf, LIMITS),
+            parse(&mut p, &mut buf, LIMITS, OPEN),
             Parse::More { .. }
         ));
         assert_eq!(buf, b"xxxxxxxxxx5;e=1\r\nhel");
         buf.extend_from_slice(b"lo\r\n0\r\n\r\n");
-        let Parse::Done(r) = parse(&mut p, &mut buf, LIMITS) else {
+        let Parse::Done(r) = parse(&mut p, &mut buf, LIMITS, OPEN) else {
             panic!("not done");
         };
         assert_eq!(r.body, b"xxxxxxxxxxhello");

@@ -1,6 +1,8 @@
 //! Segment descriptors, metadata keys and the stores that hold them.
 //!
 //! * [`conn`] — the metadata connection string of `createTransferEngine`;
+//! * [`secret`] — passwords and bearer tokens, kept out of logs;
+//! * [`client_tls`] — the clients' TLS files (CA, client certificate);
 //! * [`descriptor`] — segment descriptors in Mooncake's JSON encoding;
 //! * [`keys`] — store keys (`mooncake/[cluster/]ram/<name>`, `rpc_meta/`)
 //!   and the RPC location entry;
@@ -11,6 +13,7 @@
 //! * [`server`] — our persistent HTTP metadata server (HTTP/1.1 in
 //!   `http1`).
 
+pub mod client_tls;
 pub mod conn;
 pub mod descriptor;
 pub mod etcd;
@@ -18,11 +21,18 @@ pub mod http;
 mod http1;
 pub mod keys;
 pub mod redis;
+pub mod secret;
 pub mod server;
 pub mod store;
 
+use client_tls::TlsFiles;
+use secret::Secret;
+use std::path::PathBuf;
+
 /// The metadata store and the descriptor cache. Parsed from `MC_*` variables by
 /// [`crate::engine::config::Config::from_env`]; the defaults are Mooncake's.
+/// Files named here are read when an engine opens its store. `Debug` does
+/// not show the passwords.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreConfig {
     /// `MC_DISABLE_METACACHE`: refetch remote descriptors on every use.
@@ -34,9 +44,24 @@ pub struct StoreConfig {
     /// `MC_REDIS_USERNAME`.
     pub redis_username: Option<String>,
     /// `MC_REDIS_PASSWORD`.
-    pub redis_password: Option<String>,
+    pub redis_password: Option<Secret>,
     /// `MC_REDIS_DB_INDEX` (0, 0..=255).
     pub redis_db_index: u8,
+    /// `MC_REDIS_CACERT`, `MC_REDIS_CERT`, `MC_REDIS_KEY`: TLS of
+    /// `rediss://` servers.
+    pub redis_tls: TlsFiles,
+    /// `MC_ETCD_USERNAME` and `MC_ETCD_PASSWORD`: etcd's authentication
+    /// (both or neither).
+    pub etcd_auth: Option<(String, Secret)>,
+    /// `MC_ETCD_CACERT`, `MC_ETCD_CERT`, `MC_ETCD_KEY`: TLS of `https://`
+    /// etcd endpoints.
+    pub etcd_tls: TlsFiles,
+    /// `MC_METADATA_AUTH_TOKEN_FILE`: the bearer token sent to the HTTP
+    /// metadata server.
+    pub http_token_file: Option<PathBuf>,
+    /// `MC_METADATA_CACERT`: CA certificates of an `https://` metadata
+    /// server (default: the system's).
+    pub http_cacert: Option<PathBuf>,
 }
 
 impl Default for StoreConfig {
@@ -48,6 +73,11 @@ impl Default for StoreConfig {
             redis_username: None,
             redis_password: None,
             redis_db_index: 0,
+            redis_tls: TlsFiles::default(),
+            etcd_auth: None,
+            etcd_tls: TlsFiles::default(),
+            http_token_file: None,
+            http_cacert: None,
         }
     }
 }

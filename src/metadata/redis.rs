@@ -8,6 +8,11 @@
 //! (`MC_REDIS_USERNAME`, `MC_REDIS_PASSWORD`) and `SELECT db` when the
 //! database index (`MC_REDIS_DB_INDEX`) is not 0.
 //!
+//! `rediss://host[:port]` speaks TLS (rustls): the server is verified with
+//! the CA certificates of `MC_REDIS_CACERT` (default: the system's), and a
+//! client certificate is sent when `MC_REDIS_CERT` and `MC_REDIS_KEY` are
+//! set. The files are read when the store is opened.
+//!
 //! An address without a port means port 6379, redis' own default
 //! (Mooncake's parser defaults to 12001 there; write the port to be
 //! unambiguous).
@@ -20,6 +25,7 @@
 //! the same call, so a redis restart costs no failed call once the server
 //! is back.
 
+use super::client_tls::ClientTls;
 use super::store::MetadataStore;
 use crate::error::{Error, Result};
 use redis::{ConnectionAddr, ErrorKind, IntoConnectionInfo, RedisConnectionInfo, RedisError};
@@ -40,6 +46,8 @@ pub struct RedisStore {
     addr: String,
     db: u8,
     authenticated: bool,
+    /// The TLS settings, for `rediss://`.
+    tls: Option<ClientTls>,
     client: redis::Client,
     conn: Mutex<Option<redis::Connection>>,
     /// Largest value read; `None`: any.
@@ -117,6 +125,17 @@ impl RedisStore {
         password: Option<&str>,
         db: u8,
     ) -> Result<RedisStore> {
+        Self::build(addr, username, password, db, None)
+    }
+
+    /// [`RedisStore::new`], over TLS when `tls` is given (`rediss://`).
+    fn build(
+        addr: &str,
+        username: Option<&str>,
+        password: Option<&str>,
+        db: u8,
+        tls: Option<ClientTls>,
+    ) -> Result<RedisStore> {
         let (host, port) = split_addr(addr)?;
         let shown = if host.contains(':') {
             format!("[{host}]:{port}")
@@ -144,16 +163,28 @@ impl RedisStore {
             }
             (None, None) => {}
         }
-        let info = ConnectionAddr::Tcp(host, port)
-            .into_connection_info()
-            .map_err(|e| Error::InvalidArgument(format!("redis address {addr:?}: {e}")))?
-            .set_redis_settings(settings);
-        let client = redis::Client::open(info)
-            .map_err(|e| Error::InvalidArgument(format!("redis address {addr:?}: {e}")))?;
+        let bad = |e: RedisError| Error::InvalidArgument(format!("redis address {addr:?}: {e}"));
+        let info = match &tls {
+            None => ConnectionAddr::Tcp(host, port),
+            Some(_) => ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                tls_params: None,
+            },
+        }
+        .into_connection_info()
+        .map_err(bad)?
+        .set_redis_settings(settings);
+        let client = match &tls {
+            None => redis::Client::open(info).map_err(bad)?,
+            Some(t) => redis::Client::build_with_tls(info, t.redis_certificates()).map_err(bad)?,
+        };
         Ok(RedisStore {
             addr: shown,
             db,
             authenticated: password.is_some(),
+            tls,
             client,
             conn: Mutex::new(None),
             max_value: None,
@@ -168,13 +199,17 @@ impl RedisStore {
     }
 
     /// A store at `addr` with the credentials and database of `c`
-    /// (`MC_REDIS_USERNAME`, `MC_REDIS_PASSWORD`, `MC_REDIS_DB_INDEX`).
-    pub fn from_config(addr: &str, c: &super::StoreConfig) -> Result<RedisStore> {
-        RedisStore::new(
+    /// (`MC_REDIS_USERNAME`, `MC_REDIS_PASSWORD`, `MC_REDIS_DB_INDEX`),
+    /// over TLS with the files of `c.redis_tls` when `tls` (`rediss://`);
+    /// those files are read here.
+    pub fn from_config(addr: &str, tls: bool, c: &super::StoreConfig) -> Result<RedisStore> {
+        let tls = tls.then(|| c.redis_tls.load("MC_REDIS")).transpose()?;
+        RedisStore::build(
             addr,
             c.redis_username.as_deref(),
-            c.redis_password.as_deref(),
+            c.redis_password.as_ref().map(super::secret::Secret::expose),
             c.redis_db_index,
+            tls,
         )
     }
 
@@ -234,6 +269,19 @@ impl RedisStore {
     fn error(&self, what: &str, stage: &str, e: &RedisError) -> Error {
         let addr = &self.addr;
         tracing::warn!(%addr, %what, %stage, error = %e, "redis request failed");
+        // The crate keeps the TLS error of a failed connection as text
+        // only: say what to check.
+        if let Some(t) = &self.tls
+            && e.is_io_error()
+            && !e.is_connection_refusal()
+            && !e.is_timeout()
+        {
+            return Error::Socket(format!(
+                "redis at rediss://{addr}: {what}: the connection failed ({e}); {}, and that \
+                 redis-server is running",
+                t.checklist()
+            ));
+        }
         let code = e.code().unwrap_or_default();
         // The crate wraps errors of the connection setup (AUTH, SELECT) and
         // drops their code; their text still says what happened.
@@ -325,10 +373,15 @@ impl MetadataStore for RedisStore {
     }
 
     fn describe(&self) -> String {
-        if self.db == 0 {
-            format!("redis store at redis://{}", self.addr)
+        let scheme = if self.tls.is_some() {
+            "rediss"
         } else {
-            format!("redis store at redis://{} (db {})", self.addr, self.db)
+            "redis"
+        };
+        if self.db == 0 {
+            format!("redis store at {scheme}://{}", self.addr)
+        } else {
+            format!("redis store at {scheme}://{} (db {})", self.addr, self.db)
         }
     }
 }

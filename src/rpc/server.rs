@@ -211,6 +211,7 @@ impl RpcServer {
                 .unwrap_or(usize::MAX),
             workers: opts.workers.max(1),
             thread_name: "te-rpc",
+            tls: None,
         };
         let service = Arc::new(Handshake {
             handler,

@@ -1,12 +1,13 @@
 //! The poll thread and the workers of [`super::Server`].
 
+use super::stream::Stream;
 use super::{Dispatch, Options, Parse, Reply, Service, Shared, Then};
 use crossbeam_channel::{Receiver, Sender};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 use std::collections::{BTreeSet, HashMap};
 use std::io::{self, IoSlice, Read, Write};
-use std::net::{Shutdown, SocketAddr};
+use std::net::SocketAddr;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -86,7 +87,7 @@ enum State {
 }
 
 struct Conn<P> {
-    stream: TcpStream,
+    stream: Stream,
     peer: SocketAddr,
     state: State,
     /// Received bytes not yet part of a parsed request.
@@ -339,9 +340,20 @@ impl<S: Service> EventLoop<S> {
         true
     }
 
-    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr) {
+    fn admit(&mut self, tcp: TcpStream, peer: SocketAddr) {
         let token = Token(self.next_token);
         self.next_token += 1;
+        let _ = tcp.set_nodelay(true);
+        let mut stream = match &self.opts.tls {
+            None => Stream::plain(tcp),
+            Some(config) => match Stream::tls(tcp, config) {
+                Ok(s) => s,
+                Err(e) => {
+                    crate::warn_limited!("{} connection from {peer} dropped: TLS: {e}", S::NAME);
+                    return;
+                }
+            },
+        };
         if let Err(e) = self.poll.registry().register(
             &mut stream,
             token,
@@ -350,7 +362,6 @@ impl<S: Service> EventLoop<S> {
             crate::warn_limited!("{} connection from {peer} dropped: {e}", S::NAME);
             return;
         }
-        let _ = stream.set_nodelay(true);
         self.conns.insert(
             token,
             Conn {
@@ -667,7 +678,8 @@ impl<S: Service> EventLoop<S> {
                     let _ = c
                         .stream
                         .write_vectored(&[IoSlice::new(&reply.bytes), IoSlice::new(shared)]);
-                    let _ = c.stream.shutdown(Shutdown::Write);
+                    let _ = c.stream.flush();
+                    let _ = c.stream.shutdown_write();
                     self.close(token);
                 }
                 Ok(reply) => {
@@ -765,6 +777,17 @@ impl<S: Service> EventLoop<S> {
                 }
             }
         }
+        if !blocked {
+            // TLS: the reply's last records still held count as unsent.
+            match c.stream.flush() {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => blocked = true,
+                Err(e) => {
+                    debug!("{} reply to {} failed: {e}", S::NAME, c.peer);
+                    return self.close(token);
+                }
+            }
+        }
         if moved {
             self.progressed(token);
         }
@@ -777,7 +800,7 @@ impl<S: Service> EventLoop<S> {
         };
         match c.then {
             Then::Linger => {
-                if c.stream.shutdown(Shutdown::Write).is_err() {
+                if c.stream.shutdown_write().is_err() {
                     return self.close(token);
                 }
                 c.drained = 0;

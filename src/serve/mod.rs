@@ -36,6 +36,7 @@
 //! count ([`crate::warn_limited!`]).
 
 mod event_loop;
+mod stream;
 #[cfg(test)]
 mod tests;
 
@@ -177,6 +178,9 @@ pub(crate) struct Options {
     pub workers: usize,
     /// Prefix of the thread names (`<prefix>-poll`, `<prefix>-worker`).
     pub thread_name: &'static str,
+    /// Serve TLS with these settings (the handshake is part of the
+    /// request and its [`Options::request_timeout`]); `None`: plain TCP.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// State shared by the server's threads and [`Server::shutdown`].

@@ -92,6 +92,7 @@ fn start() -> (Server, Arc<Lines>, SocketAddr) {
         max_buffered: MAX_BUFFERED,
         workers: 2,
         thread_name: "te-test",
+        tls: None,
     };
     let server = Server::start(listener, Arc::clone(&service), opts).unwrap();
     (server, service, addr)

@@ -14,6 +14,7 @@ pub mod handshake;
 pub mod proc;
 pub mod readers;
 pub mod servers;
+pub mod tls;
 
 use handshake::{Frame, FrameKind, call, encode_json, read_frame};
 use serde_json::{Value, json};

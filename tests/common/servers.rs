@@ -265,25 +265,17 @@ impl Drop for Process {
     }
 }
 
-/// An HTTP GET with a short timeout; the body on 200.
-fn http_get(url: &str) -> Option<String> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .proxy(None)
-        .timeout_global(Some(Duration::from_millis(500)))
-        .build()
-        .into();
-    agent
-        .get(url)
-        .call()
-        .ok()
-        .and_then(|mut r| r.body_mut().read_to_string().ok())
-}
-
 /// One etcd member on 127.0.0.1 with its own data directory.
 pub struct Etcd {
     // Field order matters: the process dies before its directory goes.
     proc: Process,
     client_port: u16,
+    /// `http` or `https`.
+    scheme: &'static str,
+    /// The client of [`Etcd::gateway`] and of the health check.
+    agent: ureq::Agent,
+    /// The authentication token of [`Etcd::gateway`] once auth is on.
+    token: Option<String>,
     dir: TempDir,
 }
 
@@ -291,13 +283,25 @@ impl Etcd {
     /// Starts a single-member etcd and waits until `/health` says true;
     /// `None` (after printing why) when etcd is not installed.
     pub fn start() -> Option<Etcd> {
+        Etcd::start_with(None)
+    }
+
+    /// [`Etcd::start`] serving clients over TLS with the certificate of
+    /// `pki`, and requiring client certificates signed by its CA when
+    /// `client_cert_auth` (etcd's `--client-cert-auth`).
+    pub fn start_tls(pki: &super::tls::Pki, client_cert_auth: bool) -> Option<Etcd> {
+        Etcd::start_with(Some((pki, client_cert_auth)))
+    }
+
+    fn start_with(tls: Option<(&super::tls::Pki, bool)>) -> Option<Etcd> {
         let bin = find_binary("TE_ETCD_BIN", "etcd", "etcd")?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
         for _ in 0..3 {
             let dir = TempDir::new("etcd");
             let (client_port, peer_port) = (free_port(), free_port());
-            let client = format!("http://127.0.0.1:{client_port}");
+            let client = format!("{scheme}://127.0.0.1:{client_port}");
             let peer = format!("http://127.0.0.1:{peer_port}");
-            let args: Vec<OsString> = [
+            let mut args: Vec<OsString> = [
                 "--name",
                 "default",
                 "--data-dir",
@@ -318,10 +322,43 @@ impl Etcd {
             .iter()
             .map(OsString::from)
             .collect();
+            let mut agent: ureq::Agent = ureq::Agent::config_builder()
+                .proxy(None)
+                .http_status_as_error(false)
+                .timeout_global(Some(Duration::from_secs(5)))
+                .build()
+                .into();
+            if let Some((pki, client_cert_auth)) = tls {
+                args.extend(
+                    [
+                        OsString::from("--cert-file"),
+                        pki.cert.clone().into(),
+                        "--key-file".into(),
+                        pki.key.clone().into(),
+                    ]
+                    .into_iter()
+                    .chain(
+                        client_cert_auth
+                            .then(|| {
+                                [
+                                    OsString::from("--client-cert-auth"),
+                                    "--trusted-ca-file".into(),
+                                    pki.ca.clone().into(),
+                                ]
+                            })
+                            .into_iter()
+                            .flatten(),
+                    ),
+                );
+                agent = pki.agent(client_cert_auth);
+            }
             let log = dir.path().join("etcd.log");
             let mut etcd = Etcd {
                 proc: Process::new("etcd", bin.clone(), args, log),
                 client_port,
+                scheme,
+                agent,
+                token: None,
                 dir,
             };
             etcd.proc.spawn();
@@ -333,9 +370,71 @@ impl Etcd {
     }
 
     fn wait_ready(&mut self) -> bool {
-        let url = format!("http://127.0.0.1:{}/health", self.client_port);
-        self.proc
-            .wait_ready(|| http_get(&url).is_some_and(|b| b.contains("true")))
+        let url = format!("{}://127.0.0.1:{}/health", self.scheme, self.client_port);
+        let agent = self.agent.clone();
+        self.proc.wait_ready(|| {
+            agent
+                .get(&url)
+                .call()
+                .ok()
+                .and_then(|mut r| r.body_mut().read_to_string().ok())
+                .is_some_and(|b| b.contains("true"))
+        })
+    }
+
+    /// Turns etcd's authentication on with the user `root` (password
+    /// `root_password`, used by [`Etcd::gateway`] from then on) and a user
+    /// `user` (`password`) allowed to read and write the keys under
+    /// `mooncake/` only.
+    pub fn enable_auth(&mut self, root_password: &str, user: &str, password: &str) {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let steps = [
+            (
+                "auth/user/add",
+                serde_json::json!({"name": "root", "password": root_password}),
+            ),
+            ("auth/role/add", serde_json::json!({"name": "root"})),
+            (
+                "auth/user/grant",
+                serde_json::json!({"user": "root", "role": "root"}),
+            ),
+            ("auth/role/add", serde_json::json!({"name": "te-rw"})),
+            (
+                "auth/role/grant",
+                serde_json::json!({"name": "te-rw", "perm": {
+                    "permType": "READWRITE",
+                    "key": b64.encode("mooncake/"),
+                    "range_end": b64.encode("mooncake0"),
+                }}),
+            ),
+            (
+                "auth/user/add",
+                serde_json::json!({"name": user, "password": password}),
+            ),
+            (
+                "auth/user/grant",
+                serde_json::json!({"user": user, "role": "te-rw"}),
+            ),
+            ("auth/enable", serde_json::json!({})),
+        ];
+        for (path, body) in steps {
+            let answer = self.call(path, &body);
+            // The root role may exist already.
+            let exists = answer["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("already exists"));
+            assert!(
+                answer.get("error").is_none() || exists,
+                "etcd {path}: {answer}"
+            );
+        }
+        let answer = self.call(
+            "auth/authenticate",
+            &serde_json::json!({"name": "root", "password": root_password}),
+        );
+        let token = answer["token"].as_str().expect("a root token").to_string();
+        self.token = Some(token);
     }
 
     /// The client endpoint as `127.0.0.1:<port>`.
@@ -391,18 +490,23 @@ impl Etcd {
     }
 
     fn gateway(&self, op: &str, body: &serde_json::Value) -> serde_json::Value {
-        let url = format!("http://{}/v3/kv/{op}", self.endpoint());
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .proxy(None)
-            .timeout_global(Some(Duration::from_secs(5)))
-            .build()
-            .into();
-        let text = agent
-            .post(&url)
+        let answer = self.call(&format!("kv/{op}"), body);
+        assert!(answer.get("error").is_none(), "etcd kv/{op}: {answer}");
+        answer
+    }
+
+    /// POSTs `body` to `/v3/<path>` (as root once auth is on): the answer.
+    fn call(&self, path: &str, body: &serde_json::Value) -> serde_json::Value {
+        let url = format!("{}://{}/v3/{path}", self.scheme, self.endpoint());
+        let mut req = self.agent.post(&url);
+        if let Some(t) = &self.token {
+            req = req.header("Authorization", t);
+        }
+        let text = req
             .send(body.to_string().as_bytes())
             .and_then(|mut r| r.body_mut().read_to_string())
             .unwrap_or_else(|e| panic!("POST {url}: {e}"));
-        serde_json::from_str(&text).expect("gateway answers JSON")
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("POST {url}: {e}: {text:?}"))
     }
 }
 
@@ -413,6 +517,21 @@ pub struct RedisOptions {
     pub password: Option<String>,
     /// An ACL user `(name, password)` with every permission.
     pub user: Option<(String, String)>,
+    /// TLS only (`--tls-port`, no plain port) with these PEM files: the CA
+    /// that client certificates must be signed by (`--tls-auth-clients
+    /// yes`), and the server's certificate and key.
+    pub tls: Option<RedisTls>,
+}
+
+/// The PEM files of a TLS redis.
+#[derive(Clone, Debug)]
+pub struct RedisTls {
+    /// CA of the client certificates (and of the server's).
+    pub ca: PathBuf,
+    /// The server's certificate, also the test client's.
+    pub cert: PathBuf,
+    /// Its key.
+    pub key: PathBuf,
 }
 
 /// One redis-server on 127.0.0.1 without persistence.
@@ -437,9 +556,24 @@ impl Redis {
         for _ in 0..3 {
             let dir = TempDir::new("redis");
             let port = free_port();
-            let mut args: Vec<OsString> = vec![
-                "--port".into(),
-                port.to_string().into(),
+            let mut args: Vec<OsString> = match &options.tls {
+                None => vec!["--port".into(), port.to_string().into()],
+                Some(t) => vec![
+                    "--port".into(),
+                    "0".into(),
+                    "--tls-port".into(),
+                    port.to_string().into(),
+                    "--tls-cert-file".into(),
+                    t.cert.clone().into(),
+                    "--tls-key-file".into(),
+                    t.key.clone().into(),
+                    "--tls-ca-cert-file".into(),
+                    t.ca.clone().into(),
+                    "--tls-auth-clients".into(),
+                    "yes".into(),
+                ],
+            };
+            args.extend::<[OsString; 12]>([
                 "--bind".into(),
                 "127.0.0.1".into(),
                 "--save".into(),
@@ -452,7 +586,7 @@ impl Redis {
                 "no".into(),
                 "--loglevel".into(),
                 "warning".into(),
-            ];
+            ]);
             if let Some(p) = &options.password {
                 args.extend(["--requirepass".into(), p.into()]);
             }
@@ -488,6 +622,12 @@ impl Redis {
 
     fn wait_ready(&mut self) -> bool {
         let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
+        if self.options.tls.is_some() {
+            // Its port is open once it serves.
+            return self.proc.wait_ready(|| {
+                TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+            });
+        }
         self.proc.wait_ready(|| {
             let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
                 return false;
@@ -511,9 +651,15 @@ impl Redis {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// The metadata connection string, `redis://127.0.0.1:<port>`.
+    /// The metadata connection string, `redis://127.0.0.1:<port>`
+    /// (`rediss://` with TLS).
     pub fn conn_string(&self) -> String {
-        format!("redis://{}", self.addr())
+        let scheme = if self.options.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://{}", self.addr())
     }
 
     /// The temporary directory (output in `redis.log`).
@@ -531,8 +677,23 @@ impl Redis {
             .as_ref()
             .map(|p| format!(":{p}@"))
             .unwrap_or_default();
-        let url = format!("redis://{auth}127.0.0.1:{}/{db}", self.port);
-        redis::Client::open(url)
+        let client = match &self.options.tls {
+            None => redis::Client::open(format!("redis://{auth}127.0.0.1:{}/{db}", self.port)),
+            Some(t) => {
+                let read = |p: &PathBuf| std::fs::read(p).expect("read a PEM file");
+                redis::Client::build_with_tls(
+                    format!("rediss://{auth}127.0.0.1:{}/{db}", self.port),
+                    redis::TlsCertificates {
+                        client_tls: Some(redis::ClientTlsConfig {
+                            client_cert: read(&t.cert),
+                            client_key: read(&t.key),
+                        }),
+                        root_cert: Some(read(&t.ca)),
+                    },
+                )
+            }
+        };
+        client
             .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
             .expect("test client connects to redis")
     }

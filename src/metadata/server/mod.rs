@@ -14,6 +14,16 @@
 //! stored body, and a log of changes beside it) before the answer goes
 //! out, and the data is loaded at start.
 //!
+//! Access: with tokens ([`ServerOptions::auth_tokens`], `--auth-token-file
+//! FILE[,FILE]`: two while a token is being replaced) PUT and DELETE need
+//! `Authorization: Bearer <one of them>`, and GET too with
+//! [`ServerOptions::auth_read`] (`--auth-read`); anything else is answered
+//! 401 as soon as its head is read, its body unread, and the connection
+//! closed, with one rate-limited log line naming the client and the reason
+//! (never the token). Tokens are compared in constant time. With a
+//! certificate and key ([`ServerOptions::tls_cert`], `--tls-cert`,
+//! `--tls-key`) the server speaks HTTPS only (TLS 1.2 and 1.3, rustls).
+//!
 //! The server is event-driven ([`crate::serve`]): one thread reads the
 //! requests of every connection, each with a deadline, and a few threads
 //! answer complete ones, so slow or silent clients cannot hold up others.
@@ -32,6 +42,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::http1;
+use super::secret::Secret;
 use crate::serve::{self, Dispatch, Parse, Reply, Service, Then};
 use store::{Refused, Store};
 
@@ -65,6 +76,18 @@ pub struct ServerOptions {
     /// Bytes of keys and values stored at once (`--max-total-bytes`,
     /// 1 GiB); a PUT that would grow the store beyond is answered 507.
     pub max_total_bytes: usize,
+    /// The bearer tokens PUT and DELETE accept, any of them
+    /// (`--auth-token-file FILE[,FILE]`; none: anyone may write). `Debug`
+    /// does not show them.
+    pub auth_tokens: Vec<Secret>,
+    /// GET needs a token too (`--auth-read`; needs
+    /// [`ServerOptions::auth_tokens`]).
+    pub auth_read: bool,
+    /// PEM certificate chain served over TLS (`--tls-cert`, with
+    /// [`ServerOptions::tls_key`]; none: plain HTTP).
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of [`ServerOptions::tls_cert`] (`--tls-key`).
+    pub tls_key: Option<PathBuf>,
 }
 
 impl Default for ServerOptions {
@@ -77,6 +100,10 @@ impl Default for ServerOptions {
             max_buffered: 256 << 20,
             max_keys: 100_000,
             max_total_bytes: 1 << 30,
+            auth_tokens: Vec::new(),
+            auth_read: false,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -86,6 +113,42 @@ pub struct MetadataServer {
     server: serve::Server,
     addr: SocketAddr,
     path: String,
+    /// Serving HTTPS.
+    tls: bool,
+}
+
+/// The TLS settings of `--tls-cert` and `--tls-key`: both or neither; a
+/// file that cannot be read, holds no certificate or no key, or a key that
+/// does not match the certificate is `InvalidInput`.
+fn server_tls(opts: &ServerOptions) -> io::Result<Option<Arc<rustls::ServerConfig>>> {
+    use super::client_tls::{certificates, private_key, provider};
+    let bad = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
+    let (cert, key) = match (&opts.tls_cert, &opts.tls_key) {
+        (None, None) => return Ok(None),
+        (Some(c), Some(k)) => (c, k),
+        _ => return Err(bad("--tls-cert and --tls-key go together".into())),
+    };
+    let read = |flag: &str, path: &PathBuf| {
+        std::fs::read(path)
+            .map_err(|e| bad(format!("{flag}={}: cannot read it: {e}", path.display())))
+    };
+    let chain = certificates("--tls-cert", cert, &read("--tls-cert", cert)?)
+        .map_err(|e| bad(e.to_string()))?;
+    let key =
+        private_key("--tls-key", key, &read("--tls-key", key)?).map_err(|e| bad(e.to_string()))?;
+    let config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad(format!("TLS setup: {e}")))?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| {
+            bad(format!(
+                "--tls-cert={} with --tls-key={}: not a usable certificate and key: {e}",
+                cert.display(),
+                opts.tls_key.as_deref().unwrap_or(cert).display()
+            ))
+        })?;
+    Ok(Some(Arc::new(config)))
 }
 
 impl MetadataServer {
@@ -111,6 +174,13 @@ impl MetadataServer {
         } else {
             format!("/{path}")
         };
+        if opts.auth_read && opts.auth_tokens.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "--auth-read needs --auth-token-file",
+            ));
+        }
+        let tls = server_tls(&opts)?;
         let store = Store::load(
             data_file,
             store::Limits {
@@ -139,6 +209,7 @@ impl MetadataServer {
             max_buffered: opts.max_buffered.max(min_buffered),
             workers: opts.workers.max(1),
             thread_name: "te-meta",
+            tls: tls.clone(),
         };
         let service = Arc::new(Http {
             store,
@@ -152,6 +223,7 @@ impl MetadataServer {
             server,
             addr: local,
             path,
+            tls: tls.is_some(),
         })
     }
 
@@ -161,9 +233,11 @@ impl MetadataServer {
         self.addr
     }
 
-    /// The connection string clients use, e.g. `http://127.0.0.1:8080/metadata`.
+    /// The connection string clients use, e.g. `http://127.0.0.1:8080/metadata`
+    /// (`https://` when serving TLS).
     pub fn url(&self) -> String {
-        format!("http://{}{}", self.addr, self.path)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}{}", self.addr, self.path)
     }
 
     /// Stops accepting requests, lets the workers finish the request they
@@ -207,7 +281,9 @@ impl Service for Http {
     };
 
     fn parse(&self, parser: &mut http1::Parser, buf: &mut Vec<u8>) -> Parse<http1::Request> {
-        http1::parse(parser, buf, self.limits)
+        http1::parse(parser, buf, self.limits, &|method, authorization| {
+            self.admit(method, authorization)
+        })
     }
 
     fn dispatch(&self, request: http1::Request) -> Dispatch<http1::Request> {
@@ -243,6 +319,32 @@ impl Service for Http {
 }
 
 impl Http {
+    /// Whether a request of `method` with the `Authorization` value
+    /// `authorization` may go on: `Err` says why not, without quoting it.
+    fn admit(&self, method: &str, authorization: Option<&[u8]>) -> Result<(), String> {
+        let tokens = &self.opts.auth_tokens;
+        if tokens.is_empty() || (method == "GET" && !self.opts.auth_read) {
+            return Ok(());
+        }
+        let Some(value) = authorization else {
+            return Err(format!(
+                "{method} without a token (no Authorization header): 401"
+            ));
+        };
+        let presented = value
+            .split_at_checked(7)
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case(b"bearer "))
+            .map(|(_, rest)| rest.trim_ascii());
+        match presented {
+            None => Err(format!(
+                "{method} with an Authorization header that is not \"Bearer <token>\": 401"
+            )),
+            // Every token is compared, so the time says not which matched.
+            Some(t) if tokens.iter().fold(false, |any, k| k.matches(t) | any) => Ok(()),
+            Some(_) => Err(format!("{method} with a wrong bearer token: 401")),
+        }
+    }
+
     /// Status and body of the answer to one request.
     fn answer(&self, method: String, target: &str, body: Vec<u8>) -> (u16, Body) {
         let (req_path, query) = target.split_once('?').unwrap_or((target, ""));

@@ -1,0 +1,143 @@
+//! Secrets of the metadata stores and of the metadata server (passwords,
+//! bearer tokens): never shown by `Debug`, compared in constant time, and
+//! bearer tokens read from files.
+
+use ring::digest::{SHA256, digest};
+use std::fmt;
+use std::path::Path;
+use subtle::ConstantTimeEq;
+
+/// Fewest characters of a bearer token.
+pub const MIN_TOKEN_LEN: usize = 16;
+/// Most characters of a bearer token (it travels in a request head).
+pub const MAX_TOKEN_LEN: usize = 4096;
+
+/// A secret text. `Debug` shows `<redacted>`; equality is constant-time.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps `text`.
+    pub fn new(text: impl Into<String>) -> Secret {
+        Secret(text.into())
+    }
+
+    /// The secret itself, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `presented` is this secret, in a time that depends on
+    /// neither where they differ nor their lengths (both are hashed first).
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        let a = digest(&SHA256, self.0.as_bytes());
+        let b = digest(&SHA256, presented);
+        a.as_ref().ct_eq(b.as_ref()).into()
+    }
+}
+
+impl PartialEq for Secret {
+    fn eq(&self, other: &Secret) -> bool {
+        self.matches(other.0.as_bytes())
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// Reads the bearer token in the file at `path`, which `what` names in
+/// messages (e.g. `--auth-token-file`). Leading and trailing white space
+/// (a final newline) is dropped; the rest must be 16 to 4096 visible ASCII
+/// characters. A file others may read is accepted with a warning. The
+/// messages never quote the token.
+pub fn read_token_file(path: &Path, what: &str) -> Result<Secret, String> {
+    let shown = path.display();
+    let raw = std::fs::read(path).map_err(|e| format!("{what}={shown}: cannot read it: {e}"))?;
+    let token = raw.trim_ascii();
+    if token.is_empty() {
+        return Err(format!(
+            "{what}={shown}: the file is empty; put the token in it"
+        ));
+    }
+    if let Some(i) = token.iter().position(|b| !(0x21..=0x7e).contains(b)) {
+        return Err(format!(
+            "{what}={shown}: the token has a byte that is not visible ASCII at offset {i} \
+             (no spaces, control characters or UTF-8 in a bearer token)"
+        ));
+    }
+    if !(MIN_TOKEN_LEN..=MAX_TOKEN_LEN).contains(&token.len()) {
+        return Err(format!(
+            "{what}={shown}: the token has {} characters; use {MIN_TOKEN_LEN} to \
+             {MAX_TOKEN_LEN} (e.g. the 64 of `openssl rand -hex 32`)",
+            token.len()
+        ));
+    }
+    warn_if_shared(path, what);
+    let text = String::from_utf8_lossy(token).into_owned();
+    Ok(Secret(text))
+}
+
+/// Warns when the group or others may read the file at `path`.
+fn warn_if_shared(path: &Path, what: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(path) {
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            tracing::warn!(
+                "{what}={}: the file's mode is {mode:o}, so other users may read the token; \
+                 chmod 600 it",
+                path.display()
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_hides_the_secret_and_equality_compares_it() {
+        let s = Secret::new("hunter2-hunter2-hunter2");
+        assert_eq!(format!("{s:?}"), "<redacted>");
+        assert_eq!(format!("{:?}", Some(s.clone())), "Some(<redacted>)");
+        assert!(s.matches(b"hunter2-hunter2-hunter2"));
+        assert!(!s.matches(b"hunter2-hunter2-hunter3"));
+        assert!(!s.matches(b"hunter2"));
+        assert!(!s.matches(b""));
+        assert_eq!(s, Secret::new("hunter2-hunter2-hunter2"));
+        assert_ne!(s, Secret::new("other"));
+    }
+
+    #[test]
+    fn token_files() {
+        let dir = std::env::temp_dir().join(format!("te-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        let read = |bytes: &[u8]| {
+            std::fs::write(&file, bytes).unwrap();
+            read_token_file(&file, "--auth-token-file")
+        };
+        let t = read(b"  0123456789abcdef0123\n").unwrap();
+        assert!(t.matches(b"0123456789abcdef0123"));
+        for (bad, says) in [
+            (&b"\n"[..], "empty"),
+            (b"short", "5 characters"),
+            (b"0123456789 abcdef0123", "not visible ASCII"),
+            ("0123456789abcdef\u{e9}".as_bytes(), "not visible ASCII"),
+        ] {
+            let e = read(bad).unwrap_err();
+            assert!(e.contains(says), "{e}");
+            assert!(
+                !e.contains("0123456789"),
+                "the message quotes the token: {e}"
+            );
+        }
+        let e = read_token_file(&dir.join("absent"), "X").unwrap_err();
+        assert!(e.contains("cannot read"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
