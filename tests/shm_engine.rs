@@ -31,6 +31,8 @@ use transfer_engine::{Engine, Location, Opcode, Region, Request, TaskStatus};
 const CHILD: &str = "TE_SHM_ENGINE_CHILD";
 /// Bytes of the peer's buffer (`TE_SHM_LEN` in its environment).
 const LEN_VAR: &str = "TE_SHM_LEN";
+/// The peer's host address (`TE_SHM_HOST`; 127.0.0.1 if unset).
+const HOST_VAR: &str = "TE_SHM_HOST";
 /// The pattern seed of the peer's buffer; WRITEs bring [`SEED_WRITE`].
 const SEED_PEER: u8 = 7;
 const SEED_WRITE: u8 = 3;
@@ -48,7 +50,8 @@ fn digest(b: &Buf) -> u64 {
 /// the peer pattern, and a loop over commands.
 fn child_main() {
     let len: usize = std::env::var(LEN_VAR).unwrap().parse().unwrap();
-    let e = Engine::new("P2PHANDSHAKE", "127.0.0.1:0", false).expect("engine");
+    let host = std::env::var(HOST_VAR).unwrap_or_else(|_| "127.0.0.1".into());
+    let e = Engine::new("P2PHANDSHAKE", &format!("{host}:0"), false).expect("engine");
     e.install_transport("tcp", None).expect("tcp");
     e.install_transport("shm", None).expect("shm");
     let buf = Buf::new(len, SEED_PEER);
@@ -125,6 +128,11 @@ impl Peer {
     /// Starts the peer of test `test` with a buffer of `len` bytes,
     /// through `wrap` (e.g. `setpriv ...`) if not empty.
     fn start(test: &str, len: usize, wrap: &[&str]) -> Peer {
+        Peer::start_on(test, len, wrap, "127.0.0.1")
+    }
+
+    /// As [`Peer::start`], its engine named by `host`.
+    fn start_on(test: &str, len: usize, wrap: &[&str], host: &str) -> Peer {
         let exe = std::env::current_exe().unwrap();
         let mut cmd = match wrap.split_first() {
             Some((first, rest)) => {
@@ -137,6 +145,7 @@ impl Peer {
         cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
             .env(CHILD, test)
             .env(LEN_VAR, len.to_string())
+            .env(HOST_VAR, host)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn the peer");
@@ -588,4 +597,177 @@ fn auto_discovery_installs_shm_beside_tcp_unless_mc_te_shm_is_0() {
     };
     assert_eq!(transports("1"), (json!("tcp"), true));
     assert_eq!(transports("0"), (json!("tcp"), false));
+}
+
+/// A network namespace joined to ours by a veth pair, deleted on drop.
+struct Netns {
+    name: String,
+    veth: String,
+}
+
+impl Netns {
+    /// `te-shm-<pid>` with 10.78.X.1 here and 10.78.X.2 inside; `None`
+    /// (with the reason) where namespaces cannot be made.
+    fn new() -> Result<(Netns, String, String), String> {
+        // SAFETY: a plain system call.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("needs root for network namespaces".into());
+        }
+        let pid = std::process::id();
+        let x = pid % 200 + 20;
+        let ns = Netns {
+            name: format!("te-shm-{pid}"),
+            veth: format!("tes{pid}"),
+        };
+        let (here, there) = (format!("10.78.{x}.1"), format!("10.78.{x}.2"));
+        let inner = format!("tei{pid}");
+        let steps: Vec<Vec<String>> = vec![
+            vec!["netns".into(), "add".into(), ns.name.clone()],
+            vec![
+                "link".into(),
+                "add".into(),
+                ns.veth.clone(),
+                "type".into(),
+                "veth".into(),
+                "peer".into(),
+                "name".into(),
+                inner.clone(),
+            ],
+            vec![
+                "link".into(),
+                "set".into(),
+                inner.clone(),
+                "netns".into(),
+                ns.name.clone(),
+            ],
+            vec![
+                "addr".into(),
+                "add".into(),
+                format!("{here}/24"),
+                "dev".into(),
+                ns.veth.clone(),
+            ],
+            vec!["link".into(), "set".into(), ns.veth.clone(), "up".into()],
+            vec![
+                "-n".into(),
+                ns.name.clone(),
+                "addr".into(),
+                "add".into(),
+                format!("{there}/24"),
+                "dev".into(),
+                inner.clone(),
+            ],
+            vec![
+                "-n".into(),
+                ns.name.clone(),
+                "link".into(),
+                "set".into(),
+                inner,
+                "up".into(),
+            ],
+            vec![
+                "-n".into(),
+                ns.name.clone(),
+                "link".into(),
+                "set".into(),
+                "lo".into(),
+                "up".into(),
+            ],
+        ];
+        for step in steps {
+            let out = Command::new("ip")
+                .args(&step)
+                .output()
+                .map_err(|e| format!("ip: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "ip {}: {}",
+                    step.join(" "),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+        }
+        Ok((ns, here, there))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.veth])
+            .output();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+#[test]
+fn one_batch_reaches_a_peer_here_by_shm_and_one_in_another_namespace_by_tcp() {
+    const TEST: &str = "one_batch_reaches_a_peer_here_by_shm_and_one_in_another_namespace_by_tcp";
+    if is_child(TEST) {
+        return child_main();
+    }
+    let (ns, here, there) = match Netns::new() {
+        Ok(v) => v,
+        Err(why) => return common::skip(&why),
+    };
+    const LEN: usize = 8 << 20;
+    // This engine is named by its address on the link, so that its TCP
+    // reaches the other namespace.
+    let e = Engine::new("P2PHANDSHAKE", &format!("{here}:0"), false).expect("engine");
+    e.install_transport("tcp", None).expect("tcp");
+    e.install_transport("shm", None).expect("shm");
+    let src = Buf::new(LEN, 0);
+    src.set(
+        0,
+        &(0..LEN)
+            .map(|i| pattern_byte(i, SEED_WRITE))
+            .collect::<Vec<_>>(),
+    );
+    register(&e, &src);
+    let mut near = Peer::start(TEST, LEN, &[]);
+    let mut far = Peer::start_on(TEST, LEN, &["ip", "netns", "exec", &ns.name], &there);
+    let (a, b) = (
+        e.open_segment(&near.name).expect("open near"),
+        e.open_segment(&far.name).expect("open far"),
+    );
+    let far_port = far.data_port();
+    let reqs: Vec<Request> = (0..8u64)
+        .map(|i| Request {
+            opcode: Opcode::Write,
+            source: src.addr() + i * (LEN as u64 / 8),
+            target_id: if i % 2 == 0 { a } else { b },
+            target_offset: if i % 2 == 0 { near.addr } else { far.addr } + i * (LEN as u64 / 8),
+            length: LEN as u64 / 8,
+        })
+        .collect();
+    assert_eq!(run(&e, &reqs), vec![TaskStatus::Completed; 8]);
+    let ranges = |parity: u64| -> Vec<[u64; 2]> {
+        (0..8u64)
+            .filter(|i| i % 2 == parity)
+            .map(|i| [i * (LEN as u64 / 8), LEN as u64 / 8])
+            .collect()
+    };
+    assert_eq!(
+        near.call(json!({"op": "check", "ranges": ranges(0)}))["bad"],
+        0
+    );
+    assert_eq!(
+        far.call(json!({"op": "check", "ranges": ranges(1)}))["bad"],
+        0
+    );
+    // The near peer's half went by shared memory, the far one's over its
+    // data port.
+    assert_eq!(counters(&e)["written"].as_u64(), Some(LEN as u64 / 2));
+    assert_eq!(
+        near.call(json!({"op": "counters"}))["shm"]["served"],
+        LEN as u64 / 2
+    );
+    assert_eq!(far.call(json!({"op": "counters"}))["shm"]["served"], 0);
+    assert!(
+        tcp_connections_on(far_port) > 0,
+        "no connection of ours reached the far peer's data port"
+    );
+    e.shutdown();
 }
