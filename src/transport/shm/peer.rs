@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 const RETRY_AFTER: Duration = Duration::from_secs(10);
 
 /// What the initiator holds of an attached target.
-
 pub(crate) struct Link {
     pub ring: Ring,
     pub table: TableReader,

@@ -466,16 +466,10 @@ mod tests {
             // SAFETY: as above.
             unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }
         };
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&unsealed);
         // SAFETY: a plain system call on our descriptor.
-        assert_eq!(
-            unsafe {
-                libc::ftruncate(
-                    std::os::fd::AsRawFd::as_raw_fd(&unsealed),
-                    ring_bytes(4) as i64,
-                )
-            },
-            0
-        );
+        let truncated = unsafe { libc::ftruncate(raw, ring_bytes(4) as i64) };
+        assert_eq!(truncated, 0);
         let err = Ring::open(&unsealed, 9).err().unwrap();
         assert!(err.to_string().contains("sealed"), "{err}");
     }

@@ -64,10 +64,8 @@ pub fn seal_future_writes(fd: &OwnedFd) -> io::Result<()> {
 /// Seals a memfd against further seals (its size is sealed already).
 pub fn seal_seals(fd: &OwnedFd) -> io::Result<()> {
     // SAFETY: a plain system call on a descriptor we own.
-    check(
-        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SEAL) }
-            as libc::c_long,
-    )?;
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SEAL) };
+    check(r as libc::c_long)?;
     Ok(())
 }
 
