@@ -13,6 +13,7 @@ import pathlib
 import queue
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -321,7 +322,16 @@ class Peer:
             self.proc.wait()
 
     def signal(self, sig: int) -> None:
+        """Sends `sig`; a SIGSTOP returns once the process is stopped (a
+        transfer started after it finds it stopped, not about to stop)."""
         self.proc.send_signal(sig)
+        if sig == signal.SIGSTOP:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                with open(f"/proc/{self.proc.pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                        return
+                time.sleep(0.001)
 
 
 @pytest.fixture

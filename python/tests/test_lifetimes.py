@@ -38,7 +38,10 @@ def run_child(peer, cases, env=None) -> dict:
     """Runs lifetime_child.py CASES under PYTHONMALLOC=debug; returns its
     results by case. A crash fails with the child's exit status."""
     args = [sys.executable, str(CHILD), peer.name, str(peer.addr), str(peer.proc.pid), str(SIZE)]
-    full_env = {**os.environ, "PYTHONMALLOC": "debug", **(env or {})}
+    # The peer is stopped to make READs outlast their call: over the
+    # network. (By shared memory, the initiator copies a READ itself, and
+    # a stopped peer does not hold it up.)
+    full_env = {**os.environ, "PYTHONMALLOC": "debug", "MC_TE_SHM": "0", **(env or {})}
     try:
         done = subprocess.run(
             args + cases, env=full_env, capture_output=True, text=True, timeout=600

@@ -257,13 +257,6 @@ pub struct ShmPeer {
     core: Arc<PeerCore>,
 }
 
-impl ShmPeer {
-    /// The target's process id, as its descriptor gives it.
-    pub fn pid(&self) -> i32 {
-        self.core.target_pid
-    }
-}
-
 impl Drop for ShmPeer {
     fn drop(&mut self) {
         self.core.detach();
@@ -474,6 +467,7 @@ impl ShmTransport {
     }
 
     /// Rings served now (attached initiators).
+    #[cfg(test)]
     pub fn served_peers(&self) -> usize {
         self.shared.served().len()
     }
