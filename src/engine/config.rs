@@ -15,6 +15,7 @@ use std::sync::Once;
 use tracing::warn;
 
 use super::control::NotifyLimits;
+use crate::auth::AuthConfig;
 use crate::metadata::{PeerLimits, StoreConfig};
 use crate::rpc::RpcConfig;
 use crate::topology::TopologyConfig;
@@ -93,6 +94,8 @@ pub struct Config {
     pub rdma: RdmaConfig,
     /// Devices and the priority matrix.
     pub topology: TopologyConfig,
+    /// The cluster key of peer authentication.
+    pub auth: AuthConfig,
     /// The warnings parsing produced (bad values and what was kept).
     pub warnings: Vec<String>,
 }
@@ -451,6 +454,14 @@ impl Config {
                     })
                     .unwrap_or_default(),
                 path_roundrobin: r.flag("MC_PATH_ROUNDROBIN"),
+            },
+            auth: {
+                let (auth, warnings) = AuthConfig::from_vars(
+                    r.string("MC_TE_AUTH_KEY_FILE"),
+                    r.string("MC_TE_AUTH_KEY"),
+                );
+                warnings.into_iter().for_each(|w| r.warn(w));
+                auth
             },
             warnings: r.warnings.into_inner(),
         }

@@ -552,7 +552,7 @@ impl<S: Service> EventLoop<S> {
                     if let Some(bytes) = interim {
                         // Small and sent once; if the socket cannot take it
                         // now the client proceeds without it.
-                        let _ = c.stream.write(bytes);
+                        let _ = c.stream.write(&bytes);
                     }
                     c.want = want;
                 }

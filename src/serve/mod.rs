@@ -99,7 +99,7 @@ pub(crate) enum Parse<R> {
     /// (e.g. HTTP's `100 Continue`).
     More {
         /// Bytes to send now, if any.
-        interim: Option<&'static [u8]>,
+        interim: Option<Vec<u8>>,
         /// How many bytes the buffer will hold once the request is complete,
         /// when known (a validated length): the buffer grows as bytes arrive,
         /// never beyond it.

@@ -8,6 +8,7 @@ use super::handshake::{HandshakeDesc, split_nic_path};
 use super::nic::Nic;
 use super::registry::{DeviceDomain, Registry};
 use super::wake::{EventFd, wait_readable};
+use crate::auth::Keys;
 use crate::error::{Error, Result};
 use crate::lanes::{Lanes, Limits};
 use crate::rpc::{ClientOptions, FrameKind};
@@ -93,6 +94,8 @@ pub struct RdmaOptions {
     pub handshake_timeout: Duration,
     /// Handshake client options.
     pub rpc: ClientOptions,
+    /// The cluster keys our handshakes authenticate with.
+    pub auth: Option<Arc<Keys>>,
     /// How long a peer found gone is not connected to again
     /// (`MC_RDMA_RAIL_PAUSE_SECONDS`).
     pub peer_gone_for: Duration,
@@ -131,6 +134,7 @@ impl RdmaOptions {
             signal_every: c.rdma.signal_interval,
             handshake_timeout: Duration::from_secs(2 * c.rpc.connect_timeout_secs),
             rpc: ClientOptions::from_config(c.rpc),
+            auth: None,
             peer_gone_for: Duration::from_secs(c.sched.rail_pause_secs),
             max_passive_ep: c.rdma.max_passive_ep,
             max_passive_ep_per_peer: c.rdma.max_passive_ep_per_peer,
@@ -215,12 +219,17 @@ impl RdmaTransport {
     /// engine named `server_name` and starts their threads. A device that
     /// cannot be used is left out with a warning; none usable is
     /// [`Error::DeviceNotFound`].
+    /// Its handshakes authenticate with the cluster keys `auth`.
     pub fn start(
         devices: &[String],
         server_name: &str,
         cfg: TransportConfig<'_>,
+        auth: Option<Arc<Keys>>,
     ) -> Result<RdmaTransport> {
-        let opts = Arc::new(RdmaOptions::from_config(cfg));
+        let opts = Arc::new(RdmaOptions {
+            auth,
+            ..RdmaOptions::from_config(cfg)
+        });
         let gone = Arc::new(GonePeers::default());
         let connector = Arc::new(Lanes::new(Limits {
             threads: opts.connect_threads,
