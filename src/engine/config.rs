@@ -175,6 +175,14 @@ impl Config {
         }
     }
 
+    /// This configuration with the cluster keys read from `files`
+    /// (`new[,old]`, as `MC_TE_AUTH_KEY_FILE`) instead of those the
+    /// environment names.
+    pub fn with_auth_key_file(mut self, files: &str) -> Config {
+        self.auth = AuthConfig::from_files(files);
+        self
+    }
+
     /// Parses the configuration from the process environment.
     pub fn from_env() -> Config {
         Config::from_lookup(|k| std::env::var(k).ok())
