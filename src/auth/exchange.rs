@@ -481,3 +481,94 @@ mod tests {
         assert_eq!(c.advance(&probe), Err(AuthError::Unexpected));
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use crate::auth::wire::MAX_FRAME;
+    use proptest::prelude::*;
+
+    fn keys() -> Arc<Keys> {
+        Arc::new(Keys::new(&[vec![7u8; 32]]))
+    }
+
+    /// Feeds `bytes` to a server in `chunks`, as a connection would
+    /// receive them; checks every step and returns whether it accepted.
+    fn feed_server(bytes: &[u8], chunks: &[usize]) -> bool {
+        let l = Arc::new(Listener::new(keys(), Port::Data, &["n"]));
+        let mut s = ServerAuth::new(l).expect("nonce");
+        let mut buf: Vec<u8> = Vec::new();
+        let mut at = 0;
+        for &c in chunks.iter().chain(std::iter::once(&usize::MAX)) {
+            let end = at + c.min(bytes.len() - at);
+            buf.extend_from_slice(&bytes[at..end]);
+            at = end;
+            loop {
+                let (taken, step) = s.advance(&buf);
+                assert!(taken <= buf.len());
+                buf.drain(..taken);
+                match step {
+                    ServerStep::Wait(n) => {
+                        assert!(n <= MAX_FRAME);
+                        break;
+                    }
+                    ServerStep::Send(out) => assert!(out.len() <= MAX_FRAME),
+                    ServerStep::Accepted(_) => return true,
+                    ServerStep::Refused(_) => return false,
+                }
+            }
+            // Nothing a peer sends makes the server hold more than a frame.
+            assert!(buf.len() <= MAX_FRAME, "{} bytes held", buf.len());
+        }
+        false
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_pass_or_panic_the_server(
+            bytes in proptest::collection::vec(any::<u8>(), 0..400),
+            chunks in proptest::collection::vec(1usize..64, 0..16),
+        ) {
+            prop_assert!(!feed_server(&bytes, &chunks));
+        }
+
+        #[test]
+        fn a_hello_then_random_proofs_never_pass(
+            nonce in proptest::array::uniform32(any::<u8>()),
+            proof in proptest::collection::vec(any::<u8>(), 0..200),
+            chunks in proptest::collection::vec(1usize..64, 0..16),
+        ) {
+            let mut bytes = frame(HELLO, &[&[VERSION], &nonce]);
+            bytes.extend_from_slice(&proof);
+            prop_assert!(!feed_server(&bytes, &chunks));
+        }
+
+        #[test]
+        fn random_answers_never_pass_or_panic_the_client(
+            bytes in proptest::collection::vec(any::<u8>(), 0..400),
+            valid_challenge in any::<bool>(),
+        ) {
+            let (mut c, _) = ClientAuth::start(keys(), Port::Data, "n").expect("nonce");
+            let mut buf = if valid_challenge {
+                frame(CHALLENGE, &[&[VERSION], &[1u8; NONCE_LEN]])
+            } else {
+                Vec::new()
+            };
+            buf.extend_from_slice(&bytes);
+            loop {
+                match c.advance(&buf) {
+                    Ok((taken, ClientStep::Wait(n))) => {
+                        prop_assert!(taken <= buf.len() && n <= MAX_FRAME);
+                        break;
+                    }
+                    Ok((taken, ClientStep::Send(out))) => {
+                        prop_assert!(out.len() <= MAX_FRAME);
+                        buf.drain(..taken);
+                    }
+                    Ok((_, ClientStep::Accepted)) => prop_assert!(false, "accepted random bytes"),
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+}
