@@ -164,6 +164,15 @@ pub fn refused(buf: &[u8]) -> Option<Option<Reason>> {
     }
 }
 
+/// The reason of a refusal read as an old-protocol handshake frame's
+/// payload (its type byte included), as a client without a key reads it.
+pub fn refusal_payload(payload: &[u8]) -> Option<Reason> {
+    match payload {
+        [REFUSED, reason] => Some(Reason::from_byte(*reason)),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,5 +213,8 @@ mod tests {
             Some(Some(Reason::NotEnabled))
         );
         assert_eq!(refused(&hello), None);
+        let r = refusal(Reason::NoAuthentication);
+        assert_eq!(refusal_payload(&r[8..]), Some(Reason::NoAuthentication));
+        assert_eq!(refusal_payload(b"{}"), None);
     }
 }

@@ -7,6 +7,7 @@
 use super::DeadlineReader;
 use super::RpcConfig;
 use super::frame::{Frame, FrameError, FrameKind, encode_json, read_frame};
+use crate::auth::wire::refusal_payload;
 use crate::auth::{AuthError, ClientAuth, Gate, Keys, Port, Standing};
 use crate::error::{Error, Result};
 use crate::sync;
@@ -234,8 +235,15 @@ fn exchange(
                 false,
             ));
         }
-        Frame::Legacy(_) => {
-            return Err(fail("reply", &"untyped (legacy) frame", false));
+        Frame::Legacy(p) => {
+            let why = match refusal_payload(&p) {
+                Some(reason) => format!(
+                    "refused by the peer, which requires authentication ({reason}); set \
+                     MC_TE_AUTH_KEY_FILE to the cluster's key"
+                ),
+                None => "untyped (legacy) frame".to_string(),
+            };
+            return Err(fail("reply", &why, false));
         }
     };
     serde_json::from_slice(&payload).map_err(|e| Failure {
