@@ -149,9 +149,7 @@ impl Handshake {
     fn reply(reply_kind: Option<FrameKind>, v: &Value) -> Reply {
         Reply::owned(encode_json(reply_kind, v), Then::Linger)
     }
-}
 
-impl Handshake {
     /// Moves a connection's authentication on with the bytes received:
     /// the frames to send (the challenge, our proof), or the refusal
     /// that closes the connection. Without a key every connection is

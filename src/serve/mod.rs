@@ -96,7 +96,9 @@ pub(crate) struct Settings {
 /// What [`Service::parse`] found.
 pub(crate) enum Parse<R> {
     /// The request is incomplete. `interim` is sent to the client at once
-    /// (e.g. HTTP's `100 Continue`).
+    /// (e.g. HTTP's `100 Continue`, the frames of the handshake port's
+    /// authentication): a few bytes, with one write, which the socket's
+    /// send buffer takes whole as nothing else is being sent then.
     More {
         /// Bytes to send now, if any.
         interim: Option<Vec<u8>>,
