@@ -16,6 +16,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use transfer_engine::metadata::server::MetadataServer;
 use transfer_engine::{Config, Engine, TaskStatus};
 
 const HELLO: u8 = 0xA1;
@@ -59,13 +60,20 @@ fn key(seed: u8) -> Vec<u8> {
 /// A P2P engine on 127.0.0.1 with TCP, whose `MC_TE_AUTH_KEY_FILE` is
 /// `files` (none: no key).
 fn keyed(files: Option<&str>) -> Arc<Engine> {
+    keyed_in("P2PHANDSHAKE", "127.0.0.1:0", files)
+}
+
+/// [`keyed`] named `name` whose peers are found through `conn` (a store
+/// advertises the loopback address).
+fn keyed_in(conn: &str, name: &str, files: Option<&str>) -> Arc<Engine> {
     let files = files.map(str::to_string);
     let cfg = Config::from_lookup(move |k| match k {
         "MC_TE_AUTH_KEY_FILE" => files.clone(),
         "MC_HANDSHAKE_CONNECT_TIMEOUT" => Some("2".into()),
+        "MC_TCP_BIND_ADDRESS" => Some("127.0.0.1".into()),
         _ => std::env::var(k).ok(),
     });
-    let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+    let e = Engine::builder(conn, name)
         .config(cfg)
         .build()
         .expect("engine");
@@ -345,4 +353,41 @@ fn a_proof_reflected_back_to_our_engine_is_caught() {
         after.is_empty(),
         "our engine sent its request: {after:02x?}"
     );
+}
+
+#[test]
+fn with_a_store_the_data_port_refuses_another_key_and_the_tasks_fail() {
+    // The descriptor comes from the store: the first connection to the
+    // peer is a data connection.
+    let store = MetadataServer::start("127.0.0.1:0", "/metadata", None).expect("metadata server");
+    let (ka, kb) = (KeyFile::new(12), KeyFile::new(13));
+    let a = keyed_in(&store.url(), "auth-a", Some(&ka.path()));
+    let b = keyed_in(&store.url(), "auth-b", Some(&kb.path()));
+    let target = Buf::new(1 << 16, 21);
+    register(&b, &target, true);
+    let src = Buf::new(1 << 16, 22);
+    let back = Buf::zeroed(1 << 16);
+    register(&a, &src, false);
+    register(&a, &back, false);
+    let seg = a.open_segment("auth-b").expect("open through the store");
+    let t0 = Instant::now();
+    let w = run_within(
+        &a,
+        &[write_req(src.addr(), seg, target.addr(), 1 << 16)],
+        Duration::from_secs(60),
+    );
+    assert_eq!(w, vec![TaskStatus::Failed]);
+    let r = run_within(
+        &a,
+        &[read_req(back.addr(), seg, target.addr(), 1 << 16)],
+        Duration::from_secs(60),
+    );
+    assert_eq!(r, vec![TaskStatus::Failed]);
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    assert_eq!(target.snapshot(), pattern(1 << 16, 21), "no byte written");
+    assert_eq!(back.snapshot(), vec![0u8; 1 << 16], "no byte read");
+    // An engine with b's key moves bytes through the same store.
+    let c = keyed_in(&store.url(), "auth-c", Some(&kb.path()));
+    moves_verified_bytes(&c, &b, 23);
+    store.shutdown();
 }
