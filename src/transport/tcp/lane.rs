@@ -26,6 +26,12 @@
 //! is reset and its requests fail as a stalled connection's do. A peer
 //! that trickles a READ's reply, or reads a WRITE's payload a KiB now and
 //! then, cannot keep a request open past a window or two.
+//!
+//! Authentication: with a cluster key, a connection proves it holds the
+//! key and checks the peer's proof ([`crate::auth`]) before its first
+//! request, within the connect timeout; a peer that refuses us, or whose
+//! proof is wrong, fails the lane's requests (none reached it) and cools
+//! the endpoint down as a failed connect does.
 
 use super::progress::{MinRate, Progress, Requests, Seen, Slow, Traffic};
 use super::wire::{

@@ -11,6 +11,11 @@
 //! `MC_TCP_STATUS_TIMEOUT_SEC` are dropped, and so are requests whose peer
 //! takes fewer than `MC_TCP_MIN_RATE_BYTES_PER_SEC` (see
 //! [`super::progress`]).
+//!
+//! With a cluster key, a session first runs the server's side of the
+//! authentication ([`crate::auth`]) and reads no request header before the
+//! peer has proved it holds the key; a peer that has not within
+//! `MC_HANDSHAKE_IO_TIMEOUT` of its accept is closed.
 
 use super::bound::{self, Board};
 use super::progress::{MinRate, Progress, Seen, Traffic};
@@ -279,8 +284,9 @@ impl Session {
         Some(Turn::Abort)
     }
 
-    /// Whether the session must be closed now: idle too long, or a request
-    /// in progress stalled.
+    /// Whether the session must be closed now: not authenticated within
+    /// the deadline (with a cluster key), idle too long, or a request in
+    /// progress stalled.
     fn expired(&self, now: Instant, shared: &ServerShared) -> Option<Turn> {
         if let (Some(_), Some(auth)) = (&self.gate, &shared.auth) {
             let age = now.saturating_duration_since(self.admitted);
