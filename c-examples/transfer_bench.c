@@ -89,7 +89,7 @@ struct options {
   const char *mode, *operation, *protocol, *metadata_server, *local_server_name, *segment_id;
   const char *report_unit;
   const char *device_name, *nic_priority_matrix;
-  uint64_t rail_sample_ms;
+  uint64_t rail_sample_ms, handshakes;
   int rail_stats;
   uint64_t buffer_size, block_size, batch_size, target_base, target_size, verify_seed;
   int threads, report_precision, auto_discovery, verify;
@@ -147,6 +147,37 @@ static uint64_t mismatches(const unsigned char *p, uint64_t off, uint64_t n, uin
   return bad;
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static const char *last_error(void);
+
+/* --handshakes N: N descriptor fetches from the target (openSegmentNoCache:
+ * each one connection to its handshake listener, with authentication when
+ * a cluster key is set, and a Metadata request); prints the median and the
+ * 90th percentile in microseconds. */
+static int time_handshakes(transfer_engine_t e) {
+  double *t = calloc(opt.handshakes, sizeof *t);
+  if (!t) return 1;
+  for (uint64_t i = 0; i < opt.handshakes; i++) {
+    double t0 = now();
+    if (openSegmentNoCache(e, opt.segment_id) < 0) {
+      fprintf(stderr, "transfer_bench: openSegmentNoCache(%s) failed: %s\n", opt.segment_id,
+              last_error());
+      free(t);
+      return 1;
+    }
+    t[i] = (now() - t0) * 1e6;
+  }
+  qsort(t, opt.handshakes, sizeof *t, cmp_double);
+  printf("handshakes %" PRIu64 " median_us %.1f p90_us %.1f\n", opt.handshakes,
+         t[opt.handshakes / 2], t[opt.handshakes * 9 / 10]);
+  free(t);
+  return 0;
+}
+
 /* ------------------------------------------------------------ arguments */
 
 static void usage(const char *why) {
@@ -158,6 +189,7 @@ static void usage(const char *why) {
           "         [--operation read|write] [--block_size B] [--batch_size N] [--threads N]\n"
           "         [--duration S] [--report_unit GB|GiB|Gb|MB|MiB|Mb|KB|KiB|Kb]\n"
           "         [--report_precision N] [--auto_discovery] [--rail_stats]\n"
+          "         [--handshakes N: time N handshakes (openSegmentNoCache), print, exit]\n"
           "       both: [--device_name IF1,IF2 | --nic_priority_matrix FILE]\n");
   exit(2);
 }
@@ -243,6 +275,7 @@ static void parse_args(int argc, char **argv) {
     else if (!strcmp(flag, "--device_name")) opt.device_name = value;
     else if (!strcmp(flag, "--nic_priority_matrix")) opt.nic_priority_matrix = value;
     else if (!strcmp(flag, "--rail_sample_ms")) opt.rail_sample_ms = parse_u64(flag, value);
+    else if (!strcmp(flag, "--handshakes")) opt.handshakes = parse_u64(flag, value);
     else if (!strcmp(flag, "--buffer_size")) opt.buffer_size = parse_u64(flag, value);
     else if (!strcmp(flag, "--block_size")) opt.block_size = parse_u64(flag, value);
     else if (!strcmp(flag, "--batch_size")) opt.batch_size = parse_u64(flag, value);
@@ -648,6 +681,7 @@ static int initiator_main(void) {
             "--metadata_server the same as the target's?)\n", opt.segment_id, last_error());
     return 1;
   }
+  if (opt.handshakes) return time_handshakes(e);
   uint64_t target_base = opt.target_base, target_size = opt.target_size;
   if (!target_base) {
     /* As Mooncake's bench: the first buffer of the target segment. */

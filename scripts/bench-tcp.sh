@@ -2,7 +2,7 @@
 # bench-tcp.sh: TCP transfers between two processes on loopback, beside
 # iperf3 on the same path in the same run.
 #
-#   scripts/bench-tcp.sh [--quick] [--runs N] [--duration S] [--streams N]
+#   scripts/bench-tcp.sh [--quick] [--runs N] [--duration S] [--streams N] [--auth]
 #
 # Builds release with CMake (build/, or $BUILD_DIR), starts an iperf3
 # server and a transfer_bench target (P2PHANDSHAKE, 127.0.0.1), then for
@@ -14,6 +14,14 @@
 # medians: ours GB/s, iperf3 GB/s with the same stream count, the ratio,
 # and requests/s. GB = 1e9 bytes.
 #
+# --auth: a second target with a cluster key (MC_TE_AUTH_KEY_FILE, a
+# fresh random key in the temporary directory), and every case runs
+# against both targets in the same run, initiators with the same key for
+# the keyed one: the table adds "auth GB/s", "auth requests/s" and their
+# ratios to the figures without a key; then the handshake latency
+# (transfer_bench --handshakes: descriptor fetches, one connection each)
+# without and with the key.
+#
 # Defaults: 3 runs of 4 s (about 2-3 minutes). --quick: 3 runs of 2 s (about 1 minute).
 # A benchmark, not a test: its verdict is the table, not the exit code
 # (which is non-zero only when something failed to run).
@@ -22,6 +30,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 runs=3
 duration=4
 streams=4
+auth=0
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) duration=2; shift ;;
@@ -31,7 +40,8 @@ while [ $# -gt 0 ]; do
     --duration=*) duration=${1#*=}; shift ;;
     --streams) streams=$2; shift 2 ;;
     --streams=*) streams=${1#*=}; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --auth) auth=1; shift ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "bench-tcp.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -97,12 +107,29 @@ for _ in 1 2 3 4 5; do
 done
 [ -n "$iperf_port" ] || { echo "could not start iperf3 -s" >&2; exit 1; }
 
-"$bench" --mode target --protocol tcp --metadata_server P2PHANDSHAKE --local_server_name 127.0.0.1 \
-  --buffer_size $((1 << 30)) >"$tmp/target.out" 2>"$tmp/target.err" &
-tpid=$!
-pids+=("$tpid")
-line=$(wait_line "$tmp/target.out" '^segment ' 60 "$tpid")
-read -r _ seg _ base _ size <<<"$line"
+# Targets: 0 without a key, 1 (--auth) with one; their segment, base and size.
+seg_of=() base_of=() size_of=()
+start_target() { # start_target INDEX [VAR=VALUE...]
+  local i=$1
+  shift
+  env "$@" "$bench" --mode target --protocol tcp --metadata_server P2PHANDSHAKE --local_server_name 127.0.0.1 \
+    --buffer_size $((1 << 30)) >"$tmp/target$i.out" 2>"$tmp/target$i.err" &
+  local tpid=$!
+  pids+=("$tpid")
+  local line
+  line=$(wait_line "$tmp/target$i.out" '^segment ' 60 "$tpid") || return 1
+  read -r _ "seg_of[$i]" _ "base_of[$i]" _ "size_of[$i]" <<<"$line"
+}
+# The engines without a key ignore whatever the caller set.
+unset MC_TE_AUTH_KEY_FILE MC_TE_AUTH_KEY
+start_target 0
+seg=${seg_of[0]}
+key=""
+if [ "$auth" = 1 ]; then
+  key=$tmp/cluster.key
+  (umask 077; python3 -c 'import os; print(os.urandom(32).hex())' >"$key")
+  start_target 1 MC_TE_AUTH_KEY_FILE="$key"
+fi
 
 iperf() { # iperf() STREAMS -> GB/s received
   local out="$tmp/iperf3-client.json"
@@ -110,10 +137,11 @@ iperf() { # iperf() STREAMS -> GB/s received
   python3 -c 'import json,sys; print("%.4f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"] / 8e9))' "$out"
 }
 
-ours() { # ours OP BLOCK -> "GB/s req/s"
-  local out="$tmp/initiator.out"
-  if ! timeout -k 5 $((duration + 60)) "$bench" --mode initiator --protocol tcp --metadata_server P2PHANDSHAKE \
-    --local_server_name 127.0.0.1 --segment_id "$seg" --target_base "$base" --target_size "$size" \
+ours() { # ours OP BLOCK [TARGET] -> "GB/s req/s" (TARGET 1: the keyed one)
+  local out="$tmp/initiator.out" t=${3:-0} env=()
+  if [ "$t" = 1 ]; then env=(MC_TE_AUTH_KEY_FILE="$key"); fi
+  if ! env "${env[@]}" timeout -k 5 $((duration + 60)) "$bench" --mode initiator --protocol tcp --metadata_server P2PHANDSHAKE \
+    --local_server_name 127.0.0.1 --segment_id "${seg_of[$t]}" --target_base "${base_of[$t]}" --target_size "${size_of[$t]}" \
     --operation "$1" --block_size "$2" --batch_size 128 --threads "$streams" --duration "$duration" \
     --buffer_size $((2 << 20)) --report_unit GB --report_precision 4 >"$out" 2>"$tmp/initiator.err"; then
     echo "transfer_bench initiator $1 block $2 failed:" >&2
@@ -148,10 +176,31 @@ for r in $(seq "$runs"); do
     v=$(ours "$op" "$block")
     echo "$r ${op^^} $label $v" >>"$results"
     echo "run $r: ${op^^} $label: $v (GB/s req/s)"
+    if [ "$auth" = 1 ]; then
+      v=$(ours "$op" "$block" 1)
+      echo "$r AUTH-${op^^} $label $v" >>"$results"
+      echo "run $r: ${op^^} $label with a key: $v (GB/s req/s)"
+    fi
   done
 done
 
-python3 - "$results" "$streams" <<'EOF'
+handshakes() { # handshakes TARGET -> "median_us p90_us"
+  local t=$1 env=()
+  if [ "$t" = 1 ]; then env=(MC_TE_AUTH_KEY_FILE="$key"); fi
+  env "${env[@]}" timeout -k 5 120 "$bench" --mode initiator --protocol tcp --metadata_server P2PHANDSHAKE \
+    --local_server_name 127.0.0.1 --segment_id "${seg_of[$t]}" --buffer_size $((1 << 20)) \
+    --handshakes 500 2>"$tmp/handshakes.err" | awk '/^handshakes/ {print $4, $6}'
+}
+if [ "$auth" = 1 ]; then
+  for r in $(seq "$runs"); do
+    read -r m p < <(handshakes 0)
+    read -r am ap < <(handshakes 1)
+    echo "run $r: handshake latency without a key: median $m us, p90 $p us; with: median $am us, p90 $ap us"
+    echo "$r $m $p $am $ap" >>"$tmp/handshakes"
+  done
+fi
+
+python3 - "$results" "$streams" "$auth" "$tmp/handshakes" <<'EOF'
 import statistics, sys
 rows, per_run = {}, {}
 for line in open(sys.argv[1]):
@@ -172,4 +221,16 @@ for key in [("WRITE", "1MiB"), ("READ", "1MiB"), ("WRITE", "64KiB"), ("READ", "6
           " ".join("%.2f" % x for x in ratios)))
 print("iperf3 -P %s: %.2f GB/s, -P 1: %.2f GB/s (medians of %d runs)" % (streams, ip, ip1, len(rows[("iperf3", "P" + streams)])))
 print("ratio = median ours / median iperf3 -P %s; per-run ratios divide by the same run's iperf3" % streams)
+if sys.argv[3] == "1":
+    print()
+    print("%-12s %10s %10s %7s %12s %12s %7s" % ("case", "GB/s", "auth GB/s", "ratio", "requests/s", "auth req/s", "ratio"))
+    for op, label in [("WRITE", "1MiB"), ("READ", "1MiB"), ("WRITE", "64KiB"), ("READ", "64KiB"), ("WRITE", "4KiB"), ("READ", "4KiB")]:
+        plain, keyed = rows[(op, label)], rows[("AUTH-" + op, label)]
+        g, ag = med([x for x, _ in plain]), med([x for x, _ in keyed])
+        r, ar = med([y for _, y in plain]), med([y for _, y in keyed])
+        print("%-12s %10.2f %10.2f %7.3f %12.0f %12.0f %7.3f" % (op + " " + label, g, ag, ag / g, r, ar, ar / r))
+    hs = [list(map(float, l.split()[1:])) for l in open(sys.argv[4])]
+    print("handshake latency (median of %d runs of 500): without a key median %.0f us p90 %.0f us; "
+          "with a key median %.0f us p90 %.0f us" % (len(hs), med([h[0] for h in hs]), med([h[1] for h in hs]),
+                                                     med([h[2] for h in hs]), med([h[3] for h in hs])))
 EOF

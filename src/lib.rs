@@ -55,6 +55,7 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub(crate) mod auth;
 pub(crate) mod batch;
 pub mod codes;
 pub(crate) mod engine;

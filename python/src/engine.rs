@@ -163,13 +163,18 @@ impl TransferEngine {
         local_hostname: &str,
         conn: &str,
         devices: &[String],
+        auth_key_file: Option<&str>,
     ) -> OpResult<()> {
+        let cfg = match auth_key_file {
+            Some(files) => config().clone().with_auth_key_file(files),
+            None => config().clone(),
+        };
         let engine = py
             .detach(|| {
                 Engine::builder(conn, local_hostname)
                     .auto_discover(true)
                     .devices(devices)
-                    .config(config().clone())
+                    .config(cfg)
                     .build()
             })
             .map_err(|e| Failure::with_code(-1, "initialize", &e))?;
@@ -367,6 +372,7 @@ impl TransferEngine {
             protocol,
             device_name,
             None,
+            None,
         )
     }
 
@@ -374,8 +380,12 @@ impl TransferEngine {
     /// without `"://"` becomes `"<metadata_type>://<metadata_server>"`
     /// (unless it is `"P2PHANDSHAKE"`).
     ///
+    /// `auth_key_file` names the cluster key file(s) (`new[,old]`), as
+    /// `MC_TE_AUTH_KEY_FILE` does and instead of it.
+    ///
     /// Returns 0, or -1 (logged).
-    #[pyo3(signature = (local_hostname, metadata_server, protocol, device_name = None, metadata_type = None))]
+    #[pyo3(signature = (local_hostname, metadata_server, protocol, device_name = None, metadata_type = None, auth_key_file = None))]
+    #[allow(clippy::too_many_arguments)]
     fn initialize_ext(
         &self,
         py: Python<'_>,
@@ -384,6 +394,7 @@ impl TransferEngine {
         protocol: Option<&str>,
         device_name: Option<&str>,
         metadata_type: Option<&str>,
+        auth_key_file: Option<&str>,
     ) -> i32 {
         if protocol == Some("xgmi") {
             error!("Protocol 'xgmi' is not exposed in the Python API. Use 'hip' instead.");
@@ -395,7 +406,8 @@ impl TransferEngine {
             }
             _ => metadata_server.to_string(),
         };
-        match self.start(py, local_hostname, &conn, &device_list(device_name)) {
+        let devices = device_list(device_name);
+        match self.start(py, local_hostname, &conn, &devices, auth_key_file) {
             Ok(()) => 0,
             Err(f) => code_of("initialize", &f),
         }

@@ -65,8 +65,10 @@ class TransferEngine:
         protocol: str | None,
         device_name: str | None = None,
         metadata_type: str | None = None,
+        auth_key_file: str | None = None,
     ) -> int:
-        """``initialize`` with the metadata type separate; 0, or -1."""
+        """``initialize`` with the metadata type separate, and the cluster key
+        file(s) ``new[,old]`` (as ``MC_TE_AUTH_KEY_FILE``); 0, or -1."""
     def get_rpc_port(self) -> int:
         """Port of the handshake listener (P2P names are ``host:port``)."""
     def allocate_managed_buffer(self, length: int) -> int:

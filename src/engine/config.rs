@@ -15,6 +15,7 @@ use std::sync::Once;
 use tracing::warn;
 
 use super::control::NotifyLimits;
+use crate::auth::AuthConfig;
 use crate::metadata::client_tls::TlsFiles;
 use crate::metadata::secret::Secret;
 use crate::metadata::{PeerLimits, StoreConfig};
@@ -98,6 +99,8 @@ pub struct Config {
     pub shm: ShmConfig,
     /// Devices and the priority matrix.
     pub topology: TopologyConfig,
+    /// The cluster key of peer authentication.
+    pub auth: AuthConfig,
     /// The warnings parsing produced (bad values and what was kept).
     pub warnings: Vec<String>,
 }
@@ -220,6 +223,14 @@ impl Config {
             shm: &self.shm,
             topology: &self.topology,
         }
+    }
+
+    /// This configuration with the cluster keys read from `files`
+    /// (`new[,old]`, as `MC_TE_AUTH_KEY_FILE`) instead of those the
+    /// environment names.
+    pub fn with_auth_key_file(mut self, files: &str) -> Config {
+        self.auth = AuthConfig::from_files(files);
+        self
     }
 
     /// Parses the configuration from the process environment.
@@ -516,6 +527,14 @@ impl Config {
                     })
                     .unwrap_or_default(),
                 path_roundrobin: r.flag("MC_PATH_ROUNDROBIN"),
+            },
+            auth: {
+                let (auth, warnings) = AuthConfig::from_vars(
+                    r.string("MC_TE_AUTH_KEY_FILE"),
+                    r.string("MC_TE_AUTH_KEY"),
+                );
+                warnings.into_iter().for_each(|w| r.warn(w));
+                auth
             },
             warnings: r.warnings.into_inner(),
         }

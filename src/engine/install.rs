@@ -121,6 +121,7 @@ impl Engine {
             topology: &topology,
             device_filter: &self.device_filter,
             peers: Arc::new(Peers(self.me.get().cloned().unwrap_or_default())),
+            auth: self.auth.clone(),
         };
         let transport = crate::transport::install(proto, &ctx)?;
         if let Some(h) = transport.handshake() {

@@ -22,6 +22,7 @@ mod peers;
 mod publish;
 mod submit;
 
+use crate::auth::{Keys, Listener, Port};
 use crate::batch::Batch;
 use crate::engine::config::Config;
 use crate::error::{Error, Result};
@@ -124,6 +125,9 @@ pub struct Engine {
     deferred: Mutex<HashMap<i32, Vec<Deferred>>>,
     /// Cancels this engine's handshake calls when it is destroyed.
     cancel: Arc<Cancel>,
+    /// The cluster keys (`MC_TE_AUTH_KEY_FILE`): every connection to a
+    /// peer and from a peer authenticates with them.
+    auth: Option<Arc<Keys>>,
     /// The engine itself, for what its transports and background work
     /// call back.
     me: OnceCell<Weak<Engine>>,
@@ -236,14 +240,21 @@ impl Engine {
         if local_name.is_empty() {
             return Err(Error::InvalidArgument("local server name is empty".into()));
         }
+        let auth = config.auth.load()?;
         let store = peers::open_store(&conn, &config)?;
         let loopback = publish::loopback_ip(&local_name, &config);
         let binding = publish::bind_rpc(&conn, &local_name, loopback, &config)?;
+        let names = [binding.name.as_str(), local_name.as_str()];
         let control = Arc::new(ControlState::new(config.notify));
         let rpc = RpcServer::start(
             binding.listener,
             control.clone(),
-            crate::rpc::ServerOptions::from_config(&config.rpc),
+            crate::rpc::ServerOptions {
+                auth: auth
+                    .clone()
+                    .map(|k| Arc::new(Listener::new(k, Port::Handshake, &names))),
+                ..crate::rpc::ServerOptions::from_config(&config.rpc)
+            },
         )
         .map_err(|e| Error::Socket(format!("handshake listener could not start: {e}")))?;
         let engine = Engine {
@@ -271,6 +282,7 @@ impl Engine {
             work: Lanes::new(BACKGROUND),
             deferred: Mutex::default(),
             cancel: Arc::default(),
+            auth,
             me: OnceCell::new(),
             closed: AtomicBool::new(false),
         };

@@ -129,6 +129,15 @@ impl Engine {
         }
     }
 
+    /// `rpc` for a call to the handshake listener of segment `name`: with
+    /// a cluster key, the call authenticates to it.
+    fn to_peer(&self, rpc: &ClientOptions, name: &str) -> ClientOptions {
+        ClientOptions {
+            auth: self.auth.clone().map(|k| (k, name.to_string())),
+            ..rpc.clone()
+        }
+    }
+
     /// Where the handshake listener of segment `name` is.
     fn rpc_address(&self, name: &str) -> Result<(String, u16)> {
         if name == self.local_name {
@@ -158,7 +167,8 @@ impl Engine {
             None => {
                 let (host, port) = parse_host_port(name, self.config.rpc.handshake_port);
                 let mine = self.control.local_desc().unwrap_or(serde_json::Value::Null);
-                let reply = crate::rpc::call(&host, port, FrameKind::Metadata, &mine, rpc)?;
+                let rpc = self.to_peer(rpc, name);
+                let reply = crate::rpc::call(&host, port, FrameKind::Metadata, &mine, &rpc)?;
                 (reply, (host, port))
             }
             Some(store) => {
@@ -332,7 +342,7 @@ impl Engine {
             port,
             FrameKind::Probe,
             &json!({}),
-            &self.short_call_options(),
+            &self.to_peer(&self.short_call_options(), name),
         )
         .map(|_| ())
     }
@@ -391,7 +401,7 @@ impl Engine {
             port,
             FrameKind::Notify,
             &json!({"name": name, "notify_msg": msg}),
-            &self.short_call_options(),
+            &self.to_peer(&self.short_call_options(), segment),
         )?;
         if reply.get("notify_msg").is_none() {
             return Err(Error::Metadata(format!(

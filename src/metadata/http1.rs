@@ -432,7 +432,7 @@ pub(super) fn parse(
     };
     let Some((body_len, consumed)) = end else {
         // Ask for the body once, if the client waits to be asked.
-        let interim = std::mem::take(&mut head.expect_continue).then_some(CONTINUE);
+        let interim = std::mem::take(&mut head.expect_continue).then(|| CONTINUE.to_vec());
         let want = match head.body {
             Body::Length(n) => Some(n),
             Body::Chunked(_) => None,
@@ -470,7 +470,7 @@ mod tests {
     /// bytes left in the buffer.
     type Fed = (
         Vec<Result<Request, (String, Vec<u8>)>>,
-        Vec<&'static [u8]>,
+        Vec<Vec<u8>>,
         Vec<u8>,
     );
 
@@ -550,7 +550,7 @@ mod tests {
     fn expect_continue_is_answered_once_before_the_body() {
         let (out, interims, _) =
             feed(b"PUT /m HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc");
-        assert_eq!(interims, vec![CONTINUE]);
+        assert_eq!(interims, vec![CONTINUE.to_vec()]);
         assert_eq!(out[0].as_ref().expect("request").body, b"abc");
     }
 

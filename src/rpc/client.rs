@@ -7,6 +7,8 @@
 use super::DeadlineReader;
 use super::RpcConfig;
 use super::frame::{Frame, FrameError, FrameKind, encode_json, read_frame};
+use crate::auth::wire::refusal_payload;
+use crate::auth::{AuthError, ClientAuth, Gate, Keys, Port, Standing};
 use crate::error::{Error, Result};
 use crate::sync;
 use serde_json::Value;
@@ -39,6 +41,10 @@ pub struct ClientOptions {
     pub ipv6: bool,
     /// Aborts the call when cancelled (see [`Cancel`]).
     pub cancel: Option<Arc<Cancel>>,
+    /// With a cluster key: the keys, and the segment name of the peer
+    /// called (its proofs are bound to it). The call proves it holds a key
+    /// and checks the peer's proof before it sends its request.
+    pub auth: Option<(Arc<Keys>, String)>,
 }
 
 /// Aborts the handshake calls made with it: [`Cancel::cancel`] shuts down
@@ -119,6 +125,7 @@ impl ClientOptions {
             max_frame_len: c.max_length,
             ipv6: c.use_ipv6,
             cancel: None,
+            auth: None,
         }
     }
 }
@@ -201,6 +208,12 @@ fn exchange(
     stream
         .set_write_timeout(Some(opts.io_timeout))
         .map_err(|e| io_fail("setsockopt", &e))?;
+    if let Some((keys, name)) = &opts.auth {
+        authenticate(&stream, keys, name, opts.io_timeout).map_err(|e| {
+            let retry = matches!(&e, AuthFailure::Io(io) if refused_or_reset(io));
+            fail("authentication", &e, retry)
+        })?;
+    }
     let mut writer = &stream;
     writer
         .write_all(&encode_json(Some(kind), request))
@@ -222,8 +235,15 @@ fn exchange(
                 false,
             ));
         }
-        Frame::Legacy(_) => {
-            return Err(fail("reply", &"untyped (legacy) frame", false));
+        Frame::Legacy(p) => {
+            let why = match refusal_payload(&p) {
+                Some(reason) => format!(
+                    "refused by the peer, which requires authentication ({reason}); set \
+                     MC_TE_AUTH_KEY_FILE to the cluster's key"
+                ),
+                None => "untyped (legacy) frame".to_string(),
+            };
+            return Err(fail("reply", &why, false));
         }
     };
     serde_json::from_slice(&payload).map_err(|e| Failure {
@@ -233,6 +253,74 @@ fn exchange(
         )),
         retry: false,
     })
+}
+
+/// Why authenticating a handshake connection failed.
+enum AuthFailure {
+    /// The exchange failed: refused, or a peer without the key.
+    Auth(AuthError),
+    /// The connection failed.
+    Io(io::Error),
+}
+
+impl std::fmt::Display for AuthFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AuthFailure::Auth(e) => e.fmt(f),
+            AuthFailure::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => f.write_str(
+                "the peer closed the connection during authentication (a peer without the \
+                 cluster key, or one that refused us)",
+            ),
+            AuthFailure::Io(e) => e.fmt(f),
+        }
+    }
+}
+
+/// Proves to the listener of segment `name` on `stream` that we hold one
+/// of `keys`, and checks its proof, all within `timeout`.
+fn authenticate(
+    stream: &TcpStream,
+    keys: &Arc<Keys>,
+    name: &str,
+    timeout: Duration,
+) -> std::result::Result<(), AuthFailure> {
+    let (side, hello) =
+        ClientAuth::start(keys.clone(), Port::Handshake, name).map_err(AuthFailure::Auth)?;
+    let mut gate = Gate::new(side, hello);
+    let mut io = ReadWrite {
+        reader: DeadlineReader::new(stream, timeout),
+        writer: stream,
+    };
+    match gate.drive(&mut io) {
+        Ok(Standing::Done) => Ok(()),
+        Ok(Standing::Failed(e)) => Err(AuthFailure::Auth(e)),
+        Ok(Standing::Pending | Standing::Refused(_)) => {
+            Err(AuthFailure::Io(io::ErrorKind::TimedOut.into()))
+        }
+        Err(e) => Err(AuthFailure::Io(e)),
+    }
+}
+
+/// A socket read with a deadline and written as it is.
+struct ReadWrite<'a> {
+    reader: DeadlineReader<'a>,
+    writer: &'a TcpStream,
+}
+
+impl io::Read for ReadWrite<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.reader.read(buf)
+    }
+}
+
+impl Write for ReadWrite<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.writer.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.writer.flush()
+    }
 }
 
 /// Sends one `kind` request to the handshake listener at `host:port` and

@@ -15,6 +15,8 @@
 
 use super::RpcConfig;
 use super::frame::{Frame, FrameKind, Taken, encode_json, header, take_frame};
+use crate::auth::wire::refusal;
+use crate::auth::{Listener, ServerAuth, ServerStep};
 use crate::serve::{self, Dispatch, Parse, Reply, Service, Then};
 use serde_json::{Value, json};
 use socket2::{Domain, Socket, Type};
@@ -76,6 +78,9 @@ pub struct ServerOptions {
     pub max_buffered: u64,
     /// Listen backlog applied to the listener (`MC_HANDSHAKE_LISTEN_BACKLOG`).
     pub listen_backlog: u32,
+    /// With a cluster key: every connection proves it holds the key
+    /// before any frame is served (see [`crate::auth`]).
+    pub auth: Option<Arc<Listener>>,
 }
 
 impl ServerOptions {
@@ -88,6 +93,7 @@ impl ServerOptions {
             workers: c.workers,
             max_buffered: c.max_buffered,
             listen_backlog: c.listen_backlog,
+            auth: None,
         }
     }
 }
@@ -111,6 +117,19 @@ pub struct RpcServer {
 struct Handshake {
     handler: Arc<dyn RpcHandler>,
     max_frame_len: u64,
+    auth: Option<Arc<Listener>>,
+}
+
+/// Where a connection stands with authentication.
+#[derive(Default)]
+enum Admission {
+    /// Nothing received yet.
+    #[default]
+    New,
+    /// The exchange is under way.
+    Proving(Box<ServerAuth>),
+    /// Authenticated, or no key: frames are served.
+    Admitted,
 }
 
 /// A complete request: its kind, the kind of the reply (`None` for a
@@ -130,11 +149,53 @@ impl Handshake {
     fn reply(reply_kind: Option<FrameKind>, v: &Value) -> Reply {
         Reply::owned(encode_json(reply_kind, v), Then::Linger)
     }
+
+    /// Moves a connection's authentication on with the bytes received:
+    /// the frames to send (the challenge, our proof), or the refusal
+    /// that closes the connection. Without a key every connection is
+    /// admitted at once.
+    fn admit(
+        &self,
+        admission: &mut Admission,
+        buf: &mut Vec<u8>,
+    ) -> Result<Option<Vec<u8>>, Parse<HandshakeRequest>> {
+        let Some(listener) = &self.auth else {
+            *admission = Admission::Admitted;
+            return Ok(None);
+        };
+        if matches!(admission, Admission::New) {
+            let side = ServerAuth::new(listener.clone()).map_err(|e| Parse::Invalid {
+                reason: e.to_string(),
+                reply: None,
+            })?;
+            *admission = Admission::Proving(Box::new(side));
+        }
+        let mut out = Vec::new();
+        while let Admission::Proving(side) = admission {
+            let (taken, step) = side.advance(buf);
+            buf.drain(..taken);
+            match step {
+                ServerStep::Wait(_) => break,
+                ServerStep::Send(bytes) => out.extend_from_slice(&bytes),
+                ServerStep::Accepted(bytes) => {
+                    out.extend_from_slice(&bytes);
+                    *admission = Admission::Admitted;
+                }
+                ServerStep::Refused(reason) => {
+                    return Err(Parse::Invalid {
+                        reason: format!("refused: {reason}"),
+                        reply: Some(refusal(reason)),
+                    });
+                }
+            }
+        }
+        Ok((!out.is_empty()).then_some(out))
+    }
 }
 
 impl Service for Handshake {
     type Request = HandshakeRequest;
-    type Parser = ();
+    type Parser = Admission;
     const NAME: &'static str = "handshake";
     const SETTINGS: serve::Settings = serve::Settings {
         connections: "MC_HANDSHAKE_MAX_CONNECTIONS",
@@ -142,12 +203,26 @@ impl Service for Handshake {
         timeout: "MC_HANDSHAKE_IO_TIMEOUT",
     };
 
-    fn parse(&self, _: &mut (), buf: &mut Vec<u8>) -> Parse<HandshakeRequest> {
-        match take_frame(buf, self.max_frame_len) {
-            Ok(Taken::Partial(want)) => Parse::More {
+    fn parse(&self, admission: &mut Admission, buf: &mut Vec<u8>) -> Parse<HandshakeRequest> {
+        let interim = match self.admit(admission, buf) {
+            Ok(None) => None,
+            Ok(Some(reply)) if matches!(admission, Admission::Admitted) => Some(reply),
+            Ok(Some(reply)) => {
+                return Parse::More {
+                    interim: Some(reply),
+                    want: None,
+                };
+            }
+            Err(invalid) => return invalid,
+        };
+        if !matches!(admission, Admission::Admitted) {
+            return Parse::More {
                 interim: None,
-                want,
-            },
+                want: None,
+            };
+        }
+        match take_frame(buf, self.max_frame_len) {
+            Ok(Taken::Partial(want)) => Parse::More { interim, want },
             Ok(Taken::Whole(Frame::Typed(k, p))) => Parse::Done((k, Some(k), p)),
             Ok(Taken::Whole(Frame::Legacy(p))) => Parse::Done((FrameKind::Connection, None, p)),
             Err(e) => Parse::Invalid {
@@ -216,6 +291,7 @@ impl RpcServer {
         let service = Arc::new(Handshake {
             handler,
             max_frame_len: opts.max_frame_len,
+            auth: opts.auth,
         });
         let server = serve::Server::start(listener, service, serve_opts)?;
         debug!("handshake listener serving port {port}");

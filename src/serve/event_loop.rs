@@ -561,9 +561,11 @@ impl<S: Service> EventLoop<S> {
             match self.service.parse(&mut c.parser, &mut c.buf) {
                 Parse::More { interim, want } => {
                     if let Some(bytes) = interim {
-                        // Small and sent once; if the socket cannot take it
-                        // now the client proceeds without it.
-                        let _ = c.stream.write(bytes);
+                        // Small and sent once, when nothing else is queued
+                        // on the socket. Were it not taken whole, an HTTP
+                        // client proceeds without it, and the handshake's
+                        // authentication runs into its deadline.
+                        let _ = c.stream.write(&bytes);
                     }
                     c.want = want;
                 }

@@ -97,10 +97,12 @@ pub(crate) struct Settings {
 /// What [`Service::parse`] found.
 pub(crate) enum Parse<R> {
     /// The request is incomplete. `interim` is sent to the client at once
-    /// (e.g. HTTP's `100 Continue`).
+    /// (e.g. HTTP's `100 Continue`, the frames of the handshake port's
+    /// authentication): a few bytes, with one write, which the socket's
+    /// send buffer takes whole as nothing else is being sent then.
     More {
         /// Bytes to send now, if any.
-        interim: Option<&'static [u8]>,
+        interim: Option<Vec<u8>>,
         /// How many bytes the buffer will hold once the request is complete,
         /// when known (a validated length): the buffer grows as bytes arrive,
         /// never beyond it.

@@ -249,6 +249,8 @@ pub struct InstallContext<'a> {
     pub device_filter: &'a [String],
     /// The engine's peers.
     pub peers: Arc<dyn PeerDirectory>,
+    /// The cluster keys: connections to and from peers authenticate.
+    pub auth: Option<Arc<crate::auth::Keys>>,
 }
 
 /// Starts the transport named `protocol`; the transports this build

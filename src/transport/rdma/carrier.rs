@@ -81,7 +81,12 @@ pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
             }
         )));
     }
-    let rdma = Arc::new(RdmaTransport::start(&wanted, ctx.local_name, ctx.config)?);
+    let rdma = Arc::new(RdmaTransport::start(
+        &wanted,
+        ctx.local_name,
+        ctx.config,
+        ctx.auth.clone(),
+    )?);
     for d in matrix.devices().to_vec() {
         if !rdma.device_names().contains(&d) {
             matrix.disable_device(&d);

@@ -9,6 +9,7 @@ use super::handshake::{HandshakeDesc, split_nic_path};
 use super::nic::Nic;
 use super::registry::{DeviceDomain, Registry};
 use super::wake::{EventFd, wait_readable};
+use crate::auth::Keys;
 use crate::error::{Error, Result};
 use crate::lanes::{Lanes, Limits};
 use crate::rpc::{ClientOptions, FrameKind};
@@ -61,6 +62,8 @@ pub struct RdmaOptions {
     pub handshake_timeout: Duration,
     /// Handshake client options.
     pub rpc: ClientOptions,
+    /// The cluster keys our handshakes authenticate with.
+    pub auth: Option<Arc<Keys>>,
     /// How long a peer found gone is not connected to again
     /// (`MC_RDMA_RAIL_PAUSE_SECONDS`).
     pub peer_gone_for: Duration,
@@ -77,6 +80,7 @@ impl RdmaOptions {
             completion_timeout: Duration::from_secs(c.rdma.completion_timeout_secs),
             handshake_timeout: Duration::from_secs(2 * c.rpc.connect_timeout_secs),
             rpc: ClientOptions::from_config(c.rpc),
+            auth: None,
             peer_gone_for: Duration::from_secs(c.sched.rail_pause_secs),
             admission: admission_limits(c),
         }
@@ -158,12 +162,17 @@ impl RdmaTransport {
     /// engine named `server_name` and starts their threads. A device that
     /// cannot be used is left out with a warning; none usable is
     /// [`Error::DeviceNotFound`].
+    /// Its handshakes authenticate with the cluster keys `auth`.
     pub fn start(
         devices: &[String],
         server_name: &str,
         cfg: TransportConfig<'_>,
+        auth: Option<Arc<Keys>>,
     ) -> Result<RdmaTransport> {
-        let opts = Arc::new(RdmaOptions::from_config(cfg));
+        let opts = Arc::new(RdmaOptions {
+            auth,
+            ..RdmaOptions::from_config(cfg)
+        });
         let gone = Arc::new(GonePeers::default());
         let connector = Arc::new(Lanes::new(Limits {
             threads: opts.cfg.connect_threads,

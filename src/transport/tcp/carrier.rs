@@ -143,7 +143,14 @@ pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
             .or_else(|_| crate::rpc::bind_in_range(min, max, false)),
     }
     .map_err(|e| Error::Socket(format!("no free tcp data port: {e}")))?;
-    let tcp = TcpTransport::start(listener, ctx.memory.clone(), ctx.config)?;
+    let names = [ctx.local_name];
+    let tcp = TcpTransport::start(
+        listener,
+        ctx.memory.clone(),
+        ctx.config,
+        ctx.auth.as_ref(),
+        &names,
+    )?;
     let carrier = TcpCarrier::new(Arc::new(tcp), devices, ctx.config.tcp.force_v1);
     Ok(Scheduler::new(carrier, matrix, ctx.config.sched))
 }
@@ -249,6 +256,7 @@ impl Carrier for TcpCarrier {
                         host: remote.addr.ip.to_string(),
                         port,
                         v2,
+                        name: seg.name.clone(),
                     },
                 });
             }
@@ -263,6 +271,7 @@ impl Carrier for TcpCarrier {
                     host: seg.data_host.clone(),
                     port,
                     v2,
+                    name: seg.name.clone(),
                 },
             });
         }

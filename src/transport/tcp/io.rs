@@ -15,6 +15,7 @@
 use super::bound::{self, NONE};
 use super::lane::{Lane, LaneShared, LaneTarget, abort, start_connect, tune};
 use super::server::{ServerShared, Session, Turn};
+use crate::auth::ServerAuth;
 use crate::sync;
 use crossbeam_channel::{Receiver, Sender};
 use mio::net::{TcpListener, TcpStream};
@@ -291,6 +292,16 @@ impl Io {
 
     /// Takes an accepted connection.
     fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr) {
+        let auth = match &self.server.auth {
+            None => None,
+            Some(a) => match ServerAuth::new(a.listener.clone()) {
+                Ok(side) => Some(side),
+                Err(e) => {
+                    crate::warn_limited!("tcp: connection from {peer} closed: {e}");
+                    return;
+                }
+            },
+        };
         if let Err(e) = tune(&stream) {
             debug!("tcp: socket options for {peer}: {e}");
         }
@@ -304,8 +315,10 @@ impl Io {
         }
         self.server.open.fetch_add(1, Ordering::AcqRel);
         debug!("tcp data connection from {peer}");
-        self.conns
-            .insert(token, Conn::Session(Box::new(Session::new(stream, peer))));
+        self.conns.insert(
+            token,
+            Conn::Session(Box::new(Session::new(stream, peer, auth))),
+        );
         self.drive(token);
     }
 

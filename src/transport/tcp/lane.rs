@@ -26,12 +26,19 @@
 //! is reset and its requests fail as a stalled connection's do. A peer
 //! that trickles a READ's reply, or reads a WRITE's payload a KiB now and
 //! then, cannot keep a request open past a window or two.
+//!
+//! Authentication: with a cluster key, a connection proves it holds the
+//! key and checks the peer's proof ([`crate::auth`]) before its first
+//! request, within the connect timeout; a peer that refuses us, or whose
+//! proof is wrong, fails the lane's requests (none reached it) and cools
+//! the endpoint down as a failed connect does.
 
 use super::progress::{MinRate, Progress, Requests, Seen, Slow, Traffic};
 use super::wire::{
     DIRECT_RECV_MIN, HEADER_LEN, Header, OP_READ, OP_WRITE, Recv, RecvBuf, STATUS_OK, V2_FLAG,
     iovec, recv_some, send_some, status_valid,
 };
+use crate::auth::{ClientAuth, Gate, Keys, Port, Standing};
 use crate::sync;
 use crate::transport::{Outcome, Slice};
 use mio::net::TcpStream;
@@ -72,6 +79,9 @@ pub struct LaneTarget {
     pub port: u16,
     /// Whether to use the acknowledged framing.
     pub v2: bool,
+    /// The peer's segment name, which the proofs of authentication are
+    /// bound to.
+    pub name: String,
 }
 
 impl LaneTarget {
@@ -147,6 +157,8 @@ pub struct LaneShared {
     addrs: Vec<SocketAddr>,
     timeouts: LaneTimeouts,
     health: Arc<ConnectHealth>,
+    /// The cluster keys the lane authenticates with.
+    auth: Option<Arc<Keys>>,
     inbox: Mutex<Inbox>,
     /// Set while a kick is on its way to the I/O thread.
     kicked: AtomicBool,
@@ -164,6 +176,7 @@ impl LaneShared {
         addrs: Vec<SocketAddr>,
         timeouts: LaneTimeouts,
         health: Arc<ConnectHealth>,
+        auth: Option<Arc<Keys>>,
     ) -> LaneShared {
         LaneShared {
             token,
@@ -172,6 +185,7 @@ impl LaneShared {
             addrs,
             timeouts,
             health,
+            auth,
             inbox: Mutex::new(Inbox {
                 slices: VecDeque::new(),
                 closed: false,
@@ -299,6 +313,12 @@ enum ConnState {
     /// Connecting to `addrs[at]`, until the deadline.
     Connecting {
         at: usize,
+        deadline: Instant,
+    },
+    /// Connected; proving that we hold the cluster key, until the
+    /// deadline.
+    Authenticating {
+        gate: Box<Gate<ClientAuth>>,
         deadline: Instant,
     },
     Ready,
@@ -467,6 +487,14 @@ impl Lane {
                 self.connect_next(registry, "timed out");
             }
             ConnState::Connecting { .. } => {}
+            ConnState::Authenticating { deadline, .. } if now >= deadline => {
+                let why = format!(
+                    "no answer to the authentication within {:?}",
+                    self.shared.timeouts.connect
+                );
+                self.auth_failed(registry, &why);
+            }
+            ConnState::Authenticating { .. } => {}
             ConnState::Ready if !self.pipeline.is_empty() => {
                 let quiet = now.duration_since(conn.last_progress);
                 if quiet >= self.shared.timeouts.stall {
@@ -547,6 +575,7 @@ impl Lane {
         match self.conn.as_ref().map(|c| &c.state) {
             None => self.connect(registry),
             Some(ConnState::Connecting { .. }) => self.check_connect(registry),
+            Some(ConnState::Authenticating { .. }) => self.authenticate(registry),
             Some(ConnState::Ready) => self.exchange(registry),
         }
     }
@@ -600,15 +629,70 @@ impl Lane {
                     "tcp: lane connected to {}:{}",
                     self.shared.target.host, self.shared.target.port
                 );
-                self.shared.health.succeeded();
-                if let Some(c) = self.conn.as_mut() {
-                    c.state = ConnState::Ready;
-                    c.last_progress = Instant::now();
+                let Some(keys) = self.shared.auth.clone() else {
+                    return self.ready(registry);
+                };
+                match ClientAuth::start(keys, Port::Data, &self.shared.target.name) {
+                    Ok((side, hello)) => {
+                        if let Some(c) = self.conn.as_mut() {
+                            c.state = ConnState::Authenticating {
+                                gate: Box::new(Gate::new(side, hello)),
+                                deadline: Instant::now() + self.shared.timeouts.connect,
+                            };
+                        }
+                        self.authenticate(registry);
+                    }
+                    Err(e) => self.auth_failed(registry, &e.to_string()),
                 }
-                self.exchange(registry);
             }
             Err(e) => self.connect_next(registry, &e.to_string()),
         }
+    }
+
+    /// The connection is ready for requests.
+    fn ready(&mut self, registry: &Registry) {
+        self.shared.health.succeeded();
+        if let Some(c) = self.conn.as_mut() {
+            c.state = ConnState::Ready;
+            c.last_progress = Instant::now();
+        }
+        self.exchange(registry);
+    }
+
+    /// Moves the authentication of the connection on.
+    fn authenticate(&mut self, registry: &Registry) {
+        let Some(c) = self.conn.as_mut() else { return };
+        let ConnState::Authenticating { gate, .. } = &mut c.state else {
+            return;
+        };
+        match gate.drive(&mut c.stream) {
+            Ok(Standing::Pending) => {}
+            Ok(Standing::Done) => self.ready(registry),
+            Ok(Standing::Failed(e)) => self.auth_failed(registry, &e.to_string()),
+            Ok(Standing::Refused(_)) => self.auth_failed(registry, "refused"),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => self.auth_failed(
+                registry,
+                "the peer closed the connection during authentication (a peer without the \
+                 cluster key, or one that refused us)",
+            ),
+            Err(e) => self.auth_failed(registry, &e.to_string()),
+        }
+    }
+
+    /// The peer did not authenticate: its connection is reset and the
+    /// lane's requests fail (none reached the peer); the endpoint cools
+    /// down as after a failed connect.
+    fn auth_failed(&mut self, registry: &Registry, why: &str) {
+        self.disconnect(registry, true);
+        let t = &self.shared.target;
+        crate::warn_limited!(
+            "tcp: authentication with {} ({}:{}) failed: {why}; failing its requests",
+            t.name,
+            t.host,
+            t.port
+        );
+        self.shared.health.failed(Instant::now());
+        self.fail_unsent_hard();
     }
 
     /// The connect in progress failed: try the next address.

@@ -28,6 +28,7 @@ pub use lane::{LaneTarget, LaneTimeouts};
 
 use super::endpoint::EndpointStore;
 use super::{Outcome, Slice, TransportConfig};
+use crate::auth::{Keys, Listener, Port};
 use crate::error::{Error, Result};
 use crate::memory::RemoteMemory;
 use crate::sync;
@@ -35,7 +36,7 @@ use bound::Board;
 use io::{Cmd, IoThreads, Probe};
 use lane::{ConnectHealth, LaneShared};
 use progress::MinRate;
-use server::ServerShared;
+use server::{DataAuth, ServerShared};
 use std::collections::HashMap;
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -135,6 +136,8 @@ pub struct TcpTransport {
     max_ep_per_ctx: usize,
     store_type: crate::transport::endpoint::EndpointStoreType,
     timeouts: LaneTimeouts,
+    /// The cluster keys lanes authenticate with.
+    auth: Option<Arc<Keys>>,
 }
 
 /// The soft limit on open descriptors of the process.
@@ -154,10 +157,14 @@ fn descriptor_limit() -> u64 {
 impl TcpTransport {
     /// Starts the data server on `listener` over the engine's registered
     /// `memory`, and the I/O threads.
+    /// With `auth`, the keys, every connection authenticates: to this
+    /// engine, named `names`, and from it to its peers.
     pub fn start(
         listener: TcpListener,
         memory: Arc<dyn RemoteMemory>,
         cfg: TransportConfig<'_>,
+        auth: Option<&Arc<Keys>>,
+        names: &[&str],
     ) -> Result<TcpTransport> {
         let port = listener
             .local_addr()
@@ -185,6 +192,10 @@ impl TcpTransport {
             stall,
             min_rate,
             board: Board::new(cfg.tcp.io_threads),
+            auth: auth.map(|k| DataAuth {
+                listener: Arc::new(Listener::new(k.clone(), Port::Data, names)),
+                deadline: Duration::from_secs(cfg.rpc.io_timeout_secs),
+            }),
         });
         let io = IoThreads::start(cfg.tcp.io_threads, listener, server)
             .map_err(|e| Error::Socket(format!("tcp I/O threads could not start: {e}")))?;
@@ -200,6 +211,7 @@ impl TcpTransport {
             next_thread: AtomicUsize::new(0),
             lanes_per_peer: cfg.tcp.lanes_per_peer,
             max_ep_per_ctx: cfg.endpoints.max_per_ctx,
+            auth: auth.cloned(),
             store_type: cfg.endpoints.store_type,
             timeouts: LaneTimeouts {
                 connect: Duration::from_secs(cfg.rpc.connect_timeout_secs),
@@ -262,6 +274,7 @@ impl TcpTransport {
                     addrs.clone(),
                     self.timeouts,
                     health.clone(),
+                    self.auth.clone(),
                 ))
             })
             .collect();

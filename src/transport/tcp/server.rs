@@ -11,6 +11,11 @@
 //! `MC_TCP_STATUS_TIMEOUT_SEC` are dropped, and so are requests whose peer
 //! takes fewer than `MC_TCP_MIN_RATE_BYTES_PER_SEC` (see
 //! [`super::progress`]).
+//!
+//! With a cluster key, a session first runs the server's side of the
+//! authentication ([`crate::auth`]) and reads no request header before the
+//! peer has proved it holds the key; a peer that has not within
+//! `MC_HANDSHAKE_IO_TIMEOUT` of its accept is closed.
 
 use super::bound::{self, Board};
 use super::progress::{MinRate, Progress, Seen, Traffic};
@@ -18,6 +23,7 @@ use super::wire::{
     DIRECT_RECV_MIN, HEADER_LEN, Header, Recv, RecvBuf, STATUS_ADDR_REJECTED, STATUS_OK, iovec,
     recv_some, send_some,
 };
+use crate::auth::{Gate, Listener, ServerAuth, Standing};
 use crate::memory::RemoteMemory;
 use crate::memory::fence::{Fence, Inside};
 use mio::net::TcpStream;
@@ -56,6 +62,17 @@ pub struct ServerShared {
     pub min_rate: MinRate,
     /// The session of each I/O thread that gives way first at the bound.
     pub board: Board,
+    /// With a cluster key: every connection authenticates first.
+    pub auth: Option<DataAuth>,
+}
+
+/// Authentication on the data port.
+pub struct DataAuth {
+    /// The engine's side of the exchange.
+    pub listener: Arc<Listener>,
+    /// A connection not authenticated this long after its accept is
+    /// closed (`MC_HANDSHAKE_IO_TIMEOUT`).
+    pub deadline: Duration,
 }
 
 /// How a turn of a session ended.
@@ -161,6 +178,9 @@ impl Replies {
 pub struct Session {
     stream: TcpStream,
     peer: SocketAddr,
+    /// The authentication under way; no request is read before it is
+    /// over.
+    gate: Option<Box<Gate<ServerAuth>>>,
     rbuf: Option<RecvBuf>,
     incoming: Option<Incoming>,
     replies: Replies,
@@ -188,12 +208,14 @@ pub struct Session {
 }
 
 impl Session {
-    /// A session on an accepted connection.
-    pub fn new(stream: TcpStream, peer: SocketAddr) -> Session {
+    /// A session on an accepted connection, that authenticates first
+    /// with `auth`.
+    pub fn new(stream: TcpStream, peer: SocketAddr, auth: Option<ServerAuth>) -> Session {
         let now = Instant::now();
         Session {
             stream,
             peer,
+            gate: auth.map(|a| Box::new(Gate::new(a, Vec::new()))),
             rbuf: None,
             incoming: None,
             replies: Replies::default(),
@@ -217,7 +239,8 @@ impl Session {
 
     /// Whether nothing is in progress: no partial request, no reply.
     pub fn idle(&self) -> bool {
-        self.incoming.is_none()
+        self.gate.is_none()
+            && self.incoming.is_none()
             && self.replies.is_empty()
             && self.rbuf.as_ref().is_none_or(RecvBuf::is_empty)
     }
@@ -261,9 +284,23 @@ impl Session {
         Some(Turn::Abort)
     }
 
-    /// Whether the session must be closed now: idle too long, or a request
-    /// in progress stalled.
+    /// Whether the session must be closed now: not authenticated within
+    /// the deadline (with a cluster key), idle too long, or a request in
+    /// progress stalled.
     fn expired(&self, now: Instant, shared: &ServerShared) -> Option<Turn> {
+        if let (Some(_), Some(auth)) = (&self.gate, &shared.auth) {
+            let age = now.saturating_duration_since(self.admitted);
+            if age < auth.deadline {
+                return None;
+            }
+            crate::warn_limited!(
+                "tcp: refused the data connection from {}: no authentication within {:?} \
+                 (MC_HANDSHAKE_IO_TIMEOUT)",
+                self.peer,
+                auth.deadline
+            );
+            return Some(Turn::Abort);
+        }
         let quiet = now.duration_since(self.last_active);
         if self.idle() {
             return (quiet >= shared.idle_timeout).then_some(Turn::Close);
@@ -328,7 +365,37 @@ impl Session {
         }
     }
 
+    /// Moves the authentication on; `Some` ends the turn.
+    fn authenticate(&mut self) -> std::io::Result<Option<Turn>> {
+        let Some(gate) = self.gate.as_mut() else {
+            return Ok(None);
+        };
+        match gate.drive(&mut self.stream)? {
+            Standing::Pending => Ok(Some(Turn::Wait)),
+            Standing::Done => {
+                self.gate = None;
+                self.moved = true;
+                debug!("tcp: data connection from {} authenticated", self.peer);
+                Ok(None)
+            }
+            Standing::Refused(reason) => {
+                crate::warn_limited!(
+                    "tcp: refused the data connection from {}: {reason}",
+                    self.peer
+                );
+                Ok(Some(Turn::Close))
+            }
+            Standing::Failed(e) => {
+                crate::warn_limited!("tcp: refused the data connection from {}: {e}", self.peer);
+                Ok(Some(Turn::Abort))
+            }
+        }
+    }
+
     fn turn(&mut self, shared: &ServerShared) -> std::io::Result<Turn> {
+        if let Some(t) = self.authenticate()? {
+            return Ok(t);
+        }
         let fd = self.stream.as_raw_fd();
         let mut budget = TURN_BYTES;
         loop {

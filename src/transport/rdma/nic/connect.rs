@@ -137,8 +137,13 @@ impl Nic {
         target: &RdmaTarget,
     ) -> std::result::Result<(), String> {
         let local = self.local_desc(ep);
+        let server = target
+            .peer_nic_path
+            .split_once('@')
+            .map_or(target.peer_nic_path.as_str(), |(s, _)| s);
         let opts = ClientOptions {
             io_timeout: self.opts.handshake_timeout,
+            auth: self.opts.auth.clone().map(|k| (k, server.to_string())),
             ..self.opts.rpc.clone()
         };
         let reply = crate::rpc::call(
