@@ -771,3 +771,59 @@ fn one_batch_reaches_a_peer_here_by_shm_and_one_in_another_namespace_by_tcp() {
     );
     e.shutdown();
 }
+
+#[test]
+fn engines_with_a_cluster_key_attach_by_shm_and_others_are_refused() {
+    const TEST: &str = "engines_with_a_cluster_key_attach_by_shm_and_others_are_refused";
+    if is_child(TEST) {
+        return child_main();
+    }
+    let dir = std::env::temp_dir().join(format!("te-shm-key-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ours, theirs) = (dir.join("a.key"), dir.join("b.key"));
+    std::fs::write(&ours, "11".repeat(32)).unwrap();
+    std::fs::write(&theirs, "22".repeat(32)).unwrap();
+    for f in [&ours, &theirs] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let config = transfer_engine::Config::from_env().with_auth_key_file(ours.to_str().unwrap());
+    let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+        .config(config)
+        .build()
+        .expect("engine");
+    e.install_transport("tcp", None).expect("tcp");
+    e.install_transport("shm", None).expect("shm");
+    let src = Buf::new(1 << 20, 0);
+    src.set(
+        0,
+        &(0..1 << 20)
+            .map(|i| pattern_byte(i, SEED_WRITE))
+            .collect::<Vec<_>>(),
+    );
+    register(&e, &src);
+    let key_env = |k: &std::path::Path| format!("MC_TE_AUTH_KEY_FILE={}", k.display());
+    // The same key: attached by shared memory.
+    let same = key_env(&ours);
+    let mut peer = Peer::start(TEST, 1 << 20, &["env", &same]);
+    let seg = e.open_segment(&peer.name).expect("open");
+    let w = Request {
+        opcode: Opcode::Write,
+        source: src.addr(),
+        target_id: seg,
+        target_offset: peer.addr,
+        length: 1 << 20,
+    };
+    assert_eq!(run(&e, &[w]), vec![TaskStatus::Completed]);
+    assert_eq!(
+        peer.call(json!({"op": "check", "ranges": [[0, 1 << 20]]}))["bad"],
+        0
+    );
+    assert_eq!(counters(&e)["written"].as_u64(), Some(1 << 20));
+    // Another key: neither its descriptor nor an attach is served.
+    let other = key_env(&theirs);
+    let stranger = Peer::start(TEST, 1 << 20, &["env", &other]);
+    assert!(e.open_segment(&stranger.name).is_err());
+    e.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}

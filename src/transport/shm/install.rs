@@ -33,6 +33,7 @@ pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
     Ok(Arc::new(Shm {
         core,
         rpc,
+        auth: ctx.auth.clone(),
         slice_size: ctx.config.sched.slice_size,
         fragment_limit: ctx.config.sched.fragment_limit,
     }))
@@ -41,8 +42,10 @@ pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
 /// The transport of one engine.
 struct Shm {
     core: Arc<ShmTransport>,
-    /// How attach requests are sent.
+    /// How attach requests are sent, and the cluster keys they
+    /// authenticate with.
     rpc: ClientOptions,
+    auth: Option<Arc<crate::auth::Keys>>,
     slice_size: u64,
     fragment_limit: u64,
 }
@@ -58,7 +61,12 @@ impl Shm {
             let Some(key) = seg.desc.extra.get(SHM_KEY) else {
                 return Route(None);
             };
-            let (host, port, rpc) = (seg.data_host.clone(), seg.rpc_port, self.rpc.clone());
+            let (host, port) = (seg.data_host.clone(), seg.rpc_port);
+            let rpc = ClientOptions {
+                // The proof is bound to the name the segment was opened by.
+                auth: self.auth.clone().map(|k| (k, seg.name.clone())),
+                ..self.rpc.clone()
+            };
             let attach: AttachFn = Arc::new(move |request: &Value| {
                 crate::rpc::call(&host, port, FrameKind::ShmAttach, request, &rpc)
             });

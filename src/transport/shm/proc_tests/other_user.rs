@@ -101,11 +101,7 @@ fn a_peer_of_another_user_is_unreachable_both_ways_with_one_log_line() {
     assert_eq!(c["bad"], json!(0), "no byte moved to the child");
     // SAFETY: our buffer; the READs have ended.
     let moved = unsafe { not_equal(back.addr(), 64 * SLICE, 0) };
-    assert_eq!(
-        moved,
-        0,
-        "no byte moved to us"
-    );
+    assert_eq!(moved, 0, "no byte moved to us");
     assert_eq!(
         child.call(json!({"cmd": "stats"}), None)["served_peers"],
         json!(0)
