@@ -46,7 +46,7 @@ NAMES
 sort -o "$tmp/mooncake" "$tmp/mooncake"
 
 # The te_* functions other code is written against.
-printf '%s\n' te_last_error te_segment_buffers te_version > "$tmp/ext_documented"
+printf '%s\n' te_allocate_buffer te_free_buffer te_last_error te_segment_buffers te_version > "$tmp/ext_documented"
 
 # Declarations start in column 0: "<type> [*]name(" (comments start with
 # "/" or " *", preprocessor lines with "#").

@@ -8,7 +8,10 @@
  * engine's own buffers (LOCAL_SEGMENT) and, over TCP, the buffers a second
  * engine in this process published, with the capacity / count protocol.
  * A misspelled backend is refused with a suggestion, the lower-case one
- * accepted.
+ * accepted. te_allocate_buffer gives memory only with "shm" installed;
+ * it is zeroed, registers and carries a local transfer, and
+ * te_free_buffer refuses it while registered, frees it once, then refuses
+ * it again.
  */
 #include "transfer_engine_ext.h"
 
@@ -152,6 +155,44 @@ static void check_backend_names(void) {
   if (e) destroyTransferEngine(e);
 }
 
+static void check_engine_buffers(void) {
+  transfer_engine_t e = createTransferEngine("P2PHANDSHAKE", "127.0.0.1:12346", NULL, 0, 0);
+  REQUIRE(e != NULL);
+  CHECK(te_allocate_buffer(NULL, 4096) == NULL);
+  CHECK_ERROR_MENTIONS("te_allocate_buffer");
+  REQUIRE(installTransport(e, "tcp", NULL) != NULL);
+  CHECK(te_allocate_buffer(e, 4096) == NULL);
+  CHECK_ERROR_MENTIONS("install \"shm\"");
+  REQUIRE(installTransport(e, "shm", NULL) != NULL);
+  CHECK(te_allocate_buffer(e, 0) == NULL);
+  size_t n = 3 << 20;
+  unsigned char *m = te_allocate_buffer(e, n);
+  REQUIRE(m != NULL);
+  size_t zeros = 0;
+  for (size_t i = 0; i < n; i++) zeros += m[i] == 0;
+  CHECK_EQ(zeros, n);
+  CHECK_EQ(registerLocalMemory(e, m, n, "cpu:0", 1), 0);
+  memset(m, 0x5a, n / 2);
+  batch_id_t b = allocateBatchID(e, 1);
+  struct transfer_request r = {OPCODE_WRITE, m, LOCAL_SEGMENT, (uint64_t)(uintptr_t)(m + n / 2), n / 2};
+  CHECK_EQ(submitTransfer(e, b, &r, 1), 0);
+  struct transfer_status st = {0};
+  for (int i = 0; i < 10000 && getTransferStatus(e, b, 0, &st) == 0 && st.status == STATUS_WAITING; i++)
+    ;
+  CHECK_EQ(st.status, STATUS_COMPLETED);
+  CHECK_EQ(freeBatchID(e, b), 0);
+  size_t same = 0;
+  for (size_t i = n / 2; i < n; i++) same += m[i] == 0x5a;
+  CHECK_EQ(same, n / 2);
+  CHECK_EQ(te_free_buffer(e, m), ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("still registered");
+  CHECK_EQ(unregisterLocalMemory(e, m), 0);
+  CHECK_EQ(te_free_buffer(e, m), 0);
+  CHECK_EQ(te_free_buffer(e, m), ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("not a buffer the engine allocated");
+  destroyTransferEngine(e);
+}
+
 int main(void) {
   const char *v = te_version();
   REQUIRE(v != NULL);
@@ -169,6 +210,7 @@ int main(void) {
   CHECK_EQ(te_segment_buffers(e, LOCAL_SEGMENT, NULL, 0, &count), ERR_INVALID_ARGUMENT);
   check_remote_buffers(a, na);
   check_backend_names();
+  check_engine_buffers();
   free(a);
   free(b);
   printf("ext_api: library version %s\n", v);

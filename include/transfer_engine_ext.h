@@ -80,6 +80,28 @@ int te_segment_buffers(transfer_engine_t engine,
                        size_t capacity,
                        size_t *count);
 
+/**
+ * Zeroed memory of `size` bytes that the engine moves faster than memory
+ * from `malloc`, to register with `registerLocalMemory` like any buffer:
+ * with the shared-memory transport installed, a memfd that peers on this
+ * host copy with memcpy instead of cross-memory attach.
+ *
+ * Returns NULL (with the reason in `te_last_error`) for a NULL or unknown
+ * engine, a `size` of 0, when no installed transport has such memory (use
+ * `malloc`), or when the memory cannot be had. Freed with
+ * `te_free_buffer` after `unregisterLocalMemory`, or when the engine is
+ * destroyed.
+ */
+void *te_allocate_buffer(transfer_engine_t engine, size_t size);
+
+/**
+ * Frees memory from `te_allocate_buffer`; unregister it first.
+ *
+ * Returns 0, or -1 for a NULL or unknown engine, a pointer that is not
+ * such memory (or was freed), or memory still registered.
+ */
+int te_free_buffer(transfer_engine_t engine, void *addr);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -5,9 +5,11 @@
 #
 #   scripts/bench-shm.sh [--quick] [--runs N] [--duration S] [--threads N]
 #
-# Builds release with CMake (build/, or $BUILD_DIR), starts three
+# Builds release with CMake (build/, or $BUILD_DIR), starts four
 # transfer_bench-style targets on 127.0.0.1 (P2PHANDSHAKE): ours with
-# --protocol shm, ours with --protocol tcp, and Mooncake's
+# --protocol shm on mmap'd buffers (copied with cross-memory attach), ours
+# with --protocol shm on --engine_buffers (te_allocate_buffer: memfds,
+# copied with memcpy), ours with --protocol tcp, and Mooncake's
 # transfer_engine_bench with --protocol tcp (from $MOONCAKE_BENCH, else
 # build/pyvenv/bin/transfer_engine_bench as scripts/test-python.sh leaves
 # it, else a virtualenv build/mooncake-venv made here with pip; Mooncake's
@@ -15,8 +17,8 @@
 # memcpy of the same block sizes by the same number of threads
 # (local_bench's baseline), and WRITE and READ of 1 MiB blocks (batch 8)
 # and 4 KiB blocks (batch 64) through each of the three. The table shows
-# medians: GB/s, requests/s, and the ratios of shm to memcpy, to our TCP
-# and to Mooncake's TCP. GB = 1e9 bytes.
+# medians, for both kinds of buffers: GB/s, requests/s, and the ratios of
+# shm to memcpy, to our TCP and to Mooncake's TCP. GB = 1e9 bytes.
 #
 # Defaults: 3 runs of 3 s, 2 threads (about 3 minutes). --quick: 3 runs of
 # 1 s. A benchmark, not a test: its verdict is the table, not the exit code
@@ -95,12 +97,15 @@ wait_line() {
 
 target_size=$((256 << 20))
 declare -A seg base
-for proto in shm tcp; do
-  "$bench" --mode target --protocol "$proto" --metadata_server P2PHANDSHAKE --local_server_name 127.0.0.1 \
-    --buffer_size "$target_size" >"$tmp/target-$proto.out" 2>"$tmp/target-$proto.err" &
+# who -> transfer_bench flags
+declare -A flags=([shm]="--protocol shm" [shmbuf]="--protocol shm --engine_buffers" [tcp]="--protocol tcp")
+for who in shm shmbuf tcp; do
+  # shellcheck disable=SC2086
+  "$bench" --mode target ${flags[$who]} --metadata_server P2PHANDSHAKE --local_server_name 127.0.0.1 \
+    --buffer_size "$target_size" >"$tmp/target-$who.out" 2>"$tmp/target-$who.err" &
   pids+=($!)
-  line=$(wait_line "$tmp/target-$proto.out" '^segment .*' 60 "$!")
-  read -r _ seg[$proto] _ base[$proto] _ _ <<<"$line"
+  line=$(wait_line "$tmp/target-$who.out" '^segment .*' 60 "$!")
+  read -r _ seg[$who] _ base[$who] _ _ <<<"$line"
 done
 if [ -n "$mooncake" ]; then
   "$mooncake" --mode target --protocol tcp --metadata_server P2PHANDSHAKE --local_server_name 127.0.0.1 \
@@ -120,12 +125,13 @@ run() {
   local who=$1 op=$2 block=$3 batch=$4 out="$tmp/initiator.out"
   local cmd
   case $who in
-    shm|tcp) cmd=("$bench" --protocol "$who" --target_base "${base[$who]}" --target_size "$target_size") ;;
+    # shellcheck disable=SC2206
+    shm|shmbuf|tcp) cmd=("$bench" ${flags[$who]} --target_base "${base[$who]}" --target_size "$target_size") ;;
     mooncake) cmd=("$mooncake" --protocol tcp) ;;
   esac
   if ! timeout -k 5 $((duration + 60)) "${cmd[@]}" --mode initiator --metadata_server P2PHANDSHAKE \
     --local_server_name 127.0.0.1 --segment_id "${seg[$who]}" --operation "$op" --block_size "$block" \
-    --batch_size "$batch" --threads "$threads" --duration "$duration" --buffer_size $((64 << 20)) \
+    --batch_size "$batch" --threads "$threads" --duration "$duration" --buffer_size "$target_size" \
     --report_unit GB --report_precision 4 >"$out" 2>&1; then
     echo "$who initiator $op block $block failed:" >&2
     tail -n 20 "$out" >&2
@@ -140,12 +146,12 @@ print("%.4f %.0f" % (r, n * int(sys.argv[2]) / d))
 EOF
 }
 
-whos=(shm tcp)
+whos=(shm shmbuf tcp)
 [ -n "$mooncake" ] && whos+=(mooncake)
 cases=("write 1048576 8 1MiB" "read 1048576 8 1MiB" "write 4096 64 4KiB" "read 4096 64 4KiB")
 results=$tmp/results
 : >"$results"
-echo "# one host, $runs runs x ${duration} s, $threads threads; targets: shm ${seg[shm]}, tcp ${seg[tcp]}${seg[mooncake]:+, mooncake ${seg[mooncake]}}"
+echo "# one host, $runs runs x ${duration} s, $threads threads; targets: shm ${seg[shm]}, shm with engine buffers ${seg[shmbuf]}, tcp ${seg[tcp]}${seg[mooncake]:+, mooncake ${seg[mooncake]}}"
 for r in $(seq "$runs"); do
   for kib in 1024 4; do
     v=$(memcpy "$kib")
@@ -170,16 +176,18 @@ for line in open(sys.argv[1]):
     rows.setdefault((who, case), []).append((float(gbs), float(rps)))
 med = lambda key, i: statistics.median(v[i] for v in rows[key]) if key in rows else None
 print()
-print("%-11s %8s %11s %8s %6s %8s %6s %9s %7s" % ("case", "shm GB/s", "requests/s", "memcpy", "ratio",
+print("%-18s %8s %11s %8s %6s %8s %6s %9s %7s" % ("case", "shm GB/s", "requests/s", "memcpy", "ratio",
       "our tcp", "ratio", "mooncake", "ratio"))
-for case in ["WRITE-1MiB", "READ-1MiB", "WRITE-4KiB", "READ-4KiB"]:
-    g, r = med(("shm", case), 0), med(("shm", case), 1)
-    m = med(("memcpy", "1024" if case.endswith("1MiB") else "4"), 0)
-    t, mc = med(("tcp", case), 0), med(("mooncake", case), 0)
-    fmt = lambda x: "%8.2f" % x if x is not None else "%8s" % "-"
-    ratio = lambda x: "%6.2f" % (g / x) if x else "%6s" % "-"
-    print("%-11s %8.2f %11.0f %s %s %s %s %9s %7s" % (case, g, r, fmt(m), ratio(m), fmt(t), ratio(t),
-          ("%.3f" % mc) if mc is not None else "-", ("%.1f" % (g / mc)) if mc else "-"))
+for who, label in (("shm", "mmap"), ("shmbuf", "engine")):
+    for case in ["WRITE-1MiB", "READ-1MiB", "WRITE-4KiB", "READ-4KiB"]:
+        g, r = med((who, case), 0), med((who, case), 1)
+        m = med(("memcpy", "1024" if case.endswith("1MiB") else "4"), 0)
+        t, mc = med(("tcp", case), 0), med(("mooncake", case), 0)
+        fmt = lambda x: "%8.2f" % x if x is not None else "%8s" % "-"
+        ratio = lambda x: "%6.2f" % (g / x) if x else "%6s" % "-"
+        print("%-18s %8.2f %11.0f %s %s %s %s %9s %7s" % (case + " " + label, g, r, fmt(m), ratio(m), fmt(t),
+              ratio(t), ("%.3f" % mc) if mc is not None else "-", ("%.1f" % (g / mc)) if mc else "-"))
+print("mmap: buffers from mmap (cross-memory attach); engine: from te_allocate_buffer (memfds, memcpy)")
 print("medians of %d runs, %s threads; memcpy: the same block sizes copied by local_bench's baseline" %
       (len(rows[("memcpy", "1024")]), sys.argv[2]))
 EOF

@@ -136,6 +136,39 @@ impl Engine {
         Ok(handle_of(proto))
     }
 
+    /// Zeroed memory of `len` bytes from the installed transport that
+    /// moves its own memory fastest (shared memory: a memfd that peers on
+    /// this host copy with memcpy instead of cross-memory attach), to be
+    /// registered like any buffer; `None` if no installed transport has
+    /// such memory. Freed with [`Engine::free_buffer`] (after
+    /// unregistering), or when the engine is dropped.
+    pub fn allocate_buffer(&self, len: usize) -> Option<Result<u64>> {
+        if len == 0 {
+            return Some(Err(Error::InvalidArgument(
+                "a buffer of 0 bytes cannot be allocated".into(),
+            )));
+        }
+        sync::read(&self.transports)
+            .iter()
+            .find_map(|t| t.allocate(len))
+    }
+
+    /// Frees memory from [`Engine::allocate_buffer`]; unregister it first.
+    pub fn free_buffer(&self, addr: u64) -> Result<()> {
+        if sync::read(&self.memory).find(addr, 1).is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "the buffer at {addr:#x} is still registered; unregister it first"
+            )));
+        }
+        if sync::read(&self.transports).iter().any(|t| t.free(addr)) {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "{addr:#x} is not a buffer the engine allocated (or it was freed)"
+            )))
+        }
+    }
+
     /// Registers buffers: all of them, or none on error. Installed
     /// transports publish them at once.
     pub fn register(&self, regions: &[Region]) -> Result<()> {

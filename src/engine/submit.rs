@@ -410,16 +410,21 @@ impl Engine {
 
     /// Status of one task. A caller polling a task that is still running
     /// first lends its thread to one queued local copy, or to one round of
-    /// a transport's work ([`Transport::help`]). When the batch has
+    /// a transport's work ([`Transport::help`]), or else yields its core. When the batch has
     /// completed and carries a notification, it is handed to the
     /// background to send (this call does not wait on the peer).
     pub fn status(&self, batch_id: u64, task_id: usize) -> Result<(TaskStatus, u64)> {
         let batch = self.batch(batch_id)?;
         let mut result = batch.poll(task_id)?;
-        if result.0 == TaskStatus::Waiting
-            && (self.local.help_one() || sync::read(&self.transports).iter().any(|t| t.help()))
-        {
-            result = batch.poll(task_id)?;
+        if result.0 == TaskStatus::Waiting {
+            if self.local.help_one() || sync::read(&self.transports).iter().any(|t| t.help()) {
+                result = batch.poll(task_id)?;
+            } else {
+                // Nothing to lend a hand with: a caller polling in a loop
+                // leaves the core to the threads (ours or a peer's on this
+                // host) that move its bytes.
+                std::thread::yield_now();
+            }
         }
         if result.0 == TaskStatus::Completed {
             if let Some(n) = batch.take_notify_if_complete() {

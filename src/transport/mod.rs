@@ -98,6 +98,19 @@ pub trait Transport: Send + Sync {
         Vec::new()
     }
 
+    /// Zeroed memory of `len` bytes that this transport moves faster than
+    /// memory the caller allocates, if it has such (shared memory: a memfd
+    /// that peers on this host map), for the caller to register.
+    fn allocate(&self, _len: usize) -> Option<Result<u64>> {
+        None
+    }
+
+    /// Frees memory from [`Transport::allocate`]; whether it was this
+    /// transport's.
+    fn free(&self, _addr: u64) -> bool {
+        false
+    }
+
     /// Lends the calling thread to the transport for one round of its
     /// work (a caller polling a task that is still running); returns
     /// whether there was any.

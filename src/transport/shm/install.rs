@@ -178,6 +178,14 @@ impl Transport for Shm {
         }
     }
 
+    fn allocate(&self, len: usize) -> Option<Result<u64>> {
+        Some(self.core.allocate(len))
+    }
+
+    fn free(&self, addr: u64) -> bool {
+        self.core.free(addr).is_ok()
+    }
+
     fn help(&self) -> bool {
         self.core.help()
     }
