@@ -5,8 +5,11 @@
 //! below on demand; freed blocks return to their class's free list and are
 //! never merged). Larger requests get a registration of their own.
 //!
-//! The memory is anonymous, lazily backed `mmap` (what `malloc` does for
-//! such sizes), so an idle 2 GiB chunk costs address space, not RAM. Unlike
+//! The memory comes from the engine when it has memory it moves faster
+//! (with the shared-memory transport: memfds that peers on this host copy
+//! with memcpy, [`Engine::allocate_buffer`]), else it is anonymous `mmap`;
+//! both are lazily backed, so an idle 2 GiB chunk costs address space, not
+//! RAM. Unlike
 //! Mooncake, the allocator remembers what it handed out: freeing an address
 //! it did not hand out (or twice) is refused instead of corrupting it.
 
@@ -49,10 +52,12 @@ fn class_of(len: usize) -> Option<usize> {
     (0..CLASS_KIB.len()).find(|&c| len <= class_bytes(c))
 }
 
-/// Anonymous memory mapped for the allocator, unmapped on drop.
+/// Memory mapped for the allocator: the engine's (freed with the engine,
+/// or by [`Managed::free`]), or anonymous (unmapped on drop).
 struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
+    anonymous: bool,
 }
 
 // SAFETY: the mapping is plain memory owned by this value; it is only
@@ -60,7 +65,26 @@ struct Mapping {
 unsafe impl Send for Mapping {}
 
 impl Mapping {
-    fn new(len: usize) -> Result<Mapping> {
+    /// `len` bytes from the engine if it has memory it moves faster, else
+    /// anonymous memory.
+    fn new(engine: &Engine, len: usize) -> Result<Mapping> {
+        match engine.allocate_buffer(len) {
+            Some(Ok(addr)) => {
+                let ptr = NonNull::new(addr as usize as *mut u8)
+                    .ok_or_else(|| Error::Memory("the engine returned NULL".into()))?;
+                return Ok(Mapping {
+                    ptr,
+                    len,
+                    anonymous: false,
+                });
+            }
+            Some(Err(e)) => tracing::warn!("managed buffer: {e}; using anonymous memory"),
+            None => {}
+        }
+        Mapping::anonymous(len)
+    }
+
+    fn anonymous(len: usize) -> Result<Mapping> {
         // SAFETY: an anonymous private mapping with no address hint; the
         // result is checked before use.
         let p = unsafe {
@@ -81,7 +105,11 @@ impl Mapping {
         }
         let ptr = NonNull::new(p.cast::<u8>())
             .ok_or_else(|| Error::Memory("mmap returned NULL".into()))?;
-        Ok(Mapping { ptr, len })
+        Ok(Mapping {
+            ptr,
+            len,
+            anonymous: true,
+        })
     }
 
     fn addr(&self) -> u64 {
@@ -91,8 +119,11 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` are exactly what mmap returned, unmapped once.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        if self.anonymous {
+            // SAFETY: `ptr`/`len` are exactly what mmap returned, unmapped
+            // once.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        }
     }
 }
 
@@ -122,7 +153,7 @@ impl Managed {
     /// Registered memory of at least `len` bytes.
     pub fn allocate(&mut self, engine: &Engine, len: usize) -> Result<u64> {
         let Some(class) = class_of(len) else {
-            let m = Mapping::new(len)?;
+            let m = Mapping::new(engine, len)?;
             register(engine, &m)?;
             let addr = m.addr();
             self.large.insert(addr, m);
@@ -142,7 +173,7 @@ impl Managed {
     /// the class above, or maps and registers a new chunk for the top class.
     fn refill(&mut self, engine: &Engine, class: usize) -> Result<()> {
         if class == TOP_CLASS {
-            let m = Mapping::new(CHUNK_BYTES)?;
+            let m = Mapping::new(engine, CHUNK_BYTES)?;
             register(engine, &m)?;
             let base = m.addr();
             self.chunks.push(m);
@@ -168,6 +199,11 @@ impl Managed {
         if let Some(m) = self.large.remove(&addr) {
             if let Err(e) = engine.unregister(&[addr]) {
                 tracing::warn!("free_managed_buffer: unregistering {addr:#x}: {e}");
+            }
+            if !m.anonymous {
+                if let Err(e) = engine.free_buffer(addr) {
+                    tracing::warn!("free_managed_buffer: {e}");
+                }
             }
             drop(m);
             return Ok(());

@@ -88,11 +88,8 @@ fn writes_while_unregistering(test: &str, stop_child: bool, shared: bool) {
         std::thread::sleep(Duration::from_millis(50));
         if stop_child {
             // SAFETY: as above; reads only.
-            assert_eq!(
-                unsafe { not_equal(t, LEN, FILL) },
-                0,
-                "round {round}: a byte landed"
-            );
+            let landed = unsafe { not_equal(t, LEN, FILL) };
+            assert_eq!(landed, 0, "round {round}: a byte landed");
             child.signal(libc::SIGCONT);
         }
         std::thread::sleep(Duration::from_millis(50));
