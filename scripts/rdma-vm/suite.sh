@@ -248,7 +248,7 @@ echo "rdma-vm suite: $(uname -r), devices: $(ls /sys/class/infiniband | tr '\n' 
 baseline=$(rdma resource show)
 
 # The Rust tests: each one counted.
-for bin in rdma_transfers rdma_pool rdma_handshake rdma_connector rdma_api_races rdma_fallback; do
+for bin in rdma_transfers rdma_pool rdma_handshake rdma_connector rdma_api_races rdma_fallback rdma_auth; do
   want rust || want "rust:$bin" || continue
   exe=$(ls -t "$repo"/target/debug/deps/"$bin"-* 2>/dev/null | grep -v '\.d$' | head -n 1 || true)
   if [ -z "$exe" ]; then
