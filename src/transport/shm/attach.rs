@@ -20,9 +20,7 @@
 //! ever compares memory with words it chose at random, so a request cannot
 //! use it to probe another process's memory.
 
-use super::cma::{self, Piece};
 use super::maps::PeerMaps;
-use super::peer::Link;
 use super::ring::Ring;
 use super::serve::{self, Initiator, RingParts, Served};
 use super::table::TableReader;
@@ -135,37 +133,6 @@ fn try_serve(shared: &Shared, req: &Value, source: SocketAddr) -> Result<Value, 
     Ok(reply)
 }
 
-/// The target's check of an initiator that activated its ring: the two
-/// words at `addr` in process `pid` are `proof`. Then its table.
-pub(crate) fn verify(
-    pid: i32,
-    pidfd: &OwnedFd,
-    addr: u64,
-    proof: [u64; 2],
-    table: (i32, u64),
-) -> Result<TableReader, String> {
-    let mut seen = [0u64; 2];
-    let piece = Piece {
-        local: seen.as_mut_ptr() as u64,
-        remote: addr,
-        len: 16,
-    };
-    // SAFETY: `seen` is ours, 16 bytes, and untouched during the call.
-    let read = unsafe { cma::read_from(pid, &[piece]) };
-    match read[0] {
-        Err(e) => return Err(format!("cannot read process {pid}: {e:?}")),
-        Ok(()) if seen != proof => {
-            return Err(format!(
-                "process {pid} here is not the one that attached (another pid namespace?)"
-            ));
-        }
-        Ok(()) => {}
-    }
-    let fd =
-        sys::pidfd_getfd(pidfd, table.0).map_err(|e| format!("the table of process {pid}: {e}"))?;
-    TableReader::open(&fd, table.1).map_err(|e| format!("the table of process {pid}: {e}"))
-}
-
 /// The initiator's side: takes the target's descriptors named in `reply`
 /// and checks them. `pid` is the target's pid from its descriptor; at most
 /// `max_mappings` of its buffers will be mapped.
@@ -239,4 +206,30 @@ pub(crate) fn connect(
         to_initiator,
         _proof: proof,
     })
+}
+
+/// What the initiator holds of an attached target.
+pub(crate) struct Link {
+    pub ring: Ring,
+    pub table: TableReader,
+    /// Our mappings of the target's memfd-backed buffers.
+    pub maps: PeerMaps,
+    /// The target's pid, checked by the attach.
+    pub pid: i32,
+    pub pidfd: OwnedFd,
+    /// Rung to wake the target's threads.
+    pub to_target: OwnedFd,
+    /// Rung by the target when it completes a request we wait for.
+    pub to_initiator: OwnedFd,
+    /// The target's proof words, which it reads from our memory here
+    /// (held, never read by us).
+    pub _proof: Box<[u64; 2]>,
+}
+
+impl Link {
+    /// Tells the target we post no more, so that it drops the ring.
+    pub fn give_up(&self) {
+        self.ring.detach();
+        sys::signal(&self.to_target);
+    }
 }

@@ -3,15 +3,14 @@
 //! from its memory, and failing what is in flight when it exits, stalls or
 //! becomes unreachable.
 
+use super::attach::{self, Link};
 use super::cma::{self, Piece};
-use super::maps::PeerMaps;
 use super::poll::Token;
 use super::ring::{Ring, Side, Status};
-use super::table::{Backing, Lookup, SlotView, TableReader};
-use super::{AttachFn, Shared, attach, outcome_of, sys};
+use super::table::{Backing, Lookup, SlotView};
+use super::{AttachFn, Shared, outcome_of, sys};
 use crate::transport::{Outcome, Slice};
 use std::collections::VecDeque;
-use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -19,32 +18,6 @@ use std::time::{Duration, Instant};
 /// How long a target that could not be attached is left alone before the
 /// next slice tries again.
 const RETRY_AFTER: Duration = Duration::from_secs(10);
-
-/// What the initiator holds of an attached target.
-pub(crate) struct Link {
-    pub ring: Ring,
-    pub table: TableReader,
-    /// Our mappings of the target's memfd-backed buffers.
-    pub maps: PeerMaps,
-    /// The target's pid, checked by the attach.
-    pub pid: i32,
-    pub pidfd: OwnedFd,
-    /// Rung to wake the target's threads.
-    pub to_target: OwnedFd,
-    /// Rung by the target when it completes a request we wait for.
-    pub to_initiator: OwnedFd,
-    /// The target's proof words, which it reads from our memory here
-    /// (held, never read by us).
-    pub _proof: Box<[u64; 2]>,
-}
-
-impl Link {
-    /// Tells the target we post no more, so that it drops the ring.
-    fn give_up(&self) {
-        self.ring.detach();
-        sys::signal(&self.to_target);
-    }
-}
 
 enum Phase {
     /// Not attached; the next slice attaches.

@@ -236,7 +236,7 @@ fn verify(shared: &Shared, s: &Arc<Served>) -> bool {
         }
         return false;
     };
-    match super::attach::verify(s.initiator, &s.pidfd, addr, s.proof, s.table_at) {
+    match check_proof(s.initiator, &s.pidfd, addr, s.proof, s.table_at) {
         Ok(table) => {
             let _ = s.table.set(table);
             s.ring.accept();
@@ -403,4 +403,35 @@ fn copy_mapped(fence: &Fence, map: &Mapping, offset: u64, dst: u64, len: u64) ->
         off += n;
     }
     off
+}
+
+/// The target's check of an initiator that activated its ring: the two
+/// words at `addr` in process `pid` are `proof`. Then its table.
+fn check_proof(
+    pid: i32,
+    pidfd: &OwnedFd,
+    addr: u64,
+    proof: [u64; 2],
+    table: (i32, u64),
+) -> Result<TableReader, String> {
+    let mut seen = [0u64; 2];
+    let piece = Piece {
+        local: seen.as_mut_ptr() as u64,
+        remote: addr,
+        len: 16,
+    };
+    // SAFETY: `seen` is ours, 16 bytes, and untouched during the call.
+    let read = unsafe { cma::read_from(pid, &[piece]) };
+    match read[0] {
+        Err(e) => return Err(format!("cannot read process {pid}: {e:?}")),
+        Ok(()) if seen != proof => {
+            return Err(format!(
+                "process {pid} here is not the one that attached (another pid namespace?)"
+            ));
+        }
+        Ok(()) => {}
+    }
+    let fd =
+        sys::pidfd_getfd(pidfd, table.0).map_err(|e| format!("the table of process {pid}: {e}"))?;
+    TableReader::open(&fd, table.1).map_err(|e| format!("the table of process {pid}: {e}"))
 }
