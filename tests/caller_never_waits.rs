@@ -95,12 +95,14 @@ impl Target {
         stdin.flush().unwrap();
     }
 
+    /// Sends `sig`; a SIGSTOP returns once the child is stopped.
     fn signal(&self, sig: libc::c_int) {
+        let pid = self.child.id() as libc::pid_t;
         // SAFETY: kill(2) on our own child, which has not been reaped.
-        assert_eq!(
-            unsafe { libc::kill(self.child.id() as libc::pid_t, sig) },
-            0
-        );
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+        if sig == libc::SIGSTOP {
+            common::proc::wait_stopped(pid);
+        }
     }
 }
 

@@ -57,3 +57,21 @@ pub fn raise_fd_limit(need: usize) {
         rl.rlim_cur
     );
 }
+
+/// Waits (at most 10 s) until process `pid` is stopped: `kill(SIGSTOP)`
+/// returns before the process stops, and a test that acts on a stopped
+/// peer must not race its last moments of running.
+pub fn wait_stopped(pid: i32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next());
+        if matches!(state, Some("T") | Some("t")) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    panic!("process {pid} did not stop within 10 s");
+}
