@@ -28,8 +28,9 @@ suite() {
   shift
   echo "===== suite $name: $*"
   rm -f "$TE_RESULTS_DIR/$name.counts"
-  local rc=0
+  local rc=0 t0=$SECONDS
   TE_SUITE=$name "$@" || rc=$?
+  echo "===== suite $name took $((SECONDS - t0)) s"
   if [ ! -s "$TE_RESULTS_DIR/$name.counts" ]; then
     echo "suite $name wrote no $TE_RESULTS_DIR/$name.counts (exit $rc): counted as one failure"
     echo "0 1 0" >"$TE_RESULTS_DIR/$name.counts"
