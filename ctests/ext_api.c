@@ -105,7 +105,10 @@ static void check_local_buffers(transfer_engine_t e, unsigned char *a, size_t na
   CHECK_EQ_U64(info[1].addr, (uintptr_t)hi);
   CHECK_EQ_U64(info[0].length, lo == a ? na : nb);
   CHECK(!strcmp(info[lo == a ? 0 : 1].location, "cpu:0"));
-  CHECK(!strcmp(info[lo == a ? 1 : 0].location, "*"));
+  /* "*" is published as the NUMA node of the buffer's first page when that
+     page has one (it was touched), else stays "*". */
+  const char *wild = info[lo == a ? 1 : 0].location;
+  CHECK(!strcmp(wild, "*") || !strncmp(wild, "cpu:", 4));
   /* Only the first `capacity` entries are written; the total is reported. */
   memset(info, 0x5a, sizeof info);
   count = 0;

@@ -54,6 +54,8 @@ pub struct Task {
     failed: AtomicU64,
     transferred: AtomicU64,
     observed_terminal: AtomicBool,
+    /// Its completion was counted ([`Batch::first_completion`]).
+    counted: AtomicBool,
     /// When its slices were posted ([`now_nanos`]).
     submitted: AtomicU64,
 }
@@ -100,6 +102,7 @@ impl Task {
         self.failed.store(0, Ordering::Relaxed);
         self.transferred.store(0, Ordering::Relaxed);
         self.observed_terminal.store(false, Ordering::Relaxed);
+        self.counted.store(false, Ordering::Relaxed);
         self.submitted.store(now_nanos(), Ordering::Relaxed);
     }
 
@@ -214,6 +217,22 @@ impl Batch {
             }
         }
         Ok((status, bytes))
+    }
+
+    /// The bytes of task `id` and how long it took from submission, the
+    /// first time this is asked after it completed (the engine's metrics
+    /// count each task once); `None` otherwise.
+    pub fn first_completion(&self, id: usize) -> Option<(u64, Duration)> {
+        let task = self.task(id)?;
+        let (status, bytes) = task.status();
+        if status != TaskStatus::Completed || task.counted.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let posted = task.submitted.load(Ordering::Relaxed);
+        Some((
+            bytes,
+            Duration::from_nanos(now_nanos().saturating_sub(posted)),
+        ))
     }
 
     /// Whether every submitted task has been seen terminal by a caller.

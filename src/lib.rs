@@ -86,3 +86,9 @@ pub use ffi::init_logging;
 pub use memory::{Location, Region};
 pub use segment::SegmentBuffer;
 pub use transport::NicLoad;
+
+/// The engine's own per-slice cost, for `benches/slice_path.rs`; not an API.
+#[doc(hidden)]
+pub mod __bench {
+    pub use crate::transport::scheduler::bench::{SlicePathRun, slice_path};
+}

@@ -3,10 +3,14 @@
 
 use crate::metadata::descriptor::SegmentDesc;
 use crate::sync;
-use std::any::{Any, TypeId};
+#[cfg(feature = "rdma")]
+use crate::transport::rdma::RdmaTarget;
+use crate::transport::scheduler::Route;
+use crate::transport::shm::ShmPeer;
+use crate::transport::tcp::LaneTarget;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 /// A remote segment as this engine knows it.
@@ -27,28 +31,22 @@ pub struct RemoteSegment {
     pub freshness: Freshness,
 }
 
-/// What transports work out about a segment on first use (a scheduler's
-/// rails to it), one value per type; a refetched descriptor is a new
-/// segment with an empty cache.
+/// What transports work out about a segment on first use (a
+/// scheduler's rails to it, the shared-memory peer), one typed slot per
+/// transport; a refetched descriptor is a new segment with an empty cache.
 #[derive(Default)]
-pub struct RouteCache(Mutex<Vec<(TypeId, Arc<dyn Any + Send + Sync>)>>);
-
-impl RouteCache {
-    /// The cached value of type `R`, made by `make` on first use.
-    pub fn get_or_insert<R: Any + Send + Sync>(&self, make: impl FnOnce() -> R) -> Arc<R> {
-        let mut cached = sync::lock(&self.0);
-        let id = TypeId::of::<R>();
-        if let Some(found) = cached
-            .iter()
-            .find(|(t, _)| *t == id)
-            .and_then(|(_, v)| v.clone().downcast::<R>().ok())
-        {
-            return found;
-        }
-        let made = Arc::new(make());
-        cached.push((id, made.clone()));
-        made
-    }
+pub struct RouteCache {
+    /// The TCP scheduler's route.
+    pub tcp: OnceLock<Arc<Route<LaneTarget>>>,
+    /// The RDMA scheduler's route.
+    #[cfg(feature = "rdma")]
+    pub rdma: OnceLock<Arc<Route<RdmaTarget>>>,
+    /// The route of a scheduler whose carrier needs no address per rail
+    /// (the per-slice benchmark's, tests').
+    pub plain: OnceLock<Arc<Route<()>>>,
+    /// The shared-memory peer, if the segment is another process of this
+    /// host.
+    pub shm: OnceLock<Option<ShmPeer>>,
 }
 
 impl std::fmt::Debug for RouteCache {
@@ -123,10 +121,10 @@ impl RemoteSegment {
             .collect()
     }
 
-    /// Whether one buffer of the descriptor holds all of
-    /// `[addr, addr + len)`.
+    /// Whether the descriptor's buffers hold all of `[addr, addr + len)`:
+    /// one buffer, or adjacent ones with no gap between them.
     pub fn covers(&self, addr: u64, len: u64) -> bool {
-        self.desc.find_buffer(addr, len).is_some()
+        self.desc.covering(addr, len).is_some()
     }
 }
 

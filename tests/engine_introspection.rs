@@ -3,7 +3,10 @@
 
 mod common;
 
-use common::engine;
+use common::{Buf, engine, register, run_within, wait_for, write_req};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use transfer_engine::{Config, Engine, TaskStatus};
 
 #[test]
 fn rpc_port_is_the_port_of_the_p2p_name() {
@@ -29,4 +32,173 @@ fn probe_reaches_a_live_listener_and_reports_a_dead_one() {
         -101
     );
     assert_eq!(a.send_probe("").unwrap_err().err_code(), -1);
+}
+
+/// An anonymous mapping of `len` bytes that nothing has touched.
+struct Fresh(*mut libc::c_void, usize);
+
+impl Fresh {
+    fn new(len: usize) -> Fresh {
+        // SAFETY: a new private anonymous mapping; nothing else changes.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        Fresh(p, len)
+    }
+}
+
+impl Drop for Fresh {
+    fn drop(&mut self) {
+        // SAFETY: the mapping of `new`, unmapped once.
+        unsafe { libc::munmap(self.0, self.1) };
+    }
+}
+
+#[test]
+fn a_wildcard_location_becomes_the_numa_node_of_the_first_page() {
+    use transfer_engine::{LOCAL_SEGMENT_ID, Location, Region};
+    let e = engine();
+    let written = common::Buf::new(8192, 5);
+    let untouched = Fresh::new(8192);
+    let region = |addr: u64, location: &str| Region {
+        addr,
+        length: 8192,
+        location: Location::parse(location).expect("location"),
+        remote_accessible: true,
+    };
+    e.register(&[region(written.addr(), "*"), region(untouched.0 as u64, "")])
+        .expect("register");
+    let locations: Vec<(u64, String)> = e
+        .segment_buffers(LOCAL_SEGMENT_ID)
+        .expect("local buffers")
+        .into_iter()
+        .map(|b| (b.addr, b.location))
+        .collect();
+    // The test machines have one NUMA node, 0 (elsewhere: some node). A
+    // page never written (TCP pins nothing) has no node: it stays "*", as
+    // in Mooncake.
+    let one_node = std::fs::read_dir("/sys/devices/system/node").map_or(true, |d| {
+        d.flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("node"))
+            .count()
+            == 1
+    });
+    let (_, written_at) = locations
+        .iter()
+        .find(|(a, _)| *a == written.addr())
+        .expect("the written buffer");
+    if one_node {
+        assert_eq!(written_at, "cpu:0", "{locations:?}");
+    } else {
+        assert!(written_at.starts_with("cpu:"), "{locations:?}");
+    }
+    assert!(
+        locations.contains(&(untouched.0 as u64, "*".to_string())),
+        "{locations:?}"
+    );
+    e.unregister(&[written.addr(), untouched.0 as u64])
+        .expect("unregister");
+}
+
+/// Keeps the metrics lines (`MC_TE_METRIC`) that the engines log, with the
+/// engine each names.
+struct MetricLines(Arc<Mutex<Vec<(String, String)>>>);
+
+#[derive(Default)]
+struct Fields {
+    message: String,
+    engine: String,
+}
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        match field.name() {
+            "message" => self.message = format!("{value:?}"),
+            "engine" => self.engine = format!("{value:?}"),
+            _ => {}
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for MetricLines {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut f = Fields::default();
+        event.record(&mut f);
+        if f.message.starts_with("[Metrics]") {
+            self.0.lock().unwrap().push((f.engine, f.message));
+        }
+    }
+}
+
+/// `MC_TE_METRIC` with a 1 s interval: after a transfer over TCP the
+/// initiator logs a line with the throughput of its completed tasks and
+/// their latencies; an engine without the variable logs none, and the
+/// thread stops with the engine.
+#[test]
+fn metrics_lines_report_completed_transfers() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let subscriber = tracing_subscriber::registry().with(MetricLines(lines.clone()));
+    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+    let mut config = Config::default();
+    config.engine.metric = true;
+    config.engine.metric_interval_secs = 1;
+    let a = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+        .config(config)
+        .build()
+        .expect("engine");
+    a.install_transport("tcp", None).expect("install tcp");
+    let b = engine();
+    let len = 4 << 20;
+    let src = Buf::new(len, 7);
+    let dst = Buf::zeroed(len);
+    register(&a, &src, false);
+    register(&b, &dst, true);
+    let seg = a.open_segment(b.local_name()).expect("open");
+    let st = run_within(
+        &a,
+        &[write_req(src.addr(), seg, dst.addr(), len as u64)],
+        Duration::from_secs(30),
+    );
+    assert_eq!(st, vec![TaskStatus::Completed]);
+    assert_eq!(dst.snapshot(), src.snapshot(), "every byte moved");
+    let name = a.local_name().to_string();
+    let mine = || {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(e, _)| *e == name)
+            .map(|(_, l)| l.clone())
+            .collect::<Vec<_>>()
+    };
+    wait_for("a metrics line", Duration::from_secs(10), || {
+        !mine().is_empty()
+    });
+    let line = mine().remove(0);
+    // 4 MiB in one task over a 1 s interval: 4.00 MB/s.
+    assert!(
+        line.starts_with("[Metrics] Transfer Engine Stats (over last 1s): Throughput: 4.00 MB/s")
+            && line.contains("Latency Distribution (count=1)")
+            && line.contains("NICs:"),
+        "{line}"
+    );
+    assert!(
+        lines.lock().unwrap().iter().all(|(e, _)| *e == name),
+        "only the engine with MC_TE_METRIC reports"
+    );
+    // Idle intervals log nothing; the thread ends with the engine.
+    a.shutdown();
+    let n = mine().len();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(mine().len(), n, "no line after destroy");
+    b.shutdown();
 }

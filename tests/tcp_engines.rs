@@ -213,6 +213,66 @@ fn buffers_registered_after_open_are_reachable() {
     target.shutdown();
 }
 
+/// A request over buffers the target registered separately but adjacent
+/// (one descriptor entry each, no gap: how a buffer larger than a NIC's
+/// largest memory region is published) is cut at their edges and moves;
+/// one across a gap between buffers fails and writes nothing.
+#[test]
+fn a_request_spans_adjacent_remote_buffers() {
+    let target = engine("P2PHANDSHAKE", "127.0.0.1:0");
+    let initiator = engine("P2PHANDSHAKE", "127.0.0.1:0");
+    let len = 4 << 20;
+    let mut remote = vec![0u8; len];
+    // [0, a) and [a, b) adjacent; [b + gap, len) after a gap.
+    let (a, b, gap) = ((1 << 20) + 12345, (3 << 20) + 7, 4096);
+    let base = remote.as_mut_ptr() as u64;
+    for (from, to) in [(0, a), (a, b), (b + gap, len)] {
+        target
+            .register(&[Region {
+                addr: base + from as u64,
+                length: (to - from) as u64,
+                location: Location::Cpu(0),
+                remote_accessible: true,
+            }])
+            .expect("register");
+    }
+    let mut local = pattern(len, 3);
+    register(&initiator, &mut local, true);
+    let mut back = vec![0u8; len];
+    register(&initiator, &mut back, true);
+    let seg = initiator.open_segment(target.local_name()).unwrap();
+    let (from, to) = (100, b - 100);
+    let w = Request {
+        opcode: Opcode::Write,
+        source: local.as_ptr() as u64 + from as u64,
+        target_id: seg,
+        target_offset: base + from as u64,
+        length: (to - from) as u64,
+    };
+    assert_eq!(run(&initiator, &[w]), vec![TaskStatus::Completed]);
+    let across_gap = Request {
+        source: local.as_ptr() as u64 + (b - 100) as u64,
+        target_offset: base + (b - 100) as u64,
+        length: (gap + 200) as u64,
+        ..w
+    };
+    assert_eq!(run(&initiator, &[across_gap]), vec![TaskStatus::Failed]);
+    let r = Request {
+        opcode: Opcode::Read,
+        source: back.as_mut_ptr() as u64 + from as u64,
+        ..w
+    };
+    assert_eq!(run(&initiator, &[r]), vec![TaskStatus::Completed]);
+    initiator.shutdown();
+    target.shutdown();
+    // Every byte: the written range holds the pattern, the rest (the gap
+    // included) is untouched; the read brought the range back.
+    let mut expected = vec![0u8; len];
+    expected[from..to].copy_from_slice(&local[from..to]);
+    assert!(remote == expected, "the target's buffers hold other bytes");
+    assert!(back == expected, "the read brought back other bytes");
+}
+
 /// `auto_discover` with no RDMA device installs TCP, as Mooncake does.
 #[test]
 fn auto_discover_installs_tcp() {
@@ -235,6 +295,39 @@ fn auto_discover_installs_tcp() {
     assert!(remote == data);
     initiator.shutdown();
     target.shutdown();
+}
+
+/// `MC_FORCE_HCA` makes auto-discovery install RDMA or fail, as Mooncake:
+/// on a machine without an active RDMA device the engine is not created
+/// (without the variable it falls back to TCP, above).
+#[test]
+fn force_hca_refuses_to_fall_back_to_tcp() {
+    let active = std::fs::read_dir("/sys/class/infiniband")
+        .map(|d| {
+            d.flatten().any(|dev| {
+                std::fs::read_to_string(dev.path().join("ports/1/state"))
+                    .is_ok_and(|s| s.contains("ACTIVE"))
+            })
+        })
+        .unwrap_or(false);
+    if active {
+        return common::skip("this machine has an active RDMA device");
+    }
+    let mut config = transfer_engine::Config::default();
+    config.engine.force_hca = true;
+    let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1")
+        .auto_discover(true)
+        .config(config.clone())
+        .build();
+    let err = e.err().expect("no engine without an RDMA device");
+    assert!(err.to_string().contains("MC_FORCE_HCA"), "{err}");
+    // MC_FORCE_TCP does not override it.
+    config.engine.force_tcp = true;
+    let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1")
+        .auto_discover(true)
+        .config(config)
+        .build();
+    assert!(e.is_err(), "MC_FORCE_HCA wins over MC_FORCE_TCP");
 }
 
 /// Bracketed IPv6 names: the engine is renamed `[::1]:port` and peers open

@@ -896,6 +896,7 @@ impl TransferEngine {
             let matrix = PriorityMatrix::from_topology(&Topology::discover(
                 &filters,
                 &config().topology.filters,
+                config().rdma.ib_port,
             ))
             .to_json();
             serde_json_pretty(&matrix)

@@ -58,6 +58,16 @@ pub struct EngineConfig {
     /// `MC_TRANSFER_TIMEOUT` in seconds (30, 5..=86400): how long the
     /// Python binding's synchronous transfers wait, plus 1 ns per byte.
     pub transfer_timeout_secs: u64,
+    /// `MC_FORCE_HCA`: auto-discovery installs RDMA even when no RDMA
+    /// device with an active port was found (or `MC_FORCE_TCP` is set),
+    /// and fails the engine if RDMA cannot be set up instead of falling
+    /// back to TCP.
+    pub force_hca: bool,
+    /// `MC_TE_METRIC` (1, true, yes or on): log the engine's throughput
+    /// and task latencies every `metric_interval_secs` (off).
+    pub metric: bool,
+    /// `MC_TE_METRIC_INTERVAL_SECONDS` (5, 1..=86400).
+    pub metric_interval_secs: u64,
 }
 
 impl Default for EngineConfig {
@@ -67,6 +77,9 @@ impl Default for EngineConfig {
             strict_local: false,
             slice_timeout_secs: 0,
             transfer_timeout_secs: 30,
+            force_hca: false,
+            metric: false,
+            metric_interval_secs: 5,
         }
     }
 }
@@ -347,6 +360,25 @@ impl Config {
                 }
             },
         };
+        // Device events, peer devices and metrics (issue 18), together.
+        let force_hca = r.flag("MC_FORCE_HCA");
+        let metric = r.raw("MC_TE_METRIC").is_some_and(|v| {
+            matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
+        });
+        let metric_interval_secs = r.number(
+            "MC_TE_METRIC_INTERVAL_SECONDS",
+            d.engine.metric_interval_secs,
+            1,
+            86400,
+        );
+        let dest_device_affinity = r.flag("MC_ENABLE_DEST_DEVICE_AFFINITY");
+        let auto_gid_max_retries = r.number(
+            "MC_AUTO_GID_MAX_RETRIES",
+            d.rdma.auto_gid_max_retries,
+            0,
+            16,
+        );
+        let rdma_bind_address = r.string("MC_RDMA_BIND_ADDRESS");
         let optional_u8 = |name: &str, hi: i32| match r.number::<i32>(name, -1, -1, hi) {
             -1 => None,
             n => Some(n as u8),
@@ -358,6 +390,9 @@ impl Config {
                 strict_local: r.flag("MC_TE_STRICT_LOCAL"),
                 slice_timeout_secs: r.number("MC_SLICE_TIMEOUT", 0, 1, 65535),
                 transfer_timeout_secs: r.number("MC_TRANSFER_TIMEOUT", 30, 5, 86400),
+                force_hca,
+                metric,
+                metric_interval_secs,
             },
             rpc: RpcConfig {
                 handshake_port: r.number("MC_HANDSHAKE_PORT", d.rpc.handshake_port, 1, 65535),
@@ -437,6 +472,7 @@ impl Config {
                 fragment_limit,
                 retry_cnt: r.number("MC_RETRY_CNT", d.sched.retry_cnt, 1, 127),
                 rail_pause_secs: r.number("MC_RDMA_RAIL_PAUSE_SECONDS", 30, 1, 3599),
+                round_robin: r.flag("MC_PATH_ROUNDROBIN"),
             },
             endpoints: EndpointConfig {
                 max_per_ctx: r.number("MC_MAX_EP_PER_CTX", 65536, 1, 65536),
@@ -482,6 +518,16 @@ impl Config {
                 service_level: optional_u8("MC_IB_SL", 15),
                 relaxed_ordering: r.number("MC_IB_PCI_RELAXED_ORDERING", 1u8, 0, 2) != 0,
                 max_mr_size: r.number("MC_MAX_MR_SIZE", d.rdma.max_mr_size, 1, u64::MAX),
+                parallel_reg_mr: match r.number("MC_ENABLE_PARALLEL_REG_MR", -1i8, -1, 1) {
+                    -1 => None,
+                    v => Some(v == 1),
+                },
+                max_concurrent_reg_mr: r.number(
+                    "MC_MAX_CONCURRENT_REG_MR",
+                    d.rdma.max_concurrent_reg_mr,
+                    0,
+                    1 << 16,
+                ),
                 ib_timeout: r.number("MC_IB_TIMEOUT", d.rdma.ib_timeout, 1, 31),
                 signal_interval: r.number("MC_RDMA_SIGNAL_INTERVAL", d.rdma.signal_interval, 1, 64),
                 completion_timeout_secs: r.number(
@@ -504,6 +550,23 @@ impl Config {
                     100_000,
                 ),
                 connect_threads: r.number("MC_RDMA_CONNECT_THREADS", d.rdma.connect_threads, 1, 64),
+                // The completion path (issue 18).
+                num_cq_per_ctx: r.number("MC_NUM_CQ_PER_CTX", d.rdma.num_cq_per_ctx, 1, 255),
+                num_comp_channels_per_ctx: r.number(
+                    "MC_NUM_COMP_CHANNELS_PER_CTX",
+                    d.rdma.num_comp_channels_per_ctx,
+                    1,
+                    255,
+                ),
+                busy_poll_us: r.number(
+                    "MC_TE_RDMA_BUSY_POLL_US",
+                    d.rdma.busy_poll_us,
+                    0,
+                    10_000_000,
+                ),
+                dest_device_affinity,
+                auto_gid_max_retries,
+                bind_address: rdma_bind_address,
             },
             shm: ShmConfig {
                 auto_install: r.raw("MC_TE_SHM").is_none() || r.flag("MC_TE_SHM"),
@@ -526,7 +589,6 @@ impl Config {
                             .collect()
                     })
                     .unwrap_or_default(),
-                path_roundrobin: r.flag("MC_PATH_ROUNDROBIN"),
             },
             auth: {
                 let (auth, warnings) = AuthConfig::from_vars(
@@ -764,6 +826,132 @@ mod tests {
         assert_eq!(bad.rdma.workers_per_ctx, 2);
         assert_eq!(bad.rdma.service_level, None);
         assert!(bad.rdma.relaxed_ordering);
+    }
+
+    #[test]
+    fn rdma_completion_path_variables() {
+        let d = parse(&[]);
+        assert_eq!(
+            (
+                d.rdma.num_cq_per_ctx,
+                d.rdma.num_comp_channels_per_ctx,
+                d.rdma.busy_poll_us
+            ),
+            (1, 1, RdmaConfig::default().busy_poll_us)
+        );
+        let c = parse(&[
+            ("MC_NUM_CQ_PER_CTX", "4"),
+            ("MC_NUM_COMP_CHANNELS_PER_CTX", "2"),
+            ("MC_TE_RDMA_BUSY_POLL_US", "0"),
+        ]);
+        assert_eq!(
+            (
+                c.rdma.num_cq_per_ctx,
+                c.rdma.num_comp_channels_per_ctx,
+                c.rdma.busy_poll_us
+            ),
+            (4, 2, 0)
+        );
+        let bad = parse(&[
+            ("MC_NUM_CQ_PER_CTX", "0"),
+            ("MC_NUM_COMP_CHANNELS_PER_CTX", "256"),
+            ("MC_TE_RDMA_BUSY_POLL_US", "-5"),
+        ]);
+        assert_eq!(
+            (
+                bad.rdma.num_cq_per_ctx,
+                bad.rdma.num_comp_channels_per_ctx,
+                bad.rdma.busy_poll_us
+            ),
+            (d.rdma.num_cq_per_ctx, 1, d.rdma.busy_poll_us)
+        );
+        assert_eq!(bad.warnings.len(), 3, "{:?}", bad.warnings);
+    }
+
+    #[test]
+    fn memory_region_variables() {
+        let d = parse(&[]);
+        assert_eq!(
+            (
+                d.rdma.max_mr_size,
+                d.rdma.parallel_reg_mr,
+                d.rdma.max_concurrent_reg_mr
+            ),
+            (1 << 40, None, 0)
+        );
+        let c = parse(&[
+            ("MC_MAX_MR_SIZE", "1048576"),
+            ("MC_ENABLE_PARALLEL_REG_MR", "1"),
+            ("MC_MAX_CONCURRENT_REG_MR", "4"),
+        ]);
+        assert_eq!(
+            (
+                c.rdma.max_mr_size,
+                c.rdma.parallel_reg_mr,
+                c.rdma.max_concurrent_reg_mr
+            ),
+            (1 << 20, Some(true), 4)
+        );
+        assert_eq!(
+            parse(&[("MC_ENABLE_PARALLEL_REG_MR", "0")])
+                .rdma
+                .parallel_reg_mr,
+            Some(false)
+        );
+        let bad = parse(&[
+            ("MC_MAX_MR_SIZE", "0"),
+            ("MC_ENABLE_PARALLEL_REG_MR", "2"),
+            ("MC_MAX_CONCURRENT_REG_MR", "-1"),
+        ]);
+        assert_eq!(
+            (
+                bad.rdma.max_mr_size,
+                bad.rdma.parallel_reg_mr,
+                bad.rdma.max_concurrent_reg_mr
+            ),
+            (1 << 40, None, 0)
+        );
+        assert_eq!(bad.warnings.len(), 3, "{:?}", bad.warnings);
+    }
+
+    #[test]
+    fn device_event_peer_device_and_metric_variables() {
+        let d = parse(&[]);
+        assert!(!d.engine.force_hca && !d.engine.metric);
+        assert_eq!(d.engine.metric_interval_secs, 5);
+        assert!(!d.rdma.dest_device_affinity);
+        assert_eq!(d.rdma.auto_gid_max_retries, 2);
+        assert_eq!(d.rdma.bind_address, None);
+        let c = parse(&[
+            ("MC_FORCE_HCA", "1"),
+            ("MC_TE_METRIC", "Yes"),
+            ("MC_TE_METRIC_INTERVAL_SECONDS", "2"),
+            ("MC_ENABLE_DEST_DEVICE_AFFINITY", "1"),
+            ("MC_AUTO_GID_MAX_RETRIES", "0"),
+            ("MC_RDMA_BIND_ADDRESS", "10.1.0.5"),
+        ]);
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        assert!(c.engine.force_hca && c.engine.metric);
+        assert_eq!(c.engine.metric_interval_secs, 2);
+        assert!(c.rdma.dest_device_affinity);
+        assert_eq!(c.rdma.auto_gid_max_retries, 0);
+        assert_eq!(c.rdma.bind_address.as_deref(), Some("10.1.0.5"));
+        // Mooncake takes only 1, true, yes and on for MC_TE_METRIC.
+        assert!(!parse(&[("MC_TE_METRIC", "2")]).engine.metric);
+        assert!(parse(&[("MC_TE_METRIC", "ON")]).engine.metric);
+        let bad = parse(&[
+            ("MC_TE_METRIC_INTERVAL_SECONDS", "0"),
+            ("MC_AUTO_GID_MAX_RETRIES", "17"),
+        ]);
+        assert_eq!(bad.engine.metric_interval_secs, 5);
+        assert_eq!(bad.rdma.auto_gid_max_retries, 2);
+        assert_eq!(
+            bad.warnings,
+            [
+                "MC_TE_METRIC_INTERVAL_SECONDS=0 is outside 1..=86400; using 5",
+                "MC_AUTO_GID_MAX_RETRIES=17 is outside 0..=16; using 2",
+            ]
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::sync;
 use crate::topology::{PriorityMatrix, Topology};
 use crate::transport::{InstallContext, handle_of};
 use std::sync::Arc;
-use tracing::warn;
+use tracing::{info, warn};
 
 impl Engine {
     /// Installs the transports for an auto-discovered machine: as Mooncake,
@@ -17,9 +17,23 @@ impl Engine {
     /// is not set), TCP otherwise (also when no RDMA device can be set up
     /// after all, with a warning); and shared memory for peers on this host
     /// (`MC_TE_SHM=0` leaves it out).
+    ///
+    /// With `MC_FORCE_HCA` (as Mooncake) RDMA is installed whatever was
+    /// found and whatever `MC_FORCE_TCP` says, and an RDMA that cannot be
+    /// set up fails the engine instead of falling back to TCP.
     pub(super) fn auto_install(&self) -> Result<()> {
         let topo = self.discover_topology();
         let usable = topo.rdma_devices.iter().filter(|d| d.ports_active).count();
+        if self.config.engine.force_hca {
+            if self.config.engine.force_tcp {
+                info!("MC_FORCE_HCA overrides MC_FORCE_TCP: installing rdma");
+            }
+            self.install_transport("rdma", None).map_err(|e| {
+                Error::DeviceNotFound(format!("MC_FORCE_HCA is set and rdma cannot be used: {e}"))
+            })?;
+            self.auto_install_shm();
+            return Ok(());
+        }
         if usable > 0 && !self.config.engine.force_tcp {
             if cfg!(feature = "rdma") {
                 match self.install_transport("rdma", None) {
@@ -59,7 +73,11 @@ impl Engine {
     /// Scans the machine's topology and keeps it with its priority matrix
     /// (unless a matrix was given explicitly); returns the topology.
     pub fn discover_topology(&self) -> Topology {
-        let topo = Topology::discover(&self.device_filter, &self.config.topology.filters);
+        let topo = Topology::discover(
+            &self.device_filter,
+            &self.config.topology.filters,
+            self.config.rdma.ib_port,
+        );
         let mut slot = sync::lock(&self.topology);
         let matrix = match slot.take() {
             Some((_, m)) => m,
@@ -73,7 +91,11 @@ impl Engine {
     pub fn show_links(&self, json: bool) -> String {
         let mut slot = sync::lock(&self.topology);
         let (topo, matrix) = slot.get_or_insert_with(|| {
-            let topo = Topology::discover(&self.device_filter, &self.config.topology.filters);
+            let topo = Topology::discover(
+                &self.device_filter,
+                &self.config.topology.filters,
+                self.config.rdma.ib_port,
+            );
             let m = PriorityMatrix::from_topology(&topo);
             (topo, m)
         });
@@ -122,6 +144,7 @@ impl Engine {
             device_filter: &self.device_filter,
             peers: Arc::new(Peers(self.me.get().cloned().unwrap_or_default())),
             auth: self.auth.clone(),
+            republish: self.republisher(),
         };
         let transport = crate::transport::install(proto, &ctx)?;
         if let Some(h) = transport.handshake() {
@@ -131,6 +154,13 @@ impl Engine {
             let mut all = sync::write(&self.transports);
             all.push(transport);
             all.sort_by_key(|t| t.rank());
+        }
+        {
+            // Buffers still "*" may be resident now: an RDMA install pins
+            // every registered buffer.
+            let mut memory = sync::write(&self.memory);
+            let addrs: Vec<u64> = memory.regions().map(|r| r.addr).collect();
+            memory.resolve_locations(addrs);
         }
         self.publish_local_desc()?;
         Ok(handle_of(proto))
@@ -181,6 +211,9 @@ impl Engine {
             }
             return Err(e);
         }
+        // `*` becomes the node of the first page, resident by now where a
+        // transport pinned it (RDMA).
+        sync::write(&self.memory).resolve_locations(regions.iter().map(|r| r.addr));
         if let Err(e) = self.publish_local_desc() {
             self.unregister_on_transports(&regions.iter().map(|r| r.addr).collect::<Vec<_>>());
             {

@@ -18,6 +18,7 @@ pub mod config;
 pub mod control;
 mod install;
 mod keeper;
+mod metrics;
 mod peers;
 mod publish;
 mod submit;
@@ -106,6 +107,11 @@ pub struct Engine {
     keeper: OnceCell<keeper::Keeper>,
     /// A store write of our entries failed; the keeper retries it.
     publish_pending: AtomicBool,
+    /// A transport asked for the descriptor to be published again and the
+    /// background job doing it has not started yet.
+    republish_wanted: AtomicBool,
+    /// `MC_TE_METRIC`'s counters and reporter thread.
+    metrics: metrics::Metrics,
     /// Random per process: with `revision`, the descriptor's generation.
     boot_id: u64,
     revision: std::sync::atomic::AtomicU64,
@@ -123,6 +129,11 @@ pub struct Engine {
     /// Requests waiting for their segment's descriptor to be refetched,
     /// by segment id; the refetch job submits them.
     deferred: Mutex<HashMap<i32, Vec<Deferred>>>,
+    /// Callers waiting for the refetch of a segment's descriptor, by name
+    /// ([`crate::transport::Refresh`]).
+    refreshing: Mutex<HashMap<String, Vec<crate::transport::Refreshed>>>,
+    /// The [`crate::transport::Refresh`] handed to transports.
+    refresher: OnceCell<crate::transport::Refresh>,
     /// Cancels this engine's handshake calls when it is destroyed.
     cancel: Arc<Cancel>,
     /// The cluster keys (`MC_TE_AUTH_KEY_FILE`): every connection to a
@@ -274,6 +285,8 @@ impl Engine {
             topology: Mutex::new(None),
             keeper: OnceCell::new(),
             publish_pending: AtomicBool::new(false),
+            republish_wanted: AtomicBool::new(false),
+            metrics: metrics::Metrics::default(),
             boot_id: publish::boot_id(),
             revision: Default::default(),
             loopback,
@@ -281,6 +294,8 @@ impl Engine {
             changes: Mutex::new(()),
             work: Lanes::new(BACKGROUND),
             deferred: Mutex::default(),
+            refreshing: Mutex::default(),
+            refresher: OnceCell::new(),
             cancel: Arc::default(),
             auth,
             me: OnceCell::new(),
@@ -300,6 +315,18 @@ impl Engine {
             keeper::Keeper::start(Arc::downgrade(&engine), engine.store.is_some(), refresh)
         {
             let _ = engine.keeper.set(k);
+        }
+        if engine.config.engine.metric {
+            engine.metrics.start(
+                Arc::downgrade(&engine),
+                std::time::Duration::from_secs(engine.config.engine.metric_interval_secs),
+            );
+        }
+        if engine.config.engine.force_hca && !auto_discover && !engine.config.engine.force_tcp {
+            info!(
+                "MC_FORCE_HCA applies to auto-discovery only; this engine installs its \
+                 transports when asked"
+            );
         }
         if auto_discover || engine.config.engine.force_tcp {
             if let Err(e) = engine.auto_install() {
@@ -416,6 +443,7 @@ impl Engine {
         if let Some(k) = self.keeper.get() {
             k.stop();
         }
+        self.metrics.stop();
         self.control.clear_handshakes();
         for t in self.transports() {
             t.shutdown();

@@ -214,24 +214,26 @@ impl Engine {
                 .ok_or_else(|| Error::Metadata("no descriptor published yet".into()))?;
             return Ok((self.rpc_ip.clone(), SegmentDesc::from_json(&desc)?));
         }
-        if !fresh {
-            let segment = |name: &str| {
-                self.segments
-                    .id_of(name)
-                    .and_then(|id| self.segments.get(id))
-            };
-            let cached = segment(server).or_else(|| {
-                self.segments
-                    .names()
-                    .iter()
-                    .filter_map(|n| segment(n))
-                    .find(|s| s.desc.rdma_server_name.as_deref() == Some(server))
-            });
-            if let Some(seg) = cached {
-                return Ok((seg.data_host.clone(), seg.desc.clone()));
-            }
-        }
-        let seg = self.fetch_segment_with(server, rpc)?;
+        let segment = |name: &str| {
+            self.segments
+                .id_of(name)
+                .and_then(|id| self.segments.get(id))
+        };
+        let cached = segment(server).or_else(|| {
+            self.segments
+                .names()
+                .iter()
+                .filter_map(|n| segment(n))
+                .find(|s| s.desc.rdma_server_name.as_deref() == Some(server))
+        });
+        let name = match cached {
+            Some(seg) if !fresh => return Ok((seg.data_host.clone(), seg.desc.clone())),
+            // A second (RDMA) name is fetched by the segment's name, as
+            // Mooncake maps it (`MC_RDMA_BIND_ADDRESS`).
+            Some(seg) => seg.name.clone(),
+            None => server.to_string(),
+        };
+        let seg = self.fetch_segment_with(&name, rpc)?;
         Ok((seg.data_host, seg.desc))
     }
 

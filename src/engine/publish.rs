@@ -5,6 +5,7 @@
 use super::Engine;
 use crate::engine::config::Config;
 use crate::error::{Error, Result};
+use crate::lanes::Finish;
 use crate::metadata::conn::MetadataConn;
 use crate::metadata::descriptor::{BufferDesc, SegmentDesc, now_timestamp};
 use crate::metadata::keys::{RpcMeta, rpc_meta_key, segment_key};
@@ -12,8 +13,12 @@ use crate::rpc::{parse_host_port, wrap_ipv6};
 use crate::sync;
 use crate::transport::scheduler::GENERATION_KEY;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tracing::{debug, info, warn};
+
+/// The background lane of republishing (no peer name: a name has no NUL).
+const REPUBLISH_LANE: &str = "\0republish";
 
 /// A random number per engine, so a restarted process publishes a new
 /// descriptor generation even with the same buffers.
@@ -204,6 +209,58 @@ impl Engine {
         let json = desc.to_json();
         self.control.set_local_desc(json.clone());
         self.store_local_desc(&json)
+    }
+
+    /// The callback through which a transport asks for the descriptor to
+    /// be published again: it queues one background job (requests made
+    /// before that job starts share it), which publishes what the
+    /// transports hold then.
+    pub(super) fn republisher(&self) -> crate::transport::Republish {
+        let me = self.me.get().cloned().unwrap_or_default();
+        Arc::new(move || {
+            let Some(engine) = me.upgrade() else {
+                return;
+            };
+            if engine.republish_wanted.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            let queued = engine.background(REPUBLISH_LANE, Finish::Refuse, |e| {
+                e.republish_wanted.store(false, Ordering::Release);
+                e.republish();
+            });
+            if let Err(why) = queued {
+                engine.republish_wanted.store(false, Ordering::Release);
+                warn!(
+                    "the descriptor could not be published again: {}",
+                    super::refused(why)
+                );
+            }
+        })
+    }
+
+    /// Publishes the descriptor again once no install, registration or
+    /// shutdown is under way (none starts while it publishes); not once
+    /// the engine is closed.
+    fn republish(&self) {
+        let _change = loop {
+            match self.changes.try_lock() {
+                Ok(g) => break g,
+                Err(std::sync::TryLockError::Poisoned(e)) => break e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {}
+            }
+            // Shutdown holds the lock while it drains this job's lane.
+            if self.closed.load(Ordering::Acquire) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        match self.publish_local_desc() {
+            Ok(()) => info!("published the descriptor again (a transport's devices changed)"),
+            Err(e) => warn!("publishing the descriptor again failed: {e}; the keeper retries"),
+        }
     }
 
     /// Writes our descriptor to the store; a failure is remembered so the

@@ -12,7 +12,9 @@ use crate::segment::RemoteSegment;
 use crate::sync;
 use crate::transport::local::{CopyJob, copy_bytes};
 use crate::transport::scheduler::planner;
-use crate::transport::{Fallback, LocalSide, NicLoad, Submission, Transfer, Transport};
+use crate::transport::{
+    Fallback, LocalSide, NicLoad, Refresh, Refreshed, Submission, Transfer, Transport,
+};
 use std::sync::Arc;
 
 /// A request whose task waits for its segment's descriptor.
@@ -38,6 +40,7 @@ enum Target {
 const UNCOVERED_REFETCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Hands `xfer` to `chain[i]`, with the rest of the chain as its fallback.
+#[allow(clippy::too_many_arguments)]
 fn dispatch(
     chain: Arc<[Arc<dyn Transport>]>,
     i: usize,
@@ -46,9 +49,16 @@ fn dispatch(
     seg: Arc<RemoteSegment>,
     local: LocalSide,
     xfer: Transfer,
+    refresh: Option<Refresh>,
 ) {
     let fallback: Option<Fallback> = (i + 1 < chain.len()).then(|| {
-        let (chain, batch, seg, local) = (chain.clone(), batch.clone(), seg.clone(), local.clone());
+        let (chain, batch, seg, local, refresh) = (
+            chain.clone(),
+            batch.clone(),
+            seg.clone(),
+            local.clone(),
+            refresh.clone(),
+        );
         Arc::new(move |part: Transfer| {
             dispatch(
                 chain.clone(),
@@ -58,6 +68,7 @@ fn dispatch(
                 seg.clone(),
                 local.clone(),
                 part,
+                refresh.clone(),
             )
         }) as Fallback
     });
@@ -68,7 +79,39 @@ fn dispatch(
         xfer,
         local,
         fallback,
+        refresh,
     });
+}
+
+/// Hands the segment named `name`, as cached after its refetch, to every
+/// caller waiting for that refetch when dropped: after the refetch ran, or
+/// with `None` when its background job was dropped unrun (a slice waiting
+/// on it always ends).
+struct Drain {
+    engine: std::sync::Weak<Engine>,
+    name: String,
+    seg: Option<Arc<RemoteSegment>>,
+}
+
+impl Drain {
+    /// Hands `seg` to the callers (now).
+    fn hand(mut self, seg: Option<Arc<RemoteSegment>>) {
+        self.seg = seg;
+    }
+}
+
+impl Drop for Drain {
+    fn drop(&mut self) {
+        let Some(e) = self.engine.upgrade() else {
+            return;
+        };
+        let callers = sync::lock(&e.refreshing)
+            .remove(&self.name)
+            .unwrap_or_default();
+        for f in callers {
+            f(self.seg.clone());
+        }
+    }
 }
 
 impl Engine {
@@ -345,13 +388,19 @@ impl Engine {
             }
             return;
         }
-        let buffer = seg.desc.find_buffer(r.target_offset, r.length);
-        let Some(buffer) = buffer.map(|i| &seg.desc.buffers[i]) else {
+        // One buffer, or adjacent ones with no gap (slices are cut at their
+        // edges).
+        let first = seg
+            .desc
+            .covering(r.target_offset, r.length)
+            .and_then(|mut bs| bs.next());
+        let Some(buffer) = first.map(|i| &seg.desc.buffers[i]) else {
             return Self::fail_task(
                 batch,
                 id,
                 format_args!(
-                    "{} bytes at {:#x} are not inside one buffer of segment {:?}",
+                    "{} bytes at {:#x} are not inside the buffers of segment {:?} (one \
+                     buffer, or adjacent ones with no gap)",
                     r.length, r.target_offset, seg.name
                 ),
             );
@@ -384,7 +433,59 @@ impl Engine {
             write: r.opcode == Opcode::Write,
         };
         let local = LocalSide::of(memory, r.source);
-        dispatch(chain.into(), 0, batch.clone(), id, seg.clone(), local, xfer);
+        let refresh = self.refresher();
+        dispatch(
+            chain.into(),
+            0,
+            batch.clone(),
+            id,
+            seg.clone(),
+            local,
+            xfer,
+            refresh,
+        );
+    }
+
+    /// The engine's [`Refresh`]: refetches a segment's descriptor in the
+    /// background lane of the peer, one refetch for every caller waiting
+    /// for it, and hands each the segment as cached afterwards.
+    fn refresher(&self) -> Option<Refresh> {
+        let me = self.me.get()?.clone();
+        let refresh = self.refresher.get_or_init(|| {
+            Arc::new(move |name: &str, done: Refreshed| {
+                let Some(engine) = me.upgrade() else {
+                    return done(None);
+                };
+                engine.refresh_segment(name, done);
+            })
+        });
+        Some(refresh.clone())
+    }
+
+    /// See [`Engine::refresher`].
+    fn refresh_segment(&self, name: &str, done: Refreshed) {
+        {
+            let mut waiting = sync::lock(&self.refreshing);
+            if let Some(list) = waiting.get_mut(name) {
+                list.push(done);
+                return;
+            }
+            waiting.insert(name.to_string(), vec![done]);
+        }
+        let drain = Drain {
+            engine: self.me.get().cloned().unwrap_or_default(),
+            name: name.to_string(),
+            seg: None,
+        };
+        // Refused, the job (and `drain`) is dropped: the callers get `None`.
+        let _ = self.background(name, Finish::Refuse, move |e| {
+            e.sync_segment(&drain.name);
+            let seg = e
+                .segments
+                .id_of(&drain.name)
+                .and_then(|id| e.segments.get(id));
+            drain.hand(seg);
+        });
     }
 
     /// Submits requests and remembers a notification sent to the owner of
@@ -427,6 +528,11 @@ impl Engine {
             }
         }
         if result.0 == TaskStatus::Completed {
+            if self.config.engine.metric {
+                if let Some((bytes, latency)) = batch.first_completion(task_id) {
+                    self.metrics.record(bytes, latency);
+                }
+            }
             if let Some(n) = batch.take_notify_if_complete() {
                 self.notify_later(batch_id, n);
             }

@@ -8,6 +8,7 @@ use std::fmt;
 use std::sync::{Arc, RwLock};
 
 pub mod fence;
+pub mod numa;
 
 pub use fence::Fence;
 
@@ -32,10 +33,11 @@ pub enum Location {
 }
 
 impl Location {
-    /// Parses `cpu:N`, `cuda:N` or `*`.
+    /// Parses `cpu:N`, `cuda:N` or `*` (also the empty string, as
+    /// Mooncake's newer engine takes it).
     pub fn parse(s: &str) -> Result<Location> {
         let s = s.trim();
-        if s == "*" {
+        if s == "*" || s.is_empty() {
             return Ok(Location::Any);
         }
         let bad = || {
@@ -211,6 +213,16 @@ impl MemoryRegistry {
         (len > 0 && r.remote_accessible && r.contains(addr, len)).then(|| fence.clone())
     }
 
+    /// Resolves the `*` location of the regions at `addrs` to the NUMA
+    /// node of their first page where it has one ([`Location::resolve`]).
+    pub fn resolve_locations(&mut self, addrs: impl IntoIterator<Item = u64>) {
+        for addr in addrs {
+            if let Some((r, _)) = self.regions.get_mut(&addr) {
+                r.location = r.location.resolve(r.addr);
+            }
+        }
+    }
+
     /// Every registered region, by address.
     pub fn regions(&self) -> impl Iterator<Item = &Region> {
         self.regions.values().map(|(r, _)| r)
@@ -241,6 +253,7 @@ mod tests {
         assert_eq!(Location::parse("cpu:0").unwrap(), Location::Cpu(0));
         assert_eq!(Location::parse("cuda:3").unwrap(), Location::Cuda(3));
         assert_eq!(Location::parse("*").unwrap(), Location::Any);
+        assert_eq!(Location::parse("").unwrap(), Location::Any);
         assert!(Location::parse("gpu:0").is_err());
         assert!(Location::parse("cpu:x").is_err());
         assert_eq!(Location::Cpu(1).to_string(), "cpu:1");

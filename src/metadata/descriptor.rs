@@ -81,6 +81,18 @@ pub struct BufferDesc {
     pub rkey: Vec<u32>,
 }
 
+impl BufferDesc {
+    /// Whether the buffer holds byte `addr`.
+    pub fn contains(&self, addr: u64) -> bool {
+        addr >= self.addr && addr - self.addr < self.length
+    }
+
+    /// The address just past the buffer.
+    pub fn end(&self) -> u64 {
+        self.addr.saturating_add(self.length)
+    }
+}
+
 /// A segment descriptor as published under `mooncake/ram/<name>`.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct SegmentDesc {
@@ -262,6 +274,34 @@ impl SegmentDesc {
         Ok(desc)
     }
 
+    /// Index of the first buffer that holds `addr`.
+    pub fn buffer_at(&self, addr: u64) -> Option<usize> {
+        self.buffers.iter().position(|b| b.contains(addr))
+    }
+
+    /// The buffers that hold `[addr, addr + len)` between them, in address
+    /// order: one buffer that holds it all, or adjacent buffers with no gap
+    /// (how a buffer larger than a NIC's largest memory region is
+    /// published: one entry per region). `None` if a byte of the range is
+    /// in no buffer.
+    pub fn covering(&self, addr: u64, len: u64) -> Option<impl Iterator<Item = usize> + '_> {
+        let end = addr.checked_add(len)?;
+        let mut at = addr;
+        let mut n = 0;
+        // Walks once to check, and the iterator walks again: no allocation.
+        while at < end || n == 0 {
+            let b = self.buffer_at(at)?;
+            at = self.buffers[b].end();
+            n += 1;
+        }
+        let mut at = addr;
+        Some((0..n).map_while(move |_| {
+            let b = self.buffer_at(at)?;
+            at = self.buffers[b].end();
+            Some(b)
+        }))
+    }
+
     /// Index of the first buffer that holds all of `[addr, addr + len)`.
     pub fn find_buffer(&self, addr: u64, len: u64) -> Option<usize> {
         self.buffers.iter().position(|b| {
@@ -271,6 +311,14 @@ impl SegmentDesc {
                     .zip(b.addr.checked_add(b.length))
                     .is_some_and(|(end, b_end)| end <= b_end)
         })
+    }
+
+    /// The peer's published priority matrix, typed; `None` when it
+    /// publishes none or one that does not parse.
+    pub fn peer_matrix(&self) -> Option<crate::topology::PriorityMatrix> {
+        self.priority_matrix
+            .as_ref()
+            .and_then(|m| crate::topology::PriorityMatrix::from_value(m).ok())
     }
 
     /// Whether two descriptors describe the same segment, ignoring
@@ -449,6 +497,36 @@ mod tests {
     const TCP_EXAMPLE: &str = r#"{"buffers":[{"addr":140234567680000,"length":1073741824,"name":"10.0.0.5:12345"}],"name":"10.0.0.5:12345","protocol":"tcp","tcp_data_port":15873,"tcp_proto_version":2,"timestamp":"2026-08-22 13:12:18.123456"}"#;
 
     const RDMA_EXAMPLE: &str = r#"{"buffers":[{"addr":140234567680000,"length":1073741824,"lkey":[2097408,2101760],"name":"cpu:0","rkey":[2097408,2101760]}],"devices":[{"gid":"00:00:00:00:00:00:00:00:00:00:ff:ff:0a:00:00:05","lid":0,"name":"mlx5_0"},{"gid":"00:00:00:00:00:00:00:00:00:00:ff:ff:0a:00:01:05","lid":0,"name":"mlx5_1"}],"name":"10.0.0.5:12345","priority_matrix":{"cpu:0":[["mlx5_0"],["mlx5_1"]],"cpu:1":[["mlx5_1"],["mlx5_0"]]},"protocol":"rdma","tcp_data_port":0,"tcp_proto_version":1,"timestamp":"2026-08-22 13:12:18.123456"}"#;
+
+    #[test]
+    fn a_range_is_covered_by_one_buffer_or_adjacent_ones() {
+        let buf = |addr, length| BufferDesc {
+            name: "cpu:0".into(),
+            addr,
+            length,
+            ..Default::default()
+        };
+        // [100, 200) [200, 300) adjacent (listed out of order); [400, 500)
+        // after a gap.
+        let d = SegmentDesc {
+            buffers: vec![buf(200, 100), buf(100, 100), buf(400, 100)],
+            ..Default::default()
+        };
+        let cover = |a, l| d.covering(a, l).map(|b| b.collect::<Vec<_>>());
+        assert_eq!(cover(120, 50), Some(vec![1]));
+        assert_eq!(cover(150, 100), Some(vec![1, 0]));
+        assert_eq!(cover(100, 200), Some(vec![1, 0]));
+        assert_eq!(cover(250, 200), None, "a gap");
+        assert_eq!(cover(450, 51), None, "past the end");
+        assert_eq!(cover(50, 60), None, "before the start");
+        assert_eq!(cover(u64::MAX - 1, 4), None);
+        assert_eq!(d.buffer_at(299), Some(0));
+        assert_eq!(d.buffer_at(300), None);
+        // The peer's matrix is read from its JSON value.
+        let rdma = SegmentDesc::from_json(&serde_json::from_str(RDMA_EXAMPLE).unwrap()).unwrap();
+        let m = rdma.peer_matrix().unwrap();
+        assert_eq!(m.entry("cpu:1").unwrap().0, ["mlx5_1".to_string()]);
+    }
 
     fn tcp_desc() -> SegmentDesc {
         SegmentDesc {

@@ -23,7 +23,7 @@ fn rows(t: &Topology) -> Vec<NicRow> {
         device: d.name.clone(),
         source: "rdma",
         numa: d.numa_node,
-        speed_gbps: sysfs::ib_rate_gbps(&d.name),
+        speed_gbps: sysfs::ib_rate_gbps(&d.device, d.port),
         state: if d.ports_active {
             "active"
         } else {
@@ -244,12 +244,16 @@ mod tests {
             rdma_devices: vec![
                 RdmaDevice {
                     name: "mlx5_0".into(),
+                    device: "mlx5_0".into(),
+                    port: 1,
                     numa_node: Some(0),
                     pci_bus_id: Some("0000:1a:00.0".into()),
                     ports_active: true,
                 },
                 RdmaDevice {
                     name: "mlx5_1".into(),
+                    device: "mlx5_1".into(),
+                    port: 1,
                     numa_node: Some(1),
                     pci_bus_id: None,
                     ports_active: true,
@@ -321,7 +325,7 @@ mod tests {
 
     #[test]
     fn report_of_this_machine_and_of_a_foreign_matrix() {
-        let t = Topology::discover(&[], &[]);
+        let t = Topology::discover(&[], &[], 1);
         let m = PriorityMatrix::from_topology(&t);
         let text = show_links(&t, &m, false);
         assert!(text.contains("no RDMA devices"), "{text}");

@@ -142,13 +142,23 @@ impl PriorityMatrix {
     /// # Errors
     /// [`Error::MalformedJson`] naming what is wrong.
     pub fn parse(json: &str) -> Result<PriorityMatrix> {
+        let root: Value = serde_json::from_str(json)
+            .map_err(|e| Error::MalformedJson(format!("priority matrix: not valid JSON ({e})")))?;
+        Self::from_value(&root)
+    }
+
+    /// A matrix from its JSON value (a peer descriptor's
+    /// `priority_matrix`, without writing it out again); as
+    /// [`parse`](Self::parse).
+    ///
+    /// # Errors
+    /// [`Error::MalformedJson`] naming what is wrong.
+    pub fn from_value(root: &Value) -> Result<PriorityMatrix> {
         let bad = |what: String| Error::MalformedJson(format!("priority matrix: {what}"));
-        let root: Value =
-            serde_json::from_str(json).map_err(|e| bad(format!("not valid JSON ({e})")))?;
         let Value::Object(map) = root else {
             return Err(bad(format!(
                 "expected an object of location -> [[preferred], [available]], found {}",
-                kind(&root)
+                kind(root)
             )));
         };
         let mut entries = BTreeMap::new();
@@ -158,7 +168,7 @@ impl PriorityMatrix {
                 _ => {
                     return Err(bad(format!(
                         "entry \"{location}\" must be a 2-element array [[preferred], [available]], found {}",
-                        describe(&value)
+                        describe(value)
                     )));
                 }
             };
@@ -186,7 +196,7 @@ impl PriorityMatrix {
             }
             let [preferred, available] = names;
             entries.insert(
-                location,
+                location.clone(),
                 Entry {
                     preferred,
                     available,
@@ -602,6 +612,8 @@ mod tests {
     fn rdma(name: &str, numa: Option<u32>, pci: &str, active: bool) -> RdmaDevice {
         RdmaDevice {
             name: name.into(),
+            device: name.into(),
+            port: 1,
             numa_node: numa,
             pci_bus_id: Some(pci.into()),
             ports_active: active,
@@ -633,6 +645,19 @@ mod tests {
                 },
             ],
         }
+    }
+
+    #[test]
+    fn both_ports_of_a_dual_port_hca_are_rails_of_its_node() {
+        let mut t = two_node_topology();
+        let mut port2 = rdma("mlx5_0:2", Some(0), "0000:1a:00.0", true);
+        port2.device = "mlx5_0".into();
+        port2.port = 2;
+        t.rdma_devices.insert(1, port2);
+        let a = PriorityMatrix::build(&t, &rdma_nics(&t), &|_: &str, _: &str| Some(4));
+        let (preferred, _) = a.entry("cpu:0").expect("entry");
+        assert_eq!(preferred, ["mlx5_0", "mlx5_0:2"]);
+        assert_eq!(a.devices(), ["mlx5_0", "mlx5_0:2", "mlx5_1", "mlx5_2"]);
     }
 
     #[test]

@@ -10,16 +10,19 @@
 //! InfiniBand support in the kernel, an unreadable sysfs file) leaves its
 //! facts unknown and says so in the log.
 
+mod cuda;
 #[cfg(feature = "hwloc")]
 mod hwloc;
 mod links;
 mod matrix;
+mod rails;
 #[cfg(feature = "rdma")]
 mod rdma;
 mod sysfs;
 
 pub use links::show_links;
 pub use matrix::PriorityMatrix;
+pub use rails::{RailFilter, parse_rail, rail_name};
 
 use std::net::IpAddr;
 
@@ -32,8 +35,6 @@ pub struct TopologyConfig {
     pub custom_topo_json: Option<String>,
     /// `MC_TE_FILTERS`: comma list of devices to use.
     pub filters: Vec<String>,
-    /// `MC_PATH_ROUNDROBIN`: round-robin instead of random first choice.
-    pub path_roundrobin: bool,
 }
 
 /// What this process can see of the machine.
@@ -42,24 +43,31 @@ pub struct Topology {
     /// NUMA node ids, ascending (at least one: a machine without NUMA
     /// information is reported as node 0).
     pub numa_nodes: Vec<u32>,
-    /// RDMA devices (HCAs) that passed the filters.
+    /// RDMA rails (one per active port of an HCA) that passed the filters.
     pub rdma_devices: Vec<RdmaDevice>,
     /// Network interfaces of the process's network namespace, by ifindex.
     pub net_interfaces: Vec<NetInterface>,
-    /// GPUs with their CUDA index.
+    /// The GPUs CUDA shows this process, with their CUDA index.
     pub gpus: Vec<Gpu>,
 }
 
-/// One RDMA device (an HCA as libibverbs names it, e.g. `mlx5_0`).
+/// One RDMA rail: a port of an RDMA device (an HCA as libibverbs names
+/// it, e.g. `mlx5_0`); see [`rail_name`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RdmaDevice {
-    /// The verbs device name.
+    /// The rail's name: the verbs device name for port `MC_IB_PORT`,
+    /// `<device>:<port>` for another port of a multi-port HCA.
     pub name: String,
+    /// The verbs device name.
+    pub device: String,
+    /// The port.
+    pub port: u8,
     /// NUMA node of its PCI function, if known.
     pub numa_node: Option<u32>,
     /// PCI address `dddd:bb:dd.f`, if the device sits on PCI.
     pub pci_bus_id: Option<String>,
-    /// Whether at least one port is ACTIVE with a GID table.
+    /// Whether the port is ACTIVE with a GID table (a device without an
+    /// active port is listed once, with this false, for reports).
     pub ports_active: bool,
 }
 
@@ -118,7 +126,8 @@ impl std::fmt::Display for IfAddr {
     }
 }
 
-/// One GPU, indexed as CUDA indexes it (`cuda:<index>`).
+/// One GPU, indexed as CUDA indexes it (`cuda:<index>`, following
+/// `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gpu {
     /// CUDA device index.
@@ -141,11 +150,12 @@ struct Locality {
 impl Topology {
     /// Discovers the machine. `filters` (an engine's device filter) and
     /// `te_filters` (`MC_TE_FILTERS`), when non-empty, each restrict the RDMA
-    /// devices to the names they list.
+    /// rails to those they name ([`RailFilter`]); `ib_port` is
+    /// `MC_IB_PORT`, the port whose rail has the plain device name.
     ///
     /// Never fails: with no RDMA support the device list is empty, and if
     /// hwloc fails the facts come from sysfs (with a warning).
-    pub fn discover(filters: &[String], te_filters: &[String]) -> Topology {
+    pub fn discover(filters: &[String], te_filters: &[String], ib_port: u8) -> Topology {
         #[cfg(feature = "hwloc")]
         let hw = match hwloc::discover() {
             Ok(facts) => Some(facts),
@@ -168,10 +178,7 @@ impl Topology {
             numa_nodes.push(0);
         }
 
-        let wanted = |name: &str| {
-            (filters.is_empty() || filters.iter().any(|f| f == name))
-                && (te_filters.is_empty() || te_filters.iter().any(|f| f == name))
-        };
+        let wanted = RailFilter::new(filters, te_filters, ib_port);
 
         #[cfg(feature = "rdma")]
         let mut rdma_devices = rdma::list_devices(&wanted);
@@ -179,17 +186,17 @@ impl Topology {
         let mut rdma_devices = sysfs::rdma_devices(&wanted);
 
         let mut net_interfaces = sysfs::net_interfaces();
-        let mut gpus = Vec::new();
+        let mut gpus: Vec<Gpu> = Vec::new();
 
         for dev in &mut rdma_devices {
-            let loc = sysfs::rdma_locality(&dev.name);
+            let loc = sysfs::rdma_locality(&dev.device);
             merge_known(&mut dev.numa_node, &mut dev.pci_bus_id, &loc);
         }
         // hwloc's view wins where it has one; sysfs fills the rest.
         #[cfg(feature = "hwloc")]
         if let Some(hw) = &hw {
             for dev in &mut rdma_devices {
-                if let Some(loc) = hw.openfabrics.get(&dev.name) {
+                if let Some(loc) = hw.openfabrics.get(&dev.device) {
                     merge_known(&mut dev.numa_node, &mut dev.pci_bus_id, loc);
                 }
             }
@@ -200,8 +207,14 @@ impl Topology {
             }
             gpus.clone_from(&hw.gpus);
         }
+        // hwloc's CUDA devices are the runtime's own numbering; NVML's and
+        // sysfs's GPUs are in PCI bus order: number them as CUDA would.
+        let from_cuda_runtime = gpus.first().is_some_and(|g| g.name.starts_with("cuda"));
         if gpus.is_empty() {
             gpus = sysfs::nvidia_gpus();
+        }
+        if !from_cuda_runtime {
+            gpus = cuda::cuda_numbering(gpus, &cuda::CudaEnv::from_env(), &cuda::SystemFacts);
         }
 
         // On a single-node machine every device is local to that node, even
@@ -237,6 +250,12 @@ pub fn net_interfaces() -> Vec<NetInterface> {
 }
 
 /// Takes the facts `loc` knows, keeping the current ones where it does not.
+/// The NUMA node of RDMA device `name` as sysfs tells it (its PCI
+/// function's), if known.
+pub fn rdma_numa_node(name: &str) -> Option<u32> {
+    sysfs::rdma_locality(name).numa_node
+}
+
 fn merge_known(numa: &mut Option<u32>, pci: &mut Option<String>, loc: &Locality) {
     if loc.numa_node.is_some() {
         *numa = loc.numa_node;
@@ -276,7 +295,7 @@ mod tests {
 
     #[test]
     fn discover_on_this_machine() {
-        let t = Topology::discover(&[], &[]);
+        let t = Topology::discover(&[], &[], 1);
         assert!(!t.numa_nodes.is_empty(), "{t:?}");
         assert!(t.numa_nodes.windows(2).all(|w| w[0] < w[1]), "{t:?}");
         // The test machines have no RDMA hardware.
@@ -289,15 +308,15 @@ mod tests {
 
     #[test]
     fn discover_with_te_filters_still_succeeds() {
-        let t = Topology::discover(&[], &["erdma_0".to_string()]);
+        let t = Topology::discover(&[], &["erdma_0".to_string()], 1);
         assert!(t.rdma_devices.iter().all(|d| d.name == "erdma_0"));
-        let t = Topology::discover(&["mlx5_9".to_string()], &[]);
+        let t = Topology::discover(&["mlx5_9".to_string()], &[], 1);
         assert!(t.rdma_devices.iter().all(|d| d.name == "mlx5_9"));
     }
 
     #[test]
     fn discovered_topology_round_trips_as_matrix() {
-        let t = Topology::discover(&[], &[]);
+        let t = Topology::discover(&[], &[], 1);
         let m = PriorityMatrix::from_topology(&t);
         for node in &t.numa_nodes {
             assert!(m.entry(&format!("cpu:{node}")).is_some(), "{m:?}");

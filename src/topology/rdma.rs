@@ -1,28 +1,31 @@
 //! RDMA device listing through libibverbs (feature `rdma`), as Mooncake's
 //! `listInfiniBandDevices`: every device the filters allow whose
 //! `/dev/infiniband/<uverbs>` node is a read-write character device and that
-//! opens. Devices without an ACTIVE port (with a GID table) are kept with
-//! `ports_active == false` so reports can show them; the priority matrix
-//! leaves them out.
+//! opens. Each ACTIVE port with a GID table is a rail of its own (see
+//! [`super::rails`]); a device without one is kept once with
+//! `ports_active == false` so reports can show it; the priority matrix
+//! leaves it out.
 
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
 use super::RdmaDevice;
+use super::rails::{RailFilter, rails_of};
 use crate::verbs::{Context, device_names};
 
-/// Whether some port of `ctx` is ACTIVE and has a GID table.
-fn has_active_port(ctx: &Context) -> bool {
+/// Each port of `ctx` and whether it is ACTIVE with a GID table.
+fn port_states(ctx: &Context) -> Vec<(u8, bool)> {
     let name = ctx.name();
     let limits = match ctx.limits() {
         Ok(l) => l,
         Err(err) => {
             tracing::warn!("RDMA device {name}: ibv_query_device failed ({err}); skipping it");
-            return false;
+            return Vec::new();
         }
     };
-    let mut active = false;
+    let mut states = Vec::new();
     for port in 1..=limits.ports {
+        let mut active = false;
         match ctx.port(port) {
             Err(err) => tracing::warn!("RDMA device {name}: querying port {port} failed ({err})"),
             Ok(p) if p.gid_table_len == 0 => {
@@ -37,8 +40,9 @@ fn has_active_port(ctx: &Context) -> bool {
                 active = true;
             }
         }
+        states.push((port, active));
     }
-    active
+    states
 }
 
 /// Whether `/dev/infiniband/<dev_name>` is a character device this process
@@ -74,15 +78,15 @@ fn char_dev_accessible(name: &str, dev_name: &str) -> bool {
     }
 }
 
-/// Lists the RDMA devices `wanted` accepts; locality is filled by the caller.
-pub(super) fn list_devices(wanted: &dyn Fn(&str) -> bool) -> Vec<RdmaDevice> {
+/// Lists the RDMA rails `wanted` keeps; locality is filled by the caller.
+pub(super) fn list_devices(wanted: &RailFilter<'_>) -> Vec<RdmaDevice> {
     let listed = device_names();
     if listed.is_empty() {
         tracing::debug!("libibverbs lists no RDMA devices");
     }
     let mut out = Vec::new();
     for (name, dev_name) in listed {
-        if !wanted(&name) {
+        if !wanted.device(&name) {
             tracing::info!("RDMA device {name}: skipped by the device filters");
             continue;
         }
@@ -96,17 +100,25 @@ pub(super) fn list_devices(wanted: &dyn Fn(&str) -> bool) -> Vec<RdmaDevice> {
                 continue;
             }
         };
-        let ports_active = has_active_port(&ctx);
+        let ports = port_states(&ctx);
         drop(ctx);
-        if !ports_active {
+        let rails = rails_of(&name, &ports, wanted.ib_port());
+        if !rails.iter().any(|r| r.2) {
             tracing::warn!("RDMA device {name}: no active port; it will not be selected");
         }
-        out.push(RdmaDevice {
-            name,
-            numa_node: None,
-            pci_bus_id: None,
-            ports_active,
-        });
+        out.extend(
+            rails
+                .into_iter()
+                .filter(|(rail, _, _)| wanted.rail(rail))
+                .map(|(rail, port, active)| RdmaDevice {
+                    name: rail,
+                    device: name.clone(),
+                    port,
+                    numa_node: None,
+                    pci_bus_id: None,
+                    ports_active: active,
+                }),
+        );
     }
     out
 }
@@ -118,6 +130,6 @@ mod tests {
     #[test]
     fn no_devices_here_is_not_an_error() {
         // The test machines have no RDMA: NULL/ENOSYS or an empty list.
-        assert!(list_devices(&|_| true).is_empty());
+        assert!(list_devices(&RailFilter::new(&[], &[], 1)).is_empty());
     }
 }

@@ -8,6 +8,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::ptr::NonNull;
 
+#[cfg(any(test, not(feature = "rdma")))]
+use super::rails::{RailFilter, rails_of};
 use super::{Gpu, IfAddr, Locality, NetInterface};
 
 const SYS: &str = "/sys";
@@ -80,6 +82,7 @@ pub(super) fn rdma_locality(name: &str) -> Locality {
     )
 }
 
+#[cfg(any(test, not(feature = "rdma")))]
 fn ib_ports(sys: &Path, name: &str) -> Vec<std::path::PathBuf> {
     let dir = sys.join("class/infiniband").join(name).join("ports");
     fs::read_dir(dir)
@@ -87,15 +90,33 @@ fn ib_ports(sys: &Path, name: &str) -> Vec<std::path::PathBuf> {
         .unwrap_or_default()
 }
 
-/// RDMA devices listed in `/sys/class/infiniband` (used when the `rdma`
+/// Each port of RDMA device `name` and whether it is ACTIVE, from
+/// `/sys/class/infiniband/<name>/ports/<n>/state` ("4: ACTIVE").
+#[cfg(any(test, not(feature = "rdma")))]
+fn port_states_in(sys: &Path, name: &str) -> Vec<(u8, bool)> {
+    let mut states: Vec<(u8, bool)> = ib_ports(sys, name)
+        .iter()
+        .filter_map(|p| {
+            let port = p.file_name()?.to_str()?.parse().ok()?;
+            let active = read_trimmed(&p.join("state")).is_some_and(|s| s.ends_with("ACTIVE"));
+            Some((port, active))
+        })
+        .collect();
+    states.sort_unstable();
+    states
+}
+
+/// RDMA rails listed in `/sys/class/infiniband` (used when the `rdma`
 /// feature, and with it libibverbs, is not built in).
 #[cfg(not(feature = "rdma"))]
-pub(super) fn rdma_devices(wanted: &dyn Fn(&str) -> bool) -> Vec<super::RdmaDevice> {
+pub(super) fn rdma_devices(wanted: &RailFilter<'_>) -> Vec<super::RdmaDevice> {
     rdma_devices_in(Path::new(SYS), wanted)
 }
 
-#[cfg(not(feature = "rdma"))]
-fn rdma_devices_in(sys: &Path, wanted: &dyn Fn(&str) -> bool) -> Vec<super::RdmaDevice> {
+/// The rails of the devices under `sys/class/infiniband` that `wanted`
+/// keeps, by device name then port.
+#[cfg(any(test, not(feature = "rdma")))]
+fn rdma_devices_in(sys: &Path, wanted: &RailFilter<'_>) -> Vec<super::RdmaDevice> {
     let Ok(entries) = fs::read_dir(sys.join("class/infiniband")) else {
         tracing::debug!("no /sys/class/infiniband: no RDMA devices");
         return Vec::new();
@@ -103,33 +124,41 @@ fn rdma_devices_in(sys: &Path, wanted: &dyn Fn(&str) -> bool) -> Vec<super::Rdma
     let mut names: Vec<String> = entries
         .flatten()
         .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| wanted(n))
+        .filter(|n| wanted.device(n))
         .collect();
     names.sort();
-    names
-        .into_iter()
-        .map(|name| {
-            let ports_active = ib_ports(sys, &name)
-                .iter()
-                .any(|p| read_trimmed(&p.join("state")).is_some_and(|s| s.ends_with("ACTIVE")));
-            super::RdmaDevice {
-                name,
-                numa_node: None,
-                pci_bus_id: None,
-                ports_active,
+    let mut out = Vec::new();
+    for device in names {
+        let ports = port_states_in(sys, &device);
+        for (name, port, active) in rails_of(&device, &ports, wanted.ib_port()) {
+            if wanted.rail(&name) {
+                out.push(super::RdmaDevice {
+                    name,
+                    device: device.clone(),
+                    port,
+                    numa_node: None,
+                    pci_bus_id: None,
+                    ports_active: active,
+                });
             }
-        })
-        .collect()
+        }
+    }
+    out
 }
 
-/// Fastest port rate of RDMA device `name` in Gb/s, from
-/// `/sys/class/infiniband/<name>/ports/*/rate` ("100 Gb/sec (4X EDR)").
-pub(super) fn ib_rate_gbps(name: &str) -> Option<f64> {
-    ib_ports(Path::new(SYS), name)
-        .iter()
-        .filter_map(|p| read_trimmed(&p.join("rate")))
-        .filter_map(|r| r.split_whitespace().next()?.parse::<f64>().ok())
-        .reduce(f64::max)
+/// Rate of `port` of RDMA device `name` in Gb/s, from
+/// `/sys/class/infiniband/<name>/ports/<port>/rate` ("100 Gb/sec (4X EDR)").
+pub(super) fn ib_rate_gbps(name: &str, port: u8) -> Option<f64> {
+    let p = Path::new(SYS)
+        .join("class/infiniband")
+        .join(name)
+        .join("ports")
+        .join(port.to_string());
+    read_trimmed(&p.join("rate"))?
+        .split_whitespace()
+        .next()?
+        .parse::<f64>()
+        .ok()
 }
 
 /// Distance between two PCI functions: the number of sysfs path components
@@ -147,9 +176,8 @@ pub(super) fn pci_distance(a: &str, b: &str) -> Option<usize> {
     Some(pa.components().count() + pb.components().count() - 2 * common)
 }
 
-/// NVIDIA GPUs on PCI, in bus order, which is CUDA's order with
-/// `CUDA_DEVICE_ORDER=PCI_BUS_ID` (and for identical GPUs its default).
-/// Used when hwloc reported no CUDA/NVML device.
+/// NVIDIA GPUs on PCI, in bus order (numbered so; CUDA's numbering is
+/// applied by the caller). Used when hwloc reported no CUDA/NVML device.
 pub(super) fn nvidia_gpus() -> Vec<Gpu> {
     let dir = Path::new(SYS).join("bus/pci/devices");
     let Ok(entries) = fs::read_dir(&dir) else {
@@ -391,23 +419,63 @@ mod tests {
         fs::remove_dir_all(&sys).unwrap();
     }
 
-    #[cfg(not(feature = "rdma"))]
     #[test]
-    fn sysfs_rdma_listing_reads_port_state_and_filters() {
+    fn sysfs_rdma_listing_makes_a_rail_of_each_active_port() {
         let sys = scratch("ib");
-        for (dev, state) in [("mlx5_0", "4: ACTIVE"), ("mlx5_1", "1: DOWN")] {
-            let port = sys.join("class/infiniband").join(dev).join("ports/1");
-            fs::create_dir_all(&port).unwrap();
-            fs::write(port.join("state"), state).unwrap();
+        // A dual-port HCA with both ports up, one with port 1 down, a
+        // single-port device, and one with no port up.
+        for (dev, port, state) in [
+            ("mlx5_0", 1, "4: ACTIVE"),
+            ("mlx5_0", 2, "4: ACTIVE"),
+            ("mlx5_1", 1, "1: DOWN"),
+            ("mlx5_1", 2, "4: ACTIVE"),
+            ("mlx5_2", 1, "4: ACTIVE"),
+            ("mlx5_3", 1, "1: DOWN"),
+        ] {
+            let dir = sys
+                .join("class/infiniband")
+                .join(dev)
+                .join("ports")
+                .join(port.to_string());
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(dir.join("state"), state).unwrap();
         }
-        let all = rdma_devices_in(&sys, &|_| true);
-        let got: Vec<_> = all
-            .iter()
-            .map(|d| (d.name.as_str(), d.ports_active))
-            .collect();
-        assert_eq!(got, vec![("mlx5_0", true), ("mlx5_1", false)]);
-        let only = rdma_devices_in(&sys, &|n| n == "mlx5_1");
-        assert_eq!(only.len(), 1);
+        let none: Vec<String> = Vec::new();
+        let got = |f: &RailFilter<'_>| -> Vec<(String, String, u8, bool)> {
+            rdma_devices_in(&sys, f)
+                .into_iter()
+                .map(|d| (d.name, d.device, d.port, d.ports_active))
+                .collect()
+        };
+        let row = |n: &str, d: &str, p: u8, a: bool| (n.to_string(), d.to_string(), p, a);
+        assert_eq!(
+            got(&RailFilter::new(&none, &none, 1)),
+            vec![
+                row("mlx5_0", "mlx5_0", 1, true),
+                row("mlx5_0:2", "mlx5_0", 2, true),
+                row("mlx5_1:2", "mlx5_1", 2, true),
+                row("mlx5_2", "mlx5_2", 1, true),
+                row("mlx5_3", "mlx5_3", 1, false),
+            ]
+        );
+        // MC_IB_PORT=2: port 2 has the plain name.
+        assert_eq!(
+            got(&RailFilter::new(&none, &none, 2))[..3],
+            [
+                row("mlx5_0:1", "mlx5_0", 1, true),
+                row("mlx5_0", "mlx5_0", 2, true),
+                row("mlx5_1", "mlx5_1", 2, true),
+            ]
+        );
+        // Filters: a device keeps its ports, a port only itself.
+        let f = vec!["mlx5_0:2".to_string(), "mlx5_2".to_string()];
+        assert_eq!(
+            got(&RailFilter::new(&f, &none, 1)),
+            vec![
+                row("mlx5_0:2", "mlx5_0", 2, true),
+                row("mlx5_2", "mlx5_2", 1, true),
+            ]
+        );
         fs::remove_dir_all(&sys).unwrap();
     }
 

@@ -177,6 +177,15 @@ impl LocalSide {
 /// task before it returns. Without one, the part fails.
 pub type Fallback = Arc<dyn Fn(Transfer) + Send + Sync>;
 
+/// Called once with the segment as cached after a refetch of its
+/// descriptor (`None` if it could not be refetched or was closed).
+pub type Refreshed = Box<dyn FnOnce(Option<Arc<RemoteSegment>>) + Send>;
+
+/// Refetches the descriptor of the segment named by the first argument in
+/// the background (never on the calling thread; concurrent calls for one
+/// segment share one refetch), then calls the second.
+pub type Refresh = Arc<dyn Fn(&str, Refreshed) + Send + Sync>;
+
 /// What a transport moves for one task.
 pub struct Submission {
     /// The task's batch.
@@ -191,6 +200,9 @@ pub struct Submission {
     pub local: LocalSide,
     /// Where the parts this transport cannot move go.
     pub fallback: Option<Fallback>,
+    /// How the target's descriptor is refetched when the peer refuses a
+    /// slice's key (it may have registered the buffer again).
+    pub refresh: Option<Refresh>,
 }
 
 impl Submission {
@@ -264,7 +276,14 @@ pub struct InstallContext<'a> {
     pub peers: Arc<dyn PeerDirectory>,
     /// The cluster keys: connections to and from peers authenticate.
     pub auth: Option<Arc<crate::auth::Keys>>,
+    /// Asks the engine to publish its descriptor again (what the
+    /// transport publishes changed, e.g. a device's GID); returns at once,
+    /// the engine publishes in the background.
+    pub republish: Republish,
 }
+
+/// How a transport asks the engine to publish its descriptor again.
+pub type Republish = Arc<dyn Fn() + Send + Sync>;
 
 /// Starts the transport named `protocol`; the transports this build
 /// provides are named here and nowhere else.

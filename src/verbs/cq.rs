@@ -7,6 +7,7 @@ use rdma_sys::{
     ibv_wc,
 };
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -41,6 +42,27 @@ impl CompletionChannel {
     pub fn fd(&self) -> RawFd {
         // SAFETY: the channel is alive; `fd` is a plain field.
         unsafe { (*self.ptr.as_ptr()).fd }
+    }
+
+    /// Takes and acknowledges a pending event; returns the
+    /// [`CompletionQueue::id`] of the queue it names, `None` when no event
+    /// is pending.
+    pub fn take_event(&self) -> io::Result<Option<usize>> {
+        let mut cq: *mut ibv_cq = std::ptr::null_mut();
+        let mut cq_ctx: *mut libc::c_void = std::ptr::null_mut();
+        // SAFETY: the channel is alive and non-blocking; out-pointers valid.
+        if unsafe { ibv_get_cq_event(self.ptr.as_ptr(), &mut cq, &mut cq_ctx) } != 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
+                _ => Err(e),
+            };
+        }
+        // SAFETY: the event names a live CQ of this channel (each holds an
+        // Arc to the channel, and the event was raised before it could be
+        // destroyed); each event is acknowledged once.
+        unsafe { ibv_ack_cq_events(cq, 1) };
+        Ok(Some(cq as usize))
     }
 }
 
@@ -100,7 +122,8 @@ impl WorkCompletion {
     }
 }
 
-/// A completion queue bound to a completion channel, destroyed on drop.
+/// A completion queue bound to a completion channel (which it may share
+/// with other queues), destroyed on drop.
 pub struct CompletionQueue {
     ptr: NonNull<ibv_cq>,
     channel: Arc<CompletionChannel>,
@@ -152,10 +175,10 @@ impl CompletionQueue {
         self.capacity
     }
 
-    /// The channel's descriptor, readable after [`Self::arm`] once a
-    /// completion arrives.
-    pub fn event_fd(&self) -> RawFd {
-        self.channel.fd()
+    /// Identifies the queue among those of its channel (what
+    /// [`CompletionChannel::take_event`] returns).
+    pub fn id(&self) -> usize {
+        self.as_ptr() as usize
     }
 
     /// Asks for an event on the channel at the next completion.
@@ -164,41 +187,29 @@ impl CompletionQueue {
         check(unsafe { ibv_req_notify_cq(self.as_ptr(), 0) })
     }
 
-    /// Takes and acknowledges a pending channel event; false when none.
-    pub fn take_event(&self) -> io::Result<bool> {
-        let mut cq: *mut ibv_cq = std::ptr::null_mut();
-        let mut cq_ctx: *mut libc::c_void = std::ptr::null_mut();
-        // SAFETY: the channel is alive and non-blocking; out-pointers valid.
-        if unsafe { ibv_get_cq_event(self.channel.ptr.as_ptr(), &mut cq, &mut cq_ctx) } != 0 {
-            let e = io::Error::last_os_error();
-            return match e.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(false),
-                _ => Err(e),
-            };
-        }
-        // SAFETY: the event names a CQ of this channel (only this CQ uses
-        // it); each event is acknowledged once, before the CQ is destroyed.
-        unsafe { ibv_ack_cq_events(cq, 1) };
-        Ok(true)
-    }
-
     /// Appends up to `max` completions to `out`; returns how many.
     pub fn poll(&self, out: &mut Vec<WorkCompletion>, max: usize) -> io::Result<usize> {
-        // SAFETY: `ibv_wc` is plain C data; all-zero is valid.
-        let mut wcs: [ibv_wc; POLL_BATCH] = unsafe { std::mem::zeroed() };
+        let mut wcs: [MaybeUninit<ibv_wc>; POLL_BATCH] =
+            [const { MaybeUninit::uninit() }; POLL_BATCH];
         let want = max.min(POLL_BATCH) as i32;
-        // SAFETY: the CQ is alive and `wcs` holds `want` entries.
-        let n = unsafe { ibv_poll_cq(self.as_ptr(), want, wcs.as_mut_ptr()) };
+        // SAFETY: the CQ is alive and `wcs` has room for `want` entries.
+        let n = unsafe { ibv_poll_cq(self.as_ptr(), want, wcs.as_mut_ptr().cast()) };
         if n < 0 {
             return Err(io::Error::other(format!("ibv_poll_cq failed ({n})")));
         }
         let n = n as usize;
-        out.extend(wcs[..n].iter().map(|wc| WorkCompletion {
-            wr_id: wc.wr_id,
-            status: wc.status,
-            qp_num: wc.qp_num,
-            vendor_err: wc.vendor_err,
-        }));
+        // SAFETY: `ibv_poll_cq` wrote the first `n` entries.
+        out.extend(
+            wcs[..n]
+                .iter()
+                .map(|wc| unsafe { wc.assume_init_ref() })
+                .map(|wc| WorkCompletion {
+                    wr_id: wc.wr_id,
+                    status: wc.status,
+                    qp_num: wc.qp_num,
+                    vendor_err: wc.vendor_err,
+                }),
+        );
         Ok(n)
     }
 }

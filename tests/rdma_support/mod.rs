@@ -226,3 +226,125 @@ pub fn percentiles(samples: &mut [Duration]) -> (Duration, Duration, Duration) {
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
     (at(0.5), at(0.99), samples[samples.len() - 1])
 }
+
+/// Runs `ip` with `args`; panics when it fails.
+pub fn ip(args: &[&str]) {
+    let st = Command::new("ip").args(args).status().expect("ip");
+    assert!(st.success(), "ip {args:?} failed");
+}
+
+/// Moves node A's rail-0 interface (`va0`) from its address to `new` (in
+/// its /23, so its routing table still serves it), with the policy rules
+/// that route between `new` and node B's addresses as `rdma-net.sh` does
+/// for the old one; dropping it puts the old address back (also when a
+/// test fails). The GID table of `rxe_a0` changes with it.
+pub struct Readdressed {
+    new: &'static str,
+}
+
+/// The policy rules between node A's rail-0 address `addr` and node B
+/// (tables 101: va0, 103: vb0, 104: vb1, as `rdma-net.sh` numbers them).
+fn rules(addr: &str) -> Vec<Vec<String>> {
+    let mut r = Vec::new();
+    for to in ["198.18.0.2", "198.18.1.2"] {
+        r.push(vec!["from", addr, "to", to, "iif", "lo", "lookup", "101"]);
+    }
+    r.push(vec![
+        "from",
+        "198.18.0.2",
+        "to",
+        addr,
+        "iif",
+        "lo",
+        "lookup",
+        "103",
+    ]);
+    r.push(vec![
+        "from",
+        "198.18.1.2",
+        "to",
+        addr,
+        "iif",
+        "lo",
+        "lookup",
+        "104",
+    ]);
+    r.into_iter()
+        .map(|v| v.into_iter().map(str::to_string).collect())
+        .collect()
+}
+
+/// The route of `va0`'s table (101) from `src`, as `rdma-net.sh` sets it.
+fn route_from(src: &str) {
+    let _ = Command::new("ip")
+        .args([
+            "route",
+            "replace",
+            "198.18.0.0/23",
+            "dev",
+            "va0",
+            "src",
+            src,
+            "table",
+            "101",
+        ])
+        .status();
+}
+
+impl Readdressed {
+    /// Takes `va0` from 198.18.0.1 to `new`.
+    pub fn va0(new: &'static str) -> Readdressed {
+        for r in rules(new) {
+            let mut args = vec!["rule", "add", "pref", "150"];
+            args.extend(r.iter().map(String::as_str));
+            ip(&args);
+        }
+        ip(&["addr", "del", "198.18.0.1/23", "dev", "va0"]);
+        ip(&[
+            "addr",
+            "add",
+            &format!("{new}/23"),
+            "dev",
+            "va0",
+            "noprefixroute",
+        ]);
+        Readdressed { new }
+    }
+}
+
+impl Drop for Readdressed {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["addr", "del", &format!("{}/23", self.new), "dev", "va0"])
+            .status();
+        let _ = Command::new("ip")
+            .args([
+                "addr",
+                "add",
+                "198.18.0.1/23",
+                "dev",
+                "va0",
+                "noprefixroute",
+            ])
+            .status();
+        route_from("198.18.0.1");
+        for r in rules(self.new) {
+            let mut args = vec!["rule", "del", "pref", "150"];
+            args.extend(r.iter().map(String::as_str));
+            let _ = Command::new("ip").args(&args).status();
+        }
+    }
+}
+
+/// The RoCE v2 GID of an IPv4 address in Mooncake's text form.
+pub fn v4_gid(addr: &str) -> String {
+    let ip: std::net::Ipv4Addr = addr.parse().expect("IPv4 address");
+    let mut g = [0u8; 16];
+    g[10] = 0xff;
+    g[11] = 0xff;
+    g[12..].copy_from_slice(&ip.octets());
+    g.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}

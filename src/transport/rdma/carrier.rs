@@ -1,22 +1,26 @@
 //! The RDMA transport as the engine installs it: the scheduler's adapter
 //! (a device is an RDMA device, and a rail pairs one of ours with one the
 //! peer publishes in its descriptor: any pair, as RoCE and InfiniBand
-//! fabrics route between all of them; the peer's key for a slice is its
+//! fabrics route between all of them (with `MC_ENABLE_DEST_DEVICE_AFFINITY`
+//! a device of ours whose namesake the peer publishes pairs with that one
+//! only); the peer's key for a slice is its
 //! `rkey` for the target buffer on the rail's peer device), its descriptor
-//! keys (`devices`, `priority_matrix`, each buffer's location and keys),
+//! keys (`devices`, `priority_matrix`, `rdma_server_name` with
+//! `MC_RDMA_BIND_ADDRESS`, each buffer's location and keys),
 //! its handshake (Connection requests), and its installation.
 
 use super::PeerRecord;
 use crate::error::{Error, Result};
 use crate::memory::{MemoryRegistry, Region};
-use crate::metadata::descriptor::{DeviceDesc, SegmentDesc};
+use crate::metadata::descriptor::{BufferDesc, DeviceDesc, SegmentDesc};
 use crate::rpc::FrameKind;
 use crate::segment::RemoteSegment;
-use crate::topology::PriorityMatrix;
+use crate::topology::{PriorityMatrix, RailFilter};
 use crate::transport::rdma::{RdmaTarget, RdmaTransport, nic_path};
-use crate::transport::scheduler::{Carrier, Rail, Scheduler};
+use crate::transport::scheduler::{Carrier, Rail, Route, Scheduler};
 use crate::transport::{Handshake, InstallContext, Slice, Transport};
 use std::sync::Arc;
+use tracing::info;
 
 /// Largest slice of one RDMA work request (the verbs limit is 2 GiB).
 const MAX_SLICE: u64 = 1 << 30;
@@ -24,13 +28,52 @@ const MAX_SLICE: u64 = 1 << 30;
 /// The RDMA transport as the scheduler drives it.
 pub struct RdmaCarrier {
     rdma: Arc<RdmaTransport>,
+    /// `MC_ENABLE_DEST_DEVICE_AFFINITY`.
+    affinity: bool,
+    /// Our NIC paths' server name when it is not the engine's name
+    /// (`MC_RDMA_BIND_ADDRESS`), published as `rdma_server_name`.
+    rdma_server_name: Option<String>,
 }
 
 impl RdmaCarrier {
-    /// The adapter over `rdma`.
-    pub fn new(rdma: Arc<RdmaTransport>) -> RdmaCarrier {
-        RdmaCarrier { rdma }
+    /// The adapter over `rdma`; `affinity`: `MC_ENABLE_DEST_DEVICE_AFFINITY`.
+    pub fn new(rdma: Arc<RdmaTransport>, affinity: bool) -> RdmaCarrier {
+        RdmaCarrier {
+            rdma,
+            affinity,
+            rdma_server_name: None,
+        }
     }
+}
+
+/// The server name of our NIC paths, as Mooncake's: with
+/// `MC_RDMA_BIND_ADDRESS` (`bind`), that address with the port of the
+/// engine's name `local_name` (the handshake port when it has none), else
+/// the engine's name.
+fn rdma_server_name(local_name: &str, bind: Option<&str>, handshake_port: u16) -> String {
+    match bind {
+        Some(addr) => {
+            let (_, port) = crate::rpc::parse_host_port(local_name, handshake_port);
+            format!("{}:{port}", crate::rpc::wrap_ipv6(addr))
+        }
+        None => local_name.to_string(),
+    }
+}
+
+/// The rails from our devices `local` to the peer devices `peer`, as
+/// (local index, peer index): every pair, or with `affinity` only the
+/// pair to the peer device of the same name for a local device that has
+/// one (Mooncake's `MC_ENABLE_DEST_DEVICE_AFFINITY`).
+fn rail_pairs(local: &[String], peer: &[&str], affinity: bool) -> Vec<(usize, usize)> {
+    let mut pairs = Vec::new();
+    for (i, name) in local.iter().enumerate() {
+        let same = peer.iter().position(|p| p == name).filter(|_| affinity);
+        match same {
+            Some(j) => pairs.push((i, j)),
+            None => pairs.extend((0..peer.len()).map(|j| (i, j))),
+        }
+    }
+    pairs
 }
 
 /// Starts the RDMA transport on the devices of the given matrix (or of
@@ -55,10 +98,8 @@ pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
         }
     };
     let filters = &ctx.config.topology.filters;
-    let allowed = |d: &String| {
-        (filters.is_empty() || filters.contains(d))
-            && (ctx.device_filter.is_empty() || ctx.device_filter.contains(d))
-    };
+    let rails = RailFilter::new(filters, ctx.device_filter, ctx.config.rdma.ib_port);
+    let allowed = |d: &String| rails.rail(d);
     let wanted: Vec<String> = matrix
         .devices()
         .iter()
@@ -81,11 +122,23 @@ pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
             }
         )));
     }
+    let server = rdma_server_name(
+        ctx.local_name,
+        ctx.config.rdma.bind_address.as_deref(),
+        ctx.config.rpc.handshake_port,
+    );
+    if server != ctx.local_name {
+        info!(
+            "RDMA NIC paths use {server} (MC_RDMA_BIND_ADDRESS; the handshake stays on {})",
+            ctx.local_name
+        );
+    }
     let rdma = Arc::new(RdmaTransport::start(
         &wanted,
-        ctx.local_name,
+        &server,
         ctx.config,
         ctx.auth.clone(),
+        ctx.republish.clone(),
     )?);
     for d in matrix.devices().to_vec() {
         if !rdma.device_names().contains(&d) {
@@ -119,11 +172,11 @@ pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
             devices: desc.devices.into_iter().map(|d| (d.name, d.gid)).collect(),
         })
     }));
-    Ok(Scheduler::new(
-        RdmaCarrier::new(rdma),
-        matrix,
-        ctx.config.sched,
-    ))
+    let carrier = RdmaCarrier {
+        rdma_server_name: (server != ctx.local_name).then_some(server),
+        ..RdmaCarrier::new(rdma, ctx.config.rdma.dest_device_affinity)
+    };
+    Ok(Scheduler::new(carrier, matrix, ctx.config.sched))
 }
 
 impl Carrier for RdmaCarrier {
@@ -167,16 +220,28 @@ impl Carrier for RdmaCarrier {
             })
             .collect();
         desc.priority_matrix = Some(matrix.to_json());
-        desc.buffers.retain_mut(|b| {
-            let (Some(keys), Some(region)) = (self.rdma.keys(b.addr), memory.find(b.addr, 1))
-            else {
-                return false;
-            };
-            b.name = region.location.to_string();
-            b.lkey = keys.lkey;
-            b.rkey = keys.rkey;
-            true
-        });
+        desc.rdma_server_name = self.rdma_server_name.clone();
+        // One entry per registered piece (several for a buffer larger than
+        // the largest memory region, as Mooncake publishes it).
+        desc.buffers = std::mem::take(&mut desc.buffers)
+            .into_iter()
+            .flat_map(|b| {
+                let (Some(pieces), Some(region)) = (self.rdma.keys(b.addr), memory.find(b.addr, 1))
+                else {
+                    return Vec::new();
+                };
+                pieces
+                    .into_iter()
+                    .map(|p| BufferDesc {
+                        name: region.location.to_string(),
+                        addr: p.addr,
+                        length: p.len,
+                        lkey: p.lkey,
+                        rkey: p.rkey,
+                    })
+                    .collect()
+            })
+            .collect();
     }
 
     fn handshake(&self) -> Option<Handshake> {
@@ -214,11 +279,14 @@ impl Carrier for RdmaCarrier {
             .rdma_server_name
             .as_deref()
             .unwrap_or(&seg.desc.name);
-        let mut rails = Vec::new();
-        for (i, local) in self.rdma.device_names().iter().enumerate() {
-            for (j, peer) in seg.desc.devices.iter().enumerate() {
-                rails.push(Rail {
-                    key: format!("{local}@{}/{}", seg.name, peer.name),
+        let local = self.rdma.device_names();
+        let peer: Vec<&str> = seg.desc.devices.iter().map(|d| d.name.as_str()).collect();
+        rail_pairs(local, &peer, self.affinity)
+            .into_iter()
+            .map(|(i, j)| {
+                let peer = &seg.desc.devices[j];
+                Rail {
+                    key: format!("{}@{}/{}", local[i], seg.name, peer.name),
                     device: Some(i),
                     peer_device: Some(j),
                     target: RdmaTarget {
@@ -228,10 +296,13 @@ impl Carrier for RdmaCarrier {
                         peer_gid: peer.gid.clone(),
                         peer_lid: peer.lid,
                     },
-                });
-            }
-        }
-        rails
+                }
+            })
+            .collect()
+    }
+
+    fn routes(seg: &RemoteSegment) -> &std::sync::OnceLock<Arc<Route<RdmaTarget>>> {
+        &seg.routes.rdma
     }
 
     fn post(&self, rail: &Rail<RdmaTarget>, slice: Slice, remote_key: u32) {
@@ -256,6 +327,10 @@ impl Carrier for RdmaCarrier {
         MAX_SLICE
     }
 
+    fn local_limit(&self, addr: u64) -> Option<u64> {
+        self.rdma.piece_end(addr)
+    }
+
     fn uses_paused_rails(&self) -> bool {
         // A paused rail failed a handshake or stopped completing: with
         // every rail to the peer paused, slices fail at once instead of
@@ -271,5 +346,51 @@ impl Carrier for RdmaCarrier {
 
     fn shutdown(&self) {
         self.rdma.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn affinity_pairs_devices_of_the_same_name() {
+        let local = names(&["mlx5_0", "mlx5_1", "mlx5_9"]);
+        let peer = ["mlx5_1", "mlx5_0"];
+        assert_eq!(
+            rail_pairs(&local, &peer, false),
+            vec![(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)],
+            "without affinity every pair is a rail"
+        );
+        assert_eq!(
+            rail_pairs(&local, &peer, true),
+            vec![(0, 1), (1, 0), (2, 0), (2, 1)],
+            "mlx5_0 and mlx5_1 reach their namesakes only; mlx5_9 has none and keeps all"
+        );
+        assert!(rail_pairs(&local, &[], true).is_empty());
+    }
+
+    #[test]
+    fn bind_address_names_the_nic_paths() {
+        assert_eq!(
+            rdma_server_name("10.0.0.1:15001", None, 12001),
+            "10.0.0.1:15001"
+        );
+        assert_eq!(
+            rdma_server_name("10.0.0.1:15001", Some("192.168.7.1"), 12001),
+            "192.168.7.1:15001"
+        );
+        assert_eq!(
+            rdma_server_name("node-a", Some("192.168.7.1"), 12001),
+            "192.168.7.1:12001"
+        );
+        assert_eq!(
+            rdma_server_name("node-a", Some("fd00::1"), 12001),
+            "[fd00::1]:12001"
+        );
     }
 }

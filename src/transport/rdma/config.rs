@@ -35,8 +35,19 @@ pub struct RdmaConfig {
     /// regions where the device supports it (1; 0 = off, 1 and 2 = on).
     pub relaxed_ordering: bool,
     /// `MC_MAX_MR_SIZE`: largest memory region (1 TiB), further limited by
-    /// the device.
+    /// the device. A larger buffer is registered as several regions of at
+    /// most this size and published as one buffer entry each (Mooncake's
+    /// split).
     pub max_mr_size: u64,
+    /// `MC_ENABLE_PARALLEL_REG_MR`: register a buffer on the devices in
+    /// parallel: `None` (-1, the default) when there are several devices,
+    /// the buffer is at least 4 GiB and the machine has at least 4 CPUs
+    /// (Mooncake's rule); `Some(true)` (1) always; `Some(false)` (0) never.
+    pub parallel_reg_mr: Option<bool>,
+    /// `MC_MAX_CONCURRENT_REG_MR`: at most this many registrations run at
+    /// once when registering in parallel (0, the default: one thread per
+    /// device).
+    pub max_concurrent_reg_mr: usize,
     /// `MC_IB_TIMEOUT`: the local ACK timeout of RDMA queue pairs as the
     /// verbs exponent, 4.096 us * 2^n (14, about 67 ms, Mooncake's value;
     /// 1..=31). Soft-RoCE on an overloaded host needs more.
@@ -67,6 +78,37 @@ pub struct RdmaConfig {
     /// `MC_RDMA_CONNECT_THREADS`: threads that run our handshakes,
     /// different peers at once, one peer's in turn (8, 1..=64).
     pub connect_threads: usize,
+    /// `MC_NUM_CQ_PER_CTX`: completion queues per device (1, 1..=255).
+    /// Endpoints take them in turn; queue `i` is polled by worker
+    /// `i % MC_WORKERS_PER_CTX` alone.
+    pub num_cq_per_ctx: usize,
+    /// `MC_NUM_COMP_CHANNELS_PER_CTX`: completion channels per device (1,
+    /// 1..=255; at most one per completion queue); queue `i` reports to
+    /// channel `i % n`.
+    pub num_comp_channels_per_ctx: usize,
+    /// `MC_TE_RDMA_BUSY_POLL_US`: how long a worker keeps polling its
+    /// completion queues and runnable endpoints without sleeping after it
+    /// last found work, in microseconds (0 = sleep at once, waiting for a
+    /// completion event or a wake; 0..=10000000). Mooncake has no knob:
+    /// its workers spin for 100 ms. The default is 0: in the soft-RoCE VM
+    /// (scripts/bench-rdma.sh) a 200 us spell moved no more bytes at 4 KiB
+    /// to 1 MiB than waiting for events, and an idle engine then burns no
+    /// CPU at all.
+    pub busy_poll_us: u64,
+    /// `MC_ENABLE_DEST_DEVICE_AFFINITY`: a local device whose name a peer
+    /// device also has uses only the rail to that device (Mooncake's
+    /// destination device affinity: fewer queue pairs on rail-optimized
+    /// fabrics); other local devices keep every rail (off).
+    pub dest_device_affinity: bool,
+    /// `MC_AUTO_GID_MAX_RETRIES`: with ranked GIDs (`MC_GID_INDEX` unset),
+    /// how many times a handshake whose queue pair refuses RTR with EINVAL
+    /// re-probes the GID table and tries the next ranked GID (2, 0..=16).
+    pub auto_gid_max_retries: u32,
+    /// `MC_RDMA_BIND_ADDRESS`: the address of a second, RDMA-reachable
+    /// name (`<address>:<port of the engine's name>`), published as
+    /// `rdma_server_name` and used in our NIC paths (unset: the engine's
+    /// name).
+    pub bind_address: Option<String>,
 }
 
 impl Default for RdmaConfig {
@@ -86,6 +128,8 @@ impl Default for RdmaConfig {
             service_level: None,
             relaxed_ordering: true,
             max_mr_size: 1 << 40,
+            parallel_reg_mr: None,
+            max_concurrent_reg_mr: 0,
             ib_timeout: 14,
             signal_interval: 1,
             completion_timeout_secs: 10,
@@ -93,6 +137,12 @@ impl Default for RdmaConfig {
             max_passive_ep_per_peer: 32,
             peer_lookups_per_sec: 100,
             connect_threads: 8,
+            num_cq_per_ctx: 1,
+            num_comp_channels_per_ctx: 1,
+            busy_poll_us: 0,
+            dest_device_affinity: false,
+            auto_gid_max_retries: 2,
+            bind_address: None,
         }
     }
 }

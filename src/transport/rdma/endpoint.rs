@@ -10,6 +10,7 @@
 //! no new slices, finishes those it has, then closes.
 
 use super::handshake::HandshakeDesc;
+use super::pool::WrId;
 use super::registry::MrGuard;
 use crate::sync;
 use crate::transport::endpoint::Endpoint;
@@ -74,15 +75,68 @@ struct Posted {
 
 struct QpInner {
     qp: Option<QueuePair>,
-    /// Work requests in flight, in posting order (ascending ids).
+    /// Work requests in flight, in posting order: consecutive sequence
+    /// numbers (a request that could not be posted takes none).
     posted: VecDeque<Posted>,
+    /// The sequence number of the next request posted.
+    next_seq: u64,
     last_progress: Instant,
 }
 
-/// Work request ids, unique in the process: a completion left in a
-/// completion queue by a destroyed queue pair can never match a request
-/// of a new queue pair that reuses its number.
-static NEXT_WR_ID: AtomicU64 = AtomicU64::new(1);
+/// The room of one completion queue: requests outstanding on it are
+/// reserved before they are posted, so it never overflows, without a lock
+/// around posting.
+pub struct CqRoom {
+    capacity: usize,
+    outstanding: AtomicUsize,
+}
+
+impl CqRoom {
+    /// The room of a queue of `capacity` entries.
+    pub fn new(capacity: usize) -> CqRoom {
+        CqRoom {
+            capacity,
+            outstanding: AtomicUsize::new(0),
+        }
+    }
+
+    /// Reserves room for up to `want` requests; returns how many.
+    fn reserve(&self, want: usize) -> usize {
+        let mut cur = self.outstanding.load(Ordering::Acquire);
+        loop {
+            let n = want.min(self.capacity.saturating_sub(cur));
+            if n == 0 {
+                return 0;
+            }
+            match self.outstanding.compare_exchange_weak(
+                cur,
+                cur + n,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return n,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Gives back room for `n` requests (they ended or were not posted).
+    fn release(&self, n: usize) {
+        if n > 0 {
+            self.outstanding.fetch_sub(n, Ordering::AcqRel);
+        }
+    }
+
+    /// Requests outstanding.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::Acquire)
+    }
+
+    /// Whether a request would find room.
+    pub fn has_room(&self) -> bool {
+        self.outstanding() < self.capacity
+    }
+}
 
 struct QpSlot {
     qp_num: u32,
@@ -98,6 +152,10 @@ struct Queue {
 pub struct RdmaEndpoint {
     /// The peer NIC path (`<server>@<device>`), the pool key.
     pub peer_nic_path: String,
+    /// Its index in the device's endpoint slab (see [`WrId`]).
+    tag: u64,
+    /// Which of the device's completion queues its queue pairs use.
+    cq_index: usize,
     slots: Vec<QpSlot>,
     state: Mutex<State>,
     queue: Mutex<Queue>,
@@ -106,10 +164,44 @@ pub struct RdmaEndpoint {
     /// How long a retired endpoint may wait for its work requests.
     give_up: Duration,
     closed: AtomicBool,
-    /// The device's count of requests outstanding on its completion queue.
-    cq_outstanding: Arc<AtomicUsize>,
+    /// The room of its completion queue.
+    cq: Arc<CqRoom>,
+    /// Its last setup failed at RTR with EINVAL.
+    rtr_einval: AtomicBool,
     /// Requests of ours that ended through a completion.
     completed: AtomicU64,
+    /// The load of this rail (this device to the peer NIC), kept by the
+    /// workers without a lock.
+    load: RailLoad,
+}
+
+/// The load of one rail: what is posted and not yet ended.
+#[derive(Default)]
+pub struct RailLoad {
+    requests: AtomicUsize,
+    bytes: AtomicU64,
+}
+
+impl RailLoad {
+    fn add(&self, requests: usize, bytes: u64) {
+        self.requests.fetch_add(requests, Ordering::AcqRel);
+        self.bytes.fetch_add(bytes, Ordering::AcqRel);
+    }
+
+    fn sub(&self, requests: usize, bytes: u64) {
+        self.requests.fetch_sub(requests, Ordering::AcqRel);
+        self.bytes.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Requests posted and not yet ended.
+    pub fn requests(&self) -> usize {
+        self.requests.load(Ordering::Acquire)
+    }
+
+    /// Their bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Acquire)
+    }
 }
 
 /// What posting from an endpoint left behind.
@@ -127,17 +219,21 @@ pub enum Posting {
 }
 
 impl RdmaEndpoint {
-    /// An endpoint over `qps` (freshly created, in RESET); its requests
-    /// are counted in `cq_outstanding` while they are outstanding.
+    /// An endpoint over `qps` (freshly created, in RESET), whose
+    /// completions name it by `tag` and arrive on completion queue
+    /// `cq_index`, whose room is `cq`.
     pub fn new(
         peer_nic_path: String,
+        tag: u64,
         qps: Vec<QueuePair>,
         give_up: Duration,
-        cq_outstanding: Arc<AtomicUsize>,
+        (cq_index, cq): (usize, Arc<CqRoom>),
     ) -> RdmaEndpoint {
         let now = Instant::now();
         RdmaEndpoint {
             peer_nic_path,
+            tag,
+            cq_index,
             slots: qps
                 .into_iter()
                 .map(|qp| QpSlot {
@@ -145,6 +241,7 @@ impl RdmaEndpoint {
                     inner: Mutex::new(QpInner {
                         qp: Some(qp),
                         posted: VecDeque::new(),
+                        next_seq: 0,
                         last_progress: now,
                     }),
                 })
@@ -162,9 +259,26 @@ impl RdmaEndpoint {
             peer_rpc: Mutex::new(None),
             give_up,
             closed: AtomicBool::new(false),
-            cq_outstanding,
+            cq,
+            rtr_einval: AtomicBool::new(false),
             completed: AtomicU64::new(0),
+            load: RailLoad::default(),
         }
+    }
+
+    /// The load of its rail.
+    pub fn load(&self) -> &RailLoad {
+        &self.load
+    }
+
+    /// Its tag in the device's endpoint slab.
+    pub fn tag(&self) -> u64 {
+        self.tag
+    }
+
+    /// The index of its completion queue in the device's.
+    pub fn cq_index(&self) -> usize {
+        self.cq_index
     }
 
     /// Remembers the peer's handshake address.
@@ -188,6 +302,12 @@ impl RdmaEndpoint {
     /// The current phase.
     pub fn phase(&self) -> Phase {
         sync::lock(&self.state).phase
+    }
+
+    /// Whether its last queue pair setup failed because the device refused
+    /// RTR with EINVAL (an unusable source GID, `MC_AUTO_GID_MAX_RETRIES`).
+    pub fn rtr_einval(&self) -> bool {
+        self.rtr_einval.load(Ordering::Acquire)
     }
 
     /// Whether it left the pool.
@@ -261,6 +381,7 @@ impl RdmaEndpoint {
         params: &dyn Fn(u32) -> ConnectParams,
         peer: &[u32],
     ) -> Result<(), String> {
+        self.rtr_einval.store(false, Ordering::Release);
         if peer.len() != self.slots.len() {
             return Err(format!(
                 "QP count mismatch: the peer has {} queue pairs per endpoint, we have {} \
@@ -273,6 +394,10 @@ impl RdmaEndpoint {
             let inner = sync::lock(&slot.inner);
             let qp = inner.qp.as_ref().ok_or("the endpoint is closed")?;
             qp.connect(&params(qpn)).map_err(|(stage, e)| {
+                self.rtr_einval.store(
+                    stage == "RTR" && e.raw_os_error() == Some(libc::EINVAL),
+                    Ordering::Release,
+                );
                 format!(
                     "moving QP {} to {stage} towards {} (peer QP {qpn}) failed: {e}; check the \
                      MTU, GID index and the peer's GID",
@@ -436,16 +561,11 @@ impl RdmaEndpoint {
     }
 
     /// Posts queued jobs within each queue pair's room (`max_wr`) and the
-    /// completion queue's room (`cq_room`, reduced by what is posted), as
-    /// one chain per queue pair in which every `signal_every`-th request
-    /// and the last are signaled. Returns what is left waiting, and the
-    /// slices whose post failed.
-    pub fn post_queued(
-        &self,
-        max_wr: usize,
-        signal_every: usize,
-        cq_room: &mut usize,
-    ) -> (Posting, Ended) {
+    /// completion queue's room (reserved before each post), as one chain
+    /// per queue pair in which every `signal_every`-th request and the
+    /// last are signaled. Returns what is left waiting, and the slices
+    /// whose post failed.
+    pub fn post_queued(&self, max_wr: usize, signal_every: usize) -> (Posting, Ended) {
         let signal_every = signal_every.max(1);
         let mut ended = Vec::new();
         let mut q = sync::lock(&self.queue);
@@ -464,29 +584,29 @@ impl RdmaEndpoint {
             if q.jobs.is_empty() {
                 break;
             }
-            if *cq_room == 0 {
-                waiting_for = Posting::CqFull;
-                break;
-            }
             let mut inner = sync::lock(&slot.inner);
             let room = max_wr.saturating_sub(inner.posted.len());
             // Spread what is queued over the remaining queue pairs.
             let share = q.jobs.len().div_ceil(n_qp - i);
-            let n = share.min(room).min(*cq_room);
-            if n == 0 {
+            if share.min(room) == 0 {
                 waiting_for = Posting::QueueFull;
                 continue;
             }
             let Some(qp) = inner.qp.as_ref() else {
                 break;
             };
-            let first_seq = NEXT_WR_ID.fetch_add(n as u64, Ordering::Relaxed);
+            let n = self.cq.reserve(share.min(room));
+            if n == 0 {
+                waiting_for = Posting::CqFull;
+                break;
+            }
+            let first_seq = inner.next_seq;
             let jobs: Vec<PostJob> = q.jobs.drain(..n).collect();
             let wrs: Vec<WorkRequest> = jobs
                 .iter()
                 .enumerate()
                 .map(|(k, j)| WorkRequest {
-                    wr_id: first_seq + k as u64,
+                    wr_id: WrId::encode(self.tag, i, first_seq + k as u64),
                     local_addr: j.slice.local,
                     len: j.slice.len as u32,
                     lkey: j.lkey,
@@ -515,8 +635,10 @@ impl RdmaEndpoint {
                     job,
                 });
             }
-            *cq_room -= posted;
-            self.cq_outstanding.fetch_add(posted, Ordering::AcqRel);
+            inner.next_seq += posted as u64;
+            self.cq.release(n - posted);
+            self.load
+                .add(posted, wrs[..posted].iter().map(|w| u64::from(w.len)).sum());
             if let Err(e) = result {
                 tracing::warn!(
                     "posting to QP {} ({}) failed: {}",
@@ -533,35 +655,39 @@ impl RdmaEndpoint {
         (waiting_for, ended)
     }
 
-    /// Index of the slot of queue pair `qp_num`.
-    pub fn slot_of(&self, qp_num: u32) -> Option<usize> {
-        self.slots.iter().position(|s| s.qp_num == qp_num)
-    }
-
-    /// A completion for request `seq` on slot `slot`: every earlier request
-    /// on that queue pair succeeded (RC completes in order; an unsignaled
-    /// request produces a completion only if it fails), this one by
-    /// `outcome`. A completion for a request this queue pair does not hold
-    /// (left over from a destroyed queue pair) is ignored. Adds the ended
-    /// slices to `ended`; returns how many requests left the queue pair.
-    pub fn complete(&self, slot: usize, seq: u64, outcome: Outcome, ended: &mut Ended) -> usize {
-        let Some(slot) = self.slots.get(slot) else {
+    /// A completion of queue pair `qp_num` for the request `id` names:
+    /// every earlier request on that queue pair succeeded (RC completes in
+    /// order; an unsignaled request produces a completion only if it
+    /// fails), this one by `outcome`. A completion for a request the queue
+    /// pair does not hold (one already ended, e.g. at [`Self::destroy`])
+    /// is ignored. Adds the ended slices to `ended`; returns how many
+    /// requests left the queue pair.
+    pub fn complete(&self, qp_num: u32, id: WrId, outcome: Outcome, ended: &mut Ended) -> usize {
+        let Some(slot) = self.slots.get(id.slot).filter(|s| s.qp_num == qp_num) else {
             return 0;
         };
         let mut inner = sync::lock(&slot.inner);
-        let Ok(at) = inner.posted.binary_search_by_key(&seq, |p| p.seq) else {
+        let Some(front) = inner.posted.front().map(|p| p.seq) else {
             return 0;
         };
+        // Sequence numbers in flight are consecutive and fewer than 2^24
+        // (a queue pair holds at most 65535 requests): the low bits find
+        // the request.
+        let at = (u64::from(id.seq).wrapping_sub(front) & WrId::SEQ_MASK) as usize;
+        if at >= inner.posted.len() {
+            return 0;
+        }
         let n = at + 1;
+        let mut bytes = 0;
         for (k, p) in inner.posted.drain(..n).enumerate() {
             let o = if k == at { outcome } else { Outcome::Done };
+            bytes += p.job.slice.len;
             ended.push((p.job.slice, o));
         }
-        if n > 0 {
-            inner.last_progress = Instant::now();
-            self.cq_outstanding.fetch_sub(n, Ordering::AcqRel);
-            self.completed.fetch_add(n as u64, Ordering::Relaxed);
-        }
+        self.load.sub(n, bytes);
+        inner.last_progress = Instant::now();
+        self.cq.release(n);
+        self.completed.fetch_add(n as u64, Ordering::Relaxed);
         n
     }
 
@@ -589,14 +715,6 @@ impl RdmaEndpoint {
         })
     }
 
-    /// Requests outstanding on all queue pairs.
-    pub fn outstanding(&self) -> usize {
-        self.slots
-            .iter()
-            .map(|s| sync::lock(&s.inner).posted.len())
-            .sum()
-    }
-
     /// Destroys the queue pairs (the device stops touching memory for
     /// them) and returns the requests still outstanding and the queued
     /// slices, ended (with `outcome`, and `Interrupted`).
@@ -606,8 +724,10 @@ impl RdmaEndpoint {
             let mut inner = sync::lock(&slot.inner);
             drop(inner.qp.take());
             let n = inner.posted.len();
+            let bytes = inner.posted.iter().map(|p| p.job.slice.len).sum();
             ended.extend(inner.posted.drain(..).map(|p| (p.job.slice, outcome)));
-            self.cq_outstanding.fetch_sub(n, Ordering::AcqRel);
+            self.cq.release(n);
+            self.load.sub(n, bytes);
         }
         ended.extend(
             sync::lock(&self.queue)
@@ -632,7 +752,7 @@ impl Endpoint for RdmaEndpoint {
             return false;
         }
         drop(s);
-        self.outstanding() == 0 && sync::lock(&self.queue).jobs.is_empty()
+        self.load.requests() == 0 && sync::lock(&self.queue).jobs.is_empty()
     }
 
     fn close(&self) {

@@ -123,6 +123,20 @@ pub fn rank(candidates: &[Candidate]) -> Vec<(u32, Tier)> {
     ranked
 }
 
+/// The best ranked candidate that is none of `tried` (index and GID): the
+/// GID a handshake tries next after its queue pair refused RTR with the
+/// others (`MC_AUTO_GID_MAX_RETRIES`).
+pub fn next_untried<'a>(
+    candidates: &'a [Candidate],
+    tried: &[(u32, Gid)],
+) -> Option<&'a Candidate> {
+    rank(candidates).into_iter().find_map(|(i, _)| {
+        candidates
+            .iter()
+            .find(|c| c.index == i && !tried.contains(&(c.index, c.gid)))
+    })
+}
+
 fn port_dir(device: &str, port: u8) -> PathBuf {
     PathBuf::from(format!("/sys/class/infiniband/{device}/ports/{port}"))
 }
@@ -251,6 +265,31 @@ mod tests {
         let mut ib = v4(1, [1, 2, 3, 4], None);
         ib.gid_type = GidType::Ib;
         assert_eq!(rank(&[ib]), vec![(1, Tier::NoNetworkRoutable)]);
+    }
+
+    #[test]
+    fn a_reprobe_takes_the_next_ranked_gid_not_tried() {
+        let c = [
+            link_local(0, Some("va0")),
+            v4(1, [198, 18, 0, 1], Some("va0")),
+            v4(2, [10, 0, 0, 1], Some("va0")),
+        ];
+        let tried = |v: &[usize]| {
+            v.iter()
+                .map(|&i| (c[i].index, c[i].gid))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(next_untried(&c, &[]).map(|c| c.index), Some(1));
+        assert_eq!(next_untried(&c, &tried(&[1])).map(|c| c.index), Some(2));
+        assert_eq!(next_untried(&c, &tried(&[1, 2])).map(|c| c.index), Some(0));
+        assert_eq!(next_untried(&c, &tried(&[0, 1, 2])), None);
+        // An entry whose GID changed since it was tried is new.
+        let mut moved = c[1].clone();
+        moved.gid[15] = 7;
+        assert_eq!(
+            next_untried(&[moved], &tried(&[1])).map(|c| c.index),
+            Some(1)
+        );
     }
 
     #[test]

@@ -13,7 +13,10 @@
 //! handshake only from the host its sender publishes, with the GID it
 //! publishes, and bounds the endpoints handshakes create (per peer and in
 //! total). A monitor thread handles asynchronous events (a port that
-//! goes down takes its device out of selection until it is back), tears
+//! goes down takes its device out of selection until it is back; a GID
+//! change, or a port back up, ranks the GID table again, and a device
+//! whose chosen GID changed has the engine publish the new one and
+//! retires its endpoints, built on the old one), tears
 //! down endpoints whose queue pairs stopped completing
 //! (`MC_RDMA_COMPLETION_TIMEOUT`) — and every endpoint to that peer when
 //! its handshake listener does not answer a Probe either (the process is

@@ -1,7 +1,7 @@
 //! The endpoints of one device: the pool by peer NIC path (SIEVE or FIFO,
 //! `MC_MAX_EP_PER_CTX`), which of them peers' handshakes created (bounded
-//! per peer and in total), those retiring, and the table in which a
-//! completion finds its endpoint by queue pair number.
+//! per peer and in total), those retiring, and the slab in which a
+//! completion finds its endpoint from its work request id.
 //!
 //! Every pool operation takes O(1) or O(log n) time. At the total bound of
 //! endpoints that peers' handshakes created, the one whose peer made the
@@ -15,7 +15,7 @@ use crate::sync;
 use crate::transport::endpoint::EndpointStoreType;
 use crate::transport::endpoint::{EndpointStore, Retiring};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 /// Endpoints the peers' handshakes may create on one device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,56 +240,164 @@ impl Pool {
     }
 }
 
-/// Stripes of the queue pair table.
-const QP_STRIPES: usize = 64;
-
-/// Every endpoint whose queue pairs exist, by queue pair number. Striped:
-/// a completion takes the lock of one stripe, which no pool operation,
-/// handshake or monitor pass holds for longer than one lookup.
-pub struct QpTable {
-    stripes: Vec<Mutex<HashMap<u32, Arc<RdmaEndpoint>>>>,
+/// Where a work request's completion finds its endpoint and queue pair:
+/// packed into the request's `wr_id` (from the low bits up: 24 bits of the
+/// queue pair's request sequence, 8 bits of the queue pair's slot in the
+/// endpoint, 20 bits of the endpoint's index in its device's
+/// [`EndpointSlab`] and 12 bits of the generation of that index).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WrId {
+    /// The endpoint's tag ([`EndpointSlab::insert`]): index and generation.
+    pub tag: u64,
+    /// The queue pair's slot in the endpoint.
+    pub slot: usize,
+    /// The low [`WrId::SEQ_BITS`] bits of the request's sequence number.
+    pub seq: u32,
 }
 
-impl Default for QpTable {
+impl WrId {
+    /// Bits of the request sequence number carried.
+    pub const SEQ_BITS: u32 = 24;
+    /// Mask of those bits.
+    pub const SEQ_MASK: u64 = (1 << Self::SEQ_BITS) - 1;
+    const SLOT_SHIFT: u32 = Self::SEQ_BITS;
+    const INDEX_SHIFT: u32 = 32;
+    const INDEX_BITS: u32 = 20;
+    const GEN_SHIFT: u32 = Self::INDEX_SHIFT + Self::INDEX_BITS;
+    const GEN_MASK: u32 = (1 << (64 - Self::GEN_SHIFT)) - 1;
+
+    /// The tag of slab index `index` in generation `gen`.
+    fn tag(index: u32, generation: u32) -> u64 {
+        (u64::from(generation & Self::GEN_MASK) << Self::GEN_SHIFT)
+            | (u64::from(index) << Self::INDEX_SHIFT)
+    }
+
+    /// The `wr_id` of request `seq` on slot `slot` of the endpoint tagged
+    /// `tag` (slots beyond 255 do not exist: `MC_NUM_QP_PER_EP` <= 255).
+    pub fn encode(tag: u64, slot: usize, seq: u64) -> u64 {
+        tag | ((slot as u64 & 0xff) << Self::SLOT_SHIFT) | (seq & Self::SEQ_MASK)
+    }
+
+    /// The parts of a `wr_id`.
+    pub fn decode(wr_id: u64) -> WrId {
+        WrId {
+            tag: wr_id & !((1u64 << Self::INDEX_SHIFT) - 1),
+            slot: ((wr_id >> Self::SLOT_SHIFT) & 0xff) as usize,
+            seq: (wr_id & Self::SEQ_MASK) as u32,
+        }
+    }
+
+    fn index(self) -> usize {
+        ((self.tag >> Self::INDEX_SHIFT) & ((1 << Self::INDEX_BITS) - 1)) as usize
+    }
+}
+
+/// Entries per chunk of the slab (chunks are allocated on first use and
+/// never move, so a lookup takes no device-wide lock).
+const CHUNK: usize = 1024;
+/// Chunks: `CHUNK * CHUNKS` = 2^20 endpoints, the index bits of a [`WrId`].
+const CHUNKS: usize = 1024;
+
+#[derive(Default)]
+struct SlabEntry {
+    /// The generation of the index and the endpoint holding it.
+    cur: RwLock<(u32, Option<Arc<RdmaEndpoint>>)>,
+}
+
+#[derive(Default)]
+struct SlabFree {
+    free: Vec<u32>,
+    next: u32,
+}
+
+/// Every endpoint of a device whose queue pairs may still produce
+/// completions, by index: a completion finds its endpoint from its
+/// `wr_id` ([`WrId`]) with one uncontended read lock of the endpoint's own
+/// entry. An index is freed only after its endpoint closed (its queue
+/// pairs destroyed), and its generation then advances: a completion still
+/// in a completion queue from a closed endpoint names an old generation
+/// and finds nothing.
+pub struct EndpointSlab {
+    chunks: Box<[OnceLock<Box<[SlabEntry]>>]>,
+    free: Mutex<SlabFree>,
+}
+
+impl Default for EndpointSlab {
     fn default() -> Self {
-        QpTable {
-            stripes: (0..QP_STRIPES).map(|_| Mutex::default()).collect(),
+        EndpointSlab {
+            chunks: (0..CHUNKS).map(|_| OnceLock::new()).collect(),
+            free: Mutex::default(),
         }
     }
 }
 
-impl QpTable {
-    fn stripe(&self, qp_num: u32) -> MutexGuard<'_, HashMap<u32, Arc<RdmaEndpoint>>> {
-        sync::lock(&self.stripes[qp_num as usize % QP_STRIPES])
+impl EndpointSlab {
+    fn entry(&self, index: usize) -> Option<&SlabEntry> {
+        self.chunks.get(index / CHUNK)?.get()?.get(index % CHUNK)
     }
 
-    /// Adds the queue pairs of `ep`.
-    pub fn add(&self, ep: &Arc<RdmaEndpoint>) {
-        for q in ep.qpns() {
-            self.stripe(q).insert(q, ep.clone());
-        }
-    }
-
-    /// The endpoint of queue pair `qp_num`.
-    pub fn get(&self, qp_num: u32) -> Option<Arc<RdmaEndpoint>> {
-        self.stripe(qp_num).get(&qp_num).cloned()
-    }
-
-    /// Forgets the queue pairs of `ep` (closed): each number only while it
-    /// still names `ep` (the device may have reused it since).
-    pub fn forget(&self, ep: &Arc<RdmaEndpoint>) {
-        for q in ep.qpns() {
-            let mut s = self.stripe(q);
-            if s.get(&q).is_some_and(|cur| Arc::ptr_eq(cur, ep)) {
-                s.remove(&q);
+    /// Adds the endpoint `make` builds from its tag; `None` when 2^20
+    /// endpoints hold an index.
+    pub fn insert(&self, make: impl FnOnce(u64) -> Arc<RdmaEndpoint>) -> Option<Arc<RdmaEndpoint>> {
+        let index = {
+            let mut f = sync::lock(&self.free);
+            match f.free.pop() {
+                Some(i) => i,
+                None if (f.next as usize) < CHUNK * CHUNKS => {
+                    f.next += 1;
+                    f.next - 1
+                }
+                None => return None,
             }
+        };
+        let i = index as usize;
+        let entry = &self.chunks[i / CHUNK]
+            .get_or_init(|| (0..CHUNK).map(|_| SlabEntry::default()).collect())[i % CHUNK];
+        let mut cur = sync::write(&entry.cur);
+        let ep = make(WrId::tag(index, cur.0));
+        cur.1 = Some(ep.clone());
+        Some(ep)
+    }
+
+    /// The endpoint a completion's `wr_id` names, if it still holds its
+    /// index.
+    pub fn get(&self, id: WrId) -> Option<Arc<RdmaEndpoint>> {
+        let cur = sync::read(&self.entry(id.index())?.cur);
+        match &cur.1 {
+            Some(ep) if ep.tag() == id.tag => Some(ep.clone()),
+            _ => None,
         }
     }
 
-    /// Forgets every queue pair.
+    /// Frees the index of `ep` (closed), advancing its generation.
+    pub fn remove(&self, ep: &Arc<RdmaEndpoint>) {
+        let id = WrId::decode(ep.tag());
+        let Some(entry) = self.entry(id.index()) else {
+            return;
+        };
+        {
+            let mut cur = sync::write(&entry.cur);
+            if !cur.1.as_ref().is_some_and(|e| Arc::ptr_eq(e, ep)) {
+                return;
+            }
+            cur.0 = cur.0.wrapping_add(1) & WrId::GEN_MASK;
+            cur.1 = None;
+        }
+        sync::lock(&self.free).free.push(id.index() as u32);
+    }
+
+    /// Every endpoint holding an index (a scan, for rare events).
+    pub fn all(&self) -> Vec<Arc<RdmaEndpoint>> {
+        let next = sync::lock(&self.free).next as usize;
+        (0..next)
+            .filter_map(|i| sync::read(&self.entry(i)?.cur).1.clone())
+            .collect()
+    }
+
+    /// Frees every index.
     pub fn clear(&self) {
-        for s in &self.stripes {
-            sync::lock(s).clear();
+        for ep in self.all() {
+            self.remove(&ep);
         }
     }
 }
@@ -297,6 +405,63 @@ impl QpTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::rdma::endpoint::CqRoom;
+    use std::time::Duration;
+
+    fn endpoint(tag: u64) -> Arc<RdmaEndpoint> {
+        let room = Arc::new(CqRoom::new(16));
+        Arc::new(RdmaEndpoint::new(
+            "peer:1@d0".into(),
+            tag,
+            Vec::new(),
+            Duration::from_secs(1),
+            (0, room),
+        ))
+    }
+
+    #[test]
+    fn wr_ids_round_trip() {
+        let tag = WrId::tag(0xfffff, 0xabc);
+        let id = WrId::decode(WrId::encode(tag, 7, (5 << 24) | 0x123456));
+        assert_eq!(
+            id,
+            WrId {
+                tag,
+                slot: 7,
+                seq: 0x123456
+            }
+        );
+        assert_eq!(id.index(), 0xfffff);
+        assert_eq!(WrId::decode(WrId::encode(WrId::tag(3, 1), 0, 9)).index(), 3);
+    }
+
+    #[test]
+    fn a_freed_index_finds_nothing_from_its_old_generation() {
+        let slab = EndpointSlab::default();
+        let a = slab.insert(endpoint).unwrap();
+        let b = slab.insert(endpoint).unwrap();
+        let id_a = WrId::decode(WrId::encode(a.tag(), 0, 1));
+        assert!(Arc::ptr_eq(&slab.get(id_a).unwrap(), &a));
+        assert!(Arc::ptr_eq(&slab.get(WrId::decode(b.tag())).unwrap(), &b));
+        slab.remove(&a);
+        assert!(slab.get(id_a).is_none());
+        // The index comes back in a new generation: the old id still
+        // finds nothing, the new one finds the new endpoint.
+        let c = slab.insert(endpoint).unwrap();
+        assert_eq!(WrId::decode(c.tag()).index(), id_a.index());
+        assert_ne!(c.tag(), a.tag());
+        assert!(slab.get(id_a).is_none());
+        assert!(Arc::ptr_eq(&slab.get(WrId::decode(c.tag())).unwrap(), &c));
+        // Removing an endpoint twice (or a stale one) frees nothing.
+        slab.remove(&a);
+        assert!(slab.get(WrId::decode(c.tag())).is_some());
+        assert_eq!(slab.all().len(), 2);
+        slab.clear();
+        assert!(slab.all().is_empty());
+        assert!(slab.get(WrId::decode(b.tag())).is_none());
+        // An index never handed out finds nothing.
+        assert!(slab.get(WrId::decode(WrId::tag(5000, 0))).is_none());
+    }
 
     #[test]
     fn passive_order_and_per_peer_counts() {

@@ -6,8 +6,8 @@ use super::admission::PeerLookup;
 use super::admission::{Admission, AdmissionLimits, LOOKUP_CONNECT_TIMEOUT};
 use super::endpoint::{PostJob, report};
 use super::handshake::{HandshakeDesc, split_nic_path};
-use super::nic::Nic;
-use super::registry::{DeviceDomain, Registry};
+use super::nic::{GidRefresh, Nic};
+use super::registry::{DeviceDomain, RegisterOptions, Registration, Registry};
 use super::wake::{EventFd, wait_readable};
 use crate::auth::Keys;
 use crate::error::{Error, Result};
@@ -15,7 +15,7 @@ use crate::lanes::{Lanes, Limits};
 use crate::rpc::{ClientOptions, FrameKind};
 use crate::sync;
 use crate::transport::endpoint::EndpointConfig;
-use crate::transport::{Outcome, Slice, TransportConfig};
+use crate::transport::{Outcome, Republish, Slice, TransportConfig};
 use crate::verbs::{AsyncEventKind, gid_to_string, parse_gid};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -135,9 +135,15 @@ pub struct DeviceInfo {
     pub gid: String,
 }
 
-/// The keys of a registered buffer, per device in device order.
+/// One published piece of a registered buffer (the whole buffer unless
+/// it is larger than the largest memory region) and its keys, per device
+/// in device order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BufferKeys {
+    /// Start address of the piece.
+    pub addr: u64,
+    /// Its length.
+    pub len: u64,
     /// Local keys.
     pub lkey: Vec<u32>,
     /// Remote keys; empty when the buffer is not remotely accessible.
@@ -162,17 +168,29 @@ impl RdmaTransport {
     /// engine named `server_name` and starts their threads. A device that
     /// cannot be used is left out with a warning; none usable is
     /// [`Error::DeviceNotFound`].
-    /// Its handshakes authenticate with the cluster keys `auth`.
+    /// Its handshakes authenticate with the cluster keys `auth`; when a
+    /// device's GID changes it calls `republish`.
     pub fn start(
         devices: &[String],
         server_name: &str,
         cfg: TransportConfig<'_>,
         auth: Option<Arc<Keys>>,
+        republish: Republish,
     ) -> Result<RdmaTransport> {
         let opts = Arc::new(RdmaOptions {
             auth,
             ..RdmaOptions::from_config(cfg)
         });
+        let defaults = RdmaConfig::default();
+        if let (Some(i), true) = (
+            opts.cfg.gid_index,
+            opts.cfg.auto_gid_max_retries != defaults.auto_gid_max_retries,
+        ) {
+            info!(
+                "MC_AUTO_GID_MAX_RETRIES does not apply: MC_GID_INDEX={i} fixes the GID, so \
+                 there is no ranked GID to try next"
+            );
+        }
         let gone = Arc::new(GonePeers::default());
         let connector = Arc::new(Lanes::new(Limits {
             threads: opts.cfg.connect_threads,
@@ -183,7 +201,7 @@ impl RdmaTransport {
         }));
         let mut nics = Vec::new();
         for name in devices {
-            match Nic::open(name, server_name, &opts, &gone, &connector) {
+            match Nic::open(name, server_name, &opts, &gone, &connector, &republish) {
                 Ok(n) => nics.push(Arc::new(n)),
                 Err(e) => warn!("{e}; device {name} is not used"),
             }
@@ -256,12 +274,13 @@ impl RdmaTransport {
     }
 
     /// Registers `[addr, addr + len)` on every device, with remote read
-    /// and write when `remote`; returns the keys to publish.
+    /// and write when `remote`, in pieces of at most the devices' largest
+    /// memory region; returns the pieces and keys to publish.
     ///
     /// # Safety
     /// The range must be mapped memory of this process that stays mapped
     /// until [`RdmaTransport::unregister`] returns for it.
-    pub unsafe fn register(&self, addr: u64, len: u64, remote: bool) -> Result<BufferKeys> {
+    pub unsafe fn register(&self, addr: u64, len: u64, remote: bool) -> Result<Vec<BufferKeys>> {
         let nics = sync::read(&self.nics);
         let domains: Vec<DeviceDomain<'_>> = nics
             .iter()
@@ -270,30 +289,27 @@ impl RdmaTransport {
                 pd: Some(&n.pd),
             })
             .collect();
-        let max = nics.iter().map(|n| n.max_mr_size).min().unwrap_or(0);
-        // SAFETY: guaranteed by the caller.
-        let reg = unsafe {
-            self.registry.register(
-                &domains,
-                addr,
-                len,
-                remote,
-                self.opts.cfg.relaxed_ordering,
-                max,
-            )?
+        let opts = RegisterOptions {
+            remote,
+            relaxed: self.opts.cfg.relaxed_ordering,
+            max_mr_size: nics.iter().map(|n| n.max_mr_size).min().unwrap_or(0),
+            parallel: self.opts.cfg.parallel_reg_mr,
+            max_concurrent: self.opts.cfg.max_concurrent_reg_mr,
         };
-        Ok(BufferKeys {
-            lkey: reg.lkeys(),
-            rkey: reg.rkeys(),
-        })
+        // SAFETY: guaranteed by the caller.
+        let reg = unsafe { self.registry.register(&domains, addr, len, opts)? };
+        Ok(published(&reg))
     }
 
-    /// The keys of the buffer registered at `addr`.
-    pub fn keys(&self, addr: u64) -> Option<BufferKeys> {
-        self.registry.get(addr).map(|reg| BufferKeys {
-            lkey: reg.lkeys(),
-            rkey: reg.rkeys(),
-        })
+    /// The published pieces and keys of the buffer registered at `addr`.
+    pub fn keys(&self, addr: u64) -> Option<Vec<BufferKeys>> {
+        self.registry.get(addr).map(|reg| published(&reg))
+    }
+
+    /// The end of the registered piece holding `addr` when its buffer was
+    /// registered in several pieces: a work request must not cross it.
+    pub fn piece_end(&self, addr: u64) -> Option<u64> {
+        self.registry.piece_end(addr)
     }
 
     /// Unregisters the buffer at `addr` once the work requests using it
@@ -458,6 +474,19 @@ impl RdmaTransport {
     }
 }
 
+/// What is published of a registration: its pieces and their keys.
+fn published(reg: &Registration) -> Vec<BufferKeys> {
+    reg.pieces()
+        .iter()
+        .map(|p| BufferKeys {
+            addr: p.addr,
+            len: p.len,
+            lkey: p.lkeys(),
+            rkey: p.rkeys(reg.remote()),
+        })
+        .collect()
+}
+
 impl Drop for RdmaTransport {
     fn drop(&mut self) {
         self.shutdown();
@@ -558,6 +587,23 @@ impl Transport {
         }
     }
 
+    /// The GID table may have changed: rank it again (the device publishes
+    /// a new GID and retires its endpoints when the choice changed).
+    fn gid_event(nic: &Nic) {
+        match nic.refresh_gid() {
+            GidRefresh::Unchanged => debug!("RDMA device {}: the GID in use stays", nic.name),
+            GidRefresh::Changed(_) => {}
+            GidRefresh::Failed(why) => {
+                warn!(
+                    "RDMA device {}: no usable GID after a GID change ({why}); retiring its \
+                     endpoints",
+                    nic.name
+                );
+                nic.fail_all(Outcome::Interrupted);
+            }
+        }
+    }
+
     fn events(&self, nic: &Nic) {
         loop {
             let ev = match nic.context().next_async_event() {
@@ -568,6 +614,11 @@ impl Transport {
                     return;
                 }
             };
+            // Each port of a multi-port HCA is a rail with its own context,
+            // and every context hears every port's events.
+            if ev.port.is_some_and(|p| p != nic.port()) {
+                continue;
+            }
             info!(
                 "RDMA device {}: async event {:?} (type {})",
                 nic.name, ev.kind, ev.raw
@@ -576,7 +627,11 @@ impl Transport {
                 AsyncEventKind::PortError
                 | AsyncEventKind::DeviceFatal
                 | AsyncEventKind::CqError => nic.set_active(false),
-                AsyncEventKind::PortActive | AsyncEventKind::GidChange => nic.set_active(true),
+                AsyncEventKind::PortActive => {
+                    Self::gid_event(nic);
+                    nic.set_active(true);
+                }
+                AsyncEventKind::GidChange => Self::gid_event(nic),
                 AsyncEventKind::QpError => {
                     if let Some(q) = ev.qp_num {
                         nic.fail_qp(q);

@@ -1,21 +1,34 @@
 //! The slice scheduler, shared by the rail-based transports (TCP, RDMA):
 //! splits a request into slices, picks a rail for each, and retries a
 //! failed slice on another rail up to `MC_RETRY_CNT` times. Rails that fail
-//! are paused (see [`rails`]); `getNicLoadStats` reads the per-device loads
-//! kept here. A slice that runs out of rails or attempts goes to the
-//! request's fallback (the next transport), else fails its task; one whose
-//! address range the peer rejects fails at once.
+//! are paused, and so are local devices whose slices keep failing (see
+//! [`rails`]); `getNicLoadStats` reads the per-device loads kept here. A
+//! slice that runs out of rails or attempts goes to the request's fallback
+//! (the next transport), else fails its task. One whose range or key the
+//! peer refuses (`IBV_WC_REM_ACCESS_ERR`: the peer may have registered the
+//! buffer again) is retried once with the peer's descriptor refetched in
+//! the background, if that descriptor changed; else it fails.
 //!
 //! A rail pairs a local device with a peer device; a [`Carrier`] (one per
 //! transport) says which rails lead to a peer and moves one slice over
 //! one rail, and holds what else makes it a [`Transport`]: registration,
 //! its descriptor keys, its handshake. A [`Scheduler`] over a carrier is
-//! the transport the engine installs. The first choice is the least-loaded open rail among those
-//! the priority matrices prefer: our matrix for the local buffer's
+//! the transport the engine installs. The first choice is among the open
+//! rails the priority matrices prefer: our matrix for the local buffer's
 //! location, and the peer's published matrix for the target buffer's
-//! location (Mooncake's rule). A retry walks the rails the slice has not
-//! failed on, deterministically.
+//! location (Mooncake's rule); the least-loaded one (ties in turn), or with
+//! `MC_PATH_ROUNDROBIN` the next in turn. A retry walks the rails the slice
+//! has not failed on, deterministically. Slices are cut at the edges of the
+//! local buffer, of the carrier's registration pieces and of the peer's
+//! buffers, so a request may span adjacent peer buffers.
+//!
+//! The slice path takes no lock: a route (rails, their health cells, the
+//! preferences of both matrices per pair of locations) is worked out once
+//! per peer descriptor, a request's candidates once per request, and a
+//! slice touches only atomics.
 
+#[doc(hidden)]
+pub mod bench;
 pub mod planner;
 pub mod rails;
 
@@ -24,15 +37,14 @@ use crate::error::Result;
 use crate::memory::{MemoryRegistry, Region};
 use crate::metadata::descriptor::SegmentDesc;
 use crate::segment::RemoteSegment;
-use crate::sync;
 use crate::topology::PriorityMatrix;
 use crate::transport::{
-    Fallback, Handshake, LocalSide, NicLoad, Outcome, Slice, Submission, Transfer, Transport,
+    Fallback, Handshake, LocalSide, NicLoad, Outcome, Refresh, Slice, Submission, Transfer,
+    Transport,
 };
-use rails::{DeviceLoad, RailHealth, RailUse};
-use std::collections::HashMap;
+use rails::{DeviceLoad, RailCell, RailHealth, RailUse};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tracing::debug;
 
@@ -54,6 +66,10 @@ pub struct SchedConfig {
     pub retry_cnt: u32,
     /// `MC_RDMA_RAIL_PAUSE_SECONDS` (30, 1..=3599).
     pub rail_pause_secs: u64,
+    /// `MC_PATH_ROUNDROBIN`: the first choice among the preferred open
+    /// rails goes round in turn (per thread) instead of to the least
+    /// loaded (false).
+    pub round_robin: bool,
 }
 
 impl Default for SchedConfig {
@@ -63,6 +79,7 @@ impl Default for SchedConfig {
             fragment_limit: 16384,
             retry_cnt: 9,
             rail_pause_secs: 30,
+            round_robin: false,
         }
     }
 }
@@ -136,6 +153,18 @@ pub trait Carrier: Send + Sync + 'static {
     /// The rails to a segment (at least one if it can be reached at all).
     fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<Self::Target>>;
 
+    /// Where a segment keeps this carrier's route to it (worked out on
+    /// first use, typed: no lookup by type at run time).
+    fn routes(seg: &RemoteSegment) -> &OnceLock<Arc<Route<Self::Target>>>;
+
+    /// The end of the carrier's own registration piece holding local
+    /// address `addr`, when it registers smaller pieces than the caller's
+    /// buffer (slices are not cut across it); `None` when its piece is the
+    /// whole buffer.
+    fn local_limit(&self, _addr: u64) -> Option<u64> {
+        None
+    }
+
     /// Moves one slice over `rail`; `remote_key` is the peer's key for
     /// the target buffer on the rail's peer device (0 where none).
     fn post(&self, rail: &Rail<Self::Target>, slice: Slice, remote_key: u32);
@@ -176,35 +205,102 @@ pub trait Carrier: Send + Sync + 'static {
     fn shutdown(&self);
 }
 
-/// The rails to one peer segment, with the peer's preferences.
+/// The rails of a route that both matrices prefer for one pair of
+/// locations, and the others, each in rail order.
 #[derive(Debug)]
+struct Group {
+    preferred: Box<[usize]>,
+    rest: Box<[usize]>,
+}
+
+/// Index of `loc` among `locs`, else of `*`, else `locs.len()` (no entry).
+fn slot_of(locs: &[String], loc: &str) -> usize {
+    locs.iter()
+        .position(|l| l == loc)
+        .or_else(|| locs.iter().position(|l| l == "*"))
+        .unwrap_or(locs.len())
+}
+
+/// The rails to one peer segment, with their health cells and the
+/// preferences of both matrices worked out once for every pair of
+/// locations (ours, the peer's).
 pub struct Route<T> {
     rails: Vec<Rail<T>>,
-    peer_matrix: Option<PriorityMatrix>,
-    peer_devices: Vec<String>,
+    /// One per rail.
+    cells: Vec<Arc<RailCell>>,
+    /// Locations of our matrix; slot `len()` is a location without entry.
+    local_locs: Vec<String>,
+    /// Locations of the peer's matrix, likewise.
+    peer_locs: Vec<String>,
+    /// The peer location slot of each buffer of the descriptor.
+    buffer_slots: Vec<usize>,
+    /// By `local slot * (peer_locs.len() + 1) + peer slot`.
+    groups: Vec<Group>,
+}
+
+impl<T> std::fmt::Debug for Route<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Route")
+            .field(
+                "rails",
+                &self.rails.iter().map(|r| &r.key).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> Route<T> {
+    fn group(&self, local_slot: usize, buffer: Option<usize>) -> &Group {
+        let peer = buffer.map_or_else(|| slot_of(&self.peer_locs, "*"), |b| self.buffer_slots[b]);
+        &self.groups[local_slot * (self.peer_locs.len() + 1) + peer]
+    }
+}
+
+/// Rails in selection order: open rails of the preferred group first, then
+/// the other open ones; with the number preferred.
+struct Candidates {
+    order: Vec<usize>,
+    n_pref: usize,
+}
+
+/// One request's slices share what does not change between them.
+struct Request<C: Carrier> {
+    sched: Arc<Scheduler<C>>,
+    batch: Arc<Batch>,
+    task: usize,
+    write: bool,
+    /// Slot of the local buffer's location in the route.
+    local_slot: usize,
+    seg: Arc<RemoteSegment>,
+    route: Arc<Route<C::Target>>,
+    /// Where the slice goes when no rail is left.
+    fallback: Option<Fallback>,
+    /// How the peer's descriptor is refetched when it refuses a key.
+    refresh: Option<Refresh>,
+    /// The request on the peer's refetched descriptor, once a refused
+    /// slice found it changed: the other slices move to it when they are
+    /// retried (rather than carry the stale key again).
+    successor: OnceLock<Arc<Request<C>>>,
 }
 
 /// A slice with what it needs to be retried.
-struct Job<T> {
-    batch: Arc<Batch>,
-    task: usize,
+struct Job<C: Carrier> {
+    req: Arc<Request<C>>,
     local: u64,
     remote: u64,
     len: u64,
-    write: bool,
-    location: String,
-    seg: Arc<RemoteSegment>,
     /// Index of the target buffer in the peer's descriptor.
     buffer: Option<usize>,
-    route: Arc<Route<T>>,
     attempt: u32,
     rail: usize,
     /// Rails this slice failed on.
     tried: RailSet,
     /// Rails this slice failed on hard (could not connect).
     dead: RailSet,
-    /// Where the slice goes when no rail is left.
-    fallback: Option<Fallback>,
+    /// The peer refused it once and its descriptor was refetched.
+    refreshed: bool,
+    /// The device's failure round when the slice was posted.
+    round: u64,
 }
 
 /// A set of rail indexes, exact for any number of rails; allocates only
@@ -232,17 +328,23 @@ impl RailSet {
     }
 }
 
+thread_local! {
+    /// Per-thread counter of first choices: `MC_PATH_ROUNDROBIN`'s turn,
+    /// and where the least-loaded scan starts.
+    static TURN: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// Picks rails for slices and retries failed ones on other rails.
 pub struct Scheduler<C: Carrier> {
     carrier: C,
     matrix: PriorityMatrix,
     /// One per device, and the unbound rails' last.
     loads: Vec<DeviceLoad>,
-    rail_loads: Mutex<HashMap<String, u64>>,
-    health: Arc<RailHealth>,
+    health: RailHealth,
     retry_cnt: u32,
     slice_size: u64,
     fragment_limit: u64,
+    round_robin: bool,
     closed: AtomicBool,
     /// Itself, for the completions of the slices it posts.
     me: std::sync::Weak<Scheduler<C>>,
@@ -252,22 +354,23 @@ impl<C: Carrier> Scheduler<C> {
     /// A scheduler over `carrier` whose local devices are chosen by
     /// `matrix`.
     pub fn new(carrier: C, matrix: PriorityMatrix, cfg: &SchedConfig) -> Arc<Scheduler<C>> {
+        let pause = Duration::from_secs(cfg.rail_pause_secs);
         let mut loads: Vec<DeviceLoad> = carrier
             .devices()
             .iter()
-            .map(|d| DeviceLoad::new(d.clone()))
+            .map(|d| DeviceLoad::new(d.clone(), pause))
             .collect();
-        loads.push(DeviceLoad::new(DEFAULT_DEVICE.into()));
+        loads.push(DeviceLoad::new(DEFAULT_DEVICE.into(), pause));
         let slice_size = cfg.slice_size.min(carrier.max_slice());
         Arc::new_cyclic(|me| Scheduler {
             carrier,
             matrix,
             loads,
-            rail_loads: Mutex::new(HashMap::new()),
-            health: Arc::new(RailHealth::new(Duration::from_secs(cfg.rail_pause_secs))),
+            health: RailHealth::new(pause),
             retry_cnt: cfg.retry_cnt,
             fragment_limit: cfg.fragment_limit.min(slice_size),
             slice_size,
+            round_robin: cfg.round_robin,
             closed: AtomicBool::new(false),
             me: me.clone(),
         })
@@ -280,143 +383,224 @@ impl<C: Carrier> Scheduler<C> {
             seg.name,
             rails.iter().map(|r| &r.key).collect::<Vec<_>>()
         );
-        let peer_matrix = seg
-            .desc
-            .priority_matrix
+        let cells = rails.iter().map(|r| self.health.cell(&r.key)).collect();
+        let peer_matrix = seg.desc.peer_matrix();
+        let local_locs: Vec<String> = self.matrix.locations().map(str::to_owned).collect();
+        let peer_locs: Vec<String> = peer_matrix
             .as_ref()
-            .and_then(|m| PriorityMatrix::parse(&m.to_string()).ok());
+            .map(|m| m.locations().map(str::to_owned).collect())
+            .unwrap_or_default();
+        let devices = self.carrier.devices();
+        let peer_devices = &seg.desc.devices;
+        let mut groups = Vec::new();
+        for l in 0..=local_locs.len() {
+            let pref: &[String] = local_locs
+                .get(l)
+                .and_then(|loc| self.matrix.entry(loc))
+                .map_or(&[], |(p, _)| p);
+            for p in 0..=peer_locs.len() {
+                let peer_pref: Option<&[String]> = peer_locs
+                    .get(p)
+                    .zip(peer_matrix.as_ref())
+                    .and_then(|(loc, m)| m.entry(loc))
+                    .map(|(p, _)| p)
+                    .filter(|p| !p.is_empty());
+                let preferred = |r: &Rail<C::Target>| {
+                    let local = match r.device {
+                        None => true,
+                        Some(i) => pref.is_empty() || pref.contains(&devices[i]),
+                    };
+                    let peer = match (peer_pref, r.peer_device) {
+                        (Some(p), Some(j)) => {
+                            peer_devices.get(j).is_some_and(|d| p.contains(&d.name))
+                        }
+                        _ => true,
+                    };
+                    local && peer
+                };
+                let (preferred, rest): (Vec<usize>, Vec<usize>) =
+                    (0..rails.len()).partition(|&i| preferred(&rails[i]));
+                groups.push(Group {
+                    preferred: preferred.into(),
+                    rest: rest.into(),
+                });
+            }
+        }
+        let buffer_slots = seg
+            .desc
+            .buffers
+            .iter()
+            .map(|b| slot_of(&peer_locs, &b.name))
+            .collect();
         Route {
             rails,
-            peer_matrix,
-            peer_devices: seg.desc.devices.iter().map(|d| d.name.clone()).collect(),
+            cells,
+            local_locs,
+            peer_locs,
+            buffer_slots,
+            groups,
         }
     }
 
     /// The cached rails to `seg`, worked out on first use.
     fn route_of(&self, seg: &RemoteSegment) -> Arc<Route<C::Target>> {
-        seg.routes.get_or_insert(|| self.route(seg))
+        C::routes(seg)
+            .get_or_init(|| Arc::new(self.route(seg)))
+            .clone()
     }
 
     fn load_of(&self, rail: &Rail<C::Target>) -> &DeviceLoad {
         &self.loads[rail.device.unwrap_or(self.loads.len() - 1)]
     }
 
-    /// Rail indexes in selection order for a local and a peer location:
-    /// open rails that both matrices prefer first, then the rest (every
-    /// usable rail when none is open, for carriers that use paused rails);
-    /// with the number preferred, and the rails back from a pause that wait
-    /// for a probe.
-    fn candidates(
-        &self,
-        route: &Route<C::Target>,
-        location: &str,
-        peer_location: &str,
-    ) -> (Vec<usize>, usize, Vec<usize>) {
-        let (pref, _) = self
-            .matrix
-            .entry(location)
-            .or_else(|| self.matrix.entry("*"))
-            .unwrap_or((&[], &[]));
-        let devices = self.carrier.devices();
-        let peer_pref: Option<&[String]> = route.peer_matrix.as_ref().and_then(|m| {
-            m.entry(peer_location)
-                .or_else(|| m.entry("*"))
-                .map(|(p, _)| p)
-                .filter(|p| !p.is_empty())
-        });
-        let preferred = |r: &Rail<C::Target>| {
-            let local = match r.device {
-                None => true,
-                Some(i) => pref.is_empty() || pref.contains(&devices[i]),
-            };
-            let peer = match (peer_pref, r.peer_device) {
-                (Some(p), Some(j)) => route.peer_devices.get(j).is_some_and(|n| p.contains(n)),
-                _ => true,
-            };
-            local && peer
-        };
-        let usable = |r: &Rail<C::Target>| r.device.is_none_or(|i| self.carrier.device_usable(i));
-        let mut open = Vec::with_capacity(route.rails.len());
-        let mut probes = Vec::new();
-        for (i, rail) in route.rails.iter().enumerate() {
-            if !usable(rail) {
-                continue;
-            }
-            match self.health.state(&rail.key) {
-                RailUse::Open => open.push(i),
-                RailUse::Probe => probes.push(i),
-                RailUse::Closed => {}
-            }
-        }
-        if open.is_empty() && self.carrier.uses_paused_rails() {
-            open = (0..route.rails.len())
-                .filter(|&i| usable(&route.rails[i]))
-                .collect();
-            if open.is_empty() {
-                open = (0..route.rails.len()).collect();
-            }
-        }
-        let (mut first, rest): (Vec<usize>, Vec<usize>) =
-            open.into_iter().partition(|&i| preferred(&route.rails[i]));
-        let n_pref = first.len();
-        first.extend(rest);
-        (first, n_pref, probes)
+    /// Whether a rail's local device can carry slices (a device of the
+    /// carrier's that is up, or no device).
+    fn usable(&self, rail: &Rail<C::Target>) -> bool {
+        rail.device.is_none_or(|i| self.carrier.device_usable(i))
     }
 
-    /// The rail for a slice, among rails it has not failed on: on the
-    /// first attempt the least-loaded open rail of the preferred group, on a
-    /// retry the deterministic walk (then, for carriers that allow it, over
-    /// the rails that only had errors). `None` when no rail is left. A rail
-    /// back from a pause is probed in the background; it takes slices
-    /// again once that succeeds.
-    fn pick(
+    /// Rail indexes of `group` in selection order: open rails (on open
+    /// devices) that both matrices prefer first, then the rest (every
+    /// usable rail when none is open, for carriers that use paused rails).
+    /// Rails and devices back from a pause are probed in the background;
+    /// they take slices again once that succeeds.
+    fn candidates(&self, route: &Route<C::Target>, group: &Group) -> Candidates {
+        let mut order = Vec::with_capacity(group.preferred.len() + group.rest.len());
+        let mut n_pref = 0;
+        for (k, list) in [&group.preferred, &group.rest].into_iter().enumerate() {
+            for &i in list.iter() {
+                let rail = &route.rails[i];
+                if !self.usable(rail) {
+                    continue;
+                }
+                let device = self.load_of(rail);
+                let open = match (route.cells[i].state(), device.state()) {
+                    (RailUse::Open, RailUse::Open) => true,
+                    (RailUse::Probe, _) => {
+                        self.probe_rail(route, i);
+                        false
+                    }
+                    (RailUse::Open, RailUse::Probe) => {
+                        self.probe_device(route, i);
+                        false
+                    }
+                    _ => false,
+                };
+                if open {
+                    order.push(i);
+                    n_pref += usize::from(k == 0);
+                }
+            }
+        }
+        if order.is_empty() && self.carrier.uses_paused_rails() {
+            let all = || group.preferred.iter().chain(group.rest.iter()).copied();
+            order = all().filter(|&i| self.usable(&route.rails[i])).collect();
+            if order.is_empty() {
+                order = all().collect();
+            }
+            n_pref = order
+                .iter()
+                .take_while(|i| group.preferred.contains(i))
+                .count();
+        }
+        Candidates { order, n_pref }
+    }
+
+    /// Probes rail `i` back from a pause, unless another slice took its probe.
+    fn probe_rail(&self, route: &Route<C::Target>, i: usize) {
+        let cell = &route.cells[i];
+        if cell.claim_probe() {
+            let cell = cell.clone();
+            self.carrier.probe(
+                &route.rails[i],
+                Box::new(move |ok| match ok {
+                    true => cell.record_success(),
+                    false => cell.record_error(true),
+                }),
+            );
+        }
+    }
+
+    /// Probes the device of rail `i`, back from a pause, over that rail.
+    fn probe_device(&self, route: &Route<C::Target>, i: usize) {
+        if !self.load_of(&route.rails[i]).claim_probe() {
+            return;
+        }
+        let me = self.me.clone();
+        let device = route.rails[i].device;
+        let round = self.load_of(&route.rails[i]).round();
+        self.carrier.probe(
+            &route.rails[i],
+            Box::new(move |ok| {
+                if let Some(me) = me.upgrade() {
+                    let load = &me.loads[device.unwrap_or(me.loads.len() - 1)];
+                    match ok {
+                        true => load.record_success(),
+                        false => load.record_failure(round),
+                    }
+                }
+            }),
+        );
+    }
+
+    /// The first choice among `c`: in the preferred group (or among all
+    /// if none is preferred), the least-loaded rail (ties in turn), or with
+    /// `MC_PATH_ROUNDROBIN` the next in turn (per thread, as Mooncake).
+    fn first_choice(&self, route: &Route<C::Target>, c: &Candidates) -> Option<usize> {
+        let group = match c.n_pref {
+            0 => &c.order[..],
+            n => &c.order[..n],
+        };
+        if group.is_empty() {
+            return None;
+        }
+        let turn = TURN.with(|n| {
+            let v = n.get();
+            n.set(v.wrapping_add(1));
+            v
+        }) % group.len();
+        if self.round_robin {
+            return Some(group[turn]);
+        }
+        // Ties go round in turn too (rather than to the first rail), so
+        // threads spread over rails.
+        let (before, from) = group.split_at(turn);
+        from.iter()
+            .chain(before)
+            .copied()
+            .min_by_key(|&i| route.cells[i].load())
+    }
+
+    /// The rail for a retry, among rails the slice has not failed on: the
+    /// deterministic walk (then, for carriers that allow it, over the
+    /// rails that only had errors). `None` when no rail is left.
+    fn retry_choice(
         &self,
-        route: &Route<C::Target>,
-        location: &str,
-        peer_location: &str,
+        c: Candidates,
         attempt: u32,
         tried: &RailSet,
         dead: &RailSet,
     ) -> Option<usize> {
-        let (order, n_pref, probes) = self.candidates(route, location, peer_location);
-        for i in probes {
-            let rail = &route.rails[i];
-            if self.health.claim_probe(&rail.key) {
-                let (health, key) = (self.health.clone(), rail.key.clone());
-                self.carrier.probe(
-                    rail,
-                    Box::new(move |ok| match ok {
-                        true => health.record_success(&key),
-                        false => health.record_error(&key, true),
-                    }),
-                );
-            }
-        }
-        let untried = |i: &usize| !tried.contains(*i);
-        if attempt == 0 {
-            let preferred: Vec<usize> = order[..n_pref].iter().copied().filter(untried).collect();
-            let group: Vec<usize> = if preferred.is_empty() {
-                order.iter().copied().filter(untried).collect()
-            } else {
-                preferred
-            };
-            let loads = sync::lock(&self.rail_loads);
-            return group
-                .into_iter()
-                .min_by_key(|&i| loads.get(&route.rails[i].key).copied().unwrap_or(0));
-        }
-        let mut left: Vec<usize> = order.iter().copied().filter(untried).collect();
+        let mut left: Vec<usize> = c
+            .order
+            .iter()
+            .copied()
+            .filter(|&i| !tried.contains(i))
+            .collect();
         if left.is_empty() && self.carrier.retries_failed_rails() {
             // Every rail failed once: those that only had an error (not a
             // failed connect) are tried again, up to `MC_RETRY_CNT`.
-            left = order.into_iter().filter(|i| !dead.contains(*i)).collect();
+            left = c.order.into_iter().filter(|&i| !dead.contains(i)).collect();
         }
         (!left.is_empty()).then(|| left[(attempt as usize - 1) % left.len()])
     }
 
     /// Moves one request to a remote segment: slices counted on the task
-    /// first, then each posted on its rail. Slices never cross the end of
-    /// the local registered buffer that holds the source.
+    /// first, then each posted on its rail. Slices are cut where the local
+    /// registered buffer that holds the source ends, where the carrier's
+    /// own registration piece ends ([`Carrier::local_limit`]), and where
+    /// each of the peer's buffers the range spans ends (each slice uses
+    /// its own buffer's keys).
     pub fn submit(self: &Arc<Self>, sub: Submission) {
         let Submission {
             batch,
@@ -425,6 +609,7 @@ impl<C: Carrier> Scheduler<C> {
             xfer,
             local: LocalSide { location, end },
             fallback,
+            refresh,
         } = sub;
         let Transfer {
             local,
@@ -435,94 +620,157 @@ impl<C: Carrier> Scheduler<C> {
         let Some(t) = batch.slot(task) else {
             return;
         };
-        let boundary = end.map(|e| e.saturating_sub(local));
-        let buffer = seg.desc.find_buffer(remote, len);
-        let peer_location = buffer.map_or("*", |b| seg.desc.buffers[b].name.as_str());
-        let mut pieces = Vec::new();
-        for (off, n) in planner::slices(len, self.slice_size, self.fragment_limit) {
-            match boundary {
-                Some(b) if off < b && off + n > b => {
-                    pieces.push((off, b - off));
-                    pieces.push((b, off + n - b));
-                }
-                _ => pieces.push((off, n)),
-            }
-        }
+        let pieces = self.pieces(&seg.desc, local, remote, len, end);
         t.add_slices(pieces.len() as u64);
         let route = self.route_of(&seg);
-        let none = RailSet::default();
-        for (off, n) in pieces {
-            let Some(rail) = self.pick(&route, &location, peer_location, 0, &none, &none) else {
+        let local_slot = slot_of(&route.local_locs, &location);
+        let req = Arc::new(Request {
+            sched: self.clone(),
+            batch: batch.clone(),
+            task,
+            write,
+            local_slot,
+            seg,
+            route,
+            fallback,
+            refresh,
+            successor: OnceLock::new(),
+        });
+        let route = &req.route;
+        // Candidates are worked out once per request (per target buffer
+        // location), not per slice.
+        let mut cached: Option<(*const Group, Candidates)> = None;
+        for (off, n, buffer) in pieces {
+            let group = route.group(local_slot, buffer);
+            let c = match &cached {
+                Some((g, c)) if std::ptr::eq(*g, group) => c,
+                _ => &cached.insert((group, self.candidates(route, group))).1,
+            };
+            let Some(rail) = self.first_choice(route, c) else {
                 let part = Transfer {
                     local: local + off,
                     remote: remote + off,
                     len: n,
                     write,
                 };
-                let handed = Submission::fall_back(&fallback, part);
+                let handed = Submission::fall_back(&req.fallback, part);
                 t.finish_slice(0, handed);
                 continue;
             };
             self.post(Job {
-                batch: batch.clone(),
-                task,
+                req: req.clone(),
                 local: local + off,
                 remote: remote + off,
                 len: n,
-                write,
-                location: location.clone(),
-                seg: seg.clone(),
                 buffer,
-                route: route.clone(),
                 attempt: 0,
                 rail,
                 tried: RailSet::default(),
                 dead: RailSet::default(),
-                fallback: fallback.clone(),
+                refreshed: false,
+                round: 0,
             });
         }
     }
 
-    fn post(self: &Arc<Self>, job: Job<C::Target>) {
-        let route = job.route.clone();
-        let rail = &route.rails[job.rail];
-        self.load_of(rail).start(job.len);
-        *sync::lock(&self.rail_loads)
-            .entry(rail.key.clone())
-            .or_default() += job.len;
+    /// The slices of a request as (offset, length, peer buffer): Mooncake's
+    /// slicing, each slice cut further at the end of the local buffer
+    /// (`end`), of the carrier's registration piece, and of the peer's
+    /// buffer it starts in.
+    fn pieces(
+        &self,
+        desc: &SegmentDesc,
+        local: u64,
+        remote: u64,
+        len: u64,
+        end: Option<u64>,
+    ) -> Vec<(u64, u64, Option<usize>)> {
+        let mut pieces =
+            Vec::with_capacity(
+                planner::slice_count(len, self.slice_size, self.fragment_limit) as usize,
+            );
+        let mut buffer = desc.buffer_at(remote);
+        for (off, n) in planner::slices(len, self.slice_size, self.fragment_limit) {
+            let stop = off + n;
+            let mut at = off;
+            while at < stop {
+                let mut cut = stop;
+                let mut limit = |edge: Option<u64>, base: u64| {
+                    if let Some(e) = edge.map(|e| e.saturating_sub(base)) {
+                        if e > at && e < cut {
+                            cut = e;
+                        }
+                    }
+                };
+                limit(end, local);
+                limit(self.carrier.local_limit(local + at), local);
+                let b = buffer
+                    .filter(|&b| desc.buffers[b].contains(remote + at))
+                    .or_else(|| desc.buffer_at(remote + at));
+                buffer = b;
+                limit(b.map(|b| desc.buffers[b].end()), remote);
+                pieces.push((at, cut - at, b));
+                at = cut;
+            }
+        }
+        pieces
+    }
+
+    fn post(self: &Arc<Self>, mut job: Job<C>) {
+        let req = job.req.clone();
+        let rail = &req.route.rails[job.rail];
+        let device = self.load_of(rail);
+        device.start(job.len);
+        job.round = device.round();
+        req.route.cells[job.rail].start(job.len);
         let remote_key = match (job.buffer, rail.peer_device) {
-            (Some(b), Some(j)) => job.seg.desc.buffers[b].rkey.get(j).copied().unwrap_or(0),
+            (Some(b), Some(j)) => req.seg.desc.buffers[b].rkey.get(j).copied().unwrap_or(0),
             _ => 0,
         };
-        let (local, remote, len, write) = (job.local, job.remote, job.len, job.write);
-        let me = self.clone();
         let slice = Slice {
-            local,
-            remote,
-            len,
-            write,
-            done: Box::new(move |o| me.finished(job, o)),
+            local: job.local,
+            remote: job.remote,
+            len: job.len,
+            write: req.write,
+            done: Box::new(move |o| Scheduler::finished(job, o)),
         };
         self.carrier.post(rail, slice, remote_key);
     }
 
-    fn finished(self: &Arc<Self>, mut job: Job<C::Target>, outcome: Outcome) {
-        let rail = &job.route.rails[job.rail];
+    fn finished(mut job: Job<C>, outcome: Outcome) {
+        let req = job.req.clone();
+        let me = &req.sched;
+        let route = &req.route;
+        let rail = &route.rails[job.rail];
+        let device = me.load_of(rail);
         let moved = if outcome == Outcome::Done { job.len } else { 0 };
-        self.load_of(rail).finish(job.len, moved);
-        if let Some(l) = sync::lock(&self.rail_loads).get_mut(&rail.key) {
-            *l = l.saturating_sub(job.len);
-        }
-        let task = job.batch.slot(job.task);
+        device.finish(job.len, moved);
+        route.cells[job.rail].finish(job.len);
+        let task = req.batch.slot(req.task);
         let charge = match outcome {
             Outcome::Done => {
-                self.health.record_success(&rail.key);
+                route.cells[job.rail].record_success();
+                device.record_success();
                 if let Some(t) = task {
                     t.finish_slice(job.len, true);
                 }
                 return;
             }
             Outcome::Rejected => {
+                // The peer may have registered the buffer again (a new
+                // key): its descriptor is refetched once, in the
+                // background, and the slice retried with it.
+                if let Some(next) = req.successor.get().filter(|_| !job.refreshed) {
+                    job.refreshed = true;
+                    return Scheduler::move_to(job, next.clone());
+                }
+                if let Some(refresh) = req.refresh.as_ref().filter(|_| !job.refreshed) {
+                    job.refreshed = true;
+                    return refresh(
+                        &req.seg.name,
+                        Box::new(move |seg| Scheduler::after_refresh(job, seg)),
+                    );
+                }
                 if let Some(t) = task {
                     t.finish_slice(job.len, false);
                 }
@@ -535,47 +783,43 @@ impl<C: Carrier> Scheduler<C> {
             Outcome::Interrupted => None,
         };
         if let Some(hard) = charge {
-            self.health.record_error(&rail.key, hard);
-            job.seg.freshness.mark_stale();
+            route.cells[job.rail].record_error(hard);
+            device.record_failure(job.round);
+            req.seg.freshness.mark_stale();
             job.tried.insert(job.rail);
             if hard {
                 job.dead.insert(job.rail);
             }
         }
         job.attempt += 1;
-        let closed = self.closed.load(Ordering::Acquire);
-        let peer_location = job
-            .buffer
-            .map_or("*", |b| job.seg.desc.buffers[b].name.as_str());
-        // Not the rail's fault: the same rail again, unless it is out.
-        let same_rail_usable = || {
-            let (order, _, _) = self.candidates(&job.route, &job.location, peer_location);
-            order.contains(&job.rail) && !job.tried.contains(job.rail)
-        };
-        let next = if closed || job.attempt >= self.retry_cnt {
-            None
-        } else if charge.is_none() && same_rail_usable() {
-            Some(job.rail)
-        } else {
-            self.pick(
-                &job.route,
-                &job.location,
-                peer_location,
-                job.attempt,
-                &job.tried,
-                &job.dead,
-            )
+        let closed = me.closed.load(Ordering::Acquire);
+        let group = route.group(req.local_slot, job.buffer);
+        let c = (!closed && job.attempt < me.retry_cnt).then(|| me.candidates(route, group));
+        if let (Some(_), Some(next)) = (&c, req.successor.get()) {
+            return Scheduler::move_to(job, next.clone());
+        }
+        let next = match c {
+            None => None,
+            // Not the rail's fault: the same rail again, unless it is out.
+            Some(c)
+                if charge.is_none()
+                    && c.order.contains(&job.rail)
+                    && !job.tried.contains(job.rail) =>
+            {
+                Some(job.rail)
+            }
+            Some(c) => me.retry_choice(c, job.attempt, &job.tried, &job.dead),
         };
         let Some(next) = next else {
             let part = Transfer {
                 local: job.local,
                 remote: job.remote,
                 len: job.len,
-                write: job.write,
+                write: req.write,
             };
             // The next transport takes the slice over (its slices are
             // counted before this one ends, so the task stays open).
-            if !closed && Submission::fall_back(&job.fallback, part) {
+            if !closed && Submission::fall_back(&req.fallback, part) {
                 if let Some(t) = task {
                     t.finish_slice(0, true);
                 }
@@ -598,9 +842,89 @@ impl<C: Carrier> Scheduler<C> {
         job.rail = next;
         debug!(
             "retrying a slice on rail {} (attempt {})",
-            job.route.rails[job.rail].key, job.attempt
+            route.rails[job.rail].key, job.attempt
         );
-        self.post(job);
+        me.post(job);
+    }
+
+    /// Retries a slice the peer refused with its refetched descriptor
+    /// `seg`, if that one publishes the slice's range in one buffer that
+    /// differs from the one the slice used (a new key, new bounds); else
+    /// the slice fails (a range the peer does not hold fails at once).
+    fn after_refresh(job: Job<C>, seg: Option<Arc<RemoteSegment>>) {
+        let req = &job.req;
+        let me = &req.sched;
+        let old = job.buffer.and_then(|b| req.seg.desc.buffers.get(b));
+        let changed = seg
+            .filter(|_| !me.closed.load(Ordering::Acquire))
+            .filter(|seg| {
+                seg.desc
+                    .find_buffer(job.remote, job.len)
+                    .is_some_and(|b| old != Some(&seg.desc.buffers[b]))
+            });
+        let Some(seg) = changed else {
+            return Self::refused(job);
+        };
+        debug!(
+            "retrying a refused slice at {:#x} with the refetched descriptor of {:?}",
+            job.remote, seg.name
+        );
+        let next = req
+            .successor
+            .get_or_init(|| {
+                Arc::new(Request {
+                    sched: me.clone(),
+                    batch: req.batch.clone(),
+                    task: req.task,
+                    write: req.write,
+                    local_slot: req.local_slot,
+                    route: me.route_of(&seg),
+                    seg,
+                    fallback: req.fallback.clone(),
+                    refresh: req.refresh.clone(),
+                    successor: OnceLock::new(),
+                })
+            })
+            .clone();
+        Self::move_to(job, next)
+    }
+
+    /// Posts a slice again as part of `next` (its request on a refetched
+    /// descriptor), on a first choice of its rails; fails it if that
+    /// descriptor does not hold its range in one buffer or no rail is left.
+    fn move_to(job: Job<C>, next: Arc<Request<C>>) {
+        let me = next.sched.clone();
+        let route = &next.route;
+        let buffer = next.seg.desc.find_buffer(job.remote, job.len);
+        let rail = buffer.and_then(|b| {
+            let group = route.group(next.local_slot, Some(b));
+            me.first_choice(route, &me.candidates(route, group))
+        });
+        let (Some(buffer), Some(rail)) = (buffer, rail) else {
+            return Self::refused(job);
+        };
+        me.post(Job {
+            req: next,
+            buffer: Some(buffer),
+            rail,
+            tried: RailSet::default(),
+            dead: RailSet::default(),
+            ..job
+        });
+    }
+
+    /// Fails a slice the peer refused.
+    fn refused(job: Job<C>) {
+        let req = &job.req;
+        crate::warn_limited!(
+            "slice of {} bytes at {:#x} refused by segment {:?}",
+            job.len,
+            job.remote,
+            req.seg.name
+        );
+        if let Some(t) = req.batch.slot(req.task) {
+            t.finish_slice(job.len, false);
+        }
     }
 
     /// Per-device in-flight bytes and bandwidth.
@@ -660,8 +984,8 @@ impl<C: Carrier> Transport for Scheduler<C> {
 
     fn reaches(&self, seg: &RemoteSegment, remote: u64, len: u64) -> bool {
         seg.desc
-            .find_buffer(remote, len)
-            .is_some_and(|b| self.carrier.reaches(seg, b))
+            .covering(remote, len)
+            .is_some_and(|mut bs| bs.all(|b| self.carrier.reaches(seg, b)))
     }
 
     fn needs_registered_source(&self) -> bool {
@@ -695,6 +1019,7 @@ mod tests {
     use super::*;
     use crate::batch::TaskStatus;
     use crate::metadata::descriptor::{BufferDesc, SegmentDesc};
+    use std::sync::Mutex;
 
     /// Rails numbered 0..n; a slice posted on any rail but `good` fails.
     struct Rails {
@@ -704,7 +1029,7 @@ mod tests {
     }
 
     impl Carrier for Rails {
-        type Target = usize;
+        type Target = ();
 
         fn protocol(&self) -> &'static str {
             "test"
@@ -732,26 +1057,30 @@ mod tests {
             &self.names
         }
 
-        fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<usize>> {
+        fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<()>> {
             (0..self.n)
                 .map(|i| Rail {
                     key: format!("rail{i}@{}", seg.name),
                     device: None,
                     peer_device: None,
-                    target: i,
+                    target: (),
                 })
                 .collect()
         }
 
-        fn post(&self, rail: &Rail<usize>, slice: Slice, _remote_key: u32) {
-            slice.finish(if rail.target == self.good {
+        fn routes(seg: &RemoteSegment) -> &OnceLock<Arc<Route<()>>> {
+            &seg.routes.plain
+        }
+
+        fn post(&self, rail: &Rail<()>, slice: Slice, _remote_key: u32) {
+            slice.finish(if rail.key.starts_with(&format!("rail{}@", self.good)) {
                 Outcome::Done
             } else {
                 Outcome::Failed { hard: false }
             });
         }
 
-        fn probe(&self, _rail: &Rail<usize>, done: Box<dyn FnOnce(bool) + Send>) {
+        fn probe(&self, _rail: &Rail<()>, done: Box<dyn FnOnce(bool) + Send>) {
             done(false)
         }
 
@@ -802,6 +1131,7 @@ mod tests {
                     },
                     local: LocalSide::of(&memory, 0x9000),
                     fallback: None,
+                    refresh: None,
                 });
                 Ok(())
             })
@@ -859,6 +1189,7 @@ mod tests {
                     },
                     local: LocalSide::of(&MemoryRegistry::default(), 0x9000),
                     fallback: Some(fallback),
+                    refresh: None,
                 });
                 Ok(())
             })
@@ -874,6 +1205,353 @@ mod tests {
                 .map(|i| (0x1000 + i * 65536, 65536))
                 .collect::<Vec<_>>()
         );
+    }
+
+    /// What [`Recorder`] saw of one slice.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Posted {
+        device: usize,
+        local: u64,
+        remote: u64,
+        len: u64,
+        key: u32,
+    }
+
+    /// Local devices `d0..`, each with a rail to every peer device; records
+    /// every slice, fails those on `failing` devices, and completes the
+    /// others at once or, when `hold`, when the test says.
+    #[derive(Default)]
+    struct Recorder {
+        names: Vec<String>,
+        failing: Vec<usize>,
+        limit: Option<u64>,
+        /// The peer's key now: slices with another are refused.
+        want_key: Option<u32>,
+        hold: bool,
+        posted: Mutex<Vec<Posted>>,
+        held: Mutex<Vec<Slice>>,
+    }
+
+    impl Carrier for Arc<Recorder> {
+        type Target = ();
+
+        fn protocol(&self) -> &'static str {
+            "test"
+        }
+
+        fn rank(&self) -> u8 {
+            0
+        }
+
+        fn descriptor_rank(&self) -> Option<u8> {
+            None
+        }
+
+        fn publish(&self, _: &mut SegmentDesc, _: &MemoryRegistry, _: &PriorityMatrix) {}
+
+        fn speaks(&self, _: &RemoteSegment) -> bool {
+            true
+        }
+
+        fn reaches(&self, _: &RemoteSegment, _: usize) -> bool {
+            true
+        }
+
+        fn devices(&self) -> &[String] {
+            &self.names
+        }
+
+        fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<()>> {
+            let mut rails = Vec::new();
+            for (i, d) in self.names.iter().enumerate() {
+                for (j, p) in seg.desc.devices.iter().enumerate() {
+                    rails.push(Rail {
+                        key: format!("{d}@{}/{}", seg.name, p.name),
+                        device: Some(i),
+                        peer_device: Some(j),
+                        target: (),
+                    });
+                }
+            }
+            rails
+        }
+
+        fn routes(seg: &RemoteSegment) -> &OnceLock<Arc<Route<()>>> {
+            &seg.routes.plain
+        }
+
+        fn local_limit(&self, addr: u64) -> Option<u64> {
+            self.limit.filter(|&l| addr < l)
+        }
+
+        fn post(&self, rail: &Rail<()>, slice: Slice, key: u32) {
+            let device = rail.device.unwrap();
+            self.posted.lock().unwrap().push(Posted {
+                device,
+                local: slice.local,
+                remote: slice.remote,
+                len: slice.len,
+                key,
+            });
+            if self.want_key.is_some_and(|k| k != key) {
+                slice.finish(Outcome::Rejected)
+            } else if self.failing.contains(&device) {
+                slice.finish(Outcome::Failed { hard: false })
+            } else if self.hold {
+                self.held.lock().unwrap().push(slice)
+            } else {
+                slice.finish(Outcome::Done)
+            }
+        }
+
+        fn probe(&self, _rail: &Rail<()>, done: Box<dyn FnOnce(bool) + Send>) {
+            done(false)
+        }
+
+        fn shutdown(&self) {}
+    }
+
+    /// A peer with `peer_devices` devices and `buffers` as (addr, len, rkey).
+    fn peer(peer_devices: usize, buffers: &[(u64, u64, u32)]) -> Arc<RemoteSegment> {
+        Arc::new(RemoteSegment {
+            name: "peer".into(),
+            desc: SegmentDesc {
+                protocol: "rdma".into(),
+                devices: (0..peer_devices)
+                    .map(|j| crate::metadata::descriptor::DeviceDesc {
+                        name: format!("p{j}"),
+                        lid: 0,
+                        gid: "00:00:00:00:00:00:00:00:00:00:ff:ff:0a:00:00:05".into(),
+                    })
+                    .collect(),
+                buffers: buffers
+                    .iter()
+                    .map(|&(addr, length, key)| BufferDesc {
+                        name: "cpu:0".into(),
+                        addr,
+                        length,
+                        rkey: vec![key; peer_devices],
+                        lkey: vec![key; peer_devices],
+                    })
+                    .collect(),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    }
+
+    /// Submits one request from `location` and returns its batch.
+    fn send<C: Carrier>(
+        sched: &Arc<Scheduler<C>>,
+        seg: &Arc<RemoteSegment>,
+        location: &str,
+        local: u64,
+        remote: u64,
+        len: u64,
+    ) -> Arc<Batch> {
+        send_refreshing(sched, seg, location, local, remote, len, None)
+    }
+
+    /// As [`send`], with a [`Refresh`].
+    fn send_refreshing<C: Carrier>(
+        sched: &Arc<Scheduler<C>>,
+        seg: &Arc<RemoteSegment>,
+        location: &str,
+        local: u64,
+        remote: u64,
+        len: u64,
+        refresh: Option<Refresh>,
+    ) -> Arc<Batch> {
+        let batch = Arc::new(Batch::new(1, None).unwrap());
+        batch
+            .append(1, |first, _| {
+                sched.submit(Submission {
+                    batch: batch.clone(),
+                    task: first,
+                    seg: seg.clone(),
+                    xfer: Transfer {
+                        local,
+                        remote,
+                        len,
+                        write: true,
+                    },
+                    local: LocalSide {
+                        location: location.into(),
+                        end: None,
+                    },
+                    fallback: None,
+                    refresh,
+                });
+                Ok(())
+            })
+            .unwrap();
+        batch
+    }
+
+    #[test]
+    fn slices_are_cut_at_remote_buffer_edges_and_local_limits() {
+        let rec = Arc::new(Recorder {
+            names: vec!["d0".into()],
+            limit: Some(0x90_0000 + 70_000),
+            ..Default::default()
+        });
+        let matrix = PriorityMatrix::parse("{}").unwrap();
+        let sched = Scheduler::new(rec.clone(), matrix, &SchedConfig::default());
+        let edge = 0x1_0000 + 100_000;
+        let seg = peer(1, &[(0x1_0000, 100_000, 11), (edge, 200_000, 22)]);
+        let (local, remote, len) = (0x90_0000, 0x1_0000 + 50, 200_000);
+        let batch = send(&sched, &seg, "cpu:0", local, remote, len);
+        assert_eq!(batch.poll(0).unwrap(), (TaskStatus::Completed, len));
+        let got: Vec<(u64, u64, u32)> = rec
+            .posted
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                assert_eq!(p.local - local, p.remote - remote);
+                (p.remote - remote, p.len, p.key)
+            })
+            .collect();
+        // Slices of 64 KiB (the last absorbing a short tail), cut at the
+        // local piece's end (70000) and the first buffer's (99950); each
+        // with its own buffer's key.
+        assert_eq!(
+            got,
+            vec![
+                (0, 65536, 11),
+                (65536, 70_000 - 65536, 11),
+                (70_000, 99_950 - 70_000, 11),
+                (99_950, 131_072 - 99_950, 22),
+                (131_072, 200_000 - 131_072, 22),
+            ]
+        );
+    }
+
+    #[test]
+    fn round_robin_takes_turns_where_least_loaded_would_not() {
+        // `cpu:1` prefers d0 only; `cpu:0` both devices.
+        let matrix = r#"{"cpu:0": [["d0", "d1"], []], "cpu:1": [["d0"], ["d1"]]}"#;
+        let run = |round_robin: bool| {
+            let rec = Arc::new(Recorder {
+                names: vec!["d0".into(), "d1".into()],
+                hold: true,
+                ..Default::default()
+            });
+            let cfg = SchedConfig {
+                round_robin,
+                ..SchedConfig::default()
+            };
+            let sched = Scheduler::new(rec.clone(), PriorityMatrix::parse(matrix).unwrap(), &cfg);
+            let seg = peer(1, &[(0x1_0000, 1 << 30, 7)]);
+            // Loads d0 with 8 slices, then sends 4 that may use either.
+            let busy = send(&sched, &seg, "cpu:1", 0x90_0000, 0x1_0000, 8 << 16);
+            let spread = send(&sched, &seg, "cpu:0", 0x90_0000, 0x1_0000, 4 << 16);
+            let devices: Vec<usize> = rec.posted.lock().unwrap()[8..]
+                .iter()
+                .map(|p| p.device)
+                .collect();
+            for s in rec.held.lock().unwrap().drain(..) {
+                s.finish(Outcome::Done);
+            }
+            assert_eq!(busy.poll(0).unwrap(), (TaskStatus::Completed, 8 << 16));
+            assert_eq!(spread.poll(0).unwrap(), (TaskStatus::Completed, 4 << 16));
+            devices
+        };
+        assert_eq!(run(false), vec![1; 4], "least loaded: all on d1");
+        let rr = run(true);
+        assert_eq!(rr.iter().filter(|&&d| d == 0).count(), 2, "{rr:?}");
+        assert!(rr.windows(2).all(|w| w[0] != w[1]), "in turn: {rr:?}");
+    }
+
+    #[test]
+    fn a_device_failing_on_every_rail_leaves_selection() {
+        // d0 fails on each of its 10 rails; d1 works.
+        let rec = Arc::new(Recorder {
+            names: vec!["d0".into(), "d1".into()],
+            failing: vec![0],
+            ..Default::default()
+        });
+        let matrix = PriorityMatrix::parse("{}").unwrap();
+        let sched = Scheduler::new(rec.clone(), matrix, &SchedConfig::default());
+        let seg = peer(10, &[(0x1_0000, 1 << 30, 7)]);
+        for i in 0..200u64 {
+            let b = send(&sched, &seg, "cpu:0", 0x90_0000, 0x1_0000 + i * 4096, 4096);
+            assert_eq!(b.poll(0).unwrap(), (TaskStatus::Completed, 4096));
+        }
+        let posted = rec.posted.lock().unwrap();
+        let on_d0 = posted.iter().filter(|p| p.device == 0).count();
+        // Its rails alone would take 5 errors each (50) before pausing; the
+        // device leaves after 32 failures in a row.
+        assert_eq!(on_d0, rails::DEVICE_FAILURES_TO_PAUSE as usize);
+        assert_eq!(sched.loads[0].state(), RailUse::Closed);
+        assert_eq!(sched.loads[1].state(), RailUse::Open);
+    }
+
+    /// Waits (boundedly) for a task to leave WAITING.
+    fn wait(batch: &Batch) -> (TaskStatus, u64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let s = batch.poll(0).unwrap();
+            if s.0 != TaskStatus::Waiting || std::time::Instant::now() > deadline {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_refused_key_is_retried_once_with_the_refetched_descriptor() {
+        let len = 3 * 65536;
+        // The peer holds the buffer under key `now`; the cached descriptor
+        // says 7; a refetch says `refetched`.
+        let run = |now: u32, refetched: u32| {
+            let rec = Arc::new(Recorder {
+                names: vec!["d0".into()],
+                want_key: Some(now),
+                ..Default::default()
+            });
+            let matrix = PriorityMatrix::parse("{}").unwrap();
+            let sched = Scheduler::new(rec.clone(), matrix, &SchedConfig::default());
+            let seg = peer(2, &[(0x1_0000, 1 << 20, 7)]);
+            let fresh = peer(2, &[(0x1_0000, 1 << 20, refetched)]);
+            let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let c = calls.clone();
+            // As the engine: a refetch on another thread, never inline.
+            let refresh: Refresh = Arc::new(move |name: &str, done| {
+                assert_eq!(name, "peer");
+                c.fetch_add(1, Ordering::Relaxed);
+                let fresh = fresh.clone();
+                std::thread::spawn(move || done(Some(fresh)));
+            });
+            let b = send_refreshing(
+                &sched,
+                &seg,
+                "cpu:0",
+                0x90_0000,
+                0x1_0000,
+                len,
+                Some(refresh),
+            );
+            let status = wait(&b);
+            let keys: Vec<u32> = rec.posted.lock().unwrap().iter().map(|p| p.key).collect();
+            (status, calls.load(Ordering::Relaxed), keys)
+        };
+        // Re-registered (new key 8): each slice is retried with it.
+        let (status, calls, keys) = run(8, 8);
+        assert_eq!(status, (TaskStatus::Completed, len));
+        // A slice refused after an earlier slice's refetch landed moves to
+        // the refetched descriptor without one of its own.
+        assert!((1..=3).contains(&calls), "{calls} refetches");
+        assert_eq!(keys.iter().filter(|&&k| k == 8).count(), 3, "{keys:?}");
+        // The refetched descriptor is unchanged: the slices fail, once.
+        let (status, calls, keys) = run(8, 7);
+        assert_eq!(status.0, TaskStatus::Failed);
+        assert_eq!((calls, keys), (3, vec![7; 3]));
+        // Refused again after the refetch: no second refetch.
+        let (status, calls, keys) = run(10, 9);
+        assert_eq!(status.0, TaskStatus::Failed);
+        assert_eq!(calls, 3);
+        assert_eq!(keys.iter().filter(|&&k| k == 9).count(), 3, "{keys:?}");
     }
 
     #[test]

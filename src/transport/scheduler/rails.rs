@@ -1,17 +1,28 @@
-//! Rail health and device load.
+//! Rail health, device health and device load.
 //!
-//! A rail is a (local device, remote device) pair. [`RailHealth`] counts a
-//! rail's errors in a sliding window and pauses it, as Mooncake's worker
-//! pool does: 5 errors within 5 s, or one hard failure, pause the rail for
+//! A rail is a (local device, remote device) pair. Its [`RailCell`] counts
+//! its errors in a sliding window and pauses it, as Mooncake's worker pool
+//! does: 5 errors within 5 s, or one hard failure, pause the rail for
 //! `MC_RDMA_RAIL_PAUSE_SECONDS`. Afterwards one probe (a connect) tests
 //! the rail; it carries slices again once the probe succeeds.
-//! [`DeviceLoad`] keeps a local device's in-flight bytes and an EWMA of its
-//! bandwidth for `getNicLoadStats`.
+//! [`RailHealth`] hands out one cell per rail key; a route resolves its
+//! rails' cells once, so a slice touches only atomics: the cell's
+//! "open" flag and its in-flight bytes (a mutex is taken only on an error,
+//! a pause ending or a probe).
+//!
+//! A local device whose slices keep failing, [`DEVICE_FAILURES_TO_PAUSE`]
+//! in a row with no success between (Mooncake's context failure count),
+//! leaves selection the same way and comes back through a probe of one of
+//! its rails. Failures count once per round: the slices in flight when
+//! one failure is counted (an endpoint torn down fails them all at once)
+//! do not count again; a slice posted after it does. [`DeviceLoad`] keeps a device's in-flight bytes and an EWMA
+//! of its bandwidth for `getNicLoadStats`, in counters the slice path
+//! updates without a lock (the average is folded when it is read).
 
 use crate::sync;
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::warn;
 
@@ -19,9 +30,12 @@ use tracing::warn;
 pub const ERRORS_TO_PAUSE: usize = 5;
 /// The window in which errors count.
 pub const ERROR_WINDOW: Duration = Duration::from_secs(5);
+/// Failed slices in a row, with no success between, that take a local
+/// device out of selection (Mooncake's `kContextFailureThreshold`).
+pub const DEVICE_FAILURES_TO_PAUSE: u32 = 32;
 
 #[derive(Default)]
-struct RailState {
+struct GateState {
     errors: VecDeque<Instant>,
     paused_until: Option<Instant>,
     /// The pause ended but no probe has succeeded since: one probe at a
@@ -30,43 +44,49 @@ struct RailState {
     probing: bool,
 }
 
-/// Whether a rail may carry a slice now.
+/// Whether a rail (or device) may carry a slice now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RailUse {
     /// Healthy: any number of slices.
     Open,
     /// Back from a pause and untested: one probe may test it, after
-    /// [`RailHealth::claim_probe`].
+    /// [`Gate::claim_probe`].
     Probe,
     /// Paused, or its probe is still out.
     Closed,
 }
 
-/// Error windows and pauses of every rail, keyed by a rail name.
-pub struct RailHealth {
+/// The pause and probation of one rail or device: an atomic "open" flag
+/// read on every slice, and the state behind it, locked only while it is
+/// not open or an error is recorded.
+pub struct Gate {
+    name: String,
     pause: Duration,
-    rails: Mutex<HashMap<String, RailState>>,
+    /// Neither paused nor on probation.
+    open: AtomicBool,
+    state: Mutex<GateState>,
 }
 
-impl RailHealth {
-    /// Rails pause for `pause` once they fail.
-    pub fn new(pause: Duration) -> RailHealth {
-        RailHealth {
+impl Gate {
+    fn new(name: String, pause: Duration) -> Gate {
+        Gate {
+            name,
             pause,
-            rails: Mutex::new(HashMap::new()),
+            open: AtomicBool::new(true),
+            state: Mutex::new(GateState::default()),
         }
     }
 
-    /// Whether `rail` may carry slices now (unknown rails may).
-    pub fn state(&self, rail: &str) -> RailUse {
-        self.state_at(rail, Instant::now())
+    /// Whether it may carry slices now.
+    pub fn state(&self) -> RailUse {
+        if self.open.load(Ordering::Acquire) {
+            return RailUse::Open;
+        }
+        self.state_at(Instant::now())
     }
 
-    fn state_at(&self, rail: &str, now: Instant) -> RailUse {
-        let mut rails = sync::lock(&self.rails);
-        let Some(state) = rails.get_mut(rail) else {
-            return RailUse::Open;
-        };
+    fn state_at(&self, now: Instant) -> RailUse {
+        let mut state = sync::lock(&self.state);
         if let Some(t) = state.paused_until {
             if now < t {
                 return RailUse::Closed;
@@ -83,83 +103,196 @@ impl RailHealth {
         }
     }
 
-    /// Takes the probe of a rail on probation; false if another slice
+    /// Takes the probe of a gate on probation; false if another slice
     /// already took it.
-    pub fn claim_probe(&self, rail: &str) -> bool {
-        let mut rails = sync::lock(&self.rails);
-        match rails.get_mut(rail) {
-            Some(s) if s.probation && !s.probing && s.paused_until.is_none() => {
-                s.probing = true;
-                true
-            }
-            _ => false,
+    pub fn claim_probe(&self) -> bool {
+        let mut s = sync::lock(&self.state);
+        if s.probation && !s.probing && s.paused_until.is_none() {
+            s.probing = true;
+            true
+        } else {
+            false
         }
     }
 
-    /// Records a slice or probe that succeeded on `rail`: ends probation.
-    pub fn record_success(&self, rail: &str) {
-        let mut rails = sync::lock(&self.rails);
-        if let Some(s) = rails.get_mut(rail) {
-            if s.probation {
-                tracing::info!("rail {rail} is healthy again");
-            }
-            s.probation = false;
-            s.probing = false;
-        }
-    }
-
-    /// Records an error on `rail`; a `hard` one, or any on a rail on
-    /// probation, pauses it at once.
-    pub fn record_error(&self, rail: &str, hard: bool) {
-        self.record_error_at(rail, hard, Instant::now());
-    }
-
-    fn record_error_at(&self, rail: &str, hard: bool, now: Instant) {
-        let mut rails = sync::lock(&self.rails);
-        let state = rails.entry(rail.to_string()).or_default();
-        if state.paused_until.is_some_and(|t| now < t) {
+    /// Records a slice or probe that succeeded: ends probation.
+    pub fn record_success(&self) {
+        if self.open.load(Ordering::Acquire) {
             return;
         }
-        while state
+        let mut s = sync::lock(&self.state);
+        if s.paused_until.is_some() {
+            // A slice posted before the pause finished well: the pause
+            // stands until its probe.
+            return;
+        }
+        if s.probation {
+            tracing::info!("{} is healthy again", self.name);
+        }
+        s.probation = false;
+        s.probing = false;
+        self.open.store(true, Ordering::Release);
+    }
+
+    /// Pauses at once (the caller holds the state), saying why.
+    fn pause_locked(&self, s: &mut GateState, now: Instant, why: &str) {
+        warn!("{} paused for {:?} after {why}", self.name, self.pause);
+        s.paused_until = Some(now + self.pause);
+        s.errors.clear();
+        s.probation = false;
+        s.probing = false;
+        self.open.store(false, Ordering::Release);
+    }
+
+    /// Records an error: `hard` ones, and any while on probation, pause at
+    /// once; others when `window` of them fall within [`ERROR_WINDOW`].
+    fn record_error_at(&self, hard: bool, window: Option<usize>, now: Instant) {
+        let mut s = sync::lock(&self.state);
+        if s.paused_until.is_some_and(|t| now < t) {
+            return;
+        }
+        while s
             .errors
             .front()
             .is_some_and(|&t| now.duration_since(t) >= ERROR_WINDOW)
         {
-            state.errors.pop_front();
+            s.errors.pop_front();
         }
-        state.errors.push_back(now);
-        let on_probation = state.probation;
-        if hard || on_probation || state.errors.len() >= ERRORS_TO_PAUSE {
-            warn!(
-                "rail {rail} paused for {:?} after {}",
-                self.pause,
-                if hard {
-                    "a hard failure".to_string()
-                } else if on_probation {
-                    "a failed probe".to_string()
-                } else {
-                    format!("{} errors", state.errors.len())
-                }
-            );
-            state.paused_until = Some(now + self.pause);
-            state.errors.clear();
-            state.probation = false;
-            state.probing = false;
-        }
+        s.errors.push_back(now);
+        let why = if hard {
+            "a hard failure".to_string()
+        } else if s.probation {
+            "a failed probe".to_string()
+        } else if window.is_some_and(|n| s.errors.len() >= n) {
+            format!("{} errors", s.errors.len())
+        } else {
+            return;
+        };
+        self.pause_locked(&mut s, now, &why);
     }
 }
 
-/// In-flight bytes and bandwidth of one local device.
+/// One rail's health and in-flight bytes, shared by every route that uses
+/// the rail (on its own cache line: rails are updated by every worker).
+#[repr(align(64))]
+pub struct RailCell {
+    /// Bytes posted on the rail and not finished.
+    load: AtomicU64,
+    gate: Gate,
+}
+
+impl RailCell {
+    /// Whether the rail may carry slices now.
+    pub fn state(&self) -> RailUse {
+        self.gate.state()
+    }
+
+    /// Takes the rail's probe; see [`Gate::claim_probe`].
+    pub fn claim_probe(&self) -> bool {
+        self.gate.claim_probe()
+    }
+
+    /// Records a slice or probe that succeeded on the rail.
+    pub fn record_success(&self) {
+        self.gate.record_success()
+    }
+
+    /// Records an error on the rail; a `hard` one, or any on a rail on
+    /// probation, pauses it at once, else [`ERRORS_TO_PAUSE`] within
+    /// [`ERROR_WINDOW`] do.
+    pub fn record_error(&self, hard: bool) {
+        self.gate
+            .record_error_at(hard, Some(ERRORS_TO_PAUSE), Instant::now())
+    }
+
+    /// Bytes in flight on the rail.
+    pub fn load(&self) -> u64 {
+        self.load.load(Ordering::Relaxed)
+    }
+
+    /// Counts `bytes` posted on the rail.
+    pub fn start(&self, bytes: u64) {
+        self.load.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Counts `bytes` that finished on the rail.
+    pub fn finish(&self, bytes: u64) {
+        self.load.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
+/// The cells of every rail, keyed by a rail name; a refetched descriptor's
+/// new route finds its rails' cells (their pauses and loads) here.
+pub struct RailHealth {
+    pause: Duration,
+    rails: Mutex<HashMap<String, Arc<RailCell>>>,
+}
+
+impl RailHealth {
+    /// Rails pause for `pause` once they fail.
+    pub fn new(pause: Duration) -> RailHealth {
+        RailHealth {
+            pause,
+            rails: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The cell of rail `key`, made on first use.
+    pub fn cell(&self, key: &str) -> Arc<RailCell> {
+        let mut rails = sync::lock(&self.rails);
+        if let Some(c) = rails.get(key) {
+            return c.clone();
+        }
+        let c = Arc::new(RailCell {
+            load: AtomicU64::new(0),
+            gate: Gate::new(format!("rail {key}"), self.pause),
+        });
+        rails.insert(key.to_string(), c.clone());
+        c
+    }
+}
+
+/// Stripes of a device's byte counters: threads update their own stripe
+/// (on its own cache line), readers add them up.
+const STRIPES: usize = 8;
+
+/// One stripe of a device's byte counters. Its `inflight` alone may wrap
+/// (a slice may start on one thread and finish on another); the sum over
+/// the stripes does not.
+#[derive(Default)]
+#[repr(align(64))]
+struct Stripe {
+    inflight: AtomicU64,
+    /// Bytes moved successfully, ever.
+    moved: AtomicU64,
+}
+
+thread_local! {
+    /// This thread's stripe of every device's counters.
+    static STRIPE: usize = {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES
+    };
+}
+
+/// In-flight bytes, bandwidth and health of one local device.
 pub struct DeviceLoad {
     /// Device name.
     pub name: String,
-    inflight: AtomicU64,
+    stripes: [Stripe; STRIPES],
+    /// Failed slices since the last success.
+    failures: AtomicU32,
+    /// Counted failures so far: a slice posted under an older value failed
+    /// with those already counted.
+    round: AtomicU64,
+    gate: Gate,
     ewma: Mutex<Ewma>,
 }
 
 struct Ewma {
     bps: f64,
-    pending_bytes: u64,
+    /// `moved` when it was last folded.
+    folded: u64,
     since: Instant,
 }
 
@@ -169,14 +302,18 @@ const EWMA_INTERVAL: Duration = Duration::from_millis(100);
 const EWMA_ALPHA: f64 = 0.3;
 
 impl DeviceLoad {
-    /// A device with no load.
-    pub fn new(name: String) -> DeviceLoad {
+    /// A device with no load; it leaves selection for `pause` once its
+    /// slices keep failing.
+    pub fn new(name: String, pause: Duration) -> DeviceLoad {
         DeviceLoad {
+            gate: Gate::new(format!("device {name}"), pause),
             name,
-            inflight: AtomicU64::new(0),
+            stripes: Default::default(),
+            failures: AtomicU32::new(0),
+            round: AtomicU64::new(0),
             ewma: Mutex::new(Ewma {
                 bps: 0.0,
-                pending_bytes: 0,
+                folded: 0,
                 since: Instant::now(),
             }),
         }
@@ -184,37 +321,106 @@ impl DeviceLoad {
 
     /// Bytes posted on the device.
     pub fn start(&self, bytes: u64) {
-        self.inflight.fetch_add(bytes, Ordering::Relaxed);
+        self.stripe().inflight.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Bytes that finished (`moved` of them successfully).
     pub fn finish(&self, bytes: u64, moved: u64) {
-        self.inflight.fetch_sub(bytes, Ordering::Relaxed);
-        let mut e = sync::lock(&self.ewma);
-        e.pending_bytes += moved;
-        Self::fold(&mut e, Instant::now());
+        let s = self.stripe();
+        s.inflight.fetch_sub(bytes, Ordering::Relaxed);
+        if moved > 0 {
+            s.moved.fetch_add(moved, Ordering::Relaxed);
+        }
     }
 
-    fn fold(e: &mut Ewma, now: Instant) {
-        let dt = now.duration_since(e.since);
-        if dt < EWMA_INTERVAL {
+    fn stripe(&self) -> &Stripe {
+        &self.stripes[STRIPE.with(|s| *s)]
+    }
+
+    /// The sum of a counter over the stripes.
+    fn total(&self, counter: impl Fn(&Stripe) -> &AtomicU64) -> u64 {
+        self.stripes.iter().fold(0u64, |sum, s| {
+            sum.wrapping_add(counter(s).load(Ordering::Relaxed))
+        })
+    }
+
+    /// Whether the device may carry slices now.
+    pub fn state(&self) -> RailUse {
+        self.gate.state()
+    }
+
+    /// Takes the device's probe; see [`Gate::claim_probe`].
+    pub fn claim_probe(&self) -> bool {
+        self.gate.claim_probe()
+    }
+
+    /// A slice (or probe) succeeded on the device.
+    pub fn record_success(&self) {
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Relaxed);
+        }
+        self.gate.record_success();
+    }
+
+    /// The failure round a slice posted now belongs to (see
+    /// [`record_failure`](Self::record_failure)).
+    pub fn round(&self) -> u64 {
+        self.round.load(Ordering::Relaxed)
+    }
+
+    /// A slice (or probe) posted in `round` failed on one of the device's
+    /// rails: unless a failure of that round was counted already, the
+    /// [`DEVICE_FAILURES_TO_PAUSE`]th in a row, or a failed probe, takes
+    /// the device out of selection.
+    pub fn record_failure(&self, round: u64) {
+        self.record_failure_at(round, Instant::now())
+    }
+
+    fn record_failure_at(&self, round: u64, now: Instant) {
+        if self
+            .round
+            .compare_exchange(round, round + 1, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
             return;
         }
-        let sample = e.pending_bytes as f64 / dt.as_secs_f64();
-        e.bps = EWMA_ALPHA * sample + (1.0 - EWMA_ALPHA) * e.bps;
-        e.pending_bytes = 0;
-        e.since = now;
+        let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut s = sync::lock(&self.gate.state);
+        if s.paused_until.is_some_and(|t| now < t) {
+            return;
+        }
+        let why = if s.probation {
+            "a failed probe".to_string()
+        } else if n >= DEVICE_FAILURES_TO_PAUSE {
+            format!("{n} failed slices in a row on its rails")
+        } else {
+            return;
+        };
+        self.failures.store(0, Ordering::Relaxed);
+        self.gate.pause_locked(&mut s, now, &why);
     }
 
     /// Bytes in flight now.
     pub fn inflight(&self) -> u64 {
-        self.inflight.load(Ordering::Relaxed)
+        self.total(|s| &s.inflight)
     }
 
-    /// Bandwidth average in bytes per second (decays while idle).
+    /// Bandwidth average in bytes per second (decays while idle): the
+    /// bytes moved since the last fold, spread evenly over the intervals
+    /// that passed, each folded with weight [`EWMA_ALPHA`].
     pub fn ewma_bps(&self) -> f64 {
         let mut e = sync::lock(&self.ewma);
-        Self::fold(&mut e, Instant::now());
+        let now = Instant::now();
+        let dt = now.duration_since(e.since);
+        if dt >= EWMA_INTERVAL {
+            let moved = self.total(|s| &s.moved);
+            let sample = moved.wrapping_sub(e.folded) as f64 / dt.as_secs_f64();
+            let intervals = (dt.as_secs_f64() / EWMA_INTERVAL.as_secs_f64()).floor();
+            let keep = (1.0 - EWMA_ALPHA).powf(intervals);
+            e.bps = sample + keep * (e.bps - sample);
+            e.folded = moved;
+            e.since = now;
+        }
         e.bps
     }
 }
@@ -223,98 +429,115 @@ impl DeviceLoad {
 mod tests {
     use super::*;
 
-    fn open(h: &RailHealth, rail: &str, at: Instant) -> bool {
-        h.state_at(rail, at) != RailUse::Closed
+    fn rail(pause: u64) -> RailCell {
+        RailCell {
+            load: AtomicU64::new(0),
+            gate: Gate::new("rail r".into(), Duration::from_secs(pause)),
+        }
+    }
+
+    fn error_at(r: &RailCell, hard: bool, at: Instant) {
+        r.gate.record_error_at(hard, Some(ERRORS_TO_PAUSE), at)
+    }
+
+    fn open(r: &RailCell, at: Instant) -> bool {
+        r.gate.state_at(at) != RailUse::Closed
     }
 
     #[test]
     fn unknown_rail_is_available() {
         let h = RailHealth::new(Duration::from_secs(30));
-        assert_eq!(h.state("10.0.0.1@mlx5_0"), RailUse::Open);
+        assert_eq!(h.cell("10.0.0.1@mlx5_0").state(), RailUse::Open);
     }
 
     #[test]
     fn a_rail_back_from_a_pause_is_probed_once() {
-        let h = RailHealth::new(Duration::from_secs(2));
+        let r = rail(2);
         let t = Instant::now();
-        h.record_error_at("r", true, t);
-        assert_eq!(h.state_at("r", t + Duration::from_secs(3)), RailUse::Probe);
-        assert!(h.claim_probe("r"));
-        assert!(!h.claim_probe("r"), "one probe at a time");
-        assert_eq!(h.state_at("r", t + Duration::from_secs(3)), RailUse::Closed);
-        h.record_success("r");
-        assert_eq!(h.state_at("r", t + Duration::from_secs(3)), RailUse::Open);
+        error_at(&r, true, t);
+        assert_eq!(r.gate.state_at(t + Duration::from_secs(3)), RailUse::Probe);
+        assert!(r.claim_probe());
+        assert!(!r.claim_probe(), "one probe at a time");
+        assert_eq!(r.gate.state_at(t + Duration::from_secs(3)), RailUse::Closed);
+        r.record_success();
+        assert_eq!(r.gate.state_at(t + Duration::from_secs(3)), RailUse::Open);
+        assert_eq!(r.state(), RailUse::Open, "the fast path sees it open");
         // A failed probe pauses again at once.
         let t2 = t + Duration::from_secs(4);
-        h.record_error_at("r", false, t2);
+        error_at(&r, false, t2);
         for i in 1..4 {
-            h.record_error_at("r", false, t2 + Duration::from_millis(i));
+            error_at(&r, false, t2 + Duration::from_millis(i));
         }
         assert_eq!(
-            h.state_at("r", t2 + Duration::from_millis(10)),
+            r.gate.state_at(t2 + Duration::from_millis(10)),
             RailUse::Open
         );
-        h.record_error_at("r", false, t2 + Duration::from_millis(20));
+        error_at(&r, false, t2 + Duration::from_millis(20));
         let back = t2 + Duration::from_secs(3);
-        assert_eq!(h.state_at("r", back), RailUse::Probe);
-        assert!(h.claim_probe("r"));
-        h.record_error_at("r", false, back);
+        assert_eq!(r.gate.state_at(back), RailUse::Probe);
+        assert!(r.claim_probe());
+        error_at(&r, false, back);
         assert_eq!(
-            h.state_at("r", back + Duration::from_millis(1)),
+            r.gate.state_at(back + Duration::from_millis(1)),
             RailUse::Closed
         );
         assert_eq!(
-            h.state_at("r", back + Duration::from_secs(3)),
+            r.gate.state_at(back + Duration::from_secs(3)),
             RailUse::Probe
         );
     }
 
     #[test]
     fn four_errors_do_not_pause_five_do() {
-        let h = RailHealth::new(Duration::from_secs(30));
+        let r = rail(30);
         let t = Instant::now();
         for i in 0..4 {
-            h.record_error_at("r", false, t + Duration::from_millis(i));
+            error_at(&r, false, t + Duration::from_millis(i));
         }
-        assert!(open(&h, "r", t + Duration::from_millis(10)));
-        h.record_error_at("r", false, t + Duration::from_millis(20));
-        assert!(!open(&h, "r", t + Duration::from_millis(30)));
-        assert!(!open(&h, "r", t + Duration::from_secs(29)));
-        assert!(open(&h, "r", t + Duration::from_secs(31)), "the pause ends");
-        assert!(open(&h, "r", t + Duration::from_secs(32)));
+        assert!(open(&r, t + Duration::from_millis(10)));
+        assert_eq!(r.state(), RailUse::Open);
+        error_at(&r, false, t + Duration::from_millis(20));
+        assert!(!open(&r, t + Duration::from_millis(30)));
+        assert!(!open(&r, t + Duration::from_secs(29)));
+        assert!(open(&r, t + Duration::from_secs(31)), "the pause ends");
+        assert!(open(&r, t + Duration::from_secs(32)));
     }
 
     #[test]
     fn hard_failure_pauses_at_once() {
-        let h = RailHealth::new(Duration::from_secs(2));
+        let r = rail(2);
         let t = Instant::now();
-        h.record_error_at("r", true, t);
-        assert!(!open(&h, "r", t + Duration::from_secs(1)));
-        assert!(open(&h, "r", t + Duration::from_secs(3)));
+        error_at(&r, true, t);
+        assert!(!open(&r, t + Duration::from_secs(1)));
+        assert!(open(&r, t + Duration::from_secs(3)));
     }
 
     #[test]
     fn old_errors_leave_the_window() {
-        let h = RailHealth::new(Duration::from_secs(30));
+        let r = rail(30);
         let t = Instant::now();
         for i in 0..4 {
-            h.record_error_at("r", false, t + Duration::from_millis(i));
+            error_at(&r, false, t + Duration::from_millis(i));
         }
-        h.record_error_at("r", false, t + Duration::from_secs(6));
-        assert!(open(&h, "r", t + Duration::from_secs(6)));
+        error_at(&r, false, t + Duration::from_secs(6));
+        assert!(open(&r, t + Duration::from_secs(6)));
     }
 
     #[test]
     fn pausing_one_rail_leaves_others() {
         let h = RailHealth::new(Duration::from_secs(30));
-        h.record_error("10.0.0.1@mlx5_bond_0", true);
-        assert!(!open(&h, "10.0.0.1@mlx5_bond_0", Instant::now()));
-        assert!(open(&h, "10.0.0.1@mlx5_bond_1", Instant::now()));
+        h.cell("10.0.0.1@mlx5_bond_0").record_error(true);
+        assert_eq!(h.cell("10.0.0.1@mlx5_bond_0").state(), RailUse::Closed);
+        assert_eq!(h.cell("10.0.0.1@mlx5_bond_1").state(), RailUse::Open);
+        assert!(Arc::ptr_eq(
+            &h.cell("10.0.0.1@mlx5_bond_0"),
+            &h.cell("10.0.0.1@mlx5_bond_0")
+        ));
     }
 
     #[test]
     fn device_load_counts_and_averages() {
-        let d = DeviceLoad::new("eth0".into());
+        let d = DeviceLoad::new("eth0".into(), Duration::from_secs(30));
         d.start(100);
         d.start(50);
         assert_eq!(d.inflight(), 150);
@@ -324,5 +547,38 @@ mod tests {
         d.finish(50, 50);
         assert!(d.ewma_bps() > 0.0);
         assert_eq!(d.inflight(), 0);
+    }
+
+    #[test]
+    fn a_device_failing_in_a_row_leaves_selection_until_its_probe() {
+        let d = DeviceLoad::new("mlx5_0".into(), Duration::from_secs(2));
+        let t = Instant::now();
+        // A success between failures restarts the count.
+        for _ in 0..DEVICE_FAILURES_TO_PAUSE - 1 {
+            d.record_failure_at(d.round(), t);
+        }
+        d.record_success();
+        let stale = d.round();
+        for _ in 0..DEVICE_FAILURES_TO_PAUSE - 1 {
+            d.record_failure_at(d.round(), t);
+        }
+        // Slices in flight since an earlier failure do not count again.
+        for _ in 0..100 {
+            d.record_failure_at(stale, t);
+        }
+        assert_eq!(d.state(), RailUse::Open);
+        d.record_failure_at(d.round(), t);
+        assert_eq!(d.gate.state_at(t + Duration::from_secs(1)), RailUse::Closed);
+        // Back from the pause: one probe; a failed probe pauses it again.
+        let back = t + Duration::from_secs(3);
+        assert_eq!(d.gate.state_at(back), RailUse::Probe);
+        assert!(d.claim_probe() && !d.claim_probe());
+        d.record_failure_at(d.round(), back);
+        assert_eq!(d.gate.state_at(back), RailUse::Closed);
+        let again = back + Duration::from_secs(3);
+        assert_eq!(d.gate.state_at(again), RailUse::Probe);
+        assert!(d.claim_probe());
+        d.record_success();
+        assert_eq!(d.state(), RailUse::Open);
     }
 }

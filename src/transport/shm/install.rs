@@ -50,17 +50,13 @@ struct Shm {
     fragment_limit: u64,
 }
 
-/// A segment's peer as this transport sees it, cached with the segment
-/// (a refetched descriptor, a new process, gets a new one).
-struct Route(Option<ShmPeer>);
-
 impl Shm {
-    /// The peer behind `seg`, if it is another process of this host.
-    fn route(&self, seg: &RemoteSegment) -> Arc<Route> {
-        seg.routes.get_or_insert(|| {
-            let Some(key) = seg.desc.extra.get(SHM_KEY) else {
-                return Route(None);
-            };
+    /// The peer behind `seg`, if it is another process of this host,
+    /// cached with the segment (a refetched descriptor, a new process, gets
+    /// a new one).
+    fn route<'a>(&self, seg: &'a RemoteSegment) -> &'a Option<ShmPeer> {
+        seg.routes.shm.get_or_init(|| {
+            let key = seg.desc.extra.get(SHM_KEY)?;
             let (host, port) = (seg.data_host.clone(), seg.rpc_port);
             let rpc = ClientOptions {
                 // The proof is bound to the name the segment was opened by.
@@ -70,7 +66,7 @@ impl Shm {
             let attach: AttachFn = Arc::new(move |request: &Value| {
                 crate::rpc::call(&host, port, FrameKind::ShmAttach, request, &rpc)
             });
-            Route(self.core.peer(key, attach))
+            self.core.peer(key, attach)
         })
     }
 }
@@ -131,7 +127,7 @@ impl Transport for Shm {
             return;
         };
         let route = self.route(&seg);
-        let Some(peer) = &route.0 else {
+        let Some(peer) = route else {
             // Not a peer of this host after all: the next transport.
             t.add_slices(1);
             let handed = Submission::fall_back(&fallback, xfer);

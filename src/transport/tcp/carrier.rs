@@ -10,7 +10,7 @@ use crate::memory::MemoryRegistry;
 use crate::metadata::descriptor::SegmentDesc;
 use crate::segment::RemoteSegment;
 use crate::topology::{IfAddr, NetInterface, PriorityMatrix};
-use crate::transport::scheduler::{Carrier, Rail, Scheduler};
+use crate::transport::scheduler::{Carrier, Rail, Route, Scheduler};
 use crate::transport::tcp::{LaneTarget, TcpTransport};
 use crate::transport::{InstallContext, Slice, Transport};
 use serde_json::{Value, json};
@@ -276,6 +276,10 @@ impl Carrier for TcpCarrier {
             });
         }
         rails
+    }
+
+    fn routes(seg: &RemoteSegment) -> &std::sync::OnceLock<Arc<Route<LaneTarget>>> {
+        &seg.routes.tcp
     }
 
     fn post(&self, rail: &Rail<LaneTarget>, slice: Slice, _remote_key: u32) {

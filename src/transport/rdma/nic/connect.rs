@@ -3,7 +3,7 @@
 //! received, once admitted), each ending with a connected endpoint or a
 //! failed one.
 
-use super::Nic;
+use super::{GidChoice, Nic};
 use crate::lanes::{Finish, Run};
 use crate::rpc::{ClientOptions, FrameKind};
 use crate::sync;
@@ -17,9 +17,9 @@ use std::sync::atomic::Ordering;
 use tracing::{debug, info};
 
 impl Nic {
-    /// The RTR/RTS parameters towards `gid`/`lid`, peer queue pair `qpn`.
-    fn params(&self, remote_gid: Gid, remote_lid: u16, qpn: u32) -> ConnectParams {
-        let g = self.gid();
+    /// The RTR/RTS parameters from our GID `g` towards `gid`/`lid`, peer
+    /// queue pair `qpn`.
+    fn params(&self, g: GidChoice, remote_gid: Gid, remote_lid: u16, qpn: u32) -> ConnectParams {
         ConnectParams {
             port: self.port,
             pkey_index: self.opts.cfg.pkey_index,
@@ -40,9 +40,28 @@ impl Nic {
         }
     }
 
-    /// Our side of a handshake for `ep`.
-    fn local_desc(&self, ep: &RdmaEndpoint) -> HandshakeDesc {
-        ep.local_desc(&self.path, self.lid, &gid_to_string(&self.gid().gid))
+    /// Our side of a handshake for `ep`, with our GID `g`.
+    fn local_desc(&self, ep: &RdmaEndpoint, g: GidChoice) -> HandshakeDesc {
+        ep.local_desc(&self.path, self.lid, &gid_to_string(&g.gid))
+    }
+
+    /// After a setup of `ep` with our GID `used` failed: whether to try
+    /// again with another GID. Yes when its queue pair refused RTR with
+    /// EINVAL, fewer than `MC_AUTO_GID_MAX_RETRIES` GIDs were tried so far
+    /// (`tried`, which `used` joins), and the device uses a GID not tried
+    /// yet (the next ranked one, after a re-probe). A series that gives up
+    /// starts afresh.
+    fn retry_gid(&self, ep: &RdmaEndpoint, used: GidChoice, tried: &mut Vec<GidChoice>) -> bool {
+        if !ep.rtr_einval() {
+            return false;
+        }
+        tried.push(used);
+        let retry = tried.len() <= self.opts.cfg.auto_gid_max_retries as usize
+            && (!tried.contains(&self.gid()) || self.reprobe_gid(tried).is_some());
+        if !retry {
+            tried.clear();
+        }
+        retry
     }
 
     /// The endpoint a peer's handshake sets up: the pooled one to
@@ -113,19 +132,38 @@ impl Nic {
     }
 
     /// Runs our handshake for `ep` (on a connector thread) and schedules
-    /// the endpoint, or fails it.
+    /// the endpoint, or fails it. A queue pair that refuses RTR with
+    /// EINVAL makes the device re-probe its GIDs and the endpoint fail
+    /// over (`MC_AUTO_GID_MAX_RETRIES` times in a row per device): the
+    /// retry handshakes from fresh queue pairs with the next ranked GID, so
+    /// the peer connects its own to that one.
     pub fn connect(&self, ep: &Arc<RdmaEndpoint>, target: &RdmaTarget) {
         if self.stopping.load(Ordering::Acquire) {
             return self.fail_endpoint(ep, Outcome::Interrupted, "the transport is stopping");
         }
-        match self.connect_active(ep, target) {
+        let gid = self.gid();
+        match self.connect_active(ep, target, gid) {
+            Ok(()) if self.gid() != gid => self.fail_endpoint(
+                ep,
+                Outcome::Interrupted,
+                "the device's GID changed during the handshake",
+            ),
             Ok(()) => {
                 debug!("RDMA {} -> {} connected", self.path, ep.peer_nic_path);
+                sync::lock(&self.gids_tried).clear();
                 if ep.want_schedule() {
                     self.schedule(ep.clone());
                 }
             }
-            Err(e) => self.fail_endpoint(ep, Outcome::Failed { hard: true }, &e),
+            Err(e) => {
+                let retry = self.retry_gid(ep, gid, &mut sync::lock(&self.gids_tried));
+                let outcome = if retry {
+                    Outcome::Interrupted
+                } else {
+                    Outcome::Failed { hard: true }
+                };
+                self.fail_endpoint(ep, outcome, &e)
+            }
         }
     }
 
@@ -135,8 +173,9 @@ impl Nic {
         &self,
         ep: &RdmaEndpoint,
         target: &RdmaTarget,
+        gid: GidChoice,
     ) -> std::result::Result<(), String> {
-        let local = self.local_desc(ep);
+        let local = self.local_desc(ep, gid);
         let server = target
             .peer_nic_path
             .split_once('@')
@@ -172,8 +211,9 @@ impl Nic {
         };
         let remote_gid = parse_gid(&gid_text)
             .ok_or_else(|| format!("peer {} sent an invalid GID {gid_text:?}", ep.peer_nic_path))?;
-        let need_ack =
-            ep.finish_active(&local, &reply, &|qpn| self.params(remote_gid, lid, qpn))?;
+        let need_ack = ep.finish_active(&local, &reply, &|qpn| {
+            self.params(gid, remote_gid, lid, qpn)
+        })?;
         if need_ack {
             let ack = HandshakeDesc {
                 ready_ack: Some(true),
@@ -234,20 +274,29 @@ impl Nic {
         let Some(remote_gid) = parse_gid(&req.local_gid) else {
             return HandshakeDesc::rejection(format!("Invalid peer GID: {:?}", req.local_gid));
         };
-        let params = |qpn| self.params(remote_gid, req.local_lid, qpn);
-        for _ in 0..2 {
+        let mut tried = Vec::new();
+        let mut replaced = false;
+        loop {
             let ep = match self.passive_endpoint(&req.local_nic_path) {
                 Ok(ep) => ep,
                 Err(why) => return HandshakeDesc::rejection(why),
             };
+            let gid = self.gid();
+            let params = |qpn| self.params(gid, remote_gid, req.local_lid, qpn);
             match ep.accept(req, &params) {
+                Ok(()) if self.gid() != gid => {
+                    let why = "the device's GID changed during the handshake; retry";
+                    self.fail_endpoint(&ep, Outcome::Interrupted, why);
+                    return HandshakeDesc::rejection(why);
+                }
                 Ok(()) => {
                     if ep.want_schedule() {
                         self.schedule(ep.clone());
                     }
-                    return self.local_desc(&ep);
+                    return self.local_desc(&ep, gid);
                 }
-                Err((true, _)) => {
+                Err((true, _)) if !replaced => {
+                    replaced = true;
                     info!(
                         "RDMA device {}: {} connects with new queue pairs (restarted?); \
                          replacing its endpoint",
@@ -259,6 +308,10 @@ impl Nic {
                         "the peer reconnected",
                     );
                 }
+                Err((true, _)) => break,
+                // The queue pairs connect again from RESET: retry on the
+                // same endpoint with the next ranked GID.
+                Err((false, _)) if self.retry_gid(&ep, gid, &mut tried) => {}
                 Err((false, why)) => {
                     self.fail_endpoint(&ep, Outcome::Failed { hard: true }, &why);
                     return HandshakeDesc::rejection(why);

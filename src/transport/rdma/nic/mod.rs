@@ -6,18 +6,18 @@ mod connect;
 mod worker;
 
 use super::Connector;
-use super::endpoint::{Phase, RdmaEndpoint, report};
+use super::endpoint::{CqRoom, Phase, RdmaEndpoint, report};
 use super::gid;
 use super::handshake::{nic_path, split_nic_path};
-use super::pool::{PassiveLimits, Pool, QpTable};
+use super::pool::{EndpointSlab, PassiveLimits, Pool};
 use super::wake::EventFd;
 use super::{GonePeers, RdmaOptions};
 use crate::error::{Error, Result};
 use crate::sync;
-use crate::transport::Outcome;
+use crate::transport::{Outcome, Republish};
 use crate::verbs::{
     CompletionChannel, CompletionQueue, Context, Gid, ProtectionDomain, QueuePair, QueuePairCaps,
-    mtu_bytes, mtu_enum,
+    gid_to_string, mtu_bytes, mtu_enum,
 };
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -26,6 +26,17 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use tracing::{debug, info, warn};
 
+/// One completion queue of a device.
+struct Cq {
+    cq: Arc<CompletionQueue>,
+    /// Index of its channel in `Nic::channels`.
+    channel: usize,
+    /// Requests outstanding on it, against its capacity.
+    room: Arc<CqRoom>,
+    /// Endpoints waiting for room in it.
+    waiting: (Sender<Arc<RdmaEndpoint>>, Receiver<Arc<RdmaEndpoint>>),
+}
+
 /// The selected GID of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GidChoice {
@@ -33,6 +44,17 @@ pub struct GidChoice {
     pub index: u32,
     /// The GID.
     pub gid: Gid,
+}
+
+/// What a fresh look at the GID table found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GidRefresh {
+    /// The GID in use is still the one to use.
+    Unchanged,
+    /// Another GID is in use now; the text says which.
+    Changed(String),
+    /// No usable GID (the previous one stays); the text says why.
+    Failed(String),
 }
 
 /// One device in use.
@@ -44,7 +66,13 @@ pub struct Nic {
     ctx: Arc<Context>,
     /// The protection domain memory is registered in.
     pub pd: Arc<ProtectionDomain>,
-    cq: Arc<CompletionQueue>,
+    /// The completion channels (`MC_NUM_COMP_CHANNELS_PER_CTX`).
+    channels: Vec<Arc<CompletionChannel>>,
+    /// The completion queues (`MC_NUM_CQ_PER_CTX`): queue `i` is polled
+    /// by worker `i % MC_WORKERS_PER_CTX` alone.
+    cqs: Vec<Cq>,
+    /// Round robin of new endpoints over `cqs`.
+    next_cq: AtomicUsize,
     port: u8,
     /// LID of the port (0 on RoCE).
     pub lid: u16,
@@ -59,21 +87,15 @@ pub struct Nic {
     passive: PassiveLimits,
     active: AtomicBool,
     pool: Mutex<Pool>,
-    qps: QpTable,
+    /// Endpoints whose queue pairs may still complete, by the index their
+    /// work request ids carry.
+    slab: EndpointSlab,
     /// Endpoints with slices to post (a lock-free queue: completions add
     /// to it).
     runnable: (Sender<Arc<RdmaEndpoint>>, Receiver<Arc<RdmaEndpoint>>),
-    /// Serializes posting, so the completion queue's room is not handed
-    /// out twice.
-    post_lock: Mutex<()>,
-    /// Serializes taking completions (see [`Nic::complete_all`]).
-    poll_lock: Mutex<()>,
-    /// A worker wanted to take completions while another held
-    /// `poll_lock`: the holder looks again before it returns.
-    poll_again: AtomicBool,
-    /// Endpoints waiting for room in the completion queue.
-    cq_waiting: (Sender<Arc<RdmaEndpoint>>, Receiver<Arc<RdmaEndpoint>>),
-    cq_outstanding: Arc<AtomicUsize>,
+    /// Workers asleep (or about to be): only then does [`Nic::schedule`]
+    /// write to `wake`.
+    sleepers: AtomicUsize,
     wake: EventFd,
     connector: Arc<Connector>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -83,11 +105,16 @@ pub struct Nic {
     halted: AtomicBool,
     /// Peers whose process is gone (shared by the transport's devices).
     gone: Arc<GonePeers>,
+    /// Asks the engine to publish the descriptor again (the GID changed).
+    republish: Republish,
+    /// GIDs our handshakes tried in a row whose queue pairs refused RTR
+    /// with EINVAL (`MC_AUTO_GID_MAX_RETRIES`).
+    gids_tried: Mutex<Vec<GidChoice>>,
 }
 
 impl Nic {
-    /// Opens device `name` and sets it up: port `MC_IB_PORT` must be
-    /// active; GID, MTU and limits are chosen and logged. Threads start
+    /// Opens rail `name` (a device's port `MC_IB_PORT`, or `<device>:<port>`)
+    /// and sets it up: the port must be active; GID, MTU and limits are chosen and logged. Threads start
     /// with [`Nic::start`]; its handshakes run on `connector`.
     pub fn open(
         name: &str,
@@ -95,16 +122,19 @@ impl Nic {
         opts: &Arc<RdmaOptions>,
         gone: &Arc<GonePeers>,
         connector: &Arc<Connector>,
+        republish: &Republish,
     ) -> Result<Nic> {
         let ctx_err = |what: &str, e: std::io::Error| {
             Error::Context(format!("RDMA device {name}: {what} failed: {e}"))
         };
-        let ctx = Arc::new(Context::open(name).map_err(|e| ctx_err("opening it", e))?);
+        // A rail name: the device for port MC_IB_PORT, or `<device>:<port>`.
+        let (device, port_no) = crate::topology::parse_rail(name, opts.cfg.ib_port);
+        let ctx = Arc::new(Context::open(device).map_err(|e| ctx_err("opening it", e))?);
         let limits = ctx.limits().map_err(|e| ctx_err("ibv_query_device", e))?;
-        let port_no = opts.cfg.ib_port;
         if port_no > limits.ports {
             return Err(Error::Context(format!(
-                "RDMA device {name} has {} port(s); MC_IB_PORT={port_no} does not exist",
+                "RDMA device {device} has {} port(s); port {port_no} (MC_IB_PORT or the \
+                 name's suffix) does not exist",
                 limits.ports
             )));
         }
@@ -155,19 +185,31 @@ impl Nic {
             .min(limits.max_qp_rd_atom.max(1))
             .min(limits.max_qp_init_rd_atom.max(1)) as u8;
         let pd = Arc::new(ProtectionDomain::new(&ctx).map_err(|e| ctx_err("ibv_alloc_pd", e))?);
-        let channel = Arc::new(
-            CompletionChannel::new(&ctx).map_err(|e| ctx_err("ibv_create_comp_channel", e))?,
-        );
-        let cq = Arc::new(
-            CompletionQueue::new(&channel, max_cqe).map_err(|e| ctx_err("ibv_create_cq", e))?,
-        );
-        cq.arm().map_err(|e| ctx_err("ibv_req_notify_cq", e))?;
+        let channels = (0..opts
+            .cfg
+            .num_comp_channels_per_ctx
+            .min(opts.cfg.num_cq_per_ctx))
+            .map(|_| CompletionChannel::new(&ctx).map(Arc::new))
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| ctx_err("ibv_create_comp_channel", e))?;
+        let mut cqs = Vec::with_capacity(opts.cfg.num_cq_per_ctx);
+        for i in 0..opts.cfg.num_cq_per_ctx {
+            let channel = i % channels.len();
+            let cq = CompletionQueue::new(&channels[channel], max_cqe)
+                .map_err(|e| ctx_err("ibv_create_cq", e))?;
+            cqs.push(Cq {
+                room: Arc::new(CqRoom::new(cq.capacity() as usize)),
+                cq: Arc::new(cq),
+                channel,
+                waiting: crossbeam_channel::unbounded(),
+            });
+        }
         let wake = EventFd::new().map_err(|e| ctx_err("eventfd", e))?;
         let max_mr_size = opts.cfg.max_mr_size.min(limits.max_mr_size);
         info!(
             "RDMA device {name}: port {port_no} active, GID index {} ({}), path MTU {} \
-             (active {}), LID {}, {} QP(s) per endpoint x {} WRs, CQ {} entries, \
-             up to {capacity} endpoints",
+             (active {}), LID {}, {} QP(s) per endpoint x {} WRs, {} CQ(s) of {} entries \
+             on {} channel(s), up to {capacity} endpoints",
             gid.0.index,
             gid.1,
             mtu_bytes(path_mtu),
@@ -175,7 +217,9 @@ impl Nic {
             port.lid,
             opts.cfg.num_qp_per_ep,
             caps.max_wr,
-            cq.capacity(),
+            cqs.len(),
+            cqs[0].cq.capacity(),
+            channels.len(),
         );
         let passive = PassiveLimits {
             total: opts.cfg.max_passive_ep.min(capacity),
@@ -186,7 +230,9 @@ impl Nic {
             path: nic_path(server, name),
             ctx,
             pd,
-            cq,
+            channels,
+            cqs,
+            next_cq: AtomicUsize::new(0),
             port: port_no,
             lid: port.lid,
             gid: RwLock::new(gid.0),
@@ -198,34 +244,46 @@ impl Nic {
             passive,
             active: AtomicBool::new(true),
             pool: Mutex::new(Pool::new(capacity, opts.endpoints.store_type)),
-            qps: QpTable::default(),
+            slab: EndpointSlab::default(),
             runnable: crossbeam_channel::unbounded(),
-            post_lock: Mutex::new(()),
-            poll_lock: Mutex::new(()),
-            poll_again: AtomicBool::new(false),
-            cq_waiting: crossbeam_channel::unbounded(),
-            cq_outstanding: Arc::new(AtomicUsize::new(0)),
+            sleepers: AtomicUsize::new(0),
             wake,
             connector: connector.clone(),
             threads: Mutex::new(Vec::new()),
             stopping: AtomicBool::new(false),
             halted: AtomicBool::new(false),
             gone: gone.clone(),
+            republish: republish.clone(),
+            gids_tried: Mutex::default(),
         })
     }
 
-    /// Starts the worker threads.
+    /// Starts the worker threads, on the CPUs of the device's NUMA node
+    /// where it has one.
     pub fn start(self: &Arc<Self>) -> Result<()> {
+        let cpus = worker::node_cpus_for(&self.name);
+        worker::log_placement(&self.name, &cpus);
         let mut threads = sync::lock(&self.threads);
         for i in 0..self.opts.cfg.workers_per_ctx {
             let me = self.clone();
+            let cpus = cpus.clone();
             let t = std::thread::Builder::new()
                 .name(format!("te-rdma-{}-{i}", self.name))
-                .spawn(move || me.work())
+                .spawn(move || {
+                    if let Some(cpus) = cpus {
+                        worker::pin(&me.name, &cpus);
+                    }
+                    me.work(i)
+                })
                 .map_err(|e| Error::Context(format!("starting an RDMA worker thread: {e}")))?;
             threads.push(t);
         }
         Ok(())
+    }
+
+    /// The port the device is used on.
+    pub fn port(&self) -> u8 {
+        self.port
     }
 
     /// The device context (for asynchronous events).
@@ -244,25 +302,10 @@ impl Nic {
     }
 
     /// Takes the device out of selection (port or device error), failing
-    /// every endpoint, or puts it back with a fresh look at its GID.
+    /// every endpoint, or puts it back (see [`Nic::refresh_gid`] for its
+    /// GID).
     pub fn set_active(&self, up: bool) {
         if up {
-            if let Ok(port) = self.ctx.port(self.port) {
-                if let Ok(g) = select_gid(
-                    &self.ctx,
-                    self.port,
-                    port.gid_table_len,
-                    self.opts.cfg.gid_index,
-                ) {
-                    if g.0 != self.gid() {
-                        info!(
-                            "RDMA device {}: GID now index {} ({})",
-                            self.name, g.0.index, g.1
-                        );
-                        *sync::write(&self.gid) = g.0;
-                    }
-                }
-            }
             if !self.active.swap(true, Ordering::AcqRel) {
                 info!(
                     "RDMA device {}: port {} is active again; back in selection",
@@ -278,11 +321,84 @@ impl Nic {
         }
     }
 
+    /// Looks at the GID table again (a GID change, a port back up): ranks
+    /// it (or takes `MC_GID_INDEX`'s entry) and uses the GID chosen. When
+    /// that is another GID, the engine publishes the descriptor again and
+    /// every endpoint, built on the old GID, is retired: what it carries
+    /// fails over, and new endpoints handshake with the new GID.
+    pub fn refresh_gid(&self) -> GidRefresh {
+        let port = match self.ctx.port(self.port) {
+            Ok(p) => p,
+            Err(e) => return GidRefresh::Failed(format!("ibv_query_port failed: {e}")),
+        };
+        let (chosen, text) = match select_gid(
+            &self.ctx,
+            self.port,
+            port.gid_table_len,
+            self.opts.cfg.gid_index,
+        ) {
+            Ok(g) => g,
+            Err(e) => return GidRefresh::Failed(e.to_string()),
+        };
+        let old = self.gid();
+        if chosen == old {
+            return GidRefresh::Unchanged;
+        }
+        *sync::write(&self.gid) = chosen;
+        let change = format!(
+            "index {} ({}) -> index {} ({text})",
+            old.index,
+            gid_to_string(&old.gid),
+            chosen.index
+        );
+        warn!(
+            "RDMA device {}: GID changed, {change}; publishing it and retiring the endpoints \
+             built on the old one",
+            self.name
+        );
+        (self.republish)();
+        self.fail_all(Outcome::Interrupted);
+        GidRefresh::Changed(change)
+    }
+
+    /// After a queue pair refused RTR with EINVAL on each GID of `tried`:
+    /// with ranked GIDs (`MC_GID_INDEX` unset), switches the device to the
+    /// best ranked GID not tried yet (the engine publishes it) and returns
+    /// it; `None` when there is none (or the index is fixed).
+    pub(super) fn reprobe_gid(&self, tried: &[GidChoice]) -> Option<GidChoice> {
+        if self.opts.cfg.gid_index.is_some() {
+            return None;
+        }
+        let port = self.ctx.port(self.port).ok()?;
+        let candidates = gid::probe(&self.ctx, self.port, port.gid_table_len);
+        let tried: Vec<(u32, Gid)> = tried.iter().map(|g| (g.index, g.gid)).collect();
+        let next = gid::next_untried(&candidates, &tried)?;
+        let choice = GidChoice {
+            index: next.index,
+            gid: next.gid,
+        };
+        let old = std::mem::replace(&mut *sync::write(&self.gid), choice);
+        warn!(
+            "RDMA device {}: a queue pair refused RTR with GID index {}; re-probed the GID \
+             table and switched to index {} ({})",
+            self.name,
+            old.index,
+            choice.index,
+            gid::describe(next)
+        );
+        if old != choice {
+            (self.republish)();
+        }
+        Some(choice)
+    }
+
     /// A fresh endpoint to `peer_nic_path` (not yet in the pool).
     fn new_endpoint(&self, peer_nic_path: &str) -> Result<Arc<RdmaEndpoint>> {
+        let cq_index = self.next_cq.fetch_add(1, Ordering::Relaxed) % self.cqs.len();
+        let cq = &self.cqs[cq_index];
         let mut qps = Vec::with_capacity(self.opts.cfg.num_qp_per_ep);
         for _ in 0..self.opts.cfg.num_qp_per_ep {
-            let qp = QueuePair::new(&self.pd, &self.cq, self.caps).map_err(|e| {
+            let qp = QueuePair::new(&self.pd, &cq.cq, self.caps).map_err(|e| {
                 Error::Endpoint(format!(
                     "RDMA device {}: creating a queue pair failed: {e}",
                     self.name
@@ -290,14 +406,22 @@ impl Nic {
             })?;
             qps.push(qp);
         }
-        let ep = Arc::new(RdmaEndpoint::new(
-            peer_nic_path.to_string(),
-            qps,
-            self.opts.completion_timeout,
-            self.cq_outstanding.clone(),
-        ));
-        self.qps.add(&ep);
-        Ok(ep)
+        self.slab
+            .insert(|tag| {
+                Arc::new(RdmaEndpoint::new(
+                    peer_nic_path.to_string(),
+                    tag,
+                    qps,
+                    self.opts.completion_timeout,
+                    (cq_index, cq.room.clone()),
+                ))
+            })
+            .ok_or_else(|| {
+                Error::Endpoint(format!(
+                    "RDMA device {}: too many endpoints whose queue pairs exist",
+                    self.name
+                ))
+            })
     }
 
     /// Retires endpoints that left the pool to make room: each drains,
@@ -347,7 +471,13 @@ impl Nic {
 
     /// Fails the endpoint of queue pair `qp_num` (a fatal queue pair event).
     pub fn fail_qp(&self, qp_num: u32) {
-        if let Some(ep) = self.qps.get(qp_num) {
+        // A rare event: a scan of the endpoints is fine.
+        let ep = self
+            .slab
+            .all()
+            .into_iter()
+            .find(|e| e.qpns().contains(&qp_num));
+        if let Some(ep) = ep {
             self.fail_endpoint(
                 &ep,
                 Outcome::Interrupted,
@@ -378,9 +508,12 @@ impl Nic {
             }
             if ep.stalled(timeout) {
                 warn!(
-                    "RDMA device {}: no completion from {} for {timeout:?}; tearing the \
-                     endpoint down and failing its slices over",
-                    self.name, ep.peer_nic_path
+                    "RDMA device {}: no completion from {} for {timeout:?} ({} request(s) of {} \
+                     bytes in flight); tearing the endpoint down and failing its slices over",
+                    self.name,
+                    ep.peer_nic_path,
+                    ep.load().requests(),
+                    ep.load().bytes()
                 );
                 self.fail_endpoint(ep, Outcome::Failed { hard: true }, "completions stopped");
                 report(ep.destroy(Outcome::Failed { hard: true }));
@@ -423,7 +556,7 @@ impl Nic {
         let closed = batch.reclaim();
         sync::lock(&self.pool).put_back_retiring(&mut batch);
         for ep in &closed {
-            self.qps.forget(ep);
+            self.slab.remove(ep);
         }
     }
 
@@ -456,9 +589,11 @@ impl Nic {
                 report(ep.destroy(Outcome::Interrupted));
             }
         }
-        self.qps.clear();
+        self.slab.clear();
         while self.runnable.1.try_recv().is_ok() {}
-        while self.cq_waiting.1.try_recv().is_ok() {}
+        for cq in &self.cqs {
+            while cq.waiting.1.try_recv().is_ok() {}
+        }
     }
 }
 

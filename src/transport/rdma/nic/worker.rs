@@ -1,21 +1,47 @@
 //! A device's worker threads: they post the work requests of runnable
 //! endpoints within each queue pair's depth and the completion queue's
 //! room, and complete slices from the completions (in queue order).
+//!
+//! Correctness rules:
+//! - **In-order matching.** A request without a completion of its own
+//!   (unsignaled) counts as done only when a later completion of its queue
+//!   pair is seen, so the completions of one queue pair must be matched in
+//!   the order the queue returns them: each completion queue is polled by
+//!   one worker alone (queue `i` by worker `i % MC_WORKERS_PER_CTX`).
+//! - **Completion queue room.** A request is posted only after room for
+//!   its completion was reserved in its queue ([`CqRoom`]); the room comes
+//!   back when the request ends. An endpoint that found no room waits on
+//!   its queue's list until a completion of that queue frees some.
+//! - **No lookup table.** A completion finds its endpoint and queue pair
+//!   from its `wr_id` ([`WrId`]) in the device's slab; a completion left
+//!   in a queue by an endpoint already closed names a freed index or an
+//!   old generation and is dropped.
+//!
+//! Completion modes: a worker that found work keeps polling for
+//! `MC_TE_RDMA_BUSY_POLL_US` (busy polling, no system call per
+//! completion); then, or at once when the spell is 0, it arms its
+//! completion queues and sleeps on their channels and the device's wake
+//! descriptor, so an idle engine burns no CPU.
+//!
+//! [`CqRoom`]: crate::transport::rdma::endpoint::CqRoom
 
 use super::Nic;
-use crate::sync;
 use crate::transport::Outcome;
 use crate::transport::rdma::RdmaTarget;
 use crate::transport::rdma::endpoint::{Ended, Phase, PostJob, Posting, RdmaEndpoint, report};
+use crate::transport::rdma::pool::WrId;
 use crate::transport::rdma::wake::wait_readable;
 use crate::verbs::WorkCompletion;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, TryLockError};
-use std::time::Duration;
-use tracing::{debug, warn};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering, fence};
+use std::time::{Duration, Instant};
+use tracing::{debug, info, warn};
 
 /// How long an idle worker sleeps between looks at its queues.
 const IDLE_WAIT: Duration = Duration::from_millis(200);
+
+/// Completions taken per poll.
+const POLL_BATCH: usize = 64;
 
 /// What one batch of completions ended.
 struct Consumed {
@@ -51,91 +77,129 @@ impl Nic {
         }
     }
 
+    /// Puts `ep` on the runnable list; wakes the workers if one sleeps.
     pub(super) fn schedule(&self, ep: Arc<RdmaEndpoint>) {
         // The receiver lives as long as the device.
         let _ = self.runnable.0.send(ep);
-        self.wake.wake();
+        // Pairs with the sleeper's count-then-look (a fence on each side):
+        // either it sees the endpoint, or we see it counted.
+        fence(Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            self.wake.wake();
+        }
     }
 
-    /// Worker thread: completes and posts work requests until stopped.
-    pub(super) fn work(self: Arc<Self>) {
-        let fds = [self.wake.fd(), self.cq.event_fd()];
-        let mut wcs: Vec<WorkCompletion> = Vec::with_capacity(64);
+    /// Worker thread `me`: completes and posts work requests until
+    /// stopped.
+    pub(super) fn work(self: Arc<Self>, me: usize) {
+        let workers = self.opts.cfg.workers_per_ctx.max(1);
+        let mine: Vec<usize> = (0..self.cqs.len()).filter(|c| c % workers == me).collect();
+        let mut channels: Vec<usize> = mine.iter().map(|&c| self.cqs[c].channel).collect();
+        channels.dedup();
+        let mut fds = vec![self.wake.fd()];
+        fds.extend(channels.iter().map(|&c| self.channels[c].fd()));
+        let spell = Duration::from_micros(self.opts.cfg.busy_poll_us);
+        let mut wcs: Vec<WorkCompletion> = Vec::with_capacity(POLL_BATCH);
+        let mut last_work = Instant::now();
         loop {
             if self.halted.load(Ordering::Acquire)
                 || (self.stopping.load(Ordering::Acquire) && self.idle())
             {
                 break;
             }
-            let ready = wait_readable(&fds, IDLE_WAIT);
+            let completed = self.complete_all(&mine, &mut wcs, false);
+            if completed | self.post_runnable() {
+                last_work = Instant::now();
+                continue;
+            }
+            if !spell.is_zero() && last_work.elapsed() < spell {
+                std::hint::spin_loop();
+                continue;
+            }
+            // Arm, then look once more: a completion between the last
+            // poll and the arming would otherwise wait for the next event.
+            if self.complete_all(&mine, &mut wcs, true) {
+                last_work = Instant::now();
+                continue;
+            }
+            self.sleepers.fetch_add(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            let ready = if self.runnable.1.is_empty() {
+                wait_readable(&fds, IDLE_WAIT)
+            } else {
+                vec![false; fds.len()]
+            };
+            self.sleepers.fetch_sub(1, Ordering::SeqCst);
             if ready[0] {
                 self.wake.drain();
             }
-            if let Err(e) = self.cq.take_event() {
-                warn!(
-                    "RDMA device {}: reading the completion channel: {e}",
-                    self.name
-                );
+            for (k, &c) in channels.iter().enumerate() {
+                if ready[k + 1] {
+                    self.take_events(c, &mine);
+                }
             }
-            self.complete_all(&mut wcs);
-            self.post_runnable();
+        }
+    }
+
+    /// Takes the pending events of channel `c`; an event for a queue
+    /// another worker polls wakes the workers.
+    fn take_events(&self, c: usize, mine: &[usize]) {
+        loop {
+            match self.channels[c].take_event() {
+                Ok(Some(id)) => {
+                    if !mine.iter().any(|&q| self.cqs[q].cq.id() == id) {
+                        self.wake.wake();
+                    }
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    warn!(
+                        "RDMA device {}: reading a completion channel: {e}",
+                        self.name
+                    );
+                    return;
+                }
+            }
         }
     }
 
     /// Whether nothing is outstanding or queued (for the workers' exit).
     pub(super) fn idle(&self) -> bool {
-        self.cq_outstanding.load(Ordering::Acquire) == 0 && self.runnable.1.is_empty()
+        self.cqs.iter().all(|q| q.room.outstanding() == 0) && self.runnable.1.is_empty()
     }
 
-    /// Polls the completion queue dry, re-arms it, and polls once more
-    /// (a completion between the last poll and the arming would otherwise
-    /// wait for the next event). Completions are taken and matched to
-    /// their requests in queue order, one batch at a time under
-    /// `poll_lock`: a request without a completion of its own counts as
-    /// done only when a later completion of its queue pair is seen, so
-    /// completions must not overtake each other between workers. A worker
-    /// never waits for that lock: it leaves a wish (`poll_again`) and goes
-    /// on posting, and the holder looks again before it returns. Slices
-    /// are reported outside the lock.
-    fn complete_all(&self, wcs: &mut Vec<WorkCompletion>) {
-        let mut armed = false;
-        loop {
-            self.poll_again.store(true, Ordering::SeqCst);
-            let in_order = match self.poll_lock.try_lock() {
-                Ok(g) => g,
-                Err(TryLockError::Poisoned(e)) => e.into_inner(),
-                Err(TryLockError::WouldBlock) => return,
-            };
-            self.poll_again.store(false, Ordering::SeqCst);
-            wcs.clear();
-            match self.cq.poll(wcs, 64) {
-                Ok(0) if !armed => {
-                    if let Err(e) = self.cq.arm() {
-                        warn!(
-                            "RDMA device {}: arming the completion queue: {e}",
-                            self.name
-                        );
+    /// Polls the completion queues `mine` dry (arming each first when
+    /// `arm`), matches the completions to their requests and reports the
+    /// slices. Returns whether there was any.
+    fn complete_all(&self, mine: &[usize], wcs: &mut Vec<WorkCompletion>, arm: bool) -> bool {
+        let mut any = false;
+        for &q in mine {
+            let cq = &self.cqs[q];
+            if arm {
+                if let Err(e) = cq.cq.arm() {
+                    warn!("RDMA device {}: arming a completion queue: {e}", self.name);
+                }
+            }
+            loop {
+                wcs.clear();
+                match cq.cq.poll(wcs, POLL_BATCH) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        any = true;
+                        let consumed = self.consume(wcs);
+                        self.settle(consumed, q);
+                        if n < POLL_BATCH {
+                            break;
+                        }
                     }
-                    armed = true;
-                }
-                Ok(0) => {
-                    drop(in_order);
-                    if !self.poll_again.load(Ordering::SeqCst) {
-                        return;
+                    Err(e) => {
+                        warn!("RDMA device {}: {e}", self.name);
+                        break;
                     }
-                    armed = false;
-                }
-                Ok(_) => {
-                    let consumed = self.consume(wcs);
-                    drop(in_order);
-                    self.settle(consumed);
-                }
-                Err(e) => {
-                    warn!("RDMA device {}: {e}", self.name);
-                    return;
                 }
             }
         }
+        any
     }
 
     /// Matches completions to their requests.
@@ -145,13 +209,19 @@ impl Nic {
             touched: Vec::new(),
             failed: Vec::new(),
         };
+        // Completions of one endpoint come in runs: look it up once a run.
+        let mut last: Option<Arc<RdmaEndpoint>> = None;
         for wc in wcs {
-            let Some(ep) = self.qps.get(wc.qp_num) else {
-                continue;
+            let id = WrId::decode(wc.wr_id);
+            let ep = match last.take() {
+                Some(ep) if ep.tag() == id.tag => ep,
+                _ => match self.slab.get(id) {
+                    Some(ep) => ep,
+                    // Left over from an endpoint already closed.
+                    None => continue,
+                },
             };
-            let Some(slot) = ep.slot_of(wc.qp_num) else {
-                continue;
-            };
+            last = Some(ep.clone());
             let outcome = if wc.ok() {
                 Outcome::Done
             } else if wc.flushed() {
@@ -166,10 +236,10 @@ impl Nic {
                 );
                 Outcome::Failed { hard }
             };
-            let n = ep.complete(slot, wc.wr_id, outcome, &mut c.ended);
+            let n = ep.complete(wc.qp_num, id, outcome, &mut c.ended);
             if !wc.ok() {
                 debug!(
-                    "RDMA device {}: QP {} request {} ended with {} ({n} request(s) matched)",
+                    "RDMA device {}: QP {} request {:#x} ended with {} ({n} request(s) matched)",
                     self.name,
                     wc.qp_num,
                     wc.wr_id,
@@ -177,7 +247,7 @@ impl Nic {
                 );
             }
             if n == 0 {
-                // Left over from a destroyed queue pair.
+                // Its requests ended already (the endpoint was destroyed).
                 continue;
             }
             // Any error, a flush included, means the queue pair is in the
@@ -199,9 +269,9 @@ impl Nic {
         c
     }
 
-    /// Reports what completions ended, fails the endpoints that had
-    /// errors, and reschedules endpoints that now have room.
-    fn settle(&self, c: Consumed) {
+    /// Reports what completions of queue `q` ended, fails the endpoints
+    /// that had errors, and reschedules endpoints that now have room.
+    fn settle(&self, c: Consumed, q: usize) {
         for (ep, why) in c.failed {
             self.fail_endpoint(&ep, Outcome::Interrupted, &why);
         }
@@ -211,9 +281,15 @@ impl Nic {
                 self.schedule(ep);
             }
         }
-        // Only those waiting now: posting may add more meanwhile.
-        for _ in 0..self.cq_waiting.1.len() {
-            let Ok(ep) = self.cq_waiting.1.try_recv() else {
+        self.reschedule_waiting(q);
+    }
+
+    /// Reschedules the endpoints waiting for room in queue `q` (only those
+    /// waiting now: posting may add more meanwhile).
+    fn reschedule_waiting(&self, q: usize) {
+        let waiting = &self.cqs[q].waiting.1;
+        for _ in 0..waiting.len() {
+            let Ok(ep) = waiting.try_recv() else {
                 break;
             };
             if ep.want_schedule() {
@@ -222,25 +298,143 @@ impl Nic {
         }
     }
 
-    fn post_runnable(&self) {
+    /// Posts from the runnable endpoints until none is left; returns
+    /// whether there was any.
+    fn post_runnable(&self) -> bool {
         let max_wr = self.caps.max_wr as usize;
-        let cq_cap = self.cq.capacity() as usize;
-        let _posting = sync::lock(&self.post_lock);
-        loop {
-            let Ok(ep) = self.runnable.1.try_recv() else {
-                return;
-            };
-            // Reserve the completion queue room before posting.
-            let outstanding = self.cq_outstanding.load(Ordering::Acquire);
-            let mut room = cq_cap.saturating_sub(outstanding);
-            let (left, ended) = ep.post_queued(max_wr, self.opts.cfg.signal_interval, &mut room);
+        let mut any = false;
+        while let Ok(ep) = self.runnable.1.try_recv() {
+            any = true;
+            let (left, ended) = ep.post_queued(max_wr, self.opts.cfg.signal_interval);
             report(ended);
-            match left {
-                Posting::CqFull => {
-                    let _ = self.cq_waiting.0.send(ep);
+            if left == Posting::CqFull {
+                let q = ep.cq_index();
+                let _ = self.cqs[q].waiting.0.send(ep);
+                // Room freed between our reservation and the wait would
+                // otherwise go unnoticed.
+                if self.cqs[q].room.has_room() {
+                    self.reschedule_waiting(q);
                 }
-                Posting::Drained | Posting::QueueFull | Posting::NotReady => {}
             }
         }
+        any
+    }
+}
+
+/// The CPUs the workers of RDMA device `name` run on: those of its NUMA
+/// node that this process may use, `None` (no pinning) when the node, its
+/// CPUs or the process's mask is unknown.
+pub(super) fn node_cpus_for(name: &str) -> Option<Vec<usize>> {
+    let node = crate::topology::rdma_numa_node(name)?;
+    let list =
+        std::fs::read_to_string(format!("/sys/devices/system/node/node{node}/cpulist")).ok()?;
+    placement(&parse_cpu_list(&list)?, &allowed_cpus()?)
+}
+
+/// Of the NUMA node's CPUs, those allowed; `None` when that leaves none
+/// (pinning would then take the workers off every CPU they may use).
+fn placement(node: &[usize], allowed: &[usize]) -> Option<Vec<usize>> {
+    let cpus: Vec<usize> = node
+        .iter()
+        .copied()
+        .filter(|c| allowed.contains(c))
+        .collect();
+    (!cpus.is_empty()).then_some(cpus)
+}
+
+/// Parses a kernel CPU list (`0-3,8,10-11`); `None` if malformed.
+fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.parse().ok()?, b.parse().ok()?);
+                if a > b {
+                    return None;
+                }
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(part.parse().ok()?),
+        }
+    }
+    Some(cpus)
+}
+
+/// The CPUs this thread may run on.
+fn allowed_cpus() -> Option<Vec<usize>> {
+    // SAFETY: `cpu_set_t` is plain data; all-zero is an empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the set is valid for writes of its own size.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: `set` was filled by the kernel; CPU_ISSET reads within it.
+    Some(
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+            .collect(),
+    )
+}
+
+/// Set once the first pinning failure was logged.
+static PIN_FAILED: AtomicBool = AtomicBool::new(false);
+
+/// Pins the calling worker thread of device `device` to `cpus`; logs the
+/// first failure of the process and goes on unpinned.
+pub(super) fn pin(device: &str, cpus: &[usize]) {
+    // SAFETY: `cpu_set_t` is plain data; all-zero is an empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+        // SAFETY: `c` is below CPU_SETSIZE, inside the set.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: the set is valid for reads of its own size; 0 = this thread.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+    if rc != 0 {
+        if !PIN_FAILED.swap(true, Ordering::Relaxed) {
+            warn!(
+                "RDMA device {device}: pinning a worker to CPUs {cpus:?} failed: {}; workers \
+                 run unpinned",
+                std::io::Error::last_os_error()
+            );
+        }
+    } else {
+        debug!("RDMA device {device}: worker pinned to CPUs {cpus:?}");
+    }
+}
+
+/// Logs once where the workers of a device run.
+pub(super) fn log_placement(device: &str, cpus: &Option<Vec<usize>>) {
+    match cpus {
+        Some(c) => info!("RDMA device {device}: workers on its NUMA node's CPUs {c:?}"),
+        None => debug!("RDMA device {device}: NUMA node unknown; workers unpinned"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_parse() {
+        assert_eq!(
+            parse_cpu_list("0-3,8,10-11\n"),
+            Some(vec![0, 1, 2, 3, 8, 10, 11])
+        );
+        assert_eq!(parse_cpu_list("5"), Some(vec![5]));
+        assert_eq!(parse_cpu_list("\n"), Some(vec![]));
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list("a-b"), None);
+        assert_eq!(parse_cpu_list("1,,2"), Some(vec![1, 2]));
+    }
+
+    #[test]
+    fn placement_keeps_the_allowed_cpus_of_the_node() {
+        assert_eq!(placement(&[0, 1, 2, 3], &[2, 3, 4, 5]), Some(vec![2, 3]));
+        assert_eq!(placement(&[0, 1], &[4, 5]), None);
+        assert_eq!(placement(&[], &[0]), None);
+        // This process may run somewhere.
+        assert!(!allowed_cpus().unwrap().is_empty());
     }
 }
