@@ -17,8 +17,9 @@ pub const A: [(&str, &str); 2] = [("rxe_a0", "va0"), ("rxe_a1", "va1")];
 pub const B: [(&str, &str); 2] = [("rxe_b0", "vb0"), ("rxe_b1", "vb1")];
 
 /// Sets test-wide variables that the environment does not set already
-/// (before any engine reads the configuration) and checks that the VM's
-/// devices exist.
+/// (before any engine reads the configuration), sends the library's log
+/// to stderr (`RUST_LOG`; the VM suite keeps it with the test's output)
+/// and checks that the VM's devices exist.
 pub fn setup(vars: &[(&str, &str)]) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -30,6 +31,7 @@ pub fn setup(vars: &[(&str, &str)]) {
                 unsafe { std::env::set_var(k, v) };
             }
         }
+        transfer_engine::init_logging();
     });
     for (dev, _) in A.iter().chain(&B) {
         assert!(
@@ -308,6 +310,8 @@ impl Readdressed {
             "va0",
             "noprefixroute",
         ]);
+        // Deleting the old address took va0's route (its source) with it.
+        route_from(new);
         Readdressed { new }
     }
 }

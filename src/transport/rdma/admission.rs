@@ -12,7 +12,8 @@
 //!
 //! What a server publishes is looked up through the engine (its cached
 //! descriptor, else a fetch) and kept: a verified server until a frame
-//! fails the check (then it is looked up afresh, at most every
+//! fails the check (then it is looked up afresh: at once the first time,
+//! as the server may have just changed its GID, then at most every
 //! [`REVERIFY_AFTER`]), a server that cannot be looked up for
 //! [`UNKNOWN_FOR`]. Both tables are bounded. Lookups of servers not known
 //! yet are bounded too: `MC_RDMA_PEER_LOOKUPS_PER_SEC`, at most
@@ -33,8 +34,8 @@ use std::time::{Duration, Instant};
 /// another lookup.
 pub const UNKNOWN_FOR: Duration = Duration::from_secs(5);
 
-/// Shortest interval between two lookups of a verified server whose frames
-/// fail the check (it may have moved, or changed its GID).
+/// Shortest interval between two fresh lookups of a verified server whose
+/// frames fail the check (it may have moved, or changed its GID).
 pub const REVERIFY_AFTER: Duration = Duration::from_secs(2);
 
 /// What a peer publishes, as the engine looks it up.
@@ -199,7 +200,9 @@ impl<V> Recent<V> {
 
 /// The state behind [`Admission`]'s lock.
 struct Book {
-    verified: Recent<Arc<Identity>>,
+    /// Verified servers, each with whether its lookup was a fresh one
+    /// made because a frame failed the check.
+    verified: Recent<(Arc<Identity>, bool)>,
     unknown: Recent<String>,
     /// Source addresses whose frames caused a lookup that failed or was
     /// slow, recently.
@@ -303,10 +306,12 @@ impl Admission {
         let mut book = sync::lock(&self.book);
         let verdict = loop {
             let mut fresh = false;
-            if let Some((at, id)) = book.verified.get(server) {
+            if let Some((at, (id, rechecked))) = book.verified.get(server) {
                 match id.admits(server, device, gid, from) {
                     Ok(()) => break Ok(()),
-                    Err(why) if looked_up || at.elapsed() < REVERIFY_AFTER => break Err(why),
+                    Err(why) if looked_up || (*rechecked && at.elapsed() < REVERIFY_AFTER) => {
+                        break Err(why);
+                    }
                     Err(_) => fresh = true,
                 }
             } else if let Some((at, why)) = book.unknown.get(server) {
@@ -359,7 +364,7 @@ impl Admission {
             match known {
                 Ok(id) => {
                     book.unknown.remove(server);
-                    book.verified.put(server, Arc::new(id));
+                    book.verified.put(server, (Arc::new(id), fresh));
                 }
                 Err(e) => {
                     book.verified.remove(server);
@@ -464,13 +469,39 @@ mod tests {
             a.check("a:1", "d9", Some(&gid(GID_A)), ip("127.0.0.1"))
                 .is_err()
         );
-        // One lookup: a failed check looks the server up afresh only
-        // REVERIFY_AFTER after the last lookup.
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        // The first failed check looked the server up afresh; later ones
+        // do only REVERIFY_AFTER after that lookup.
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
         std::thread::sleep(REVERIFY_AFTER + Duration::from_millis(100));
         assert!(a.check("a:1", "d0", None, ip("127.0.0.3")).is_err());
-        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
         assert!(a.check("a:1", "d0", None, ip("127.0.0.3")).is_err());
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn a_peer_that_changed_its_gid_is_admitted_at_once() {
+        let l = Arc::new(Admission::new(limits()));
+        let published = Arc::new(Mutex::new(GID_A.to_string()));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (p, c) = (published.clone(), calls.clone());
+        l.set_lookup(Box::new(move |_, _, _| {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(PeerRecord {
+                rpc_host: "127.0.0.1".into(),
+                devices: vec![("d0".into(), p.lock().unwrap().clone())],
+            })
+        }));
+        let from = ip("127.0.0.1");
+        assert!(l.check("a:1", "d0", Some(&gid(GID_A)), from).is_ok());
+        // It publishes a new GID and handshakes with it right away.
+        *published.lock().unwrap() = GID_B.into();
+        assert!(l.check("a:1", "d0", Some(&gid(GID_B)), from).is_ok());
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        // Frames with the old GID now fail, with no further lookup.
+        for _ in 0..3 {
+            assert!(l.check("a:1", "d0", Some(&gid(GID_A)), from).is_err());
+        }
         assert_eq!(calls.load(Ordering::SeqCst), 2);
     }
 
