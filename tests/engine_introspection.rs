@@ -34,47 +34,19 @@ fn probe_reaches_a_live_listener_and_reports_a_dead_one() {
     assert_eq!(a.send_probe("").unwrap_err().err_code(), -1);
 }
 
-/// An anonymous mapping of `len` bytes that nothing has touched.
-struct Fresh(*mut libc::c_void, usize);
-
-impl Fresh {
-    fn new(len: usize) -> Fresh {
-        // SAFETY: a new private anonymous mapping; nothing else changes.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        Fresh(p, len)
-    }
-}
-
-impl Drop for Fresh {
-    fn drop(&mut self) {
-        // SAFETY: the mapping of `new`, unmapped once.
-        unsafe { libc::munmap(self.0, self.1) };
-    }
-}
-
 #[test]
 fn a_wildcard_location_becomes_the_numa_node_of_the_first_page() {
     use transfer_engine::{LOCAL_SEGMENT_ID, Location, Region};
     let e = engine();
     let written = common::Buf::new(8192, 5);
-    let untouched = Fresh::new(8192);
+    let untouched = common::Mapping::new(8192);
     let region = |addr: u64, location: &str| Region {
         addr,
         length: 8192,
         location: Location::parse(location).expect("location"),
         remote_accessible: true,
     };
-    e.register(&[region(written.addr(), "*"), region(untouched.0 as u64, "")])
+    e.register(&[region(written.addr(), "*"), region(untouched.addr(), "")])
         .expect("register");
     let locations: Vec<(u64, String)> = e
         .segment_buffers(LOCAL_SEGMENT_ID)
@@ -101,10 +73,10 @@ fn a_wildcard_location_becomes_the_numa_node_of_the_first_page() {
         assert!(written_at.starts_with("cpu:"), "{locations:?}");
     }
     assert!(
-        locations.contains(&(untouched.0 as u64, "*".to_string())),
+        locations.contains(&(untouched.addr(), "*".to_string())),
         "{locations:?}"
     );
-    e.unregister(&[written.addr(), untouched.0 as u64])
+    e.unregister(&[written.addr(), untouched.addr()])
         .expect("unregister");
 }
 

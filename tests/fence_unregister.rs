@@ -14,75 +14,6 @@ use std::time::{Duration, Instant};
 
 const MIB: usize = 1 << 20;
 
-/// An anonymous private mapping, unmapped on drop unless given away.
-struct Mapping {
-    addr: *mut u8,
-    len: usize,
-}
-
-impl Mapping {
-    fn new(len: usize, fill: u8) -> Mapping {
-        // SAFETY: a fresh anonymous mapping; no existing memory is touched.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED, "mmap");
-        let m = Mapping {
-            addr: p.cast(),
-            len,
-        };
-        m.fill(fill);
-        m
-    }
-
-    /// Replaces the pages at the same address with new zero pages, then
-    /// fills them: what an allocator reusing the address would do.
-    fn remap(&self, fill: u8) {
-        // SAFETY: MAP_FIXED over our own mapping of the same length.
-        let p = unsafe {
-            libc::mmap(
-                self.addr.cast(),
-                self.len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                -1,
-                0,
-            )
-        };
-        assert_eq!(p.cast::<u8>(), self.addr, "mmap MAP_FIXED");
-        self.fill(fill);
-    }
-
-    fn fill(&self, b: u8) {
-        // SAFETY: within our mapping.
-        unsafe { std::ptr::write_bytes(self.addr, b, self.len) };
-    }
-
-    fn all(&self, b: u8) -> bool {
-        // SAFETY: within our mapping.
-        let s = unsafe { std::slice::from_raw_parts(self.addr, self.len) };
-        s.iter().all(|&x| x == b)
-    }
-
-    fn addr(&self) -> u64 {
-        self.addr as u64
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping.
-        unsafe { libc::munmap(self.addr.cast(), self.len) };
-    }
-}
-
 /// Writes `data` in the background (the server may reset the connection
 /// or stop reading); returns whether every byte was taken.
 fn write_in_background(mut s: TcpStream, data: Vec<u8>) -> std::thread::JoinHandle<bool> {
@@ -93,7 +24,7 @@ fn write_in_background(mut s: TcpStream, data: Vec<u8>) -> std::thread::JoinHand
 #[test]
 fn write_straddling_unregister_does_not_touch_new_memory() {
     let e = engine();
-    let m = Mapping::new(4 * MIB, 0x11);
+    let m = Mapping::filled(4 * MIB, 0x11);
     register_range(&e, m.addr(), m.len as u64, true);
     let mut c = connect(data_port(&e));
     // A v2 WRITE of the whole buffer: header and one byte, then a pause.
@@ -129,7 +60,7 @@ fn write_straddling_unregister_does_not_touch_new_memory() {
 fn slow_read_is_cut_off_at_unregister() {
     let e = engine();
     let len = 64 * MIB;
-    let m = Mapping::new(len, 0x33);
+    let m = Mapping::filled(len, 0x33);
     register_range(&e, m.addr(), len as u64, true);
     let mut c = connect(data_port(&e));
     c.write_all(&raw_header(len as u64, m.addr(), 0x80))
@@ -161,7 +92,7 @@ fn slow_read_is_cut_off_at_unregister() {
 #[test]
 fn trickling_write_cannot_outlive_unregister() {
     let e = engine();
-    let m = Mapping::new(MIB, 0x55);
+    let m = Mapping::filled(MIB, 0x55);
     register_range(&e, m.addr(), m.len as u64, true);
     let mut c = connect(data_port(&e));
     c.write_all(&raw_header(m.len as u64, m.addr(), 0x01))
@@ -193,7 +124,7 @@ fn trickling_write_cannot_outlive_unregister() {
 #[test]
 fn shutdown_fences_every_buffer() {
     let e = engine();
-    let m = Mapping::new(4 * MIB, 0x77);
+    let m = Mapping::filled(4 * MIB, 0x77);
     register_range(&e, m.addr(), m.len as u64, true);
     let c = connect(data_port(&e));
     let mut first = raw_header(m.len as u64, m.addr(), 0x81).to_vec();

@@ -5,9 +5,8 @@
 //! `MC_TE_METADATA_REFRESH_INTERVAL_SECONDS` when that is set.
 
 use super::Engine;
-use crate::sync;
-use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::thread::JoinHandle;
+use super::ticker::Ticker;
+use std::sync::Weak;
 use std::time::{Duration, Instant};
 use tracing::warn;
 
@@ -15,10 +14,7 @@ use tracing::warn;
 const CHECK_INTERVAL: Duration = Duration::from_secs(3);
 
 /// The running keeper thread.
-pub struct Keeper {
-    stop: Arc<(Mutex<bool>, Condvar)>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-}
+pub struct Keeper(Ticker);
 
 impl Keeper {
     /// Starts the keeper for `engine`: checking its own entries when
@@ -38,52 +34,23 @@ impl Keeper {
             (false, Some(r)) => r,
             (false, None) => return None,
         };
-        let stop = Arc::new((Mutex::new(false), Condvar::new()));
-        let s = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("te-metadata-keeper".into())
-            .spawn(move || {
-                let mut last_refresh = Instant::now();
-                loop {
-                    {
-                        let (flag, cv) = &*s;
-                        let guard = sync::lock(flag);
-                        let (guard, _) = cv
-                            .wait_timeout_while(guard, tick, |stopped| !*stopped)
-                            .unwrap_or_else(|e| e.into_inner());
-                        if *guard {
-                            return;
-                        }
-                    }
-                    let Some(engine) = engine.upgrade() else {
-                        return;
-                    };
-                    if check_own {
-                        engine.ensure_published();
-                    }
-                    if refresh.is_some_and(|r| last_refresh.elapsed() >= r) {
-                        engine.sync_all_segments();
-                        last_refresh = Instant::now();
-                    }
-                }
-            })
-            .map_err(|e| warn!("metadata keeper could not start: {e}"))
-            .ok()?;
-        Some(Keeper {
-            stop,
-            thread: Mutex::new(Some(thread)),
+        let mut last_refresh = Instant::now();
+        let ticker = Ticker::start("te-metadata-keeper", engine, tick, move |engine| {
+            if check_own {
+                engine.ensure_published();
+            }
+            if refresh.is_some_and(|r| last_refresh.elapsed() >= r) {
+                engine.sync_all_segments();
+                last_refresh = Instant::now();
+            }
         })
+        .map_err(|e| warn!("metadata keeper could not start: {e}"))
+        .ok()?;
+        Some(Keeper(ticker))
     }
 
     /// Stops the thread and joins it (unless called from it).
     pub fn stop(&self) {
-        let (flag, cv) = &*self.stop;
-        *sync::lock(flag) = true;
-        cv.notify_all();
-        if let Some(t) = sync::lock(&self.thread).take() {
-            if t.thread().id() != std::thread::current().id() {
-                let _ = t.join();
-            }
-        }
+        self.0.stop();
     }
 }

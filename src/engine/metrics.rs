@@ -9,12 +9,12 @@
 //! the engine is destroyed.
 
 use super::Engine;
+use super::ticker::Ticker;
 use crate::sync;
 use crate::transport::NicLoad;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::thread::JoinHandle;
+use std::sync::{Mutex, Weak};
 use std::time::Duration;
 use tracing::{info, warn};
 
@@ -30,12 +30,7 @@ const BUCKETS_US: [u64; 19] = [
 pub(super) struct Metrics {
     bytes: AtomicU64,
     buckets: [AtomicU64; BUCKETS_US.len() + 1],
-    reporter: Mutex<Option<Reporter>>,
-}
-
-struct Reporter {
-    stop: Arc<(Mutex<bool>, Condvar)>,
-    thread: JoinHandle<()>,
+    reporter: Mutex<Option<Ticker>>,
 }
 
 /// What one interval saw.
@@ -70,51 +65,28 @@ impl Metrics {
 
     /// Starts the reporter of `engine`, one line every `interval`.
     pub(super) fn start(&self, engine: Weak<Engine>, interval: Duration) {
-        let stop = Arc::new((Mutex::new(false), Condvar::new()));
-        let s = stop.clone();
-        let spawned = std::thread::Builder::new()
-            .name("te-metrics".into())
-            .spawn(move || {
+        let spawned = Ticker::start("te-metrics", engine, interval, move |engine| {
+            let taken = engine.metrics.take();
+            if let Some(line) = report(interval, &taken, &engine.nic_loads()) {
+                info!(engine = %engine.local_name, "{line}");
+            }
+        });
+        match spawned {
+            Ok(t) => {
                 info!(
                     "metrics reporting started (MC_TE_METRIC; every {}s)",
                     interval.as_secs()
                 );
-                loop {
-                    {
-                        let (flag, cv) = &*s;
-                        let guard = sync::lock(flag);
-                        let (guard, _) = cv
-                            .wait_timeout_while(guard, interval, |stopped| !*stopped)
-                            .unwrap_or_else(|e| e.into_inner());
-                        if *guard {
-                            return;
-                        }
-                    }
-                    let Some(engine) = engine.upgrade() else {
-                        return;
-                    };
-                    let taken = engine.metrics.take();
-                    if let Some(line) = report(interval, &taken, &engine.nic_loads()) {
-                        info!(engine = %engine.local_name, "{line}");
-                    }
-                }
-            });
-        match spawned {
-            Ok(thread) => *sync::lock(&self.reporter) = Some(Reporter { stop, thread }),
+                *sync::lock(&self.reporter) = Some(t);
+            }
             Err(e) => warn!("MC_TE_METRIC: the metrics thread could not start: {e}"),
         }
     }
 
     /// Stops the reporter and joins it (unless called from it).
     pub(super) fn stop(&self) {
-        let Some(r) = sync::lock(&self.reporter).take() else {
-            return;
-        };
-        let (flag, cv) = &*r.stop;
-        *sync::lock(flag) = true;
-        cv.notify_all();
-        if r.thread.thread().id() != std::thread::current().id() {
-            let _ = r.thread.join();
+        if let Some(t) = sync::lock(&self.reporter).take() {
+            t.stop();
         }
     }
 }

@@ -10,7 +10,8 @@
 //! * [`peers`]: opening, fetching and refreshing peers' segments,
 //!   notifications and probes;
 //! * [`control`]: what the handshake listener answers; [`keeper`]: the
-//!   store kept up to date; background work (sending notifications,
+//!   store kept up to date; [`metrics`]: `MC_TE_METRIC`'s lines (both on
+//!   a [`ticker`] thread); background work (sending notifications,
 //!   refetching descriptors) waits on peers in lanes ([`crate::lanes`]), off the
 //!   callers' threads.
 
@@ -22,6 +23,7 @@ mod metrics;
 mod peers;
 mod publish;
 mod submit;
+mod ticker;
 
 use crate::auth::{Keys, Listener, Port};
 use crate::batch::Batch;

@@ -79,6 +79,86 @@ pub fn engine() -> std::sync::Arc<Engine> {
     e
 }
 
+/// An anonymous private mapping, unmapped on drop.
+pub struct Mapping {
+    /// Its first byte.
+    pub addr: *mut u8,
+    /// Its length in bytes.
+    pub len: usize,
+}
+
+impl Mapping {
+    /// `len` bytes that nothing has touched yet (no page is resident).
+    pub fn new(len: usize) -> Mapping {
+        // SAFETY: a fresh anonymous mapping; no existing memory is touched.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "mmap");
+        Mapping {
+            addr: p.cast(),
+            len,
+        }
+    }
+
+    /// `len` bytes, each `fill`.
+    pub fn filled(len: usize, fill: u8) -> Mapping {
+        let m = Mapping::new(len);
+        m.fill(fill);
+        m
+    }
+
+    /// Replaces the pages at the same address with new zero pages, then
+    /// fills them: what an allocator reusing the address would do.
+    pub fn remap(&self, fill: u8) {
+        // SAFETY: MAP_FIXED over our own mapping of the same length.
+        let p = unsafe {
+            libc::mmap(
+                self.addr.cast(),
+                self.len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(p.cast::<u8>(), self.addr, "mmap MAP_FIXED");
+        self.fill(fill);
+    }
+
+    /// Sets every byte to `b`.
+    pub fn fill(&self, b: u8) {
+        // SAFETY: within our mapping.
+        unsafe { std::ptr::write_bytes(self.addr, b, self.len) };
+    }
+
+    /// Whether every byte is `b`.
+    pub fn all(&self, b: u8) -> bool {
+        // SAFETY: within our mapping.
+        let s = unsafe { std::slice::from_raw_parts(self.addr, self.len) };
+        s.iter().all(|&x| x == b)
+    }
+
+    /// Address of byte 0.
+    pub fn addr(&self) -> u64 {
+        self.addr as u64
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(self.addr.cast(), self.len) };
+    }
+}
+
 /// Heap memory touched only through raw pointers, so that an engine (or its
 /// data server) may write it from other threads while the test holds it.
 pub struct Buf {

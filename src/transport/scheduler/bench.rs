@@ -4,15 +4,79 @@
 //! posted, so that nothing but the engine's own work is timed. Driven by
 //! `benches/slice_path.rs` (and its smoke run in `cargo test`).
 
-use super::{Carrier, Rail, Route, SchedConfig, Scheduler};
+use super::{Carrier, Rail, SchedConfig, Scheduler};
 use crate::batch::{Batch, TaskStatus};
-use crate::memory::MemoryRegistry;
 use crate::metadata::descriptor::{BufferDesc, DeviceDesc, SegmentDesc};
 use crate::segment::RemoteSegment;
 use crate::topology::PriorityMatrix;
 use crate::transport::{LocalSide, Outcome, Slice, Submission, Transfer};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The methods of a carrier for benches and tests: it names itself
+/// `$protocol`, every peer speaks it and reaches every buffer over it, it
+/// publishes nothing, keeps its routes in the plain slot, and `$devices`
+/// is the field holding its device names.
+macro_rules! plain_carrier_basics {
+    ($protocol:literal, $devices:ident) => {
+        fn protocol(&self) -> &'static str {
+            $protocol
+        }
+
+        fn rank(&self) -> u8 {
+            0
+        }
+
+        fn descriptor_rank(&self) -> Option<u8> {
+            None
+        }
+
+        fn publish(
+            &self,
+            _: &mut crate::metadata::descriptor::SegmentDesc,
+            _: &crate::memory::MemoryRegistry,
+            _: &crate::topology::PriorityMatrix,
+        ) {
+        }
+
+        fn speaks(&self, _: &crate::segment::RemoteSegment) -> bool {
+            true
+        }
+
+        fn reaches(&self, _: &crate::segment::RemoteSegment, _: usize) -> bool {
+            true
+        }
+
+        fn devices(&self) -> &[String] {
+            &self.$devices
+        }
+
+        fn routes(
+            seg: &crate::segment::RemoteSegment,
+        ) -> &std::sync::OnceLock<std::sync::Arc<super::Route<()>>> {
+            &seg.routes.plain
+        }
+    };
+}
+#[cfg(test)]
+pub(super) use plain_carrier_basics;
+
+/// Every device of `devices` to every device `seg` publishes, as RDMA
+/// builds its rails.
+pub(super) fn all_pairs(devices: &[String], seg: &RemoteSegment) -> Vec<Rail<()>> {
+    let mut rails = Vec::new();
+    for (i, local) in devices.iter().enumerate() {
+        for (j, peer) in seg.desc.devices.iter().enumerate() {
+            rails.push(Rail {
+                key: format!("{local}@{}/{}", seg.name, peer.name),
+                device: Some(i),
+                peer_device: Some(j),
+                target: (),
+            });
+        }
+    }
+    rails
+}
 
 /// A carrier whose slices complete as they are posted.
 struct Null {
@@ -22,50 +86,10 @@ struct Null {
 impl Carrier for Null {
     type Target = ();
 
-    fn protocol(&self) -> &'static str {
-        "null"
-    }
+    plain_carrier_basics!("null", devices);
 
-    fn rank(&self) -> u8 {
-        0
-    }
-
-    fn descriptor_rank(&self) -> Option<u8> {
-        None
-    }
-
-    fn publish(&self, _: &mut SegmentDesc, _: &MemoryRegistry, _: &PriorityMatrix) {}
-
-    fn speaks(&self, _: &RemoteSegment) -> bool {
-        true
-    }
-
-    fn reaches(&self, _: &RemoteSegment, _: usize) -> bool {
-        true
-    }
-
-    fn devices(&self) -> &[String] {
-        &self.devices
-    }
-
-    /// Every local device to every peer device, as RDMA builds them.
     fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<()>> {
-        let mut rails = Vec::new();
-        for (i, local) in self.devices.iter().enumerate() {
-            for (j, peer) in seg.desc.devices.iter().enumerate() {
-                rails.push(Rail {
-                    key: format!("{local}@{}/{}", seg.name, peer.name),
-                    device: Some(i),
-                    peer_device: Some(j),
-                    target: (),
-                });
-            }
-        }
-        rails
-    }
-
-    fn routes(seg: &RemoteSegment) -> &OnceLock<Arc<Route<()>>> {
-        &seg.routes.plain
+        all_pairs(&self.devices, seg)
     }
 
     fn post(&self, _rail: &Rail<()>, slice: Slice, _remote_key: u32) {

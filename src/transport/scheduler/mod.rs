@@ -1031,31 +1031,7 @@ mod tests {
     impl Carrier for Rails {
         type Target = ();
 
-        fn protocol(&self) -> &'static str {
-            "test"
-        }
-
-        fn rank(&self) -> u8 {
-            0
-        }
-
-        fn descriptor_rank(&self) -> Option<u8> {
-            None
-        }
-
-        fn publish(&self, _: &mut SegmentDesc, _: &MemoryRegistry, _: &PriorityMatrix) {}
-
-        fn speaks(&self, _: &RemoteSegment) -> bool {
-            true
-        }
-
-        fn reaches(&self, _: &RemoteSegment, _: usize) -> bool {
-            true
-        }
-
-        fn devices(&self) -> &[String] {
-            &self.names
-        }
+        bench::plain_carrier_basics!("test", names);
 
         fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<()>> {
             (0..self.n)
@@ -1066,10 +1042,6 @@ mod tests {
                     target: (),
                 })
                 .collect()
-        }
-
-        fn routes(seg: &RemoteSegment) -> &OnceLock<Arc<Route<()>>> {
-            &seg.routes.plain
         }
 
         fn post(&self, rail: &Rail<()>, slice: Slice, _remote_key: u32) {
@@ -1117,25 +1089,14 @@ mod tests {
         });
         let batch = Arc::new(Batch::new(1, None).unwrap());
         let memory = MemoryRegistry::default();
-        batch
-            .append(1, |first, _| {
-                sched.submit(Submission {
-                    batch: batch.clone(),
-                    task: first,
-                    seg: seg.clone(),
-                    xfer: Transfer {
-                        local: 0x9000,
-                        remote: 0x1000,
-                        len: 4096,
-                        write: true,
-                    },
-                    local: LocalSide::of(&memory, 0x9000),
-                    fallback: None,
-                    refresh: None,
-                });
-                Ok(())
-            })
-            .unwrap();
+        let xfer = Transfer {
+            local: 0x9000,
+            remote: 0x1000,
+            len: 4096,
+            write: true,
+        };
+        let local = LocalSide::of(&memory, 0x9000);
+        submit_to(&sched, &batch, &seg, xfer, local, None, None);
         // Rail 64 is the one rail that works: a retry must not take it for
         // rail 0, which failed first.
         assert_eq!(batch.poll(0).unwrap(), (TaskStatus::Completed, 4096));
@@ -1175,25 +1136,14 @@ mod tests {
             t.finish_slice(part.len, true);
         });
         let len = 3 * 65536;
-        batch
-            .append(1, |first, _| {
-                sched.submit(Submission {
-                    batch: batch.clone(),
-                    task: first,
-                    seg: seg.clone(),
-                    xfer: Transfer {
-                        local: 0x9000,
-                        remote: 0x1000,
-                        len,
-                        write: true,
-                    },
-                    local: LocalSide::of(&MemoryRegistry::default(), 0x9000),
-                    fallback: Some(fallback),
-                    refresh: None,
-                });
-                Ok(())
-            })
-            .unwrap();
+        let xfer = Transfer {
+            local: 0x9000,
+            remote: 0x1000,
+            len,
+            write: true,
+        };
+        let local = LocalSide::of(&MemoryRegistry::default(), 0x9000);
+        submit_to(&sched, &batch, &seg, xfer, local, Some(fallback), None);
         // Every rail fails: each slice goes to the fallback, whole, and the
         // task completes with the bytes the fallback moved.
         assert_eq!(batch.poll(0).unwrap(), (TaskStatus::Completed, len));
@@ -1235,49 +1185,10 @@ mod tests {
     impl Carrier for Arc<Recorder> {
         type Target = ();
 
-        fn protocol(&self) -> &'static str {
-            "test"
-        }
-
-        fn rank(&self) -> u8 {
-            0
-        }
-
-        fn descriptor_rank(&self) -> Option<u8> {
-            None
-        }
-
-        fn publish(&self, _: &mut SegmentDesc, _: &MemoryRegistry, _: &PriorityMatrix) {}
-
-        fn speaks(&self, _: &RemoteSegment) -> bool {
-            true
-        }
-
-        fn reaches(&self, _: &RemoteSegment, _: usize) -> bool {
-            true
-        }
-
-        fn devices(&self) -> &[String] {
-            &self.names
-        }
+        bench::plain_carrier_basics!("test", names);
 
         fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<()>> {
-            let mut rails = Vec::new();
-            for (i, d) in self.names.iter().enumerate() {
-                for (j, p) in seg.desc.devices.iter().enumerate() {
-                    rails.push(Rail {
-                        key: format!("{d}@{}/{}", seg.name, p.name),
-                        device: Some(i),
-                        peer_device: Some(j),
-                        target: (),
-                    });
-                }
-            }
-            rails
-        }
-
-        fn routes(seg: &RemoteSegment) -> &OnceLock<Arc<Route<()>>> {
-            &seg.routes.plain
+            bench::all_pairs(&self.names, seg)
         }
 
         fn local_limit(&self, addr: u64) -> Option<u64> {
@@ -1363,29 +1274,44 @@ mod tests {
         refresh: Option<Refresh>,
     ) -> Arc<Batch> {
         let batch = Arc::new(Batch::new(1, None).unwrap());
+        let xfer = Transfer {
+            local,
+            remote,
+            len,
+            write: true,
+        };
+        let side = LocalSide {
+            location: location.into(),
+            end: None,
+        };
+        submit_to(sched, &batch, seg, xfer, side, None, refresh);
+        batch
+    }
+
+    /// Submits `xfer` as the one task of `batch`.
+    fn submit_to<C: Carrier>(
+        sched: &Arc<Scheduler<C>>,
+        batch: &Arc<Batch>,
+        seg: &Arc<RemoteSegment>,
+        xfer: Transfer,
+        local: LocalSide,
+        fallback: Option<Fallback>,
+        refresh: Option<Refresh>,
+    ) {
         batch
             .append(1, |first, _| {
                 sched.submit(Submission {
                     batch: batch.clone(),
                     task: first,
                     seg: seg.clone(),
-                    xfer: Transfer {
-                        local,
-                        remote,
-                        len,
-                        write: true,
-                    },
-                    local: LocalSide {
-                        location: location.into(),
-                        end: None,
-                    },
-                    fallback: None,
+                    xfer,
+                    local,
+                    fallback,
                     refresh,
                 });
                 Ok(())
             })
             .unwrap();
-        batch
     }
 
     #[test]
