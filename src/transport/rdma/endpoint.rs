@@ -146,6 +146,9 @@ struct QpSlot {
 struct Queue {
     jobs: VecDeque<PostJob>,
     scheduled: bool,
+    /// The queue pair the next post starts with: posts of a few requests
+    /// each still spread over all of them.
+    next_slot: usize,
 }
 
 /// The queue pairs to one peer NIC path.
@@ -255,6 +258,7 @@ impl RdmaEndpoint {
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
                 scheduled: false,
+                next_slot: 0,
             }),
             peer_rpc: Mutex::new(None),
             give_up,
@@ -562,7 +566,7 @@ impl RdmaEndpoint {
 
     /// Posts queued jobs within each queue pair's room (`max_wr`) and the
     /// completion queue's room (reserved before each post), as one chain
-    /// per queue pair in which every `signal_every`-th request and the
+    /// per queue pair (starting one queue pair further each call) in which every `signal_every`-th request and the
     /// last are signaled. Returns what is left waiting, and the slices
     /// whose post failed.
     pub fn post_queued(&self, max_wr: usize, signal_every: usize) -> (Posting, Ended) {
@@ -579,8 +583,12 @@ impl RdmaEndpoint {
             _ => return (Posting::NotReady, ended),
         }
         let n_qp = self.slots.len();
+        let start = q.next_slot;
+        q.next_slot = (start + 1) % n_qp.max(1);
         let mut waiting_for = Posting::Drained;
-        for (i, slot) in self.slots.iter().enumerate() {
+        for i in 0..n_qp {
+            let s = (start + i) % n_qp;
+            let slot = &self.slots[s];
             if q.jobs.is_empty() {
                 break;
             }
@@ -606,7 +614,7 @@ impl RdmaEndpoint {
                 .iter()
                 .enumerate()
                 .map(|(k, j)| WorkRequest {
-                    wr_id: WrId::encode(self.tag, i, first_seq + k as u64),
+                    wr_id: WrId::encode(self.tag, s, first_seq + k as u64),
                     local_addr: j.slice.local,
                     len: j.slice.len as u32,
                     lkey: j.lkey,

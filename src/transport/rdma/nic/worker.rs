@@ -1,6 +1,8 @@
-//! A device's worker threads: they post the work requests of runnable
-//! endpoints within each queue pair's depth and the completion queue's
-//! room, and complete slices from the completions (in queue order).
+//! A device's worker threads: they complete slices from the completions
+//! (in queue order) and post the work requests of endpoints made runnable
+//! by a completion or a connection; a request submitted to a connected
+//! endpoint is posted by the submitting thread itself. Every post stays
+//! within each queue pair's depth and the completion queue's room.
 //!
 //! Correctness rules:
 //! - **In-order matching.** A request without a completion of its own
@@ -72,7 +74,9 @@ impl Nic {
                     self.request_connect(ep, target.clone());
                 }
             }
-            Ok((_, true)) => self.schedule(ep),
+            // Posted from the caller's thread: the request reaches the
+            // wire without waiting for a worker to wake.
+            Ok((_, true)) => self.post_endpoint(ep),
             Ok(_) => {}
         }
     }
@@ -301,23 +305,30 @@ impl Nic {
     /// Posts from the runnable endpoints until none is left; returns
     /// whether there was any.
     fn post_runnable(&self) -> bool {
-        let max_wr = self.caps.max_wr as usize;
         let mut any = false;
         while let Ok(ep) = self.runnable.1.try_recv() {
             any = true;
-            let (left, ended) = ep.post_queued(max_wr, self.opts.cfg.signal_interval);
-            report(ended);
-            if left == Posting::CqFull {
-                let q = ep.cq_index();
-                let _ = self.cqs[q].waiting.0.send(ep);
-                // Room freed between our reservation and the wait would
-                // otherwise go unnoticed.
-                if self.cqs[q].room.has_room() {
-                    self.reschedule_waiting(q);
-                }
-            }
+            self.post_endpoint(ep);
         }
         any
+    }
+
+    /// Posts the queued jobs of the scheduled endpoint `ep` (any thread);
+    /// when its completion queue has no room, it waits on that queue's
+    /// list for a completion to free some.
+    fn post_endpoint(&self, ep: Arc<RdmaEndpoint>) {
+        let (left, ended) =
+            ep.post_queued(self.caps.max_wr as usize, self.opts.cfg.signal_interval);
+        report(ended);
+        if left == Posting::CqFull {
+            let q = ep.cq_index();
+            let _ = self.cqs[q].waiting.0.send(ep);
+            // Room freed between our reservation and the wait would
+            // otherwise go unnoticed.
+            if self.cqs[q].room.has_room() {
+                self.reschedule_waiting(q);
+            }
+        }
     }
 }
 
