@@ -256,7 +256,8 @@ for bin in rdma_transfers rdma_pool rdma_handshake rdma_connector rdma_api_races
     continue
   fi
   t0=$SECONDS
-  timeout -k 5 900 "$exe" --ignored --test-threads 1 >"$out/$bin.log" 2>&1
+  # The verdicts (stdout) apart from the library's log (stderr).
+  timeout -k 5 900 "$exe" --ignored --test-threads 1 >"$out/$bin.log" 2>"$out/$bin.stderr.log"
   rc=$?
   n=0
   while read -r _ name _ verdict; do
@@ -265,6 +266,7 @@ for bin in rdma_transfers rdma_pool rdma_handshake rdma_connector rdma_api_races
   done < <(grep -E '^test .* \.\.\. ' "$out/$bin.log")
   if [ "$rc" -ne 0 ] || [ "$n" -eq 0 ]; then
     grep -q 'FAILED' "$out/$bin.log" || record FAIL "rust:$bin (exit $rc, $n tests)" "$((SECONDS - t0))"
+    tail -n 40 "$out/$bin.stderr.log"
     tail -n 40 "$out/$bin.log"
   fi
 done
