@@ -73,8 +73,10 @@ struct Posted {
     job: PostJob,
 }
 
-struct QpInner {
-    qp: Option<QueuePair>,
+/// The requests of one queue pair, under their own lock: completions
+/// take it without waiting for a post in progress (which holds the queue
+/// pair's lock across the system call).
+struct Track {
     /// Work requests in flight, in posting order: consecutive sequence
     /// numbers (a request that could not be posted takes none).
     posted: VecDeque<Posted>,
@@ -138,9 +140,12 @@ impl CqRoom {
     }
 }
 
+/// One queue pair. Lock order: `qp`, then `track`.
 struct QpSlot {
     qp_num: u32,
-    inner: Mutex<QpInner>,
+    /// `None` once destroyed; held while posting.
+    qp: Mutex<Option<QueuePair>>,
+    track: Mutex<Track>,
 }
 
 struct Queue {
@@ -241,8 +246,8 @@ impl RdmaEndpoint {
                 .into_iter()
                 .map(|qp| QpSlot {
                     qp_num: qp.qp_num(),
-                    inner: Mutex::new(QpInner {
-                        qp: Some(qp),
+                    qp: Mutex::new(Some(qp)),
+                    track: Mutex::new(Track {
                         posted: VecDeque::new(),
                         next_seq: 0,
                         last_progress: now,
@@ -395,8 +400,8 @@ impl RdmaEndpoint {
             ));
         }
         for (slot, &qpn) in self.slots.iter().zip(peer) {
-            let inner = sync::lock(&slot.inner);
-            let qp = inner.qp.as_ref().ok_or("the endpoint is closed")?;
+            let qp = sync::lock(&slot.qp);
+            let qp = qp.as_ref().ok_or("the endpoint is closed")?;
             qp.connect(&params(qpn)).map_err(|(stage, e)| {
                 self.rtr_einval.store(
                     stage == "RTR" && e.raw_os_error() == Some(libc::EINVAL),
@@ -553,8 +558,9 @@ impl RdmaEndpoint {
         let mut ended: Ended = jobs.into_iter().map(|j| (j.slice, outcome)).collect();
         // A queue pair in error flushes its requests; move them there.
         for slot in &self.slots {
-            let inner = sync::lock(&slot.inner);
-            if let (Some(qp), false) = (inner.qp.as_ref(), inner.posted.is_empty()) {
+            let qp = sync::lock(&slot.qp);
+            let busy = !sync::lock(&slot.track).posted.is_empty();
+            if let (Some(qp), true) = (qp.as_ref(), busy) {
                 if let Err(e) = qp.to_error() {
                     tracing::debug!("QP {} to ERR: {e}", slot.qp_num);
                 }
@@ -566,8 +572,8 @@ impl RdmaEndpoint {
 
     /// Posts queued jobs within each queue pair's room (`max_wr`) and the
     /// completion queue's room (reserved before each post), as one chain
-    /// per queue pair (starting one queue pair further each call) in which every `signal_every`-th request and the
-    /// last are signaled. Returns what is left waiting, and the slices
+    /// per queue pair (starting one queue pair further each call) in which
+    /// every `signal_every`-th request and the last are signaled. Returns what is left waiting, and the slices
     /// whose post failed.
     pub fn post_queued(&self, max_wr: usize, signal_every: usize) -> (Posting, Ended) {
         let signal_every = signal_every.max(1);
@@ -592,70 +598,87 @@ impl RdmaEndpoint {
             if q.jobs.is_empty() {
                 break;
             }
-            let mut inner = sync::lock(&slot.inner);
-            let room = max_wr.saturating_sub(inner.posted.len());
+            let qp = sync::lock(&slot.qp);
+            let Some(qp) = qp.as_ref() else {
+                break;
+            };
+            let room = max_wr.saturating_sub(sync::lock(&slot.track).posted.len());
             // Spread what is queued over the remaining queue pairs.
             let share = q.jobs.len().div_ceil(n_qp - i);
             if share.min(room) == 0 {
                 waiting_for = Posting::QueueFull;
                 continue;
             }
-            let Some(qp) = inner.qp.as_ref() else {
-                break;
-            };
             let n = self.cq.reserve(share.min(room));
             if n == 0 {
                 waiting_for = Posting::CqFull;
                 break;
             }
-            let first_seq = inner.next_seq;
-            let jobs: Vec<PostJob> = q.jobs.drain(..n).collect();
-            let wrs: Vec<WorkRequest> = jobs
-                .iter()
-                .enumerate()
-                .map(|(k, j)| WorkRequest {
-                    wr_id: WrId::encode(self.tag, s, first_seq + k as u64),
-                    local_addr: j.slice.local,
-                    len: j.slice.len as u32,
-                    lkey: j.lkey,
-                    remote_addr: j.slice.remote,
-                    rkey: j.rkey,
-                    write: j.slice.write,
-                    signaled: k + 1 == n || (k + 1) % signal_every == 0 || j.slice.len == 0,
-                })
-                .collect();
+            // The requests are in the posted list (holding their guards)
+            // before the device can complete them.
+            let (wrs, bytes) = {
+                let mut track = sync::lock(&slot.track);
+                let first_seq = track.next_seq;
+                let wrs: Vec<WorkRequest> = q
+                    .jobs
+                    .iter()
+                    .take(n)
+                    .enumerate()
+                    .map(|(k, j)| WorkRequest {
+                        wr_id: WrId::encode(self.tag, s, first_seq + k as u64),
+                        local_addr: j.slice.local,
+                        len: j.slice.len as u32,
+                        lkey: j.lkey,
+                        remote_addr: j.slice.remote,
+                        rkey: j.rkey,
+                        write: j.slice.write,
+                        signaled: k + 1 == n || (k + 1) % signal_every == 0 || j.slice.len == 0,
+                    })
+                    .collect();
+                if track.posted.is_empty() {
+                    track.last_progress = Instant::now();
+                }
+                let jobs = q.jobs.drain(..n).enumerate();
+                track.posted.extend(jobs.map(|(k, job)| Posted {
+                    seq: first_seq + k as u64,
+                    job,
+                }));
+                track.next_seq += n as u64;
+                let bytes: u64 = wrs.iter().map(|w| u64::from(w.len)).sum();
+                (wrs, bytes)
+            };
+            self.load.add(n, bytes);
             // SAFETY: every local range lies in the registration its job's
             // guard holds (the scheduler cuts slices at buffer ends), and
             // the guard lives in the posted list until the request ends.
-            let result = unsafe { qp.post(&wrs) };
-            let posted = match &result {
-                Ok(()) => n,
-                Err(e) => e.posted,
+            let Err(e) = (unsafe { qp.post(&wrs) }) else {
+                continue;
             };
-            if inner.posted.is_empty() {
-                inner.last_progress = Instant::now();
-            }
-            let mut jobs = jobs.into_iter();
-            for k in 0..posted {
-                let job = jobs.next().expect("n jobs");
-                inner.posted.push_back(Posted {
-                    seq: first_seq + k as u64,
-                    job,
-                });
-            }
-            inner.next_seq += posted as u64;
-            self.cq.release(n - posted);
+            // The requests not posted are the last of the list: posts to
+            // this queue pair hold its lock, and completions and
+            // destruction end posted requests only (destruction takes the
+            // queue pair's lock first).
+            let unposted = n - e.posted;
+            let failed: Vec<Posted> = {
+                let mut track = sync::lock(&slot.track);
+                let at = track.posted.len() - unposted;
+                track.next_seq -= unposted as u64;
+                track.posted.drain(at..).collect()
+            };
+            self.cq.release(unposted);
             self.load
-                .add(posted, wrs[..posted].iter().map(|w| u64::from(w.len)).sum());
-            if let Err(e) = result {
-                tracing::warn!(
-                    "posting to QP {} ({}) failed: {}",
-                    slot.qp_num,
-                    self.peer_nic_path,
-                    e.error
-                );
-                ended.extend(jobs.map(|j| (j.slice, Outcome::Failed { hard: false })));
-            }
+                .sub(unposted, failed.iter().map(|p| p.job.slice.len).sum());
+            tracing::warn!(
+                "posting to QP {} ({}) failed: {}",
+                slot.qp_num,
+                self.peer_nic_path,
+                e.error
+            );
+            ended.extend(
+                failed
+                    .into_iter()
+                    .map(|p| (p.job.slice, Outcome::Failed { hard: false })),
+            );
         }
         if !q.jobs.is_empty() && waiting_for == Posting::Drained {
             waiting_for = Posting::QueueFull;
@@ -674,26 +697,26 @@ impl RdmaEndpoint {
         let Some(slot) = self.slots.get(id.slot).filter(|s| s.qp_num == qp_num) else {
             return 0;
         };
-        let mut inner = sync::lock(&slot.inner);
-        let Some(front) = inner.posted.front().map(|p| p.seq) else {
+        let mut track = sync::lock(&slot.track);
+        let Some(front) = track.posted.front().map(|p| p.seq) else {
             return 0;
         };
         // Sequence numbers in flight are consecutive and fewer than 2^24
         // (a queue pair holds at most 65535 requests): the low bits find
         // the request.
         let at = (u64::from(id.seq).wrapping_sub(front) & WrId::SEQ_MASK) as usize;
-        if at >= inner.posted.len() {
+        if at >= track.posted.len() {
             return 0;
         }
         let n = at + 1;
         let mut bytes = 0;
-        for (k, p) in inner.posted.drain(..n).enumerate() {
+        for (k, p) in track.posted.drain(..n).enumerate() {
             let o = if k == at { outcome } else { Outcome::Done };
             bytes += p.job.slice.len;
             ended.push((p.job.slice, o));
         }
         self.load.sub(n, bytes);
-        inner.last_progress = Instant::now();
+        track.last_progress = Instant::now();
         self.cq.release(n);
         self.completed.fetch_add(n as u64, Ordering::Relaxed);
         n
@@ -706,8 +729,7 @@ impl RdmaEndpoint {
     pub fn activity(&self) -> u64 {
         let mut sum = self.completed.load(Ordering::Relaxed);
         for slot in &self.slots {
-            let inner = sync::lock(&slot.inner);
-            if let Some(Ok(psn)) = inner.qp.as_ref().map(QueuePair::rq_psn) {
+            if let Some(Ok(psn)) = sync::lock(&slot.qp).as_ref().map(QueuePair::rq_psn) {
                 sum = sum.wrapping_add(u64::from(psn));
             }
         }
@@ -718,8 +740,8 @@ impl RdmaEndpoint {
     /// for longer than `limit`.
     pub fn stalled(&self, limit: Duration) -> bool {
         self.slots.iter().any(|s| {
-            let inner = sync::lock(&s.inner);
-            !inner.posted.is_empty() && inner.last_progress.elapsed() > limit
+            let track = sync::lock(&s.track);
+            !track.posted.is_empty() && track.last_progress.elapsed() > limit
         })
     }
 
@@ -729,11 +751,11 @@ impl RdmaEndpoint {
     pub fn destroy(&self, outcome: Outcome) -> Ended {
         let mut ended = Vec::new();
         for slot in &self.slots {
-            let mut inner = sync::lock(&slot.inner);
-            drop(inner.qp.take());
-            let n = inner.posted.len();
-            let bytes = inner.posted.iter().map(|p| p.job.slice.len).sum();
-            ended.extend(inner.posted.drain(..).map(|p| (p.job.slice, outcome)));
+            drop(sync::lock(&slot.qp).take());
+            let mut track = sync::lock(&slot.track);
+            let n = track.posted.len();
+            let bytes = track.posted.iter().map(|p| p.job.slice.len).sum();
+            ended.extend(track.posted.drain(..).map(|p| (p.job.slice, outcome)));
             self.cq.release(n);
             self.load.sub(n, bytes);
         }
