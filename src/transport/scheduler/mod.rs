@@ -24,8 +24,10 @@
 //!
 //! The slice path takes no lock: a route (rails, their health cells, the
 //! preferences of both matrices per pair of locations) is worked out once
-//! per peer descriptor, a request's candidates once per request, and a
-//! slice touches only atomics.
+//! per peer descriptor, a request's candidates (with the rails' loads,
+//! which its slices then add to locally) once per request, and a slice
+//! touches only atomics, each in a stripe of the thread's own (rail and
+//! device byte counters), so threads do not contend.
 
 #[doc(hidden)]
 pub mod bench;
@@ -257,10 +259,13 @@ impl<T> Route<T> {
 }
 
 /// Rails in selection order: open rails of the preferred group first, then
-/// the other open ones; with the number preferred.
+/// the other open ones; with the number preferred, and each one's bytes in
+/// flight when they were listed plus what this request has put on it
+/// since (a request's slices read the shared counters once).
 struct Candidates {
     order: Vec<usize>,
     n_pref: usize,
+    loads: Vec<u64>,
 }
 
 /// One request's slices share what does not change between them.
@@ -503,7 +508,12 @@ impl<C: Carrier> Scheduler<C> {
                 .take_while(|i| group.preferred.contains(i))
                 .count();
         }
-        Candidates { order, n_pref }
+        let loads = order.iter().map(|&i| route.cells[i].load()).collect();
+        Candidates {
+            order,
+            n_pref,
+            loads,
+        }
     }
 
     /// Probes rail `i` back from a pause, unless another slice took its probe.
@@ -543,32 +553,36 @@ impl<C: Carrier> Scheduler<C> {
         );
     }
 
-    /// The first choice among `c`: in the preferred group (or among all
-    /// if none is preferred), the least-loaded rail (ties in turn), or with
-    /// `MC_PATH_ROUNDROBIN` the next in turn (per thread, as Mooncake).
-    fn first_choice(&self, route: &Route<C::Target>, c: &Candidates) -> Option<usize> {
-        let group = match c.n_pref {
-            0 => &c.order[..],
-            n => &c.order[..n],
+    /// The first choice among `c` for a slice of `len` bytes: in the
+    /// preferred group (or among all if none is preferred), the
+    /// least-loaded rail (ties in turn), or with `MC_PATH_ROUNDROBIN` the
+    /// next in turn (per thread, as Mooncake). The slice is added to the
+    /// chosen rail's load in `c`.
+    fn first_choice(&self, c: &mut Candidates, len: u64) -> Option<usize> {
+        let n = match c.n_pref {
+            0 => c.order.len(),
+            n => n,
         };
-        if group.is_empty() {
+        if n == 0 {
             return None;
         }
-        let turn = TURN.with(|n| {
-            let v = n.get();
-            n.set(v.wrapping_add(1));
+        let turn = TURN.with(|t| {
+            let v = t.get();
+            t.set(v.wrapping_add(1));
             v
-        }) % group.len();
-        if self.round_robin {
-            return Some(group[turn]);
-        }
-        // Ties go round in turn too (rather than to the first rail), so
-        // threads spread over rails.
-        let (before, from) = group.split_at(turn);
-        from.iter()
-            .chain(before)
-            .copied()
-            .min_by_key(|&i| route.cells[i].load())
+        }) % n;
+        let at = if self.round_robin {
+            turn
+        } else {
+            // Ties go round in turn too (rather than to the first rail),
+            // so threads spread over rails.
+            (turn..n)
+                .chain(0..turn)
+                .min_by_key(|&k| c.loads[k])
+                .expect("n > 0")
+        };
+        c.loads[at] = c.loads[at].wrapping_add(len);
+        Some(c.order[at])
     }
 
     /// The rail for a retry, among rails the slice has not failed on: the
@@ -642,11 +656,11 @@ impl<C: Carrier> Scheduler<C> {
         let mut cached: Option<(*const Group, Candidates)> = None;
         for (off, n, buffer) in pieces {
             let group = route.group(local_slot, buffer);
-            let c = match &cached {
+            let c = match &mut cached {
                 Some((g, c)) if std::ptr::eq(*g, group) => c,
-                _ => &cached.insert((group, self.candidates(route, group))).1,
+                _ => &mut cached.insert((group, self.candidates(route, group))).1,
             };
-            let Some(rail) = self.first_choice(route, c) else {
+            let Some(rail) = self.first_choice(c, n) else {
                 let part = Transfer {
                     local: local + off,
                     remote: remote + off,
@@ -898,7 +912,7 @@ impl<C: Carrier> Scheduler<C> {
         let buffer = next.seg.desc.find_buffer(job.remote, job.len);
         let rail = buffer.and_then(|b| {
             let group = route.group(next.local_slot, Some(b));
-            me.first_choice(route, &me.candidates(route, group))
+            me.first_choice(&mut me.candidates(route, group), job.len)
         });
         let (Some(buffer), Some(rail)) = (buffer, rail) else {
             return Self::refused(job);

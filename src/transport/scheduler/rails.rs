@@ -173,13 +173,19 @@ impl Gate {
 }
 
 /// One rail's health and in-flight bytes, shared by every route that uses
-/// the rail (on its own cache line: rails are updated by every worker).
-#[repr(align(64))]
+/// the rail. The bytes are striped like a device's counters: every thread
+/// posting or completing slices updates a cache line of its own.
 pub struct RailCell {
-    /// Bytes posted on the rail and not finished.
-    load: AtomicU64,
+    /// Bytes posted on the rail and not finished, by stripe.
+    load: [Counter; STRIPES],
     gate: Gate,
 }
+
+/// One stripe of a rail's in-flight bytes (it alone may wrap; the sum
+/// over the stripes does not).
+#[derive(Default)]
+#[repr(align(64))]
+struct Counter(AtomicU64);
 
 impl RailCell {
     /// Whether the rail may carry slices now.
@@ -207,17 +213,19 @@ impl RailCell {
 
     /// Bytes in flight on the rail.
     pub fn load(&self) -> u64 {
-        self.load.load(Ordering::Relaxed)
+        self.load
+            .iter()
+            .fold(0u64, |sum, c| sum.wrapping_add(c.0.load(Ordering::Relaxed)))
     }
 
     /// Counts `bytes` posted on the rail.
     pub fn start(&self, bytes: u64) {
-        self.load.fetch_add(bytes, Ordering::Relaxed);
+        self.load[stripe()].0.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Counts `bytes` that finished on the rail.
     pub fn finish(&self, bytes: u64) {
-        self.load.fetch_sub(bytes, Ordering::Relaxed);
+        self.load[stripe()].0.fetch_sub(bytes, Ordering::Relaxed);
     }
 }
 
@@ -244,7 +252,7 @@ impl RailHealth {
             return c.clone();
         }
         let c = Arc::new(RailCell {
-            load: AtomicU64::new(0),
+            load: Default::default(),
             gate: Gate::new(format!("rail {key}"), self.pause),
         });
         rails.insert(key.to_string(), c.clone());
@@ -252,8 +260,8 @@ impl RailHealth {
     }
 }
 
-/// Stripes of a device's byte counters: threads update their own stripe
-/// (on its own cache line), readers add them up.
+/// Stripes of the byte counters of devices and rails: threads update
+/// their own stripe (on its own cache line), readers add them up.
 const STRIPES: usize = 8;
 
 /// One stripe of a device's byte counters. Its `inflight` alone may wrap
@@ -268,11 +276,16 @@ struct Stripe {
 }
 
 thread_local! {
-    /// This thread's stripe of every device's counters.
+    /// This thread's stripe of every device's and rail's counters.
     static STRIPE: usize = {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES
     };
+}
+
+/// This thread's stripe.
+fn stripe() -> usize {
+    STRIPE.with(|s| *s)
 }
 
 /// In-flight bytes, bandwidth and health of one local device.
@@ -334,7 +347,7 @@ impl DeviceLoad {
     }
 
     fn stripe(&self) -> &Stripe {
-        &self.stripes[STRIPE.with(|s| *s)]
+        &self.stripes[stripe()]
     }
 
     /// The sum of a counter over the stripes.
@@ -431,7 +444,7 @@ mod tests {
 
     fn rail(pause: u64) -> RailCell {
         RailCell {
-            load: AtomicU64::new(0),
+            load: Default::default(),
             gate: Gate::new("rail r".into(), Duration::from_secs(pause)),
         }
     }
