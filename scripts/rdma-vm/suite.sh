@@ -6,6 +6,8 @@
 #   suite.sh RESULTS_DIR [CASE...]
 #                                 every case (or those named: rust, or one
 #                                 test binary of it as rust:<binary>,
+#                                 rust-busy-poll (rdma_transfers with busy
+#                                 polling),
 #                                 two_process_one_rail, two_process_two_rails,
 #                                 kill_target, memlock_limit, mooncake_target,
 #                                 mooncake_initiator, python_interop); prints "PASS|FAIL|SKIP
@@ -247,29 +249,42 @@ echo "rdma-vm suite: $(uname -r), devices: $(ls /sys/class/infiniband | tr '\n' 
 [ -d /sys/class/infiniband/rxe_a0 ] || { echo "no soft-RoCE devices: run this through scripts/rdma-vm/test.sh" >&2; }
 baseline=$(rdma resource show)
 
-# The Rust tests: each one counted.
-for bin in rdma_transfers rdma_pool rdma_handshake rdma_connector rdma_api_races rdma_fallback rdma_auth; do
-  want rust || want "rust:$bin" || continue
+# rust_tests BIN LABEL [VAR=VALUE...]: the Rust tests of BIN (built by
+# test.sh), each counted as LABEL::<test>, with the variables given.
+rust_tests() {
+  local bin=$1 label=$2 exe t0 rc n name verdict
+  shift 2
   exe=$(ls -t "$repo"/target/debug/deps/"$bin"-* 2>/dev/null | grep -v '\.d$' | head -n 1 || true)
   if [ -z "$exe" ]; then
-    record FAIL "rust:$bin (not built: cargo test --no-run --test $bin)" 0
-    continue
+    record FAIL "$label (not built: cargo test --no-run --test $bin)" 0
+    return
   fi
   t0=$SECONDS
   # The verdicts (stdout) apart from the library's log (stderr).
-  timeout -k 5 900 "$exe" --ignored --test-threads 1 >"$out/$bin.log" 2>"$out/$bin.stderr.log"
+  env "$@" timeout -k 5 900 "$exe" --ignored --test-threads 1 >"$out/$label.log" 2>"$out/$label.stderr.log"
   rc=$?
   n=0
   while read -r _ name _ verdict; do
     n=$((n + 1))
-    case $verdict in ok) record PASS "rust:$bin::$name" "$((SECONDS - t0))" ;; *) record FAIL "rust:$bin::$name" "$((SECONDS - t0))" ;; esac
-  done < <(grep -E '^test .* \.\.\. ' "$out/$bin.log")
+    case $verdict in ok) record PASS "$label::$name" "$((SECONDS - t0))" ;; *) record FAIL "$label::$name" "$((SECONDS - t0))" ;; esac
+  done < <(grep -E '^test .* \.\.\. ' "$out/$label.log")
   if [ "$rc" -ne 0 ] || [ "$n" -eq 0 ]; then
-    grep -q 'FAILED' "$out/$bin.log" || record FAIL "rust:$bin (exit $rc, $n tests)" "$((SECONDS - t0))"
-    tail -n 40 "$out/$bin.stderr.log"
-    tail -n 40 "$out/$bin.log"
+    grep -q 'FAILED' "$out/$label.log" || record FAIL "$label (exit $rc, $n tests)" "$((SECONDS - t0))"
+    tail -n 40 "$out/$label.stderr.log"
+    tail -n 40 "$out/$label.log"
   fi
+}
+
+# The Rust tests: each one counted.
+for bin in rdma_transfers rdma_pool rdma_handshake rdma_connector rdma_api_races rdma_fallback rdma_auth; do
+  want rust || want "rust:$bin" || continue
+  rust_tests "$bin" "rust:$bin"
 done
+# The transfers again with busy polling of completions (Mooncake's 100 ms
+# spell) instead of interrupt-driven waiting.
+if want rust || want rust-busy-poll; then
+  rust_tests rdma_transfers rust-busy-poll:rdma_transfers MC_TE_RDMA_BUSY_POLL_US=100000
+fi
 
 for c in two_process_one_rail two_process_two_rails kill_target memlock_limit mooncake_target mooncake_initiator python_interop; do
   want "$c" || continue
