@@ -16,6 +16,11 @@
 //! * A peer running as another user (`setpriv` to `nobody`): the kernel
 //!   refuses cross-memory attach, and the bytes go over TCP.
 //! * Auto discovery installs shared memory beside TCP, `MC_TE_SHM=0` not.
+//! * A 64 MiB WRITE to a peer stopped (SIGSTOP) mid-copy: once its task
+//!   reports FAILED the caller refills its source, and after the peer
+//!   resumes not one byte of the new pattern reaches it (the slices that
+//!   fell back to TCP included); a READ's buffer, refilled after FAILED,
+//!   stays as refilled.
 
 mod common;
 
@@ -25,7 +30,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use transfer_engine::{Engine, Location, Opcode, Region, Request, TaskStatus};
+use transfer_engine::{Config, Engine, Location, Opcode, Region, Request, TaskStatus};
 
 /// Set in the peer's environment: the test whose peer it is.
 const CHILD: &str = "TE_SHM_ENGINE_CHILD";
@@ -97,6 +102,22 @@ fn child_main() {
                 json!({"ms": t.elapsed().as_millis() as u64, "digest": digest(&buf)})
             }
             "digest" => json!({"digest": digest(&buf)}),
+            // Bytes that hold pattern `seed` where it differs from the
+            // peer pattern and the written one: only a copy of a source
+            // refilled with `seed` can have put them there.
+            "late" => {
+                let seed = cmd["seed"].as_u64().unwrap() as u8;
+                let bytes = buf.snapshot();
+                let late = (0..len)
+                    .filter(|&i| {
+                        let want = pattern_byte(i, seed);
+                        bytes[i] == want
+                            && want != pattern_byte(i, SEED_PEER)
+                            && want != pattern_byte(i, SEED_WRITE)
+                    })
+                    .count();
+                json!({"late": late})
+            }
             "counters" => json!({"shm": counters(&e)}),
             other => panic!("unknown command {other}"),
         };
@@ -826,4 +847,186 @@ fn engines_with_a_cluster_key_attach_by_shm_and_others_are_refused() {
     assert!(e.open_segment(&stranger.name).is_err());
     e.shutdown();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The pattern a caller writes into its buffer once its transfer FAILED.
+const SEED_REUSED: u8 = 11;
+
+/// Rounds per case of [`a_transfer_failed_against_a_stopped_peer_moves_no_byte_afterwards`]:
+/// 2 (`TE_SHM_LATE_ROUNDS` changes it).
+fn late_rounds() -> usize {
+    std::env::var("TE_SHM_LATE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
+}
+
+#[test]
+fn a_transfer_failed_against_a_stopped_peer_moves_no_byte_afterwards() {
+    const TEST: &str = "a_transfer_failed_against_a_stopped_peer_moves_no_byte_afterwards";
+    if is_child(TEST) {
+        return child_main();
+    }
+    const LEN: usize = 64 << 20;
+    let mut peer = Peer::start(TEST, LEN, &[]);
+    for slice in ["65536", "1048576"] {
+        let cfg = Config::from_lookup(|k| match k {
+            "MC_SHM_TIMEOUT_SEC" => Some("1".into()),
+            "MC_TCP_MIN_RATE_WINDOW_SEC" => Some("1".into()),
+            "MC_SLICE_SIZE" => Some(slice.into()),
+            _ => None,
+        });
+        let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+            .auto_discover(true)
+            .config(cfg)
+            .build()
+            .expect("engine");
+        let seg = e.open_segment(&peer.name).expect("open");
+        for engine_memory in [false, true] {
+            let heap = Buf::zeroed(LEN);
+            let mine = if engine_memory {
+                e.allocate_buffer(LEN)
+                    .expect("the engine allocates memory")
+                    .expect("allocate")
+            } else {
+                heap.addr()
+            };
+            e.register(&[Region {
+                addr: mine,
+                length: LEN as u64,
+                location: Location::Any,
+                remote_accessible: true,
+            }])
+            .expect("register");
+            let fill = |seed: u8| {
+                // SAFETY: our registered buffer, which no transfer uses
+                // now (between rounds, or after its task ended).
+                let b = unsafe { std::slice::from_raw_parts_mut(mine as *mut u8, LEN) };
+                b.iter_mut()
+                    .enumerate()
+                    .for_each(|(i, x)| *x = pattern_byte(i, seed));
+            };
+            let holds = |seed: u8| {
+                // SAFETY: as above.
+                let b = unsafe { std::slice::from_raw_parts(mine as *const u8, LEN) };
+                b.iter()
+                    .enumerate()
+                    .filter(|&(i, x)| *x != pattern_byte(i, seed))
+                    .count()
+            };
+            for opcode in [Opcode::Write, Opcode::Read] {
+                let mut seen = Vec::new();
+                for _ in 0..late_rounds() {
+                    fill(if opcode == Opcode::Write {
+                        SEED_WRITE
+                    } else {
+                        0
+                    });
+                    let written = |e: &Engine| {
+                        let c = counters(e);
+                        c["written"].as_u64().unwrap() + c["read"].as_u64().unwrap()
+                    };
+                    let before = written(&e);
+                    let b = e.allocate_batch(1).unwrap();
+                    e.submit(
+                        b,
+                        &[Request {
+                            opcode,
+                            source: mine,
+                            target_id: seg,
+                            target_offset: peer.addr,
+                            length: LEN as u64,
+                        }],
+                    )
+                    .unwrap();
+                    let start = Instant::now();
+                    while written(&e) == before {
+                        assert!(start.elapsed() < HANG, "nothing moves");
+                        std::hint::spin_loop();
+                    }
+                    peer.signal(libc::SIGSTOP);
+                    common::proc::wait_stopped(peer.pid);
+                    // A slice the peer is copying is waited for: the task
+                    // may end only once it resumes. The others fail after
+                    // MC_SHM_TIMEOUT_SEC, fall back to TCP and fail there
+                    // after MC_TCP_MIN_RATE_WINDOW_SEC.
+                    let mut stopped = true;
+                    let status = loop {
+                        let (s, _) = e.status(b, 0).unwrap();
+                        if matches!(s, TaskStatus::Completed | TaskStatus::Failed) {
+                            break s;
+                        }
+                        if stopped && start.elapsed() > Duration::from_secs(4) {
+                            peer.signal(libc::SIGCONT);
+                            stopped = false;
+                        }
+                        assert!(start.elapsed() < HANG, "the task never ends");
+                        std::thread::sleep(Duration::from_millis(1));
+                    };
+                    e.free_batch(b).unwrap();
+                    if status == TaskStatus::Failed {
+                        fill(SEED_REUSED);
+                    }
+                    if stopped {
+                        peer.signal(libc::SIGCONT);
+                    }
+                    // Whatever the peer still had to do, it has done it.
+                    let mut last = peer.call(json!({"op": "digest"}));
+                    loop {
+                        std::thread::sleep(Duration::from_millis(300));
+                        let now = peer.call(json!({"op": "digest"}));
+                        if now == last {
+                            break;
+                        }
+                        last = now;
+                    }
+                    seen.push((status, stopped));
+                    match (opcode, status) {
+                        (Opcode::Write, TaskStatus::Failed) => assert_eq!(
+                            peer.call(json!({"op": "late", "seed": SEED_REUSED}))["late"],
+                            0,
+                            "bytes written after FAILED reached the peer"
+                        ),
+                        (Opcode::Write, _) => assert_eq!(
+                            peer.call(json!({"op": "check", "ranges": [[0, LEN]]}))["bad"],
+                            0
+                        ),
+                        (Opcode::Read, TaskStatus::Failed) => {
+                            assert_eq!(holds(SEED_REUSED), 0, "a READ wrote after FAILED")
+                        }
+                        (Opcode::Read, _) => assert_eq!(holds(SEED_PEER), 0),
+                    }
+                    if opcode == Opcode::Write {
+                        // The peer's buffer back to its pattern, as the
+                        // next round expects.
+                        fill(SEED_PEER);
+                        let back = Request {
+                            opcode: Opcode::Write,
+                            source: mine,
+                            target_id: seg,
+                            target_offset: peer.addr,
+                            length: LEN as u64,
+                        };
+                        assert_eq!(run(&e, &[back]), vec![TaskStatus::Completed]);
+                    }
+                }
+                println!(
+                    "{opcode:?}, slices of {slice} B, {} memory: (status, the peer was still \
+                     stopped when it ended) {seen:?}",
+                    if engine_memory { "engine" } else { "caller" }
+                );
+                if opcode == Opcode::Write {
+                    assert!(
+                        seen.iter().any(|(s, _)| *s == TaskStatus::Failed),
+                        "no WRITE failed: the stop never came mid-copy"
+                    );
+                }
+            }
+            e.unregister(&[mine]).expect("unregister");
+            if engine_memory {
+                e.free_buffer(mine).expect("free");
+            }
+        }
+        e.shutdown();
+    }
 }

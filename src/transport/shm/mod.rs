@@ -77,8 +77,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use table::TableWriter;
 
-/// Version of the attach handshake and of the shared layouts.
-const VERSION: u64 = 1;
+/// Version of the attach handshake and of the shared layouts (2: ring
+/// entries are copied only while COPYING, see [`ring`]).
+const VERSION: u64 = 2;
 /// Most requests one thread takes at once (one READ batch, one ring claim).
 const BATCH: usize = 64;
 /// Most bytes one thread takes at once, so that a large transfer's slices
@@ -183,6 +184,10 @@ pub(crate) struct Shared {
     next_stall_check: AtomicU64,
     /// Serializes the attaches we serve (ring bound and replacement).
     serving: Mutex<()>,
+    /// Ended links whose targets are still copying some of our WRITEs.
+    draining: Mutex<Vec<peer::Draining>>,
+    /// How many there are (read without the lock).
+    draining_links: AtomicUsize,
 }
 
 impl Shared {
@@ -315,6 +320,8 @@ impl ShmTransport {
             attaches: Mutex::new(Vec::new()),
             next_stall_check: AtomicU64::new(0),
             serving: Mutex::new(()),
+            draining: Mutex::new(Vec::new()),
+            draining_links: AtomicUsize::new(0),
         });
         let me = Arc::new(ShmTransport {
             shared: shared.clone(),
@@ -495,6 +502,7 @@ impl ShmTransport {
         while let Ok(job) = self.shared.reads_rx.try_recv() {
             job.slice.finish(Outcome::Interrupted);
         }
+        peer::drain(&self.shared, Some(self.shared.opts.timeout));
         peer::join_attaches(&self.shared);
     }
 }
@@ -511,6 +519,56 @@ fn outcome_of(e: cma::CopyError) -> Outcome {
         cma::CopyError::Denied => Outcome::Unreachable,
         cma::CopyError::Gone => Outcome::Failed { hard: true },
         cma::CopyError::Fault(_) => Outcome::Failed { hard: false },
+    }
+}
+
+/// Points where tests widen race windows or hold a thread (compiled in
+/// test builds only).
+#[cfg(test)]
+pub(crate) mod test_hooks {
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    /// While set, [`preempt`] yields or sleeps a few microseconds.
+    pub static PREEMPT: AtomicBool = AtomicBool::new(false);
+    /// How many more threads [`hold_before_copy`] holds.
+    pub static HOLDS: AtomicUsize = AtomicUsize::new(0);
+    /// While set, the threads held stay held.
+    pub static HOLDING: AtomicBool = AtomicBool::new(false);
+    /// Threads held now.
+    pub static HELD: AtomicUsize = AtomicUsize::new(0);
+    static NEXT: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
+
+    /// At a point where another thread's interleaving matters: sometimes
+    /// lets other threads run first.
+    pub fn preempt() {
+        if !PREEMPT.load(Ordering::Relaxed) {
+            return;
+        }
+        let x = NEXT.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
+        let x = (x ^ (x >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        match x >> 61 {
+            0..=3 => {}
+            4 | 5 => std::thread::yield_now(),
+            _ => std::thread::sleep(Duration::from_micros(x % 200)),
+        }
+    }
+
+    /// Between the claim of a WRITE and its copy: the first [`HOLDS`]
+    /// threads to come here wait while [`HOLDING`].
+    pub fn hold_before_copy() {
+        let take = |n: usize| n.checked_sub(1);
+        if HOLDS
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, take)
+            .is_err()
+        {
+            return;
+        }
+        HELD.fetch_add(1, Ordering::SeqCst);
+        while HOLDING.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        HELD.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

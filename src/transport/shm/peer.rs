@@ -6,7 +6,7 @@
 use super::attach::{self, Link};
 use super::cma::{self, Piece};
 use super::poll::Token;
-use super::ring::{Ring, Side, Status};
+use super::ring::{Ring, Side, Status, Withdrawal};
 use super::table::{Backing, Lookup, SlotView};
 use super::{AttachFn, Shared, outcome_of, sys};
 use crate::transport::{Outcome, Slice};
@@ -38,8 +38,9 @@ enum Phase {
 struct Queue {
     head: u64,
     tail: u64,
-    /// Per entry: the slice posted there (`Some(None)`: given up on after a
-    /// stall, still claimed by the target).
+    /// Per entry: the slice posted there (`Some(None)`: the slice ended,
+    /// withdrawn after the target claimed it, and the entry stays busy
+    /// until the target completes it).
     posted: Vec<Option<Option<Slice>>>,
     /// With where the source lies in one of our memfds.
     backlog: VecDeque<(Slice, Option<Backing>)>,
@@ -91,31 +92,47 @@ impl Queue {
         }
     }
 
-    /// Every slice still held, with how it ends: a completed one with its
-    /// result, any other with `outcome`. Posted ones not yet claimed are
-    /// withdrawn; claimed ones are left to the target, their entries busy
-    /// until it completes them.
-    fn take_all(&mut self, ring: &Ring, outcome: Outcome) -> Vec<(Slice, Outcome)> {
+    /// Ends every slice held that the target is not copying, with how
+    /// it ends: a completed one with its result, any other with
+    /// `outcome`. Posted ones are withdrawn (claimed ones too, their
+    /// entries busy until the target completes them as withdrawn); the
+    /// ones the target is copying now stay held, unless `dead` (the target
+    /// exited, so it copies nothing any more).
+    fn withdraw_all(&mut self, ring: &Ring, outcome: Outcome, dead: bool) -> Vec<(Slice, Outcome)> {
         let mut out = Vec::new();
         for pos in self.tail..self.head {
             let Some(held) = self.slot(pos).take() else {
                 continue;
             };
-            let ended = match ring.take(pos) {
-                Some(status) => outcome_of_status(status),
-                None if ring.withdraw(pos) => outcome,
-                None => {
-                    *self.slot(pos) = Some(None);
-                    outcome
-                }
+            // The entry is free again (`None`), or busy until the target
+            // completes it (`Some(None)`), or still ours to wait for.
+            let (ended, entry) = match ring.withdraw(pos) {
+                Withdrawal::Done => (ring.take(pos).map(outcome_of_status), None),
+                Withdrawal::Free => (Some(outcome), None),
+                Withdrawal::Held => (Some(outcome), Some(None)),
+                Withdrawal::Copying if dead => (Some(outcome), Some(None)),
+                Withdrawal::Copying => (None, Some(None)),
             };
-            if let Some(s) = held {
-                out.push((s, ended));
+            match (held, ended) {
+                (Some(s), Some(o)) => {
+                    out.push((s, o));
+                    *self.slot(pos) = entry;
+                }
+                (Some(s), None) => *self.slot(pos) = Some(Some(s)),
+                (None, _) => *self.slot(pos) = entry,
             }
         }
         self.advance_tail();
         out.extend(self.backlog.drain(..).map(|(s, _)| (s, outcome)));
         out
+    }
+
+    /// How many slices are held (posted, and not ended).
+    fn held(&self) -> usize {
+        self.posted
+            .iter()
+            .filter(|s| matches!(s, Some(Some(_))))
+            .count()
     }
 }
 
@@ -167,6 +184,8 @@ fn outcome_of_status(s: Status) -> Outcome {
         Status::Rejected => Outcome::Rejected,
         Status::Failed => Outcome::Failed { hard: false },
         Status::Denied => Outcome::Unreachable,
+        // Only a request we withdrew ends so, and its slice ended then.
+        Status::Withdrawn => Outcome::Failed { hard: false },
     }
 }
 
@@ -212,7 +231,7 @@ impl PeerCore {
             // The target closed our ring: what is in it is interrupted,
             // and this slice attaches again.
             drop(st);
-            self.end_link(&shared, Phase::Idle, Outcome::Interrupted);
+            self.end_link(&shared, Phase::Idle, Outcome::Interrupted, false);
             st = self.lock();
         }
         let refuse = match &st.phase {
@@ -367,12 +386,14 @@ impl PeerCore {
             shared,
             Phase::Unreachable(Instant::now() + RETRY_AFTER),
             Outcome::Unreachable,
+            false,
         );
     }
 
     /// Leaves the current phase for `phase` (unless detached), drops the
-    /// link, and ends every slice held with `outcome`.
-    fn end_link(self: &Arc<Self>, shared: &Shared, phase: Phase, outcome: Outcome) {
+    /// link, and ends every slice held with `outcome`; WRITEs the target
+    /// is copying now are waited for ([`drain`]), unless it exited (`dead`).
+    fn end_link(self: &Arc<Self>, shared: &Shared, phase: Phase, outcome: Outcome, dead: bool) {
         let mut st = self.lock();
         let old = if matches!(st.phase, Phase::Detached) {
             Phase::Detached
@@ -386,13 +407,27 @@ impl PeerCore {
         let queue = st.queue.take();
         drop(st);
         if let Phase::Attached(link) = old {
-            if let Some(mut q) = queue {
-                slices.extend(q.take_all(&link.ring, outcome));
-            }
             shared.unwatch(&link.to_initiator);
             shared.unwatch(&link.pidfd);
             shared.set_links(|v| v.retain(|p| !Arc::ptr_eq(p, self)));
-            link.give_up();
+            match queue {
+                Some(mut q) => {
+                    slices.extend(q.withdraw_all(&link.ring, outcome, dead));
+                    if q.held() > 0 {
+                        let mut d = shared.draining.lock().unwrap_or_else(|e| e.into_inner());
+                        d.push(Draining {
+                            target_pid: self.target_pid,
+                            link,
+                            queue: q,
+                            outcome,
+                        });
+                        shared.draining_links.store(d.len(), Ordering::SeqCst);
+                    } else {
+                        link.give_up();
+                    }
+                }
+                None => link.give_up(),
+            }
         }
         for (s, o) in slices {
             finish(shared, s, o);
@@ -403,13 +438,13 @@ impl PeerCore {
     /// every later slice.
     pub fn target_died(self: &Arc<Self>, shared: &Shared) {
         tracing::debug!("shm: process {} exited", self.target_pid);
-        self.end_link(shared, Phase::Dead, Outcome::Failed { hard: true });
+        self.end_link(shared, Phase::Dead, Outcome::Failed { hard: true }, true);
     }
 
     /// Fails everything held (shutdown).
     pub fn fail_all(self: &Arc<Self>, outcome: Outcome) {
         if let Some(shared) = self.shared.upgrade() {
-            self.end_link(&shared, Phase::Detached, outcome);
+            self.end_link(&shared, Phase::Detached, outcome, false);
         }
     }
 
@@ -469,15 +504,16 @@ impl PeerCore {
             self.unreachable(shared, "the kernel does not let it read our memory");
         } else if closed {
             tracing::debug!("shm: process {} closed our ring", self.target_pid);
-            self.end_link(shared, Phase::Idle, Outcome::Interrupted);
+            self.end_link(shared, Phase::Idle, Outcome::Interrupted, false);
         }
         freed || posted || closed
     }
 
     /// Fails the WRITEs in flight if the target completed none for the
-    /// timeout: withdrawn if not claimed yet; a claimed one may still be
-    /// copied later, as with a network peer that received bytes but had
-    /// not stored them.
+    /// timeout: each one is withdrawn first (see [`super::ring`]), so the
+    /// target copies nothing of it afterwards. A WRITE the target is
+    /// copying at that moment is waited for; while one is, the next tick
+    /// withdraws what it can again.
     pub fn check_stall(self: &Arc<Self>, shared: &Shared, now: Instant) {
         let mut st = self.lock();
         let Phase::Attached(link) = &st.phase else {
@@ -490,19 +526,86 @@ impl PeerCore {
         if now.saturating_duration_since(q.last_progress) < shared.opts.timeout {
             return;
         }
-        let stalled = q.take_all(&link.ring, Outcome::Failed { hard: false });
-        q.last_progress = now;
+        let stalled = q.withdraw_all(&link.ring, Outcome::Failed { hard: false }, false);
+        let copying = q.held();
+        if copying == 0 {
+            q.last_progress = now;
+        }
         drop(st);
-        crate::warn_limited!(
-            "shm: process {} completed no request for {:?} (MC_SHM_TIMEOUT_SEC); \
-             {} WRITE slice(s) to it fail",
-            self.target_pid,
-            shared.opts.timeout,
-            stalled.len()
-        );
+        if !stalled.is_empty() {
+            crate::warn_limited!(
+                "shm: process {} completed no request for {:?} (MC_SHM_TIMEOUT_SEC); \
+                 {} WRITE slice(s) to it fail, {copying} it is copying are waited for",
+                self.target_pid,
+                shared.opts.timeout,
+                stalled.len()
+            );
+        }
         for (s, o) in stalled {
             finish(shared, s, o);
         }
+    }
+}
+
+/// A link that ended while its target was copying some of its WRITEs:
+/// kept until each of them ends (see [`drain`]).
+pub(crate) struct Draining {
+    target_pid: i32,
+    link: Arc<Link>,
+    queue: Queue,
+    /// How the WRITEs end that are withdrawn rather than completed.
+    outcome: Outcome,
+}
+
+/// Ends the WRITEs of ended links that their targets were copying, as
+/// soon as each is completed or can be withdrawn (or its target exited);
+/// a link with none left is given up. `wait`: keep going until none is
+/// left or this passes (shutdown), then give the rest up with a log line.
+pub(crate) fn drain(shared: &Shared, wait: Option<Duration>) {
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(50);
+    loop {
+        let mut ended = Vec::new();
+        let left = {
+            let mut d = shared.draining.lock().unwrap_or_else(|e| e.into_inner());
+            d.retain_mut(|l| {
+                let dead = sys::exited(&l.link.pidfd);
+                ended.extend(l.queue.withdraw_all(&l.link.ring, l.outcome, dead));
+                let done = l.queue.held() == 0;
+                if done {
+                    l.link.give_up();
+                }
+                !done
+            });
+            shared.draining_links.store(d.len(), Ordering::SeqCst);
+            d.len()
+        };
+        for (s, o) in ended {
+            finish(shared, s, o);
+        }
+        let Some(wait) = wait.filter(|_| left > 0) else {
+            return;
+        };
+        if start.elapsed() >= wait {
+            let d = std::mem::take(&mut *shared.draining.lock().unwrap_or_else(|e| e.into_inner()));
+            shared.draining_links.store(0, Ordering::SeqCst);
+            for mut l in d {
+                let rest = l.queue.withdraw_all(&l.link.ring, l.outcome, true);
+                tracing::warn!(
+                    "shm: process {} is still copying {} WRITE slice(s) after {wait:?}; \
+                     they fail, and it may still complete their copy",
+                    l.target_pid,
+                    rest.len()
+                );
+                l.link.give_up();
+                for (s, o) in rest {
+                    finish(shared, s, o);
+                }
+            }
+            return;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(10));
     }
 }
 

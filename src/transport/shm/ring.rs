@@ -4,17 +4,37 @@
 //!
 //! Each entry has one control word, `position << 3 | state`, the request
 //! (source in the initiator, destination in the target, length, and where
-//! the source lies if in a memfd of the initiator) and the result. The initiator posts request number `p` (positions start at
-//! the ring size and grow by one) into entry `p % entries`, once that entry
-//! is free, and publishes it by storing `p | POSTED`. The target walks the
-//! positions in order with a cursor of its own and claims a posted request
-//! by compare-and-swap to `CLAIMED`; the initiator may withdraw a request
-//! not yet claimed by compare-and-swap to `FREE`. After the copy the target
-//! stores the result and `DONE`; the initiator takes it and frees the
-//! entry. At its cursor `c`, the target sees in entry `c % entries`:
-//! position `c` posted: claim it; position `c` free, or a later position:
-//! request `c` was withdrawn, skip it; an earlier position: nothing posted
-//! yet, stop.
+//! the source lies if in a memfd of the initiator) and the result. The
+//! initiator posts request number `p` (positions start at the ring size
+//! and grow by one) into entry `p % entries`, once that entry is free, and
+//! publishes it by storing `p | POSTED`. The target walks the positions in
+//! order with a cursor of its own. At its cursor `c`, it sees in entry
+//! `c % entries`: position `c` posted: claim it; position `c` in any other
+//! state, or a later position: request `c` was withdrawn, skip it; an
+//! earlier position: nothing posted yet, stop.
+//!
+//! An entry's states, who sets each, and from which (a state that both
+//! sides may change is left only by compare-and-swap):
+//!
+//! ```text
+//! state      set by     from
+//! FREE       initiator  DONE (it took the result), POSTED (it withdrew)
+//! POSTED     initiator  FREE (it posted)
+//! CLAIMED    target     POSTED (it claimed), COPYING (between two pieces)
+//! COPYING    target     CLAIMED (it begins a piece)
+//! WITHDRAWN  initiator  CLAIMED (it withdrew)
+//! DONE       target     CLAIMED, COPYING, WITHDRAWN (it completed)
+//! ```
+//!
+//! The target copies a request's bytes only while the entry is COPYING,
+//! one piece at a time (at most 256 KiB, see [`super::serve`]), and it
+//! enters COPYING only from CLAIMED. The initiator can withdraw a POSTED
+//! or CLAIMED request but never a COPYING one. So once a withdrawal has
+//! succeeded, the target reads no byte of that request any more: its next
+//! attempt to begin a copy fails, and it completes the entry as
+//! [`Status::Withdrawn`] without copying. A request being copied is waited
+//! for: the wait lasts one piece's copy on a running target, and as long
+//! as the target's copying thread is stopped or descheduled otherwise.
 //!
 //! Wakeups: each side that goes to sleep sets its flag in the header and
 //! looks once more for work; the other side, after publishing, clears the
@@ -55,6 +75,8 @@ const FREE: u64 = 0;
 const POSTED: u64 = 1;
 const CLAIMED: u64 = 2;
 const DONE: u64 = 3;
+const COPYING: u64 = 4;
+const WITHDRAWN: u64 = 5;
 
 /// Bytes of a ring of `entries` entries.
 pub fn ring_bytes(entries: usize) -> usize {
@@ -72,6 +94,9 @@ pub enum Status {
     Failed = 2,
     /// The kernel does not let the target read the initiator.
     Denied = 3,
+    /// The initiator withdrew the request before its copy began (or
+    /// between two of its pieces).
+    Withdrawn = 4,
 }
 
 impl Status {
@@ -80,6 +105,7 @@ impl Status {
             0 => Status::Done,
             1 => Status::Rejected,
             3 => Status::Denied,
+            4 => Status::Withdrawn,
             _ => Status::Failed,
         }
     }
@@ -243,17 +269,27 @@ impl Ring {
         true
     }
 
-    /// Withdraws request `pos` if the target has not claimed it; the
-    /// entry is free again then.
-    pub fn withdraw(&self, pos: u64) -> bool {
-        self.control(pos)
-            .compare_exchange(
-                pos << 3 | POSTED,
-                pos << 3 | FREE,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            )
-            .is_ok()
+    /// Withdraws request `pos` unless the target is copying it or has
+    /// completed it. Once this returns [`Withdrawal::Free`] or
+    /// [`Withdrawal::Held`], the target reads no byte of the request.
+    pub fn withdraw(&self, pos: u64) -> Withdrawal {
+        let c = self.control(pos);
+        loop {
+            let w = c.load(Ordering::SeqCst);
+            let (to, then) = match (w >> 3 == pos, w & 7) {
+                (true, POSTED) => (FREE, Withdrawal::Free),
+                (true, CLAIMED) => (WITHDRAWN, Withdrawal::Held),
+                (true, COPYING) => return Withdrawal::Copying,
+                (true, DONE) => return Withdrawal::Done,
+                // Withdrawn already, or not ours (the entry moved on).
+                _ => return Withdrawal::Held,
+            };
+            if c.compare_exchange(w, pos << 3 | to, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                return then;
+            }
+        }
     }
 
     /// The result of request `pos` if the target completed it; the entry
@@ -305,7 +341,27 @@ impl Ring {
         })
     }
 
-    /// Completes a claimed request.
+    /// Begins a copy of (a piece of) claimed request `pos`: false if the
+    /// initiator withdrew it, which then must not be copied.
+    pub fn begin_copy(&self, pos: u64) -> bool {
+        self.control(pos)
+            .compare_exchange(
+                pos << 3 | CLAIMED,
+                pos << 3 | COPYING,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .is_ok()
+    }
+
+    /// Ends a copy that [`Ring::begin_copy`] began, with more pieces to
+    /// come: the initiator may withdraw the request again.
+    pub fn end_copy(&self, pos: u64) {
+        self.control(pos)
+            .store(pos << 3 | CLAIMED, Ordering::SeqCst);
+    }
+
+    /// Completes a claimed request (claimed, being copied, or withdrawn).
     pub fn complete(&self, pos: u64, status: Status) {
         let e = self.entry(pos);
         self.map
@@ -361,6 +417,20 @@ impl Ring {
     }
 }
 
+/// What [`Ring::withdraw`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Withdrawal {
+    /// Withdrawn before the target claimed it: the entry is free.
+    Free,
+    /// Withdrawn after the target claimed it (or earlier): the entry stays
+    /// busy until the target completes it as [`Status::Withdrawn`].
+    Held,
+    /// The target is copying it: not withdrawn; wait.
+    Copying,
+    /// Completed: take its result.
+    Done,
+}
+
 /// Which side of a ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
@@ -400,9 +470,10 @@ mod tests {
                 backing: None
             }
         );
-        assert!(!i.withdraw(p), "claimed requests cannot be withdrawn");
         assert!(!i.post(p + 4, 0, 0, 0, None), "the entry is busy");
+        assert!(t.begin_copy(p));
         t.complete(p, Status::Rejected);
+        assert_eq!(i.withdraw(p), Withdrawal::Done);
         assert_eq!(i.take(p), Some(Status::Rejected));
         let b = Backing {
             id: 5,
@@ -419,13 +490,42 @@ mod tests {
         let p = i.first_position();
         assert!(i.post(p, 1, 1, 1, None));
         assert!(i.post(p + 1, 2, 2, 2, None));
-        assert!(i.withdraw(p));
+        assert_eq!(i.withdraw(p), Withdrawal::Free);
         // The freed entry takes the request two positions on.
         assert!(i.post(p + 2, 3, 3, 3, None));
         assert_eq!(t.claim(p), Next::Skip);
         assert!(matches!(t.claim(p + 1), Next::Claimed(r) if r.src == 2));
         assert!(matches!(t.claim(p + 2), Next::Claimed(r) if r.src == 3));
         assert_eq!(t.claim(p + 3), Next::Empty);
+    }
+
+    #[test]
+    fn a_claimed_request_is_withdrawn_between_pieces_never_during_one() {
+        let (t, i) = pair(4);
+        let p = i.first_position();
+        assert!(i.post(p, 1, 2, 3, None));
+        assert!(matches!(t.claim(p), Next::Claimed(_)));
+        // The target copies a piece: the initiator must wait.
+        assert!(t.begin_copy(p));
+        assert_eq!(i.withdraw(p), Withdrawal::Copying);
+        assert!(!t.begin_copy(p), "one copy at a time");
+        // Between two pieces the initiator wins, and the target copies
+        // nothing more.
+        t.end_copy(p);
+        assert_eq!(i.withdraw(p), Withdrawal::Held);
+        assert_eq!(i.withdraw(p), Withdrawal::Held, "withdrawn already");
+        assert!(!t.begin_copy(p));
+        assert!(!i.post(p + 4, 0, 0, 0, None), "busy until completed");
+        assert_eq!(i.take(p), None);
+        t.complete(p, Status::Withdrawn);
+        assert_eq!(i.take(p), Some(Status::Withdrawn));
+        assert!(i.post(p + 4, 0, 0, 0, None));
+        // Withdrawn before any piece: never copied at all.
+        assert!(matches!(t.claim(p + 1), Next::Empty));
+        assert!(i.post(p + 1, 1, 2, 3, None));
+        assert!(matches!(t.claim(p + 1), Next::Claimed(_)));
+        assert_eq!(i.withdraw(p + 1), Withdrawal::Held);
+        assert!(!t.begin_copy(p + 1));
     }
 
     #[test]

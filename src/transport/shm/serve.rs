@@ -13,11 +13,66 @@ use super::table::TableReader;
 use super::{BATCH, BATCH_BYTES, Shared, sys};
 use crate::memory::fence::{Fence, Inside};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// Bytes copied per system call while inside the fences.
 const CALL_BYTES: u64 = 256 << 10;
+
+/// A ring's cursor (the next position to look at) and who holds it: one
+/// thread at a time scans a ring; a thread that finds it held asks the
+/// holder to scan again before it lets go, so that work it was woken for
+/// is never left behind (see [`serve_one`]).
+struct Cursor {
+    holder: AtomicU8,
+    pos: AtomicU64,
+}
+
+/// [`Cursor::holder`]: nobody holds it.
+const IDLE: u8 = 0;
+/// A thread holds it.
+const HELD: u8 = 1;
+/// A thread holds it, and another asked it to scan once more.
+const RESCAN: u8 = 2;
+
+impl Cursor {
+    fn new(pos: u64) -> Cursor {
+        Cursor {
+            holder: AtomicU8::new(IDLE),
+            pos: AtomicU64::new(pos),
+        }
+    }
+
+    /// Takes the cursor and returns its position; `None` if another
+    /// thread holds it, which then scans once more before letting go.
+    fn take(&self) -> Option<u64> {
+        loop {
+            match self
+                .holder
+                .compare_exchange(IDLE, HELD, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => return Some(self.pos.load(Ordering::Relaxed)),
+                Err(HELD) => {
+                    if self
+                        .holder
+                        .compare_exchange(HELD, RESCAN, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok()
+                    {
+                        return None;
+                    }
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Lets the cursor go at `pos`; whether another thread asked for one
+    /// more scan meanwhile.
+    fn release(&self, pos: u64) -> bool {
+        self.pos.store(pos, Ordering::Relaxed);
+        self.holder.swap(IDLE, Ordering::SeqCst) == RESCAN
+    }
+}
 
 /// The ring of one attached initiator.
 pub(crate) struct Served {
@@ -46,8 +101,8 @@ pub(crate) struct Served {
     /// When the ring was created (ms since start): one the initiator does
     /// not activate within `MC_SHM_TIMEOUT_SEC` is dropped.
     created_ms: u64,
-    /// The next position to look at (only this process consumes).
-    cursor: Mutex<u64>,
+    /// The next position to look at, and which thread holds it.
+    cursor: Cursor,
     /// When a request was last claimed (ms since start).
     last_active: AtomicU64,
     gone: AtomicBool,
@@ -86,7 +141,7 @@ impl Served {
             initiator: who.pid,
             proof: who.proof,
             table_at: who.table,
-            cursor: Mutex::new(parts.ring.first_position()),
+            cursor: Cursor::new(parts.ring.first_position()),
             ring: parts.ring,
             _memfd: parts.memfd,
             to_target: parts.to_target,
@@ -169,23 +224,85 @@ pub(crate) fn drop_ring(shared: &Shared, s: &Arc<Served>) {
     sys::signal(&s.to_initiator);
 }
 
-/// Claims the next requests of a ring (if no other thread is at it) and
-/// executes them. Returns whether there was anything to do.
+/// Claims the next requests of a ring and executes them. Returns whether
+/// there was anything to do.
+///
+/// Why no posted request is left behind with every thread asleep (the
+/// sleep protocol is in [`super::worker`]): a request is posted, then the
+/// initiator rings the doorbell if a target thread said it sleeps, and
+/// every target thread that says so scans every ring once more before it
+/// sleeps. So after each post some thread calls this function after the
+/// post (woken by the doorbell, or in its last scan before sleeping, or
+/// simply in its next pass). Say thread B does, and the cursor is held by
+/// thread A:
+///
+/// 1. B's [`Cursor::take`] fails and leaves the cursor marked RESCAN
+///    (compare-and-swap from HELD, or RESCAN already); B returns.
+/// 2. A's scan may have passed the new entry's position before the post.
+///    A lets go with [`Cursor::release`], which reads RESCAN, since only
+///    a release clears the mark and A had not released yet when B set it.
+/// 3. So A takes the cursor again and scans once more, after B's mark and
+///    so after the post, and sees the request; or its take fails because
+///    a third thread C took the cursor after A let go, and C's scan, which
+///    begins after that, sees it.
+///
+/// Before the cursor had this mark, B returned as if the ring were idle
+/// and A finished its scan without the new request: both slept, and the
+/// request waited for the initiator's stall timeout.
 pub(crate) fn serve_one(shared: &Shared, s: &Arc<Served>) -> bool {
     if s.gone.load(Ordering::Acquire) {
         return false;
     }
-    let Ok(mut cursor) = s.cursor.try_lock() else {
+    let Some(mut cursor) = s.cursor.take() else {
+        #[cfg(test)]
+        super::test_hooks::preempt();
         return false;
     };
-    if !s.verified() && !verify(shared, s) {
-        return false;
+    let mut any = false;
+    loop {
+        if !s.verified() && !verify(shared, s) {
+            if !s.cursor.release(cursor) || s.gone.load(Ordering::Acquire) {
+                return any;
+            }
+        } else if s.ring.detached() {
+            s.cursor.release(cursor);
+            drop_ring(shared, s);
+            return true;
+        } else {
+            let batch = claim_batch(s, &mut cursor);
+            let more = s.ring.posted(cursor);
+            #[cfg(test)]
+            super::test_hooks::preempt();
+            let rescan = s.cursor.release(cursor);
+            if !batch.is_empty() {
+                any = true;
+                if more {
+                    shared.kick();
+                }
+                s.last_active.store(shared.now_ms(), Ordering::Relaxed);
+                let gone = execute(shared, s, &batch);
+                if s.ring.wake(Side::Initiator) {
+                    sys::signal(&s.to_initiator);
+                }
+                if gone {
+                    drop_ring(shared, s);
+                    return true;
+                }
+            }
+            if !rescan {
+                return any;
+            }
+        }
+        cursor = match s.cursor.take() {
+            Some(c) => c,
+            None => return any,
+        };
     }
-    if s.ring.detached() {
-        drop(cursor);
-        drop_ring(shared, s);
-        return true;
-    }
+}
+
+/// Claims the requests posted from `cursor` on, at most [`BATCH`] or
+/// [`BATCH_BYTES`], and moves the cursor past them.
+fn claim_batch(s: &Served, cursor: &mut u64) -> Vec<Request> {
     let mut batch = Vec::new();
     let mut bytes = 0u64;
     for _ in 0..s.ring.entries() {
@@ -202,23 +319,27 @@ pub(crate) fn serve_one(shared: &Shared, s: &Arc<Served>) -> bool {
         }
         *cursor += 1;
     }
-    let more = s.ring.posted(*cursor);
-    drop(cursor);
-    if batch.is_empty() {
-        return false;
+    batch
+}
+
+/// Drops the rings whose initiators did not activate them within
+/// `MC_SHM_TIMEOUT_SEC` of the attach (with their descriptors and
+/// memory).
+pub(crate) fn drop_unactivated(shared: &Shared) {
+    let limit = shared.opts.timeout.as_millis() as u64;
+    let now = shared.now_ms();
+    for s in shared.served().iter() {
+        if !s.verified()
+            && s.ring.activation().is_none()
+            && now.saturating_sub(s.created_ms) > limit
+        {
+            tracing::debug!(
+                "shm: the ring of process {} was not activated in time; dropped",
+                s.initiator
+            );
+            drop_ring(shared, s);
+        }
     }
-    if more {
-        shared.kick();
-    }
-    s.last_active.store(shared.now_ms(), Ordering::Relaxed);
-    let gone = execute(shared, s, &batch);
-    if s.ring.wake(Side::Initiator) {
-        sys::signal(&s.to_initiator);
-    }
-    if gone {
-        drop_ring(shared, s);
-    }
-    true
 }
 
 /// Checks the proof of a ring's initiator once it activated the ring
@@ -256,49 +377,88 @@ fn verify(shared: &Shared, s: &Arc<Served>) -> bool {
     }
 }
 
+/// One claimed request while it is executed.
+struct Job {
+    r: Request,
+    status: Status,
+    copied: u64,
+    /// Index in the piece list of its last piece (cross-memory attach).
+    last_piece: usize,
+    /// Completed in the ring.
+    completed: bool,
+}
+
+impl Job {
+    /// Completes the request in the ring, once.
+    fn complete(&mut self, ring: &Ring) {
+        if !self.completed {
+            self.completed = true;
+            ring.complete(self.r.pos, self.status);
+        }
+    }
+
+    /// The status of a request whose copy stopped after some bytes.
+    fn cut_short(&mut self, why: Status) {
+        if self.status == Status::Done {
+            self.status = match why {
+                Status::Rejected if self.copied > 0 => Status::Failed,
+                other => other,
+            };
+        }
+    }
+}
+
 /// Copies each request's bytes from the initiator into our buffer and
 /// completes it: by memcpy from our mapping of the initiator's memfd if
 /// the source lies in a buffer its table backs with one, else with
-/// cross-memory attach. Returns whether the initiator is gone.
+/// cross-memory attach. Each piece is copied inside the destination's
+/// fence and while the ring entry says COPYING ([`Ring::begin_copy`]), so
+/// a request the initiator withdrew is not copied any further. A request
+/// is completed as soon as its last piece is copied. Returns whether the
+/// initiator is gone.
 fn execute(shared: &Shared, s: &Served, batch: &[Request]) -> bool {
     let table = s.table.get().expect("requests are executed once verified");
     s.maps.prune(table);
+    // The destinations' fences, where they are ours to write.
     let fences: Vec<Option<Arc<Fence>>> = batch
         .iter()
         .map(|r| shared.memory.admit(r.dst, r.len))
         .collect();
-    let mut status: Vec<Status> = fences
+    let mut jobs: Vec<Job> = batch
         .iter()
-        .map(|f| match f {
-            Some(_) => Status::Done,
-            None => Status::Rejected,
+        .zip(&fences)
+        .map(|(&r, fence)| Job {
+            r,
+            status: if fence.is_some() {
+                Status::Done
+            } else {
+                Status::Rejected
+            },
+            copied: 0,
+            last_piece: 0,
+            completed: false,
         })
         .collect();
-    let mut copied = vec![0u64; batch.len()];
     // Mapped sources are copied now; the others are cut into pieces of at
     // most CALL_BYTES for cross-memory attach.
     let mut chunks: Vec<(usize, Piece)> = Vec::new();
-    for (i, r) in batch.iter().enumerate() {
+    for (i, job) in jobs.iter_mut().enumerate() {
         let Some(fence) = &fences[i] else {
+            job.complete(&s.ring);
             continue;
         };
+        let r = job.r;
         let mapped = r
             .backing
             .filter(|b| table.backs(r.src, r.len, b))
             .and_then(|b| Some((b.offset, s.maps.get(&s.pidfd, &b, r.len)?)));
         if let Some((offset, map)) = mapped {
-            copied[i] = copy_mapped(fence, &map, offset, r.dst, r.len);
-            if copied[i] < r.len {
-                status[i] = if copied[i] == 0 {
-                    Status::Rejected
-                } else {
-                    Status::Failed
-                };
-            }
+            copy_mapped(&s.ring, job, fence, &map, offset);
             shared
                 .counters
                 .mapped
-                .fetch_add(copied[i], Ordering::Relaxed);
+                .fetch_add(job.copied, Ordering::Relaxed);
+            job.complete(&s.ring);
             continue;
         }
         let mut off = 0;
@@ -314,6 +474,7 @@ fn execute(shared: &Shared, s: &Served, batch: &[Request]) -> bool {
             ));
             off += len;
         }
+        job.last_piece = chunks.len().saturating_sub(1);
     }
     let mut gone = false;
     let mut start = 0;
@@ -327,12 +488,23 @@ fn execute(shared: &Shared, s: &Served, batch: &[Request]) -> bool {
             bytes += chunks[end].1.len;
             end += 1;
         }
+        #[cfg(test)]
+        super::test_hooks::hold_before_copy();
+        let mut copying: Vec<usize> = Vec::new();
         let mut inside: Vec<Inside<'_>> = Vec::with_capacity(end - start);
         let mut pieces = Vec::with_capacity(end - start);
         let mut owners = Vec::with_capacity(end - start);
         for &(i, p) in &chunks[start..end] {
-            if status[i] != Status::Done {
+            let job = &mut jobs[i];
+            if job.status != Status::Done {
                 continue;
+            }
+            if copying.last() != Some(&i) {
+                if !s.ring.begin_copy(job.r.pos) {
+                    job.cut_short(Status::Withdrawn);
+                    continue;
+                }
+                copying.push(i);
             }
             let fence = fences[i].as_ref().expect("admitted");
             match fence.enter() {
@@ -343,8 +515,7 @@ fn execute(shared: &Shared, s: &Served, batch: &[Request]) -> bool {
                 }
                 // Unregistered meanwhile: the range is no longer ours to
                 // give; a request that had copied part of it failed.
-                None if copied[i] == 0 => status[i] = Status::Rejected,
-                None => status[i] = Status::Failed,
+                None => job.cut_short(Status::Rejected),
             }
         }
         // SAFETY: each local range lies in a registered, remotely
@@ -355,37 +526,57 @@ fn execute(shared: &Shared, s: &Served, batch: &[Request]) -> bool {
         drop(inside);
         for ((i, p), r) in owners.into_iter().zip(&pieces).zip(results) {
             match r {
-                Ok(()) => copied[i] += p.len,
+                Ok(()) => jobs[i].copied += p.len,
                 Err(e) => {
                     gone |= e == CopyError::Gone;
-                    if status[i] == Status::Done {
-                        status[i] = match e {
-                            CopyError::Denied => Status::Denied,
-                            _ => Status::Failed,
-                        };
-                    }
+                    jobs[i].cut_short(match e {
+                        CopyError::Denied => Status::Denied,
+                        _ => Status::Failed,
+                    });
                 }
+            }
+        }
+        // Complete what ended in this group; the others may be withdrawn
+        // until their next piece begins.
+        let mut seen: Option<usize> = None;
+        for &(i, _) in &chunks[start..end] {
+            if seen == Some(i) {
+                continue;
+            }
+            seen = Some(i);
+            let job = &mut jobs[i];
+            if job.status != Status::Done || job.last_piece < end {
+                job.complete(&s.ring);
+            } else if copying.contains(&i) {
+                s.ring.end_copy(job.r.pos);
             }
         }
         start = end;
     }
-    let served: u64 = copied.iter().sum();
+    let served: u64 = jobs.iter().map(|j| j.copied).sum();
     shared.counters.served.fetch_add(served, Ordering::Relaxed);
-    for (r, st) in batch.iter().zip(status) {
-        s.ring.complete(r.pos, st);
+    for job in &mut jobs {
+        job.complete(&s.ring);
     }
     gone
 }
 
-/// Copies `len` bytes from byte `offset` of `map` (checked to hold them) to
-/// our `dst`, at most CALL_BYTES at a time inside `fence`; returns the
-/// bytes copied (fewer if the buffer was unregistered meanwhile).
-fn copy_mapped(fence: &Fence, map: &Mapping, offset: u64, dst: u64, len: u64) -> u64 {
-    let mut off = 0;
-    while off < len {
+/// Copies a request from byte `offset` of `map` (checked to hold it) to
+/// our destination, at most CALL_BYTES at a time, each inside `fence` and
+/// while the ring entry says COPYING; stops early if the buffer was
+/// unregistered or the initiator withdrew the request meanwhile.
+fn copy_mapped(ring: &Ring, job: &mut Job, fence: &Fence, map: &Mapping, offset: u64) {
+    let (dst, len) = (job.r.dst, job.r.len);
+    while job.copied < len {
+        let off = job.copied;
         let n = (len - off).min(CALL_BYTES);
-        let Some(_inside) = fence.enter() else {
-            break;
+        #[cfg(test)]
+        super::test_hooks::hold_before_copy();
+        if !ring.begin_copy(job.r.pos) {
+            return job.cut_short(Status::Withdrawn);
+        }
+        let Some(inside) = fence.enter() else {
+            return job.cut_short(Status::Rejected);
         };
         // SAFETY: the source lies inside the mapping (`PeerMaps::get`
         // checked `offset + len` against its size, and the memfd's size is
@@ -400,9 +591,12 @@ fn copy_mapped(fence: &Fence, map: &Mapping, offset: u64, dst: u64, len: u64) ->
                 n as usize,
             )
         };
-        off += n;
+        drop(inside);
+        job.copied += n;
+        if job.copied < len {
+            ring.end_copy(job.r.pos);
+        }
     }
-    off
 }
 
 /// The target's check of an initiator that activated its ring: the two

@@ -3,7 +3,35 @@
 //! the results of our WRITEs, and looks for stalled targets. An idle
 //! thread polls for `MC_SHM_SPIN_US`, then sleeps on its epoll set until a
 //! peer or this process rings an eventfd or a peer exits; it wakes
-//! periodically only while WRITEs are in flight (to notice a stall).
+//! periodically only while WRITEs are in flight (to notice a stall) or a
+//! ring waits for its initiator to activate it (to drop it if it never
+//! does).
+//!
+//! Sleeping without losing a post. Each ring has one "target sleeps" flag
+//! in shared memory (and each link an "initiator sleeps" flag, the same
+//! way for completions); a peer that publishes work afterwards clears the
+//! flag and, if it was set, rings our eventfd, which every thread's epoll
+//! set watches (level-triggered). With threads T1..Tn:
+//!
+//! 1. A thread that found no work counts itself asleep, sets the flag of
+//!    every ring, and then scans every ring once more; only if that scan
+//!    finds nothing does it wait in epoll. The flag store and the peer's
+//!    post are both sequentially consistent, as are the scan's load and
+//!    the peer's load of the flag: either the scan sees the post, or the
+//!    peer sees the flag and rings.
+//! 2. A thread whose scan cannot take a ring's cursor does not conclude the
+//!    ring is idle: it marks the cursor, and its holder scans again before
+//!    it lets go ([`serve::serve_one`] has the steps).
+//! 3. One ring wakes every waiting thread, but the peer cleared the flag,
+//!    so a later post would ring nobody while the woken thread is busy (a
+//!    long copy) and the others still wait. So a thread that wakes while
+//!    others still sleep sets the flags again: every post made while any
+//!    thread waits in epoll finds a flag set, until the last sleeper woke.
+//!
+//! So a request posted while every thread sleeps wakes one, and one
+//! posted while some thread is awake is seen by that thread's next scan
+//! (step 2 covers a scan that is under way), or by a sleeper that step 3
+//! makes the peer ring.
 
 use super::poll::Token;
 use super::ring::Side;
@@ -29,23 +57,38 @@ pub(crate) fn run(shared: &Arc<Shared>, me: usize) {
         // Say we sleep, then look once more: whoever posts after that
         // sees the flag and rings.
         shared.sleepers.fetch_add(1, Ordering::SeqCst);
-        for s in shared.served().iter() {
-            s.ring.sleep(Side::Target);
-        }
-        for l in shared.links().iter() {
-            if let Some(link) = l.link() {
-                link.ring.sleep(Side::Initiator);
-            }
-        }
+        arm_doorbells(shared);
         if shared.closing() || pass(shared) {
             shared.sleepers.fetch_sub(1, Ordering::SeqCst);
             continue;
         }
-        let timeout = (shared.writes_in_flight.load(Ordering::Relaxed) > 0).then(|| tick(shared));
+        #[cfg(test)]
+        super::test_hooks::preempt();
+        let timeout = (shared.writes_in_flight.load(Ordering::Relaxed) > 0
+            || shared.served().iter().any(|s| !s.verified()))
+        .then(|| tick(shared));
         events.clear();
         poll.wait(timeout, &mut events);
-        shared.sleepers.fetch_sub(1, Ordering::SeqCst);
+        if shared.sleepers.fetch_sub(1, Ordering::SeqCst) > 1 {
+            // The peer that woke us cleared the flags; the threads still
+            // asleep want the next post rung too, or it would wait for
+            // whatever we are about to copy.
+            arm_doorbells(shared);
+        }
         handle(shared, &events);
+    }
+}
+
+/// Tells every peer that a thread of ours sleeps: the next post or
+/// completion rings our eventfd.
+fn arm_doorbells(shared: &Shared) {
+    for s in shared.served().iter() {
+        s.ring.sleep(Side::Target);
+    }
+    for l in shared.links().iter() {
+        if let Some(link) = l.link() {
+            link.ring.sleep(Side::Initiator);
+        }
     }
 }
 
@@ -101,6 +144,9 @@ pub(crate) fn pass(shared: &Shared) -> bool {
     }
     for l in shared.links().iter() {
         found |= l.reap(shared);
+    }
+    if shared.draining_links.load(Ordering::SeqCst) > 0 {
+        peer::drain(shared, None);
     }
     found
 }
@@ -163,4 +209,5 @@ fn check_stalls(shared: &Shared) {
     for l in shared.links().iter() {
         l.check_stall(shared, now);
     }
+    serve::drop_unactivated(shared);
 }

@@ -185,6 +185,24 @@ pub unsafe fn not_equal(addr: u64, len: u64, value: u8) -> u64 {
     s.iter().filter(|&&b| b != value).count() as u64
 }
 
+/// How many bytes of `[addr, addr + len)` hold pattern `new` where it
+/// differs from pattern `old` and from zero: bytes that only a copy of a
+/// source refilled with `new` can have put there.
+///
+/// # Safety
+/// The range must be readable memory of this process.
+pub unsafe fn count_late(addr: u64, len: u64, old: u8, new: u8) -> u64 {
+    // SAFETY: the caller's contract.
+    let s = unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) };
+    s.iter()
+        .enumerate()
+        .filter(|&(k, &b)| {
+            let want = byte(k as u64, new);
+            b == want && want != byte(k as u64, old) && want != 0
+        })
+        .count() as u64
+}
+
 /// The parent's handle on a child.
 pub struct Child {
     proc: Mutex<std::process::Child>,
@@ -472,6 +490,11 @@ fn obey(
             unsafe { std::ptr::write_bytes(addr as *mut u8, v, len as usize) };
             json!({})
         }
+        "fill_pattern" => {
+            // SAFETY: as above.
+            unsafe { fill(n("addr"), n("len"), n("seed") as u8, 0) };
+            json!({})
+        }
         "unregister" => {
             let t = st.local.unregister(n("addr"));
             json!({"us": t.as_micros() as u64})
@@ -561,6 +584,31 @@ fn obey(
             // SAFETY: the fresh mapping.
             unsafe { fill(addr, len as u64, n("seed") as u8, 0) };
             json!({"fd": fd, "addr": addr})
+        }
+        "hold" => {
+            // The next `n` copies of WRITEs wait (see `test_hooks`).
+            use crate::transport::shm::test_hooks::{HOLDING, HOLDS};
+            HOLDING.store(true, Ordering::SeqCst);
+            HOLDS.store(n("n") as usize, Ordering::SeqCst);
+            json!({})
+        }
+        "release" => {
+            use crate::transport::shm::test_hooks::{HOLDING, HOLDS};
+            HOLDS.store(0, Ordering::SeqCst);
+            HOLDING.store(false, Ordering::SeqCst);
+            json!({})
+        }
+        "held" => {
+            json!({"held": crate::transport::shm::test_hooks::HELD.load(Ordering::SeqCst)})
+        }
+        "preempt" => {
+            let on = cmd["on"].as_bool().unwrap();
+            crate::transport::shm::test_hooks::PREEMPT.store(on, Ordering::SeqCst);
+            json!({})
+        }
+        "count_late" => {
+            // SAFETY: the parent names ranges of our buffers.
+            json!({"late": unsafe { count_late(n("addr"), n("len"), n("old") as u8, n("new") as u8) }})
         }
         "stats" => {
             let s = st.local.shm.stats();

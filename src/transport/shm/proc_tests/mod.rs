@@ -7,7 +7,9 @@
 mod bench;
 mod buf;
 mod harness;
+mod late;
 mod other_user;
 mod peer_death;
 mod transfers;
 mod unregister;
+mod wakeups;
