@@ -4,6 +4,7 @@
 
 use crate::engine::Engine;
 use crate::engine::config::{LogLevel, config};
+use crate::error::Error;
 use crate::handle::HandleTable;
 use std::cell::RefCell;
 use std::ffi::{CStr, c_char, c_void};
@@ -115,6 +116,31 @@ pub fn string_arg(p: *const c_char, func: &str, what: &str) -> Option<String> {
     Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
+/// The `len` elements C passed at `p` (`what` names them in the error):
+/// empty for a `len` of 0, an error for a NULL `p` or for a `len` whose
+/// size in bytes exceeds `isize::MAX` (no array is that large; the size
+/// would wrap).
+///
+/// # Safety
+/// A non-NULL `p` must be valid for `len` elements during `'a`.
+pub unsafe fn c_array<'a, T>(p: *const T, len: usize, what: &str) -> Result<&'a [T], Error> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(Error::InvalidArgument(format!("{what} is NULL")));
+    }
+    let size = std::mem::size_of::<T>().max(1);
+    if len > isize::MAX as usize / size {
+        return Err(Error::InvalidArgument(format!(
+            "{what} cannot hold {len} elements of {size} bytes (more than the address space)"
+        )));
+    }
+    // SAFETY: `p` is non-NULL, `len * size` does not exceed isize::MAX, and
+    // the caller passes `len` valid elements.
+    Ok(unsafe { std::slice::from_raw_parts(p, len) })
+}
+
 /// Writes `s` into `buf` like `snprintf(buf, len, "%s", s)`: truncated and
 /// always NUL-terminated.
 pub fn write_c_string(s: &str, buf: *mut c_char, len: usize) {
@@ -149,4 +175,27 @@ pub fn init_logging() {
             .try_init();
     });
     config();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn c_arrays_whose_size_wraps_are_refused_unread() {
+        // SAFETY: a NULL pointer with length 0 is never read.
+        assert!(unsafe { c_array::<u64>(std::ptr::null(), 0, "x") }.is_ok_and(|a| a.is_empty()));
+        // SAFETY: a NULL pointer is refused before it is read.
+        let null = unsafe { c_array::<u64>(std::ptr::null(), 1, "x") };
+        assert_eq!(null.unwrap_err().to_string(), "invalid argument: x is NULL");
+        // One real element; every length below is refused before a read.
+        let one = [7u64; 1];
+        for len in [1usize << 60, 1 << 61, 1 << 62, usize::MAX] {
+            // SAFETY: the length is refused before `one` is read past.
+            let e = unsafe { c_array(one.as_ptr(), len, "list") }.unwrap_err();
+            assert!(e.to_string().contains("more than the address space"), "{e}");
+        }
+        // SAFETY: `one` holds one element.
+        assert_eq!(unsafe { c_array(one.as_ptr(), 1, "list") }.unwrap(), &[7]);
+    }
 }
