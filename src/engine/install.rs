@@ -126,7 +126,7 @@ impl Engine {
     pub fn install_transport(&self, proto: &str, matrix: Option<&str>) -> Result<u64> {
         let _change = self.begin_change("installTransport")?;
         if self.transports().iter().any(|t| t.protocol() == proto) {
-            warn!("transport {proto} is already installed");
+            crate::warn_limited!("transport {proto} is already installed");
             return Ok(handle_of(proto));
         }
         let given = match matrix {
@@ -278,7 +278,7 @@ impl Engine {
                 match memory.remove(addr) {
                     Ok(_) => removed.push(addr),
                     Err(e) => {
-                        warn!("unregister: {e}");
+                        crate::warn_limited!("unregister: {e}");
                         first_err.get_or_insert(e);
                     }
                 }
@@ -286,7 +286,7 @@ impl Engine {
         }
         self.unregister_on_transports(&removed);
         if let Err(e) = self.publish_local_desc() {
-            warn!("unregister: the descriptor could not be republished: {e}");
+            crate::warn_limited!("unregister: the descriptor could not be republished: {e}");
         }
         first_err.map_or(Ok(()), Err)
     }

@@ -6,6 +6,7 @@ use crate::engine::Engine;
 use crate::engine::config::{LogLevel, config};
 use crate::error::Error;
 use crate::handle::HandleTable;
+use crate::log_limit::{LogLimits, Suppressed};
 use std::cell::RefCell;
 use std::ffi::{CStr, c_char, c_void};
 use std::fmt::Display;
@@ -41,11 +42,23 @@ thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
+/// Lines each export's failures write per [`crate::log_limit::LOG_INTERVAL`]
+/// before the rest are counted and suppressed.
+const FAILURES_LOGGED: u32 = 5;
+
+/// The log lines of failing exports, limited per export.
+static FAILURES: LogLimits = LogLimits::with_burst(FAILURES_LOGGED);
+
 /// Logs a failure of export `func` and records it as this thread's last
-/// error (`te_last_error`). Every failing export goes through here.
-pub fn fail(func: &str, msg: impl Display) {
+/// error (`te_last_error`). Every failing export goes through here. The
+/// record is exact for every call; the log has the first few failures of
+/// each export per interval, then one line with the count of those
+/// suppressed, so a caller that fails in a loop cannot flood it.
+pub fn fail(func: &'static str, msg: impl Display) {
     let text = format!("{func}: {msg}");
-    tracing::error!("{text}");
+    if let Some(suppressed) = FAILURES.admit(func) {
+        tracing::error!("{text}{}", Suppressed(suppressed));
+    }
     set_last_error(text);
 }
 
@@ -83,7 +96,7 @@ pub fn insert_engine(engine: Arc<Engine>) -> *mut c_void {
 
 /// The engine behind a handle, or `None` (logged) for NULL, forged or
 /// destroyed handles.
-pub fn engine(handle: *mut c_void, func: &str) -> Option<Arc<Engine>> {
+pub fn engine(handle: *mut c_void, func: &'static str) -> Option<Arc<Engine>> {
     let found = if handle.is_null() {
         None
     } else {
@@ -107,7 +120,7 @@ pub fn remove_engine(handle: *mut c_void) -> Option<Arc<Engine>> {
 }
 
 /// Copies a C string argument, or `None` (logged) when it is NULL.
-pub fn string_arg(p: *const c_char, func: &str, what: &str) -> Option<String> {
+pub fn string_arg(p: *const c_char, func: &'static str, what: &str) -> Option<String> {
     if p.is_null() {
         fail(func, format_args!("{what} is NULL"));
         return None;

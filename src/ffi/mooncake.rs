@@ -192,7 +192,7 @@ pub unsafe extern "C" fn uninstallTransport(
 fn open_segment(
     engine: transfer_engine_t,
     segment_name: *const c_char,
-    func: &str,
+    func: &'static str,
     sync: bool,
 ) -> segment_id_t {
     let Some(e) = self::engine(engine, func) else {
@@ -346,7 +346,7 @@ pub unsafe extern "C" fn destroyTransferEngine(engine: transfer_engine_t) {
 
 fn register(
     engine: transfer_engine_t,
-    func: &str,
+    func: &'static str,
     entries: &[(u64, u64)],
     location: *const c_char,
     remote: bool,
@@ -567,7 +567,7 @@ fn submit(
     entries: *const transfer_request,
     count: usize,
     notify: Option<(String, String)>,
-    func: &str,
+    func: &'static str,
 ) -> c_int {
     let Some(e) = self::engine(engine, func) else {
         return STATUS_INVALID_ARGUMENT;
