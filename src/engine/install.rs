@@ -8,8 +8,12 @@ use crate::memory::Region;
 use crate::sync;
 use crate::topology::{PriorityMatrix, Topology};
 use crate::transport::{InstallContext, handle_of};
+use std::path::Path;
 use std::sync::Arc;
 use tracing::{info, warn};
+
+/// Largest `MC_CUSTOM_TOPO_JSON` file read (a matrix is a few KiB).
+const MAX_TOPO_FILE: u64 = 1 << 20;
 
 impl Engine {
     /// Installs the transports for an auto-discovered machine: as Mooncake,
@@ -107,8 +111,11 @@ impl Engine {
         let Some(path) = &self.config.topology.custom_topo_json else {
             return Ok(None);
         };
-        let json = std::fs::read_to_string(path).map_err(|e| {
-            Error::InvalidArgument(format!("MC_CUSTOM_TOPO_JSON={path} cannot be read: {e}"))
+        let file = crate::small_file::read(Path::new(path), MAX_TOPO_FILE).map_err(|why| {
+            Error::InvalidArgument(format!("MC_CUSTOM_TOPO_JSON={path} cannot be read: {why}"))
+        })?;
+        let json = String::from_utf8(file.bytes).map_err(|_| {
+            Error::InvalidArgument(format!("MC_CUSTOM_TOPO_JSON={path} is not UTF-8"))
         })?;
         PriorityMatrix::parse(&json).map(Some)
     }
