@@ -9,12 +9,18 @@
  *
  * Requests that fall outside registered memory must FAIL without touching
  * a byte of the memory around them; this is verified byte by byte.
+ *
+ * Counts whose size in bytes wraps (submitTransfer into a batch of 4 with
+ * up to SIZE_MAX requests, batch registration with 2^60 entries) are
+ * refused before one element past the caller's array is read.
  */
 #include "transfer_engine_c.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "te_check.h"
 #include "te_util.h"
@@ -359,6 +365,92 @@ static void test_batches(transfer_engine_t e, transfer_engine_t other) {
   free(dst);
 }
 
+/* `n` elements of `size` bytes that end exactly where a PROT_NONE page
+ * starts: reading one element past them is a SIGSEGV, not a silent read. */
+static void *before_guard_page(size_t n, size_t size) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  REQUIRE(n * size <= page);
+  unsigned char *two = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(two != MAP_FAILED);
+  REQUIRE(mprotect(two + page, page, PROT_NONE) == 0);
+  return two + page - n * size;
+}
+
+/* Counts and lengths that do not fit: a batch of 4 given counts up to
+ * SIZE_MAX (whose size in bytes wraps), and the batch registration calls
+ * given lengths whose size wraps. Each is refused with the code of an
+ * over-full batch (2) or of a bad argument (-1) before any element is read
+ * (the arrays end at a PROT_NONE page), and nothing is created. */
+static void test_huge_counts(transfer_engine_t e) {
+  fprintf(stderr, "-- huge counts\n");
+  enum { N = 4096, CAP = 4 };
+  unsigned char *src = malloc(N), *dst = malloc(N);
+  REQUIRE(src && dst);
+  te_fill(src, N, 3);
+  memset(dst, 0, N);
+  REQUIRE(registerLocalMemory(e, dst, N, "cpu:0", 1) == 0);
+  struct transfer_request *reqs = before_guard_page(CAP, sizeof *reqs);
+  for (int i = 0; i < CAP; i++) {
+    struct transfer_request r = {.opcode = OPCODE_WRITE, .source = src + 100 * i,
+                                 .target_id = LOCAL_SEGMENT,
+                                 .target_offset = (uint64_t)(uintptr_t)(dst + 100 * i), .length = 100};
+    reqs[i] = r;
+  }
+  static const size_t huge[] = {CAP + 1, (size_t)1 << 31, (size_t)1 << 61, (size_t)1 << 62, SIZE_MAX};
+  char n[] = "name", m[] = "msg";
+  struct transfer_status st = {0};
+  batch_id_t b = allocateBatchID(e, CAP);
+  REQUIRE(b != INVALID_BATCH);
+  CHECK_EQ(submitTransfer(e, b, reqs, 0), 0);
+  for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+    fprintf(stderr, "   count %zu\n", huge[i]);
+    CHECK_EQ(submitTransfer(e, b, reqs, huge[i]), 2);
+    CHECK_EQ(submitTransferWithNotify(e, b, reqs, huge[i], notify(n, m)), 2);
+    CHECK_EQ(getTransferStatus(e, b, 0, &st), 1); /* no task was created */
+  }
+  /* One task in: the room left is 3, and 4 is over-full as well. */
+  CHECK_EQ(submitTransfer(e, b, reqs, 1), 0);
+  CHECK_EQ(submitTransfer(e, b, reqs + 1, CAP), 2);
+  for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++)
+    CHECK_EQ(submitTransfer(e, b, reqs + 1, huge[i]), 2);
+  CHECK_EQ(getTransferStatus(e, b, 1, &st), 1);
+  CHECK_EQ(submitTransfer(e, b, reqs + 1, CAP - 1), 0); /* the rest fits exactly */
+  for (int i = 0; i < CAP; i++) {
+    CHECK_EQ(te_wait(e, b, (size_t)i, &st), STATUS_COMPLETED);
+    CHECK_EQ(st.transferred_bytes, 100);
+  }
+  CHECK_EQ(getTransferStatus(e, b, CAP, &st), 1);
+  CHECK_EQ(te_verify(dst, CAP * 100, 3), TE_ALL_MATCH);
+  CHECK_EQ(te_verify_byte(dst + CAP * 100, N - CAP * 100, 0), TE_ALL_MATCH);
+  CHECK_EQ(freeBatchID(e, b), 0);
+
+  /* Registration lists whose size in bytes wraps. */
+  unsigned char *mem = malloc(2 * 4096);
+  REQUIRE(mem);
+  struct buffer_entry *list = before_guard_page(2, sizeof *list);
+  list[0].addr = mem;
+  list[0].length = 4096;
+  list[1].addr = mem + 4096;
+  list[1].length = 4096;
+  void **addrs = before_guard_page(2, sizeof *addrs);
+  addrs[0] = mem;
+  addrs[1] = mem + 4096;
+  static const size_t wraps[] = {(size_t)1 << 60, (size_t)1 << 61, (size_t)1 << 62, SIZE_MAX};
+  for (size_t i = 0; i < sizeof wraps / sizeof wraps[0]; i++) {
+    fprintf(stderr, "   length %zu\n", wraps[i]);
+    CHECK_EQ(registerLocalMemoryBatch(e, list, wraps[i], "cpu:0"), -1);
+    CHECK_EQ(unregisterLocalMemory(e, mem), -3); /* nothing was registered */
+  }
+  CHECK_EQ(registerLocalMemoryBatch(e, list, 2, "cpu:0"), 0);
+  for (size_t i = 0; i < sizeof wraps / sizeof wraps[0]; i++)
+    CHECK_EQ(unregisterLocalMemoryBatch(e, addrs, wraps[i]), -1);
+  CHECK_EQ(unregisterLocalMemoryBatch(e, addrs, 2), 0); /* both were still there */
+  CHECK_EQ(unregisterLocalMemory(e, dst), 0);
+  free(mem);
+  free(src);
+  free(dst);
+}
+
 /* Submits one request and returns its terminal status (and frees the batch). */
 static int run_one(transfer_engine_t e, int opcode, void *source, uint64_t target, uint64_t len) {
   struct transfer_request r = {.opcode = opcode, .source = source, .target_id = LOCAL_SEGMENT,
@@ -462,6 +554,7 @@ int main(void) {
   test_engine_functions(e);
   test_registration(e);
   test_batches(e, other);
+  test_huge_counts(e);
   test_out_of_bounds(e);
 
   /* enableGracefulShutdown on a live engine, then a normal destroy. */

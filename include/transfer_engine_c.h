@@ -546,8 +546,9 @@ int unregisterLocalMemory(transfer_engine_t engine, void *addr);
  * location. All are registered, or none.
  *
  * Returns 0 (also for `buffer_len` 0); -1 for a NULL or unknown engine,
- * NULL `buffer_list` or `location`, a NULL address or zero length; -7 when
- * buffers overlap each other or a registered buffer.
+ * NULL `buffer_list` or `location`, a `buffer_len` whose size in bytes
+ * exceeds `PTRDIFF_MAX`, a NULL address or zero length; -7 when buffers
+ * overlap each other or a registered buffer.
  *
  * # Safety
  * `buffer_list` must be valid for `buffer_len` entries.
@@ -561,8 +562,9 @@ int registerLocalMemoryBatch(transfer_engine_t engine,
  * Unregisters buffers by base address. Every listed buffer that is
  * registered is removed.
  *
- * Returns 0 (also for `addr_len` 0); -1 for a NULL or unknown engine or a
- * NULL `addr_list`; -3 when an address is not a registered base.
+ * Returns 0 (also for `addr_len` 0); -1 for a NULL or unknown engine, a
+ * NULL `addr_list` or an `addr_len` whose size in bytes exceeds
+ * `PTRDIFF_MAX`; -3 when an address is not a registered base.
  *
  * # Safety
  * `addr_list` must be valid for `addr_len` entries.
@@ -588,7 +590,8 @@ batch_id_t allocateBatchID(transfer_engine_t engine, size_t batch_size);
  *
  * Returns 0; 1 for a NULL or unknown engine, an unknown or freed batch,
  * NULL `entries`, a bad opcode or a segment id that is not open; 2 when the
- * batch has no room for `count` more requests; 8 when the segment's
+ * batch has no room for `count` more requests (any count up to `SIZE_MAX`:
+ * the room is checked before a request is read); 8 when the segment's
  * protocol is not installed.
  *
  * # Safety

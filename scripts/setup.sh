@@ -4,7 +4,7 @@
 # as most machines have them, so the tests see the libpciaccess component
 # the engine must leave out), CMake, pkg-config and binutils (the install
 # test), the servers and tools the tests start (etcd, redis, iperf3,
-# iproute2), and the libraries Mooncake's Python wheel (the interop peer of
+# iproute2, strace), and the libraries Mooncake's Python wheel (the interop peer of
 # the Python tests) loads besides libibverbs (libnuma, libcurl).
 # Idempotent. It never stops, starts or
 # reconfigures a service: the tests run private servers on free ports, so
@@ -14,7 +14,7 @@ set -euo pipefail
 packages=(
   build-essential binutils pkg-config cmake libclang-dev
   libibverbs-dev librdmacm-dev libhwloc-dev libhwloc-plugins libudev-dev
-  etcd-server redis-server iperf3 iproute2 procps
+  etcd-server redis-server iperf3 iproute2 procps strace
   libnuma1 libcurl4
 )
 

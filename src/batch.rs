@@ -171,17 +171,31 @@ impl Batch {
     ) -> Result<R> {
         let _guard = sync::lock(&self.submit_lock);
         let start = self.len.load(Ordering::Acquire);
+        self.room_after(start, count)?;
+        let slots = &self.tasks[start..start + count];
+        slots.iter().for_each(Task::reset);
+        let out = fill(start, slots)?;
+        self.len.store(start + count, Ordering::Release);
+        Ok(out)
+    }
+
+    /// Refuses `count` more tasks when they do not fit in the room the
+    /// batch has now, with the error of [`Batch::append`]: lets the C
+    /// boundary refuse a count before it reads that many requests (the
+    /// submit itself checks again).
+    pub fn room_for(&self, count: usize) -> Result<()> {
+        self.room_after(self.len.load(Ordering::Acquire), count)
+    }
+
+    /// Whether `count` more tasks fit after the first `start`.
+    fn room_after(&self, start: usize, count: usize) -> Result<()> {
         if start.saturating_add(count) > self.tasks.len() {
             return Err(Error::TooManyRequests(format!(
                 "batch holds {start} of {} tasks; {count} more do not fit",
                 self.tasks.len()
             )));
         }
-        let slots = &self.tasks[start..start + count];
-        slots.iter().for_each(Task::reset);
-        let out = fill(start, slots)?;
-        self.len.store(start + count, Ordering::Release);
-        Ok(out)
+        Ok(())
     }
 
     /// The task slot with this id, published or not (for transports that
@@ -341,6 +355,14 @@ mod tests {
         .unwrap();
         let r = b.append(2, |_, _| -> Result<()> { panic!("must not fill") });
         assert!(matches!(r, Err(Error::TooManyRequests(_))));
+        // The same answer before an append, for any count.
+        assert!(b.room_for(1).is_ok());
+        for n in [2, 1 << 31, 1 << 61, 1 << 62, usize::MAX] {
+            assert!(
+                matches!(b.room_for(n), Err(Error::TooManyRequests(_))),
+                "{n}"
+            );
+        }
         // a failing fill publishes nothing
         let r = b.append(1, |_, _| -> Result<()> {
             Err(Error::InvalidArgument("x".into()))

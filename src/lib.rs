@@ -70,6 +70,7 @@ pub mod metadata;
 pub(crate) mod rpc;
 pub(crate) mod segment;
 pub(crate) mod serve;
+pub(crate) mod small_file;
 pub(crate) mod sync;
 pub mod topology;
 pub(crate) mod transport;

@@ -66,19 +66,23 @@ fn keyed(files: Option<&str>) -> Arc<Engine> {
 /// [`keyed`] named `name` whose peers are found through `conn` (a store
 /// advertises the loopback address).
 fn keyed_in(conn: &str, name: &str, files: Option<&str>) -> Arc<Engine> {
-    let files = files.map(str::to_string);
-    let cfg = Config::from_lookup(move |k| match k {
-        "MC_TE_AUTH_KEY_FILE" => files.clone(),
-        "MC_HANDSHAKE_CONNECT_TIMEOUT" => Some("2".into()),
-        "MC_TCP_BIND_ADDRESS" => Some("127.0.0.1".into()),
-        _ => std::env::var(k).ok(),
-    });
     let e = Engine::builder(conn, name)
-        .config(cfg)
+        .config(key_config(files))
         .build()
         .expect("engine");
     e.install_transport("tcp", None).expect("install tcp");
     e
+}
+
+/// The configuration of [`keyed_in`]: `MC_TE_AUTH_KEY_FILE` is `files`.
+fn key_config(files: Option<&str>) -> Config {
+    let files = files.map(str::to_string);
+    Config::from_lookup(move |k| match k {
+        "MC_TE_AUTH_KEY_FILE" => files.clone(),
+        "MC_HANDSHAKE_CONNECT_TIMEOUT" => Some("2".into()),
+        "MC_TCP_BIND_ADDRESS" => Some("127.0.0.1".into()),
+        _ => std::env::var(k).ok(),
+    })
 }
 
 /// `a` writes a pattern into a buffer of `b` and reads it back; every
@@ -169,6 +173,64 @@ fn two_engines_with_the_same_key_move_verified_bytes() {
     let b = keyed(Some(&k.path()));
     moves_verified_bytes(&a, &b, 7);
     moves_verified_bytes(&b, &a, 9);
+}
+
+/// A key file that is not a small regular file fails engine creation at
+/// once, naming the file and why: a FIFO with no writer (creation used to
+/// wait for one forever), a directory, a file over 4 KiB, a missing file,
+/// and `/dev/zero` (read until memory ran out); a good file still builds
+/// an engine that moves bytes.
+#[test]
+fn key_files_that_are_not_small_regular_files_fail_engine_creation_at_once() {
+    let dir = std::env::temp_dir().join(format!("te-auth-paths-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("sub")).expect("temporary directory");
+    std::fs::write(dir.join("big"), "ab".repeat(32 * 1024)).expect("big file");
+    let fifo = std::ffi::CString::new(dir.join("fifo").to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo reads a NUL-terminated path we own.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0, "mkfifo");
+    let cases = [
+        (dir.join("fifo"), "a FIFO, not a regular file"),
+        (dir.join("sub"), "a directory, not a regular file"),
+        (
+            dir.join("big"),
+            "it holds 65536 bytes; at most 4096 are accepted",
+        ),
+        (dir.join("missing"), "No such file or directory"),
+        (
+            PathBuf::from("/dev/zero"),
+            "a character device, not a regular file",
+        ),
+    ];
+    for (path, why) in cases {
+        let shown = path.to_str().unwrap().to_string();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let files = shown.clone();
+        let t0 = Instant::now();
+        // On a thread: the old code never returned for the FIFO.
+        std::thread::spawn(move || {
+            let built = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+                .config(key_config(Some(&files)))
+                .build();
+            let _ = tx.send(built.map(|e| e.shutdown()).map_err(|e| e.to_string()));
+        });
+        let built = rx
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("creating an engine with key file {shown} did not return"));
+        let took = t0.elapsed();
+        let e = built.expect_err(&shown);
+        println!("{shown}: refused in {took:?}: {e}");
+        assert!(
+            e.contains(&format!("key file {shown} cannot be read")),
+            "{e}"
+        );
+        assert!(e.contains(why), "{e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let good = KeyFile::new(5);
+    let a = keyed(Some(&good.path()));
+    let b = keyed(Some(&good.path()));
+    moves_verified_bytes(&a, &b, 11);
 }
 
 #[test]

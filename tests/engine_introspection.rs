@@ -1,5 +1,7 @@
 //! What the Python binding asks an engine besides transfers: its RPC port
-//! and a probe of a peer's listener.
+//! and a probe of a peer's listener; and what creating an engine touches:
+//! it connects only to the metadata store it was given (traced with
+//! `strace -f -e trace=connect` in a child process).
 
 mod common;
 
@@ -173,4 +175,119 @@ fn metrics_lines_report_completed_transfers() {
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(mine().len(), n, "no line after destroy");
     b.shutdown();
+}
+
+/// The variable that makes this test binary the traced child: the metadata
+/// connection string its engine uses.
+const TRACED_CONN: &str = "TE_TEST_TRACED_CONN";
+
+/// The traced child: an engine with auto discovery (hwloc topology, a
+/// transport installed from it), a topology discovery, a TCP transport,
+/// then destroyed.
+fn traced_child(conn: &str) {
+    let name = if conn == "P2PHANDSHAKE" {
+        "127.0.0.1:0"
+    } else {
+        "traced-node"
+    };
+    let e = Engine::builder(conn, name)
+        .auto_discover(true)
+        .config(Config::from_lookup(|k| match k {
+            "MC_TCP_BIND_ADDRESS" => Some("127.0.0.1".into()),
+            _ => None,
+        }))
+        .build()
+        .expect("engine");
+    e.discover_topology();
+    e.install_transport("tcp", None).expect("install tcp");
+    e.shutdown();
+}
+
+/// The `connect` calls `strace -f` saw while this binary ran
+/// [`traced_child`] with `conn`.
+fn connects_of_a_child_engine(test: &str, conn: &str) -> Option<Vec<String>> {
+    let trace = std::env::temp_dir().join(format!(
+        "te-connect-trace-{}-{}",
+        std::process::id(),
+        conn.len()
+    ));
+    let run = std::process::Command::new("strace")
+        .args(["-f", "-e", "trace=connect", "-o"])
+        .arg(&trace)
+        .arg(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(TRACED_CONN, conn)
+        .env_remove("RUST_LOG")
+        .output();
+    let out = match run {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            common::skip("strace is not installed (scripts/setup.sh installs it)");
+            return None;
+        }
+        Err(e) => panic!("running strace: {e}"),
+    };
+    let text = std::fs::read_to_string(&trace).unwrap_or_default();
+    let _ = std::fs::remove_file(&trace);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("PTRACE_TRACEME") || stderr.contains("ptrace(PTRACE_SEIZE") {
+        common::skip(&format!("strace cannot trace here: {}", stderr.trim()));
+        return None;
+    }
+    assert!(
+        out.status.success(),
+        "the traced child failed: {}\n{stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    Some(
+        text.lines()
+            .filter(|l| l.contains("connect(") && !l.contains("resumed>"))
+            .map(str::to_string)
+            .collect(),
+    )
+}
+
+/// Creating an engine (with auto discovery, hwloc's included, and a
+/// topology discovery) connects nowhere it was not asked to: in P2P mode
+/// nowhere, with a metadata server only to that server. hwloc's GL
+/// component used to connect to X displays :0 to :9
+/// (`/tmp/.X11-unix/X*` and 127.0.0.1:6000-6009) from every discovery.
+#[test]
+fn engine_creation_connects_only_to_its_metadata_store() {
+    const TEST: &str = "engine_creation_connects_only_to_its_metadata_store";
+    if let Ok(conn) = std::env::var(TRACED_CONN) {
+        return traced_child(&conn);
+    }
+    let Some(p2p) = connects_of_a_child_engine(TEST, "P2PHANDSHAKE") else {
+        return;
+    };
+    assert!(p2p.is_empty(), "connects in P2P mode:\n{}", p2p.join("\n"));
+
+    let server =
+        transfer_engine::metadata::server::MetadataServer::start("127.0.0.1:0", "/metadata", None)
+            .expect("metadata server");
+    let Some(http) = connects_of_a_child_engine(TEST, &server.url()) else {
+        return;
+    };
+    let port = server
+        .url()
+        .split(':')
+        .nth(2)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let store = format!("sin_port=htons({port}), sin_addr=inet_addr(\"127.0.0.1\")");
+    assert!(!http.is_empty(), "the engine published through the store");
+    let elsewhere: Vec<_> = http.iter().filter(|l| !l.contains(&store)).collect();
+    assert!(
+        elsewhere.is_empty(),
+        "connects to other than the store ({store}):\n{}",
+        elsewhere
+            .iter()
+            .map(|l| l.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }

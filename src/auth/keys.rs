@@ -31,6 +31,8 @@ pub type HmacSha256 = Hmac<Sha256>;
 pub const MIN_KEY_LEN: usize = 32;
 /// Most keys at once (the new one and the old one, during a rotation).
 pub const MAX_KEYS: usize = 2;
+/// Largest key file read (a key is a few dozen bytes).
+pub const MAX_KEY_FILE: u64 = 4096;
 
 /// Where an engine's keys come from. Parsed from the process environment
 /// by [`crate::engine::config::Config::from_env`]; the keys are read when
@@ -151,26 +153,24 @@ impl AuthConfig {
     }
 }
 
-/// Reads a key file, warning when other users may read it.
+/// Reads a key file (a regular file of at most [`MAX_KEY_FILE`] bytes,
+/// opened without blocking: `/dev/zero` or a FIFO fail at once), warning
+/// when other users may read it.
 fn read_key_file(path: &Path) -> Result<Vec<u8>> {
-    let bytes = std::fs::read(path).map_err(|e| {
+    let file = crate::small_file::read(path, MAX_KEY_FILE).map_err(|why| {
         Error::InvalidArgument(format!(
-            "MC_TE_AUTH_KEY_FILE: key file {} cannot be read: {e}",
+            "MC_TE_AUTH_KEY_FILE: key file {} cannot be read: {why}",
             path.display()
         ))
     })?;
-    use std::os::unix::fs::PermissionsExt;
-    if let Ok(meta) = std::fs::metadata(path) {
-        let mode = meta.permissions().mode();
-        if mode & 0o077 != 0 {
-            warn!(
-                "key file {} may be read by other users (mode {:o}); chmod 600 it",
-                path.display(),
-                mode & 0o777
-            );
-        }
+    if file.mode & 0o077 != 0 {
+        warn!(
+            "key file {} may be read by other users (mode {:o}); chmod 600 it",
+            path.display(),
+            file.mode & 0o777
+        );
     }
-    Ok(bytes)
+    Ok(file.bytes)
 }
 
 /// How a key was written.

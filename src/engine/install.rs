@@ -8,8 +8,12 @@ use crate::memory::Region;
 use crate::sync;
 use crate::topology::{PriorityMatrix, Topology};
 use crate::transport::{InstallContext, handle_of};
+use std::path::Path;
 use std::sync::Arc;
 use tracing::{info, warn};
+
+/// Largest `MC_CUSTOM_TOPO_JSON` file read (a matrix is a few KiB).
+const MAX_TOPO_FILE: u64 = 1 << 20;
 
 impl Engine {
     /// Installs the transports for an auto-discovered machine: as Mooncake,
@@ -107,8 +111,11 @@ impl Engine {
         let Some(path) = &self.config.topology.custom_topo_json else {
             return Ok(None);
         };
-        let json = std::fs::read_to_string(path).map_err(|e| {
-            Error::InvalidArgument(format!("MC_CUSTOM_TOPO_JSON={path} cannot be read: {e}"))
+        let file = crate::small_file::read(Path::new(path), MAX_TOPO_FILE).map_err(|why| {
+            Error::InvalidArgument(format!("MC_CUSTOM_TOPO_JSON={path} cannot be read: {why}"))
+        })?;
+        let json = String::from_utf8(file.bytes).map_err(|_| {
+            Error::InvalidArgument(format!("MC_CUSTOM_TOPO_JSON={path} is not UTF-8"))
         })?;
         PriorityMatrix::parse(&json).map(Some)
     }
@@ -126,7 +133,7 @@ impl Engine {
     pub fn install_transport(&self, proto: &str, matrix: Option<&str>) -> Result<u64> {
         let _change = self.begin_change("installTransport")?;
         if self.transports().iter().any(|t| t.protocol() == proto) {
-            warn!("transport {proto} is already installed");
+            crate::warn_limited!("transport {proto} is already installed");
             return Ok(handle_of(proto));
         }
         let given = match matrix {
@@ -278,7 +285,7 @@ impl Engine {
                 match memory.remove(addr) {
                     Ok(_) => removed.push(addr),
                     Err(e) => {
-                        warn!("unregister: {e}");
+                        crate::warn_limited!("unregister: {e}");
                         first_err.get_or_insert(e);
                     }
                 }
@@ -286,7 +293,7 @@ impl Engine {
         }
         self.unregister_on_transports(&removed);
         if let Err(e) = self.publish_local_desc() {
-            warn!("unregister: the descriptor could not be republished: {e}");
+            crate::warn_limited!("unregister: the descriptor could not be republished: {e}");
         }
         first_err.map_or(Ok(()), Err)
     }

@@ -132,6 +132,12 @@ impl Engine {
             .ok_or_else(|| Error::InvalidArgument(format!("batch id {id:#x} is unknown or freed")))
     }
 
+    /// Refuses `count` more requests to a batch that has no room for them
+    /// now (as [`Engine::submit`] would), before the caller reads them.
+    pub(crate) fn check_room(&self, batch_id: u64, count: usize) -> Result<()> {
+        self.batch(batch_id)?.room_for(count)
+    }
+
     /// Submits requests to a batch. Every check runs before any task is
     /// created, so an error leaves the batch unchanged. Nothing here waits
     /// on a peer: a request whose segment's descriptor must be refetched

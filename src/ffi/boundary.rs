@@ -4,7 +4,9 @@
 
 use crate::engine::Engine;
 use crate::engine::config::{LogLevel, config};
+use crate::error::Error;
 use crate::handle::HandleTable;
+use crate::log_limit::{LogLimits, Suppressed};
 use std::cell::RefCell;
 use std::ffi::{CStr, c_char, c_void};
 use std::fmt::Display;
@@ -40,11 +42,23 @@ thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
+/// Lines each export's failures write per [`crate::log_limit::LOG_INTERVAL`]
+/// before the rest are counted and suppressed.
+const FAILURES_LOGGED: u32 = 5;
+
+/// The log lines of failing exports, limited per export.
+static FAILURES: LogLimits = LogLimits::with_burst(FAILURES_LOGGED);
+
 /// Logs a failure of export `func` and records it as this thread's last
-/// error (`te_last_error`). Every failing export goes through here.
-pub fn fail(func: &str, msg: impl Display) {
+/// error (`te_last_error`). Every failing export goes through here. The
+/// record is exact for every call; the log has the first few failures of
+/// each export per interval, then one line with the count of those
+/// suppressed, so a caller that fails in a loop cannot flood it.
+pub fn fail(func: &'static str, msg: impl Display) {
     let text = format!("{func}: {msg}");
-    tracing::error!("{text}");
+    if let Some(suppressed) = FAILURES.admit(func) {
+        tracing::error!("{text}{}", Suppressed(suppressed));
+    }
     set_last_error(text);
 }
 
@@ -82,7 +96,7 @@ pub fn insert_engine(engine: Arc<Engine>) -> *mut c_void {
 
 /// The engine behind a handle, or `None` (logged) for NULL, forged or
 /// destroyed handles.
-pub fn engine(handle: *mut c_void, func: &str) -> Option<Arc<Engine>> {
+pub fn engine(handle: *mut c_void, func: &'static str) -> Option<Arc<Engine>> {
     let found = if handle.is_null() {
         None
     } else {
@@ -106,13 +120,38 @@ pub fn remove_engine(handle: *mut c_void) -> Option<Arc<Engine>> {
 }
 
 /// Copies a C string argument, or `None` (logged) when it is NULL.
-pub fn string_arg(p: *const c_char, func: &str, what: &str) -> Option<String> {
+pub fn string_arg(p: *const c_char, func: &'static str, what: &str) -> Option<String> {
     if p.is_null() {
         fail(func, format_args!("{what} is NULL"));
         return None;
     }
     // SAFETY: C passes a NUL-terminated string that stays valid during the call.
     Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+/// The `len` elements C passed at `p` (`what` names them in the error):
+/// empty for a `len` of 0, an error for a NULL `p` or for a `len` whose
+/// size in bytes exceeds `isize::MAX` (no array is that large; the size
+/// would wrap).
+///
+/// # Safety
+/// A non-NULL `p` must be valid for `len` elements during `'a`.
+pub unsafe fn c_array<'a, T>(p: *const T, len: usize, what: &str) -> Result<&'a [T], Error> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(Error::InvalidArgument(format!("{what} is NULL")));
+    }
+    let size = std::mem::size_of::<T>().max(1);
+    if len > isize::MAX as usize / size {
+        return Err(Error::InvalidArgument(format!(
+            "{what} cannot hold {len} elements of {size} bytes (more than the address space)"
+        )));
+    }
+    // SAFETY: `p` is non-NULL, `len * size` does not exceed isize::MAX, and
+    // the caller passes `len` valid elements.
+    Ok(unsafe { std::slice::from_raw_parts(p, len) })
 }
 
 /// Writes `s` into `buf` like `snprintf(buf, len, "%s", s)`: truncated and
@@ -149,4 +188,27 @@ pub fn init_logging() {
             .try_init();
     });
     config();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn c_arrays_whose_size_wraps_are_refused_unread() {
+        // SAFETY: a NULL pointer with length 0 is never read.
+        assert!(unsafe { c_array::<u64>(std::ptr::null(), 0, "x") }.is_ok_and(|a| a.is_empty()));
+        // SAFETY: a NULL pointer is refused before it is read.
+        let null = unsafe { c_array::<u64>(std::ptr::null(), 1, "x") };
+        assert_eq!(null.unwrap_err().to_string(), "invalid argument: x is NULL");
+        // One real element; every length below is refused before a read.
+        let one = [7u64; 1];
+        for len in [1usize << 60, 1 << 61, 1 << 62, usize::MAX] {
+            // SAFETY: the length is refused before `one` is read past.
+            let e = unsafe { c_array(one.as_ptr(), len, "list") }.unwrap_err();
+            assert!(e.to_string().contains("more than the address space"), "{e}");
+        }
+        // SAFETY: `one` holds one element.
+        assert_eq!(unsafe { c_array(one.as_ptr(), 1, "list") }.unwrap(), &[7]);
+    }
 }

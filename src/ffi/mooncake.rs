@@ -8,7 +8,7 @@
 //! 0 or a negative `ERR_*`.
 
 use super::boundary::{
-    engine, fail, guard, init_logging, insert_engine, record, remove_engine, string_arg,
+    c_array, engine, fail, guard, init_logging, insert_engine, record, remove_engine, string_arg,
     write_c_string,
 };
 use super::types::*;
@@ -192,7 +192,7 @@ pub unsafe extern "C" fn uninstallTransport(
 fn open_segment(
     engine: transfer_engine_t,
     segment_name: *const c_char,
-    func: &str,
+    func: &'static str,
     sync: bool,
 ) -> segment_id_t {
     let Some(e) = self::engine(engine, func) else {
@@ -346,7 +346,7 @@ pub unsafe extern "C" fn destroyTransferEngine(engine: transfer_engine_t) {
 
 fn register(
     engine: transfer_engine_t,
-    func: &str,
+    func: &'static str,
     entries: &[(u64, u64)],
     location: *const c_char,
     remote: bool,
@@ -438,8 +438,9 @@ pub unsafe extern "C" fn unregisterLocalMemory(
 /// location. All are registered, or none.
 ///
 /// Returns 0 (also for `buffer_len` 0); -1 for a NULL or unknown engine,
-/// NULL `buffer_list` or `location`, a NULL address or zero length; -7 when
-/// buffers overlap each other or a registered buffer.
+/// NULL `buffer_list` or `location`, a `buffer_len` whose size in bytes
+/// exceeds `PTRDIFF_MAX`, a NULL address or zero length; -7 when buffers
+/// overlap each other or a registered buffer.
 ///
 /// # Safety
 /// `buffer_list` must be valid for `buffer_len` entries.
@@ -459,12 +460,14 @@ pub unsafe extern "C" fn registerLocalMemoryBatch(
                 ERR_INVALID_ARGUMENT
             };
         }
-        if buffer_list.is_null() {
-            fail(F, "buffer_list is NULL");
-            return ERR_INVALID_ARGUMENT;
-        }
         // SAFETY: the caller passes `buffer_len` valid entries.
-        let list = unsafe { std::slice::from_raw_parts(buffer_list, buffer_len) };
+        let list = match unsafe { c_array(buffer_list, buffer_len, "buffer_list") } {
+            Ok(list) => list,
+            Err(err) => {
+                fail(F, &err);
+                return err.err_code();
+            }
+        };
         let entries: Vec<(u64, u64)> = list
             .iter()
             .map(|b| (b.addr as u64, b.length as u64))
@@ -476,8 +479,9 @@ pub unsafe extern "C" fn registerLocalMemoryBatch(
 /// Unregisters buffers by base address. Every listed buffer that is
 /// registered is removed.
 ///
-/// Returns 0 (also for `addr_len` 0); -1 for a NULL or unknown engine or a
-/// NULL `addr_list`; -3 when an address is not a registered base.
+/// Returns 0 (also for `addr_len` 0); -1 for a NULL or unknown engine, a
+/// NULL `addr_list` or an `addr_len` whose size in bytes exceeds
+/// `PTRDIFF_MAX`; -3 when an address is not a registered base.
 ///
 /// # Safety
 /// `addr_list` must be valid for `addr_len` entries.
@@ -495,12 +499,14 @@ pub unsafe extern "C" fn unregisterLocalMemoryBatch(
         if addr_len == 0 {
             return 0;
         }
-        if addr_list.is_null() {
-            fail(F, "addr_list is NULL");
-            return ERR_INVALID_ARGUMENT;
-        }
         // SAFETY: the caller passes `addr_len` valid entries.
-        let list = unsafe { std::slice::from_raw_parts(addr_list, addr_len) };
+        let list = match unsafe { c_array(addr_list, addr_len, "addr_list") } {
+            Ok(list) => list,
+            Err(err) => {
+                fail(F, &err);
+                return err.err_code();
+            }
+        };
         let addrs: Vec<u64> = list.iter().map(|&a| a as u64).collect();
         match e.unregister(&addrs) {
             Ok(()) => 0,
@@ -540,14 +546,8 @@ pub unsafe extern "C" fn allocateBatchID(
 
 /// Converts C requests, rejecting bad opcodes before anything runs.
 fn requests(entries: *const transfer_request, count: usize) -> Result<Vec<Request>, Error> {
-    if count == 0 {
-        return Ok(Vec::new());
-    }
-    if entries.is_null() {
-        return Err(Error::InvalidArgument("entries is NULL".into()));
-    }
     // SAFETY: the caller passes `count` valid entries.
-    let list = unsafe { std::slice::from_raw_parts(entries, count) };
+    let list = unsafe { c_array(entries, count, "entries") }?;
     list.iter()
         .map(|r| {
             Ok(Request {
@@ -567,15 +567,20 @@ fn submit(
     entries: *const transfer_request,
     count: usize,
     notify: Option<(String, String)>,
-    func: &str,
+    func: &'static str,
 ) -> c_int {
     let Some(e) = self::engine(engine, func) else {
         return STATUS_INVALID_ARGUMENT;
     };
-    let result = requests(entries, count).and_then(|reqs| match notify {
-        None => e.submit(batch_id, &reqs),
-        Some((name, msg)) => e.submit_with_notify(batch_id, &reqs, name, msg),
-    });
+    // The room is checked first: a count the batch cannot hold (up to
+    // SIZE_MAX) is refused before one request is read.
+    let result = e
+        .check_room(batch_id, count)
+        .and_then(|()| requests(entries, count))
+        .and_then(|reqs| match notify {
+            None => e.submit(batch_id, &reqs),
+            Some((name, msg)) => e.submit_with_notify(batch_id, &reqs, name, msg),
+        });
     match result {
         Ok(()) => STATUS_OK,
         Err(err) => {
@@ -592,7 +597,8 @@ fn submit(
 ///
 /// Returns 0; 1 for a NULL or unknown engine, an unknown or freed batch,
 /// NULL `entries`, a bad opcode or a segment id that is not open; 2 when the
-/// batch has no room for `count` more requests; 8 when the segment's
+/// batch has no room for `count` more requests (any count up to `SIZE_MAX`:
+/// the room is checked before a request is read); 8 when the segment's
 /// protocol is not installed.
 ///
 /// # Safety

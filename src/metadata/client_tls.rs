@@ -56,11 +56,20 @@ pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// Reads the file at `path`, which `var` names.
+/// Largest PEM file read (a CA bundle of the whole web is under 1 MiB).
+pub(crate) const MAX_PEM_FILE: u64 = 4 << 20;
+
+/// Reads the PEM file at `path`, which `var` names: a regular file of at
+/// most [`MAX_PEM_FILE`] bytes, opened without blocking.
+pub(crate) fn read_pem(var: &str, path: &Path) -> std::result::Result<Vec<u8>, String> {
+    crate::small_file::read(path, MAX_PEM_FILE)
+        .map(|f| f.bytes)
+        .map_err(|why| format!("{var}={}: cannot read it: {why}", path.display()))
+}
+
+/// [`read_pem`] with the engine's error.
 fn read(var: &str, path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| {
-        Error::InvalidArgument(format!("{var}={}: cannot read it: {e}", path.display()))
-    })
+    read_pem(var, path).map_err(Error::InvalidArgument)
 }
 
 /// The certificates of the PEM text `pem` read from `path` (`var`): at
@@ -350,4 +359,24 @@ pub(crate) fn find_rustls_error<'a>(
         cur = err.source();
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pem_files_must_be_small_regular_files() {
+        let paths = crate::small_file::tests::Paths::new("pem-paths", b"", 5 << 20);
+        for (path, why) in paths.bad() {
+            let files = TlsFiles {
+                cacert: Some(path.clone()),
+                ..TlsFiles::default()
+            };
+            let e = files.load("MC_ETCD").err().expect("refused").to_string();
+            let named = format!("MC_ETCD_CACERT={}: cannot read it", path.display());
+            assert!(e.contains(&named), "{e}");
+            assert!(e.contains(why), "{e}");
+        }
+    }
 }

@@ -289,14 +289,20 @@ impl EtcdStore {
                     return Ok(v);
                 }
                 Err(Failure::Refused(msg)) => {
-                    tracing::warn!(endpoint = %ep.addr, %what, error = %msg, "etcd refused the request");
+                    crate::warn_limited!(
+                        "etcd refused the request: endpoint={} what={what} error={msg}",
+                        ep.addr
+                    );
                     return Err(Error::Metadata(format!(
                         "etcd {what}: {} refused it: {msg}",
                         ep.addr
                     )));
                 }
                 Err(Failure::Unreachable(msg)) => {
-                    tracing::warn!(endpoint = %ep.addr, %what, error = %msg, "etcd endpoint failed");
+                    crate::warn_limited!(
+                        "etcd endpoint failed: endpoint={} what={what} error={msg}",
+                        ep.addr
+                    );
                     errors.push(format!("{}: {msg}", ep.addr));
                 }
             }

@@ -169,7 +169,10 @@ impl HttpStore {
             .read_to_vec()
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .unwrap_or_default();
-        tracing::warn!(%method, %url, status, %body, "metadata server refused the request");
+        crate::warn_limited!(
+            "metadata server refused the request: method={method} url={url} status={status} \
+             body={body}"
+        );
         let hint = match (status, &self.bearer) {
             (401, None) => {
                 "; the server wants a token: set MC_METADATA_AUTH_TOKEN_FILE to a file holding \

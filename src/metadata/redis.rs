@@ -268,7 +268,9 @@ impl RedisStore {
     /// with a hint about what to check.
     fn error(&self, what: &str, stage: &str, e: &RedisError) -> Error {
         let addr = &self.addr;
-        tracing::warn!(%addr, %what, %stage, error = %e, "redis request failed");
+        crate::warn_limited!(
+            "redis request failed: addr={addr} what={what} stage={stage} error={e}"
+        );
         // The crate keeps the TLS error of a failed connection as text
         // only: say what to check.
         if let Some(t) = &self.tls

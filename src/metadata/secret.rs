@@ -11,6 +11,8 @@ use subtle::ConstantTimeEq;
 pub const MIN_TOKEN_LEN: usize = 16;
 /// Most characters of a bearer token (it travels in a request head).
 pub const MAX_TOKEN_LEN: usize = 4096;
+/// Largest token file read (the token and white space around it).
+const MAX_TOKEN_FILE: u64 = 2 * MAX_TOKEN_LEN as u64;
 
 /// A secret text. `Debug` shows `<redacted>`; equality is constant-time.
 #[derive(Clone)]
@@ -51,12 +53,15 @@ impl fmt::Debug for Secret {
 /// Reads the bearer token in the file at `path`, which `what` names in
 /// messages (e.g. `--auth-token-file`). Leading and trailing white space
 /// (a final newline) is dropped; the rest must be 16 to 4096 visible ASCII
-/// characters. A file others may read is accepted with a warning. The
-/// messages never quote the token.
+/// characters. Only a regular file of at most 8 KiB is read, opened
+/// without blocking (`/dev/zero` or a FIFO fail at once). A file others
+/// may read is accepted with a warning. The messages never quote the
+/// token.
 pub fn read_token_file(path: &Path, what: &str) -> Result<Secret, String> {
     let shown = path.display();
-    let raw = std::fs::read(path).map_err(|e| format!("{what}={shown}: cannot read it: {e}"))?;
-    let token = raw.trim_ascii();
+    let file = crate::small_file::read(path, MAX_TOKEN_FILE)
+        .map_err(|why| format!("{what}={shown}: cannot read it: {why}"))?;
+    let token = file.bytes.trim_ascii();
     if token.is_empty() {
         return Err(format!(
             "{what}={shown}: the file is empty; put the token in it"
@@ -75,24 +80,15 @@ pub fn read_token_file(path: &Path, what: &str) -> Result<Secret, String> {
             token.len()
         ));
     }
-    warn_if_shared(path, what);
+    let mode = file.mode & 0o777;
+    if mode & 0o077 != 0 {
+        tracing::warn!(
+            "{what}={shown}: the file's mode is {mode:o}, so other users may read the token; \
+             chmod 600 it"
+        );
+    }
     let text = String::from_utf8_lossy(token).into_owned();
     Ok(Secret(text))
-}
-
-/// Warns when the group or others may read the file at `path`.
-fn warn_if_shared(path: &Path, what: &str) {
-    use std::os::unix::fs::PermissionsExt;
-    if let Ok(meta) = std::fs::metadata(path) {
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            tracing::warn!(
-                "{what}={}: the file's mode is {mode:o}, so other users may read the token; \
-                 chmod 600 it",
-                path.display()
-            );
-        }
-    }
 }
 
 #[cfg(test)]
@@ -139,5 +135,15 @@ mod tests {
         let e = read_token_file(&dir.join("absent"), "X").unwrap_err();
         assert!(e.contains("cannot read"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
+        // Only a small regular file is read, and nothing waits.
+        let paths = crate::small_file::tests::Paths::new("token-paths", b"", 8193);
+        for (path, why) in paths.bad() {
+            let e = read_token_file(&path, "--auth-token-file").unwrap_err();
+            assert!(e.contains(why), "{e}");
+            assert!(
+                e.starts_with(&format!("--auth-token-file={}", path.display())),
+                "{e}"
+            );
+        }
     }
 }

@@ -23,24 +23,41 @@ pub(super) struct HwlocFacts {
     pub(super) gpus: Vec<Gpu>,
 }
 
-/// Builds an hwloc topology with I/O objects kept and reads it.
+/// hwloc discovery components left out. Discovery reads the machine
+/// (sysfs, `/proc`, cpuid) and nothing else: a library inside an inference
+/// server must not connect anywhere it was not asked to.
 ///
-/// hwloc's `pci` component (the libpciaccess plugin) is not used: it leaks
-/// the PCI vendor and device name strings libpciaccess allocates (about
-/// 0.6 MB per discovery), and its only extra over the `linux` component,
-/// which reads the same PCI devices, addresses and localities from sysfs,
-/// is those names.
-/// Where hwloc has no `pci` component (its plugins are not installed, or it
-/// did not load), there is nothing to leave out.
+/// - `gl` opens X displays `:0` to `:9` to find GPUs driving them (a
+///   connect to `/tmp/.X11-unix/X*` and to 127.0.0.1:6000-6009 each);
+/// - `opencl`, `rsmi` and `levelzero` start OpenCL, ROCm SMI and oneAPI
+///   Level Zero drivers (which may reach their daemons) for devices that
+///   are not used here;
+/// - `pci` (the libpciaccess plugin) leaks the PCI vendor and device name
+///   strings libpciaccess allocates (about 0.6 MB per discovery), and its
+///   only extra over the `linux` component, which reads the same PCI
+///   devices, addresses and localities from sysfs, is those names.
+///
+/// The `linux` component keeps the PCI tree and the network, OpenFabrics
+/// and NVML/CUDA OS devices the topology needs.
+const LEFT_OUT: &[&str] = &["gl", "opencl", "rsmi", "levelzero", "pci"];
+
+/// Builds an hwloc topology with I/O objects kept and without the
+/// components of [`LEFT_OUT`], and reads it.
 pub(super) fn discover() -> Result<HwlocFacts, String> {
-    let builder = HwTopology::builder();
-    let builder = match builder.without_component("pci") {
-        Ok(b) => b,
-        Err(e) => {
-            tracing::debug!("hwloc has no pci component to leave out ({e})");
-            HwTopology::builder()
+    let mut builder = HwTopology::builder();
+    for &name in LEFT_OUT {
+        // hwloc refuses to leave out a component it does not have (its
+        // plugins are not installed, or it was built without it), and a
+        // refused builder is lost: each name is tried on a throwaway
+        // builder first (cheap: `builder` keeps the components loaded).
+        if let Err(e) = HwTopology::builder().without_component(name) {
+            tracing::debug!("hwloc has no {name} component to leave out ({e})");
+            continue;
         }
-    };
+        builder = builder
+            .without_component(name)
+            .map_err(|e| format!("cannot leave out the {name} component: {e}"))?;
+    }
     let topo = builder
         .with_io_type_filter(TypeFilter::KeepAll)
         .map_err(|e| format!("cannot keep I/O objects: {e}"))?

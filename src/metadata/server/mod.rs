@@ -121,17 +121,14 @@ pub struct MetadataServer {
 /// file that cannot be read, holds no certificate or no key, or a key that
 /// does not match the certificate is `InvalidInput`.
 fn server_tls(opts: &ServerOptions) -> io::Result<Option<Arc<rustls::ServerConfig>>> {
-    use super::client_tls::{certificates, private_key, provider};
+    use super::client_tls::{certificates, private_key, provider, read_pem};
     let bad = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
     let (cert, key) = match (&opts.tls_cert, &opts.tls_key) {
         (None, None) => return Ok(None),
         (Some(c), Some(k)) => (c, k),
         _ => return Err(bad("--tls-cert and --tls-key go together".into())),
     };
-    let read = |flag: &str, path: &PathBuf| {
-        std::fs::read(path)
-            .map_err(|e| bad(format!("{flag}={}: cannot read it: {e}", path.display())))
-    };
+    let read = |flag: &str, path: &PathBuf| read_pem(flag, path).map_err(bad);
     let chain = certificates("--tls-cert", cert, &read("--tls-cert", cert)?)
         .map_err(|e| bad(e.to_string()))?;
     let key =

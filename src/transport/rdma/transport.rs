@@ -331,7 +331,7 @@ impl RdmaTransport {
             return slice.finish(Outcome::Failed { hard: true });
         };
         if slice.len > u64::from(u32::MAX >> 1) {
-            warn!(
+            crate::warn_limited!(
                 "a slice of {} bytes is too large for one RDMA work request",
                 slice.len
             );

@@ -310,7 +310,7 @@ impl Io {
             self.registry()
                 .register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)
         {
-            warn!("tcp: could not watch the connection from {peer}: {e}");
+            crate::warn_limited!("tcp: could not watch the connection from {peer}: {e}");
             return;
         }
         self.server.open.fetch_add(1, Ordering::AcqRel);
