@@ -18,6 +18,11 @@ use std::time::{Duration, Instant};
 pub struct RemoteSegment {
     /// The name it was opened by.
     pub name: String,
+    /// The name its owner answers to, which proofs of authentication are
+    /// bound to on every port: in P2P mode the opened name as `host:port`
+    /// (the handshake port filled in, as the connection goes there), with
+    /// a store the name itself.
+    pub identity: String,
     /// Its descriptor.
     pub desc: SegmentDesc,
     /// Host of its data server and handshake listener (the name's host in

@@ -256,7 +256,7 @@ impl Carrier for TcpCarrier {
                         host: remote.addr.ip.to_string(),
                         port,
                         v2,
-                        name: seg.name.clone(),
+                        name: seg.identity.clone(),
                     },
                 });
             }
@@ -271,7 +271,7 @@ impl Carrier for TcpCarrier {
                     host: seg.data_host.clone(),
                     port,
                     v2,
-                    name: seg.name.clone(),
+                    name: seg.identity.clone(),
                 },
             });
         }

@@ -79,8 +79,8 @@ pub struct LaneTarget {
     pub port: u16,
     /// Whether to use the acknowledged framing.
     pub v2: bool,
-    /// The peer's segment name, which the proofs of authentication are
-    /// bound to.
+    /// The name the peer answers to ([`crate::segment::RemoteSegment::identity`]),
+    /// which the proofs of authentication are bound to.
     pub name: String,
 }
 
