@@ -291,6 +291,11 @@ impl Carrier for TcpCarrier {
         self.tcp.probe(&rail.target, done);
     }
 
+    fn failure(&self, rail: &Rail<LaneTarget>) -> Option<String> {
+        let device = rail.device.map(|i| self.names[i].as_str());
+        self.tcp.connect_failure(device, &rail.target)
+    }
+
     fn unbound_rails(&self) -> bool {
         true
     }
