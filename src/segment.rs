@@ -79,8 +79,9 @@ impl Freshness {
 
     /// Whether to refetch the peer's descriptor now: a transfer failed
     /// since it was fetched, and no refetch for that happened in the last
-    /// few seconds (so a peer that stays unreachable does not make every
-    /// submit wait on it).
+    /// few seconds (so a peer that stays unreachable, its connects timing
+    /// out, does not make every submit wait on it); one that found the
+    /// peer down does not count ([`Freshness::peer_down`]).
     pub fn take_refetch(&self) -> bool {
         if !self.stale.swap(false, Ordering::AcqRel) {
             return false;
@@ -91,6 +92,14 @@ impl Freshness {
         }
         *last = Some(Instant::now());
         true
+    }
+
+    /// The refetch found the peer down (its handshake listener refused
+    /// the connection): that cost no wait, so the next failure may
+    /// refetch at once, and a peer back on its name is found by the next
+    /// transfer.
+    pub fn peer_down(&self) {
+        *sync::lock(&self.refetched) = None;
     }
 
     /// The descriptor was refetched unchanged.

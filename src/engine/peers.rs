@@ -320,7 +320,12 @@ impl Engine {
                     self.segments.insert(seg);
                 }
             },
-            Err(e) => crate::warn_limited!("refreshing segment {name:?}: {e}"),
+            Err(e) => {
+                if let (Error::Unreachable(_), Some(seg)) = (&e, self.segments.get(id)) {
+                    seg.freshness.peer_down();
+                }
+                crate::warn_limited!("refreshing segment {name:?}: {e}");
+            }
         }
     }
 
