@@ -249,4 +249,17 @@ mod tests {
             "a removed name comes back with a new id"
         );
     }
+
+    #[test]
+    fn a_refetch_that_found_the_peer_down_does_not_hold_back_the_next() {
+        let f = Freshness::default();
+        assert!(!f.take_refetch(), "nothing failed");
+        f.mark_stale();
+        assert!(f.take_refetch());
+        f.mark_stale();
+        assert!(!f.take_refetch(), "a refetch ran just now");
+        f.mark_stale();
+        f.peer_down();
+        assert!(f.take_refetch(), "that one found the peer down");
+    }
 }
