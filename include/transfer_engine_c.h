@@ -665,7 +665,10 @@ int genNotifyInEngine(transfer_engine_t engine, uint64_t target_id, notify_msg_t
 
 /**
  * Reads the status of task `task_id` (its position across the batch's
- * submits). `*status` is written only when 0 is returned.
+ * submits). `*status` is written only when 0 is returned. When the task
+ * FAILED and the engine knows why (a peer that refused the connection
+ * or cannot be reached, a range it refused), `te_last_error` says so
+ * after this call, which still returns 0.
  *
  * Returns 0; 1 for a NULL or unknown engine, an unknown or freed batch, a
  * NULL `status` or a task id not yet submitted.

@@ -52,7 +52,9 @@ const char *te_version(void);
  * `snprintf(buf, len, "%s", msg)`: truncated and NUL-terminated; nothing
  * is written when `buf` is NULL or `len` is 0. Every other call (except
  * `te_version`) clears the text first, so after a call that succeeded
- * there is none; this function leaves it as it is.
+ * there is none, except after `getTransferStatus` of a FAILED task: then
+ * it says why the task failed, where the engine knows. This function
+ * leaves it as it is.
  *
  * Returns the full length of the message (without the NUL), 0 when there
  * is none.

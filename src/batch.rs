@@ -10,8 +10,8 @@ use crate::codes::{
 use crate::error::{Error, Result};
 use crate::sync;
 use once_cell::sync::Lazy;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The origin of task submission times.
@@ -24,6 +24,10 @@ fn now_nanos() -> u64 {
 
 /// Largest `batch_size` accepted by `allocateBatchID`.
 pub const MAX_BATCH_SIZE: usize = 1 << 22;
+
+/// Distinct failure reasons a batch keeps; the tasks that fail for
+/// another one beyond have none.
+const MAX_REASONS: usize = 64;
 
 /// Mooncake's transfer status values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +62,8 @@ pub struct Task {
     counted: AtomicBool,
     /// When its slices were posted ([`now_nanos`]).
     submitted: AtomicU64,
+    /// Why it failed: 1 + its index in [`Batch::reasons`], 0 for none.
+    why: AtomicU32,
 }
 
 impl Task {
@@ -104,6 +110,7 @@ impl Task {
         self.observed_terminal.store(false, Ordering::Relaxed);
         self.counted.store(false, Ordering::Relaxed);
         self.submitted.store(now_nanos(), Ordering::Relaxed);
+        self.why.store(0, Ordering::Relaxed);
     }
 
     /// Marks that a caller has seen this task terminal (needed by
@@ -135,6 +142,8 @@ pub struct Batch {
     len: AtomicUsize,
     submit_lock: Mutex<()>,
     notify: Mutex<Option<PendingNotify>>,
+    /// The distinct reasons its tasks failed for, at most [`MAX_REASONS`].
+    reasons: Mutex<Vec<Arc<str>>>,
 }
 
 impl Batch {
@@ -158,6 +167,7 @@ impl Batch {
             len: AtomicUsize::new(0),
             submit_lock: Mutex::new(()),
             notify: Mutex::new(None),
+            reasons: Mutex::new(Vec::new()),
         })
     }
 
@@ -231,6 +241,41 @@ impl Batch {
             }
         }
         Ok((status, bytes))
+    }
+
+    /// Records why task `id` fails, before its failing slice is finished;
+    /// the first reason given is kept. Reasons are kept once per batch
+    /// (at most [`MAX_REASONS`] distinct ones), so a task costs no memory
+    /// for one.
+    pub fn note_failure(&self, id: usize, why: &str) {
+        let Some(task) = self.slot(id) else {
+            return;
+        };
+        if task.why.load(Ordering::Acquire) != 0 {
+            return;
+        }
+        let mut reasons = sync::lock(&self.reasons);
+        let at = match reasons.iter().position(|r| &**r == why) {
+            Some(at) => at,
+            None if reasons.len() < MAX_REASONS => {
+                reasons.push(why.into());
+                reasons.len() - 1
+            }
+            None => return,
+        };
+        let _ = task
+            .why
+            .compare_exchange(0, at as u32 + 1, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Why task `id` failed, if it did and a reason was recorded.
+    pub fn failure(&self, id: usize) -> Option<Arc<str>> {
+        let task = self.task(id)?;
+        if task.status().0 != TaskStatus::Failed {
+            return None;
+        }
+        let at = (task.why.load(Ordering::Acquire) as usize).checked_sub(1)?;
+        sync::lock(&self.reasons).get(at).cloned()
     }
 
     /// The bytes of task `id` and how long it took from submission, the
@@ -343,6 +388,36 @@ mod tests {
         .unwrap();
         std::thread::sleep(limit * 2);
         assert_eq!(off.poll(0).unwrap().0, TaskStatus::Waiting);
+    }
+
+    #[test]
+    fn a_failed_task_keeps_its_first_reason_and_batches_keep_few() {
+        let b = Batch::new(MAX_REASONS + 3, None).unwrap();
+        b.append(MAX_REASONS + 3, |_, tasks| {
+            tasks.iter().for_each(|t| t.add_slices(1));
+            Ok(())
+        })
+        .unwrap();
+        b.note_failure(0, "refused");
+        b.note_failure(0, "later");
+        assert_eq!(b.failure(0), None, "not failed yet");
+        b.task(0).unwrap().finish_slice(0, false);
+        assert_eq!(b.failure(0).as_deref(), Some("refused"));
+        b.note_failure(1, "refused");
+        b.task(1).unwrap().finish_slice(0, false);
+        assert_eq!(b.failure(1).as_deref(), Some("refused"));
+        assert_eq!(sync::lock(&b.reasons).len(), 1, "one copy of a reason");
+        for i in 2..MAX_REASONS + 3 {
+            b.note_failure(i, &format!("reason {i}"));
+            b.task(i).unwrap().finish_slice(0, false);
+        }
+        assert_eq!(b.failure(MAX_REASONS).as_deref(), Some("reason 64"));
+        assert_eq!(
+            b.failure(MAX_REASONS + 1),
+            None,
+            "beyond the distinct reasons kept"
+        );
+        assert_eq!(std::mem::size_of::<Task>(), 48);
     }
 
     #[test]

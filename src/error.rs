@@ -31,6 +31,10 @@ pub enum Error {
     Dns(String),
     /// A connect, read or write that failed or timed out.
     Socket(String),
+    /// A peer whose connection was refused, reset on connect, or that has
+    /// no route: a definite failure, reported at once rather than retried
+    /// (its process exited, or its host is down).
+    Unreachable(String),
     /// JSON that does not parse or does not have the expected shape.
     MalformedJson(String),
     /// A handshake the peer refused.
@@ -59,7 +63,7 @@ impl Error {
             Error::AddressOverlapped(_) => ERR_ADDRESS_OVERLAPPED,
             Error::NotSupportedTransport(_) => ERR_INVALID_ARGUMENT,
             Error::Dns(_) => ERR_DNS,
-            Error::Socket(_) => ERR_SOCKET,
+            Error::Socket(_) | Error::Unreachable(_) => ERR_SOCKET,
             Error::MalformedJson(_) => ERR_MALFORMED_JSON,
             Error::RejectHandshake(_) => ERR_REJECT_HANDSHAKE,
             Error::Metadata(_) => ERR_METADATA,
@@ -94,6 +98,7 @@ impl fmt::Display for Error {
             Error::NotSupportedTransport(m) => write!(f, "transport not installed: {m}"),
             Error::Dns(m) => write!(f, "name resolution failed: {m}"),
             Error::Socket(m) => write!(f, "socket error: {m}"),
+            Error::Unreachable(m) => write!(f, "peer unreachable: {m}"),
             Error::MalformedJson(m) => write!(f, "malformed JSON: {m}"),
             Error::RejectHandshake(m) => write!(f, "handshake rejected: {m}"),
             Error::Metadata(m) => write!(f, "metadata error: {m}"),

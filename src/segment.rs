@@ -18,6 +18,11 @@ use std::time::{Duration, Instant};
 pub struct RemoteSegment {
     /// The name it was opened by.
     pub name: String,
+    /// The name its owner answers to, which proofs of authentication are
+    /// bound to on every port: in P2P mode the opened name as `host:port`
+    /// (the handshake port filled in, as the connection goes there), with
+    /// a store the name itself.
+    pub identity: String,
     /// Its descriptor.
     pub desc: SegmentDesc,
     /// Host of its data server and handshake listener (the name's host in
@@ -74,8 +79,9 @@ impl Freshness {
 
     /// Whether to refetch the peer's descriptor now: a transfer failed
     /// since it was fetched, and no refetch for that happened in the last
-    /// few seconds (so a peer that stays unreachable does not make every
-    /// submit wait on it).
+    /// few seconds (so a peer that stays unreachable, its connects timing
+    /// out, does not make every submit wait on it); one that found the
+    /// peer down does not count ([`Freshness::peer_down`]).
     pub fn take_refetch(&self) -> bool {
         if !self.stale.swap(false, Ordering::AcqRel) {
             return false;
@@ -86,6 +92,14 @@ impl Freshness {
         }
         *last = Some(Instant::now());
         true
+    }
+
+    /// The refetch found the peer down (its handshake listener refused
+    /// the connection): that cost no wait, so the next failure may
+    /// refetch at once, and a peer back on its name is found by the next
+    /// transfer.
+    pub fn peer_down(&self) {
+        *sync::lock(&self.refetched) = None;
     }
 
     /// The descriptor was refetched unchanged.
@@ -234,5 +248,18 @@ mod tests {
             3,
             "a removed name comes back with a new id"
         );
+    }
+
+    #[test]
+    fn a_refetch_that_found_the_peer_down_does_not_hold_back_the_next() {
+        let f = Freshness::default();
+        assert!(!f.take_refetch(), "nothing failed");
+        f.mark_stale();
+        assert!(f.take_refetch());
+        f.mark_stale();
+        assert!(!f.take_refetch(), "a refetch ran just now");
+        f.mark_stale();
+        f.peer_down();
+        assert!(f.take_refetch(), "that one found the peer down");
     }
 }

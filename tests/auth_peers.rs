@@ -66,21 +66,35 @@ fn keyed(files: Option<&str>) -> Arc<Engine> {
 /// [`keyed`] named `name` whose peers are found through `conn` (a store
 /// advertises the loopback address).
 fn keyed_in(conn: &str, name: &str, files: Option<&str>) -> Arc<Engine> {
+    build(conn, name, files, None)
+}
+
+/// [`keyed_in`] in Mooncake's style: `MC_LEGACY_RPC_PORT_BINDING=1` (the
+/// handshake listener binds the port of the engine's name) and
+/// `MC_HANDSHAKE_PORT=port` (the port of a name without one).
+fn legacy_in(conn: &str, name: &str, files: Option<&str>, port: u16) -> Arc<Engine> {
+    build(conn, name, files, Some(port))
+}
+
+fn build(conn: &str, name: &str, files: Option<&str>, legacy_port: Option<u16>) -> Arc<Engine> {
     let e = Engine::builder(conn, name)
-        .config(key_config(files))
+        .config(key_config(files, legacy_port))
         .build()
         .expect("engine");
     e.install_transport("tcp", None).expect("install tcp");
     e
 }
 
-/// The configuration of [`keyed_in`]: `MC_TE_AUTH_KEY_FILE` is `files`.
-fn key_config(files: Option<&str>) -> Config {
+/// The configuration of [`build`]: `MC_TE_AUTH_KEY_FILE` is `files`, and
+/// with `legacy_port` Mooncake's port binding.
+fn key_config(files: Option<&str>, legacy_port: Option<u16>) -> Config {
     let files = files.map(str::to_string);
     Config::from_lookup(move |k| match k {
         "MC_TE_AUTH_KEY_FILE" => files.clone(),
         "MC_HANDSHAKE_CONNECT_TIMEOUT" => Some("2".into()),
         "MC_TCP_BIND_ADDRESS" => Some("127.0.0.1".into()),
+        "MC_LEGACY_RPC_PORT_BINDING" => legacy_port.map(|_| "1".into()),
+        "MC_HANDSHAKE_PORT" => legacy_port.map(|p| p.to_string()),
         _ => std::env::var(k).ok(),
     })
 }
@@ -88,6 +102,11 @@ fn key_config(files: Option<&str>) -> Config {
 /// `a` writes a pattern into a buffer of `b` and reads it back; every
 /// byte is checked on both sides.
 fn moves_verified_bytes(a: &Engine, b: &Engine, seed: u8) {
+    moves_verified_bytes_to(a, b, b.local_name(), seed);
+}
+
+/// [`moves_verified_bytes`], `a` opening `b` as `name`.
+fn moves_verified_bytes_to(a: &Engine, b: &Engine, name: &str, seed: u8) {
     const LEN: usize = 1 << 20;
     let remote = Buf::zeroed(LEN);
     register(b, &remote, true);
@@ -95,7 +114,9 @@ fn moves_verified_bytes(a: &Engine, b: &Engine, seed: u8) {
     let back = Buf::zeroed(LEN);
     register(a, &src, false);
     register(a, &back, false);
-    let seg = a.open_segment(b.local_name()).expect("open segment");
+    let seg = a
+        .open_segment(name)
+        .unwrap_or_else(|e| panic!("open {name:?}: {e}"));
     let w = run(a, &[write_req(src.addr(), seg, remote.addr(), LEN as u64)]);
     assert_eq!(w, vec![TaskStatus::Completed]);
     assert_eq!(remote.snapshot(), pattern(LEN, seed), "bytes written");
@@ -161,6 +182,23 @@ fn refused(s: &mut TcpStream, reason: u8) {
     assert_eq!(got, frame(REFUSED, &[reason]), "expected a refusal");
 }
 
+/// The data port of engine `b`, from its descriptor fetched over a
+/// handshake authenticated by hand with key `seed`.
+fn keyed_data_port(b: &Engine, seed: u8) -> u16 {
+    let nc = [1u8; 32];
+    let name = b.local_name().to_string();
+    let mut s = connect(handshake_port(b));
+    s.write_all(&hello(&nc)).unwrap();
+    let ch = expect(&mut s, CHALLENGE, 33);
+    let good = mac(&key(seed), b'H', b'C', &name, &nc, &ch[1..]);
+    s.write_all(&proof(&name, &good, &good)).unwrap();
+    expect(&mut s, ACCEPT, 32);
+    s.write_all(&frame(1, b"{}\n")).unwrap();
+    let reply = read_until_closed(&mut s, Duration::from_secs(20));
+    let v: serde_json::Value = serde_json::from_slice(&reply[9..]).expect("descriptor");
+    v["tcp_data_port"].as_u64().expect("data port") as u16
+}
+
 /// A Probe frame of Mooncake's handshake protocol.
 fn probe() -> Vec<u8> {
     frame(3, b"{}\n")
@@ -210,7 +248,7 @@ fn key_files_that_are_not_small_regular_files_fail_engine_creation_at_once() {
         // On a thread: the old code never returned for the FIFO.
         std::thread::spawn(move || {
             let built = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
-                .config(key_config(Some(&files)))
+                .config(key_config(Some(&files), None))
                 .build();
             let _ = tx.send(built.map(|e| e.shutdown()).map_err(|e| e.to_string()));
         });
@@ -338,20 +376,7 @@ fn the_data_port_reads_and_writes_no_byte_for_a_peer_without_the_key() {
     // Learn the data port through an authenticated engine.
     let seg = a.open_segment(b.local_name()).expect("open");
     assert!(seg >= 0);
-    let port = {
-        let nc = [1u8; 32];
-        let name = b.local_name().to_string();
-        let mut s = connect(handshake_port(&b));
-        s.write_all(&hello(&nc)).unwrap();
-        let ch = expect(&mut s, CHALLENGE, 33);
-        let good = mac(&key(8), b'H', b'C', &name, &nc, &ch[1..]);
-        s.write_all(&proof(&name, &good, &good)).unwrap();
-        expect(&mut s, ACCEPT, 32);
-        s.write_all(&frame(1, b"{}\n")).unwrap();
-        let reply = read_until_closed(&mut s, Duration::from_secs(20));
-        let v: serde_json::Value = serde_json::from_slice(&reply[9..]).expect("descriptor");
-        v["tcp_data_port"].as_u64().expect("data port") as u16
-    };
+    let port = keyed_data_port(&b, 8);
     // A WRITE without authentication: refused, no byte written.
     let mut s = connect(port);
     let mut w = raw_header(4096, target.addr(), 0x81).to_vec();
@@ -452,4 +477,97 @@ fn with_a_store_the_data_port_refuses_another_key_and_the_tasks_fail() {
     let c = keyed_in(&store.url(), "auth-c", Some(&kb.path()));
     moves_verified_bytes(&c, &b, 23);
     store.shutdown();
+}
+
+/// Mooncake's style (`MC_LEGACY_RPC_PORT_BINDING=1`), keyed and keyless: a
+/// peer named bare (`127.0.0.1`, its handshake on `MC_HANDSHAKE_PORT`) or
+/// as `127.0.0.1:<port>` is opened by either form of its name, and both
+/// ports take the proofs made for it: bytes move both ways, verified.
+fn legacy_names_in_p2p(files: Option<&str>) {
+    let port = common::servers::fixed_port();
+    let full = format!("127.0.0.1:{port}");
+    for (i, named) in ["127.0.0.1", full.as_str()].into_iter().enumerate() {
+        let b = legacy_in("P2PHANDSHAKE", named, files, port);
+        assert_eq!(b.local_name(), full);
+        let a = legacy_in("P2PHANDSHAKE", "127.0.0.1:0", files, port);
+        for (j, opened) in ["127.0.0.1", full.as_str()].into_iter().enumerate() {
+            moves_verified_bytes_to(&a, &b, opened, (10 * i + j) as u8);
+        }
+        a.shutdown();
+        b.shutdown();
+    }
+}
+
+#[test]
+fn legacy_port_binding_peer_opened_bare_or_with_its_port_keyed() {
+    let k = KeyFile::new(14);
+    legacy_names_in_p2p(Some(&k.path()));
+    // One identity on both ports: `127.0.0.1:<port>`; a proof made for
+    // the bare name (the name the engine was created with) is refused.
+    let port = common::servers::fixed_port();
+    let b = legacy_in("P2PHANDSHAKE", "127.0.0.1", Some(&k.path()), port);
+    let a = legacy_in("P2PHANDSHAKE", "127.0.0.1:0", Some(&k.path()), port);
+    moves_verified_bytes_to(&a, &b, "127.0.0.1", 40);
+    let full = format!("127.0.0.1:{port}");
+    for (listener, p) in [(port, b'H'), (keyed_data_port(&b, 14), b'D')] {
+        let prove = |name: &str| {
+            let mut s = connect(listener);
+            let nc = [4u8; 32];
+            s.write_all(&hello(&nc)).unwrap();
+            let ch = expect(&mut s, CHALLENGE, 33);
+            let m = mac(&key(14), p, b'C', name, &nc, &ch[1..]);
+            s.write_all(&proof(name, &m, &m)).unwrap();
+            s
+        };
+        refused(&mut prove("127.0.0.1"), WRONG_NAME);
+        expect(&mut prove(&full), ACCEPT, 32);
+    }
+}
+
+#[test]
+fn legacy_port_binding_peer_opened_bare_or_with_its_port_keyless() {
+    legacy_names_in_p2p(None);
+}
+
+/// [`legacy_names_in_p2p`] through a store (`conn`): a peer named bare or
+/// as `host:port`, binding that port (or `MC_HANDSHAKE_PORT`), opened by
+/// its name, keyed and keyless (with key `seed`).
+fn legacy_names_in_store(conn: &str, seed: u8) {
+    let k = KeyFile::new(seed);
+    let key = k.path();
+    let port = common::servers::fixed_port();
+    let full = format!("127.0.0.1:{port}");
+    for files in [None, Some(key.as_str())] {
+        for named in ["127.0.0.1", full.as_str()] {
+            let b = legacy_in(conn, named, files, port);
+            assert_eq!(handshake_port(&b), port, "{named}");
+            let a = legacy_in(conn, "127.0.0.1:0", files, port);
+            moves_verified_bytes_to(&a, &b, named, 31);
+            a.shutdown();
+            b.shutdown();
+        }
+    }
+}
+
+#[test]
+fn legacy_port_binding_peer_through_the_http_metadata_server() {
+    let store = MetadataServer::start("127.0.0.1:0", "/metadata", None).expect("metadata server");
+    legacy_names_in_store(&store.url(), 15);
+    store.shutdown();
+}
+
+#[test]
+fn legacy_port_binding_peer_through_etcd() {
+    let Some(etcd) = common::servers::Etcd::start() else {
+        return;
+    };
+    legacy_names_in_store(&etcd.conn_string(), 16);
+}
+
+#[test]
+fn legacy_port_binding_peer_through_redis() {
+    let Some(redis) = common::servers::Redis::start() else {
+        return;
+    };
+    legacy_names_in_store(&redis.conn_string(), 17);
 }

@@ -257,7 +257,9 @@ impl Engine {
         let store = peers::open_store(&conn, &config)?;
         let loopback = publish::loopback_ip(&local_name, &config);
         let binding = publish::bind_rpc(&conn, &local_name, loopback, &config)?;
-        let names = [binding.name.as_str(), local_name.as_str()];
+        // Both ports answer to one identity: the name peers open this
+        // engine by, as they bind their proofs to it.
+        let names = [binding.name.as_str()];
         let control = Arc::new(ControlState::new(config.notify));
         let rpc = RpcServer::start(
             binding.listener,

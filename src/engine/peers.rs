@@ -14,7 +14,7 @@ use crate::metadata::http::HttpStore;
 use crate::metadata::keys::{RpcMeta, rpc_meta_key, segment_key};
 use crate::metadata::redis::RedisStore;
 use crate::metadata::store::MetadataStore;
-use crate::rpc::{ClientOptions, FrameKind, parse_host_port};
+use crate::rpc::{ClientOptions, FrameKind, canonical_name, parse_host_port};
 use crate::segment::{RemoteSegment, SegmentBuffer};
 use crate::sync;
 use crate::transport::PeerDirectory;
@@ -129,11 +129,21 @@ impl Engine {
         }
     }
 
+    /// The name the owner of segment `name` answers to (see
+    /// [`RemoteSegment::identity`]): in P2P mode `name` as `host:port`,
+    /// with a store `name` itself.
+    fn identity(&self, name: &str) -> String {
+        match &self.store {
+            None => canonical_name(name, self.config.rpc.handshake_port),
+            Some(_) => name.to_string(),
+        }
+    }
+
     /// `rpc` for a call to the handshake listener of segment `name`: with
-    /// a cluster key, the call authenticates to it.
+    /// a cluster key, the call authenticates to its owner's identity.
     fn to_peer(&self, rpc: &ClientOptions, name: &str) -> ClientOptions {
         ClientOptions {
-            auth: self.auth.clone().map(|k| (k, name.to_string())),
+            auth: self.auth.clone().map(|k| (k, self.identity(name))),
             ..rpc.clone()
         }
     }
@@ -188,6 +198,7 @@ impl Engine {
         let desc = SegmentDesc::from_json(&json)?;
         Ok(RemoteSegment {
             name: name.to_string(),
+            identity: self.identity(name),
             desc,
             data_host,
             rpc_port,
@@ -309,7 +320,12 @@ impl Engine {
                     self.segments.insert(seg);
                 }
             },
-            Err(e) => crate::warn_limited!("refreshing segment {name:?}: {e}"),
+            Err(e) => {
+                if let (Error::Unreachable(_), Some(seg)) = (&e, self.segments.get(id)) {
+                    seg.freshness.peer_down();
+                }
+                crate::warn_limited!("refreshing segment {name:?}: {e}");
+            }
         }
     }
 

@@ -9,7 +9,7 @@ use crate::lanes::Finish;
 use crate::metadata::conn::MetadataConn;
 use crate::metadata::descriptor::{BufferDesc, SegmentDesc, now_timestamp};
 use crate::metadata::keys::{RpcMeta, rpc_meta_key, segment_key};
-use crate::rpc::{parse_host_port, wrap_ipv6};
+use crate::rpc::{parse_host_port, server_name};
 use crate::sync;
 use crate::transport::scheduler::GENERATION_KEY;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
@@ -122,7 +122,7 @@ pub(super) fn bind_rpc(
     Ok(match conn {
         MetadataConn::P2p => RpcBinding {
             listener,
-            name: format!("{}:{bound}", wrap_ipv6(&host)),
+            name: server_name(&host, bound),
             ip: host,
         },
         _ => RpcBinding {

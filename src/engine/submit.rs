@@ -307,6 +307,7 @@ impl Engine {
     /// Fails a task that never reached a transport.
     fn fail_task(batch: &Batch, id: usize, why: std::fmt::Arguments<'_>) {
         crate::warn_limited!("task {id}: {why}");
+        batch.note_failure(id, &why.to_string());
         if let Some(task) = batch.slot(id) {
             task.add_slices(1);
             task.finish_slice(0, false);
@@ -492,6 +493,17 @@ impl Engine {
                 .and_then(|id| e.segments.get(id));
             drain.hand(seg);
         });
+    }
+
+    /// Why task `task_id` of batch `batch_id` FAILED, where the engine
+    /// knows (a peer that refused the connection or that cannot be
+    /// reached, a range it refused, a request that reached no transport);
+    /// `None` for a task that did not fail or whose reason is unknown.
+    pub fn failure_reason(&self, batch_id: u64, task_id: usize) -> Result<Option<String>> {
+        Ok(self
+            .batch(batch_id)?
+            .failure(task_id)
+            .map(|why| why.to_string()))
     }
 
     /// Submits requests and remembers a notification sent to the owner of

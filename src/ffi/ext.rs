@@ -40,7 +40,9 @@ pub extern "C" fn te_version() -> *const c_char {
 /// `snprintf(buf, len, "%s", msg)`: truncated and NUL-terminated; nothing
 /// is written when `buf` is NULL or `len` is 0. Every other call (except
 /// `te_version`) clears the text first, so after a call that succeeded
-/// there is none; this function leaves it as it is.
+/// there is none, except after `getTransferStatus` of a FAILED task: then
+/// it says why the task failed, where the engine knows. This function
+/// leaves it as it is.
 ///
 /// Returns the full length of the message (without the NUL), 0 when there
 /// is none.

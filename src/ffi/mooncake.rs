@@ -12,6 +12,7 @@ use super::boundary::{
     write_c_string,
 };
 use super::types::*;
+use crate::batch::TaskStatus;
 use crate::engine::{Engine, Opcode, Request};
 use crate::error::Error;
 use crate::memory::{Location, Region};
@@ -757,7 +758,10 @@ pub unsafe extern "C" fn genNotifyInEngine(
 }
 
 /// Reads the status of task `task_id` (its position across the batch's
-/// submits). `*status` is written only when 0 is returned.
+/// submits). `*status` is written only when 0 is returned. When the task
+/// FAILED and the engine knows why (a peer that refused the connection
+/// or cannot be reached, a range it refused), `te_last_error` says so
+/// after this call, which still returns 0.
 ///
 /// Returns 0; 1 for a NULL or unknown engine, an unknown or freed batch, a
 /// NULL `status` or a task id not yet submitted.
@@ -781,6 +785,14 @@ pub unsafe extern "C" fn getTransferStatus(
         }
         match e.status(batch_id, task_id) {
             Ok((s, bytes)) => {
+                if s == TaskStatus::Failed {
+                    if let Ok(Some(why)) = e.failure_reason(batch_id, task_id) {
+                        record(
+                            "getTransferStatus",
+                            format_args!("task {task_id} FAILED: {why}"),
+                        );
+                    }
+                }
                 // SAFETY: `status` is non-NULL and valid for writing.
                 unsafe {
                     *status = transfer_status {
@@ -931,4 +943,88 @@ pub unsafe extern "C" fn showLinks(
         write_c_string(&e.show_links(json != 0), buf_out, buf_len);
         0
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codes::{STATUS_COMPLETED, STATUS_FAILED};
+    use crate::engine::config::Config;
+    use crate::ffi::ext::te_last_error;
+    use std::time::{Duration, Instant};
+
+    fn last_error() -> String {
+        let mut buf = vec![0 as c_char; 4096];
+        // SAFETY: `buf` is valid for its length.
+        unsafe { te_last_error(buf.as_mut_ptr(), buf.len()) };
+        // SAFETY: te_last_error NUL-terminated `buf`.
+        unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn get_transfer_status_of_a_task_failed_on_a_dead_peer_says_why() {
+        let engine = || {
+            let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+                .config(Config::default())
+                .build()
+                .expect("engine");
+            e.install_transport("tcp", None).expect("tcp");
+            e
+        };
+        let (a, b) = (engine(), engine());
+        let target = vec![0u8; 4096];
+        let region = |buf: &[u8]| Region {
+            addr: buf.as_ptr() as u64,
+            length: buf.len() as u64,
+            location: Location::parse("cpu:0").expect("location"),
+            remote_accessible: true,
+        };
+        b.register(&[region(&target)]).expect("register");
+        let seg = a.open_segment(b.local_name()).expect("open");
+        // Its listeners close: every connection to it is refused.
+        b.shutdown();
+        let src = vec![7u8; 4096];
+        let batch = a.allocate_batch(1).expect("batch");
+        a.submit(
+            batch,
+            &[Request {
+                opcode: Opcode::Write,
+                source: src.as_ptr() as u64,
+                target_id: seg,
+                target_offset: target.as_ptr() as u64,
+                length: 4096,
+            }],
+        )
+        .expect("submit");
+        let handle = insert_engine(a);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut st = transfer_status {
+                status: -1,
+                transferred_bytes: 0,
+            };
+            // SAFETY: `handle` is live; `st` is valid for writing.
+            assert_eq!(unsafe { getTransferStatus(handle, batch, 0, &mut st) }, 0);
+            assert_ne!(st.status, STATUS_COMPLETED);
+            if st.status == STATUS_FAILED {
+                break;
+            }
+            assert!(Instant::now() < deadline, "not FAILED within 10 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let why = last_error();
+        assert!(
+            why.starts_with("getTransferStatus: task 0 FAILED: "),
+            "{why}"
+        );
+        assert!(why.contains("Connection refused"), "{why}");
+        assert_eq!(target, vec![0u8; 4096]);
+        // SAFETY: `handle` is live.
+        assert_eq!(unsafe { freeBatchID(handle, batch) }, 0);
+        assert_eq!(last_error(), "", "a call that succeeds clears it");
+        // SAFETY: `handle` is live and not used after.
+        unsafe { destroyTransferEngine(handle) };
+    }
 }

@@ -1,8 +1,13 @@
 //! The handshake client (spec §3.3): one connection per request.
 //!
-//! A handshake that is refused, reset or closed before the reply (a peer
-//! that is starting, restarting, or shedding connections at its bound) is
-//! tried again after a short backoff, until the connect deadline.
+//! A connect that is refused, reset or has no route to the peer is
+//! definite: nothing listens there (the peer's process has exited, or its
+//! host is down), and the call fails at once with [`Error::Unreachable`],
+//! so a caller holding a lock around it does not wait. A handshake that
+//! the peer accepted and then reset or closed before the reply (a peer
+//! shedding connections at its bound, see [`super::server`]) is tried
+//! again after a short backoff, until the connect deadline; so is one
+//! that timed out connecting, within that deadline.
 
 use super::DeadlineReader;
 use super::RpcConfig;
@@ -19,8 +24,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::debug;
 
-/// First pause before trying a refused or reset handshake again; it
-/// doubles up to [`MAX_BACKOFF`].
+/// First pause before trying a handshake reset or closed by the peer
+/// again; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 /// Longest pause between two tries.
 const MAX_BACKOFF: Duration = Duration::from_millis(250);
@@ -28,8 +33,8 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// Timeouts and limits of [`call`].
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
-    /// Bound on connecting, including the tries again after a refused or
-    /// reset handshake (`MC_HANDSHAKE_CONNECT_TIMEOUT`, 5 s).
+    /// Bound on connecting, including the tries again after a handshake
+    /// reset or closed by the peer (`MC_HANDSHAKE_CONNECT_TIMEOUT`, 5 s).
     pub connect_timeout: Duration,
     /// Bound on sending the request and on reading the reply (60 s, as
     /// Mooncake's `SO_RCVTIMEO`).
@@ -161,16 +166,26 @@ fn resolve(host: &str, port: u16, ipv6_first: bool) -> Result<Vec<SocketAddr>> {
     Ok(addrs)
 }
 
-/// Whether an I/O error means the peer refused or dropped the connection
-/// (worth another try) rather than a timeout or a local failure.
-fn refused_or_reset(e: &io::Error) -> bool {
+/// Whether an I/O error on an accepted connection means the peer dropped
+/// it (worth another try: a peer shedding connections at its bound)
+/// rather than a timeout or a local failure.
+fn dropped(e: &io::Error) -> bool {
     matches!(
         e.kind(),
-        io::ErrorKind::ConnectionRefused
-            | io::ErrorKind::ConnectionReset
+        io::ErrorKind::ConnectionReset
             | io::ErrorKind::ConnectionAborted
             | io::ErrorKind::BrokenPipe
             | io::ErrorKind::UnexpectedEof
+    )
+}
+
+/// Whether a failed connect says the peer is down: refused (nothing
+/// listens on the port), reset while connecting, or no route to its host
+/// or network. Trying again would only delay the failure.
+fn peer_down(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ECONNREFUSED | libc::ECONNRESET | libc::EHOSTUNREACH | libc::ENETUNREACH)
     )
 }
 
@@ -193,10 +208,21 @@ fn exchange(
         error: Error::Socket(format!("handshake {kind:?} with {addr}: {what}: {e}")),
         retry,
     };
-    let io_fail = |what: &str, e: &io::Error| fail(what, e, refused_or_reset(e));
+    let io_fail = |what: &str, e: &io::Error| fail(what, e, dropped(e));
     let left = connect_by.saturating_duration_since(Instant::now());
-    let stream = TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1)))
-        .map_err(|e| io_fail("connect", &e))?;
+    let stream =
+        TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1))).map_err(|e| {
+            match peer_down(&e) {
+                true => Failure {
+                    error: Error::Unreachable(format!(
+                        "handshake {kind:?} with {addr}: connect: {e} (the peer's process has \
+                     exited or its host is down)"
+                    )),
+                    retry: false,
+                },
+                false => fail("connect", &e, false),
+            }
+        })?;
     // Declared after the stream, so dropped (unrecorded) before it closes.
     let _entered = match &opts.cancel {
         None => None,
@@ -210,7 +236,7 @@ fn exchange(
         .map_err(|e| io_fail("setsockopt", &e))?;
     if let Some((keys, name)) = &opts.auth {
         authenticate(&stream, keys, name, opts.io_timeout).map_err(|e| {
-            let retry = matches!(&e, AuthFailure::Io(io) if refused_or_reset(io));
+            let retry = matches!(&e, AuthFailure::Io(io) if dropped(io));
             fail("authentication", &e, retry)
         })?;
     }
@@ -327,16 +353,19 @@ impl Write for ReadWrite<'_> {
 /// returns its JSON reply.
 ///
 /// Every resolved address is tried in turn (preferred family first, see
-/// [`ClientOptions::ipv6`]) until one answers. When every address refused
-/// the connection, reset it or closed it before a complete reply, all are
-/// tried again after a short backoff (10 ms, doubling up to 250 ms) until
-/// [`ClientOptions::connect_timeout`] from the call has passed. A request
-/// may therefore reach the peer's handler more than once.
+/// [`ClientOptions::ipv6`]) until one answers. When an address accepted
+/// the connection and then reset or closed it before a complete reply,
+/// all are tried again after a short backoff (10 ms, doubling up to
+/// 250 ms) until [`ClientOptions::connect_timeout`] from the call has
+/// passed. A request may therefore reach the peer's handler more than
+/// once.
 ///
-/// Errors: the name does not resolve → [`Error::Dns`]; connect, send or
-/// receive failure, a reply frame that is invalid or of another type →
-/// [`Error::Socket`] (from the last address tried); a reply that is not
-/// JSON → [`Error::MalformedJson`] at once, without trying further.
+/// Errors: the name does not resolve → [`Error::Dns`]; every address
+/// refused the connect, reset it or has no route → [`Error::Unreachable`]
+/// at once; another connect, send or receive failure, a reply frame that
+/// is invalid or of another type → [`Error::Socket`] (from the last
+/// address tried); a reply that is not JSON → [`Error::MalformedJson`] at
+/// once, without trying further.
 pub fn call(
     host: &str,
     port: u16,
@@ -345,6 +374,17 @@ pub fn call(
     opts: &ClientOptions,
 ) -> Result<Value> {
     let addrs = resolve(host, port, opts.ipv6)?;
+    call_addrs(&addrs, (host, port), kind, request, opts)
+}
+
+/// [`call`] to the addresses `addrs` of `peer`.
+fn call_addrs(
+    addrs: &[SocketAddr],
+    (host, port): (&str, u16),
+    kind: FrameKind,
+    request: &Value,
+    opts: &ClientOptions,
+) -> Result<Value> {
     let deadline = Instant::now() + opts.connect_timeout;
     let mut backoff = FIRST_BACKOFF;
     let is_cancelled = || opts.cancel.as_ref().is_some_and(|c| c.is_cancelled());
@@ -352,9 +392,9 @@ pub fn call(
         if is_cancelled() {
             return Err(cancelled(host, port));
         }
-        let mut last = None;
-        let mut retry = true;
-        for addr in &addrs {
+        let mut last: Option<Error> = None;
+        let mut retry = false;
+        for addr in addrs {
             match exchange(*addr, kind, request, opts, deadline) {
                 Ok(v) => return Ok(v),
                 Err(Failure {
@@ -363,8 +403,15 @@ pub fn call(
                 }) => return Err(e),
                 Err(f) => {
                     debug!("{}", f.error);
-                    retry &= f.retry;
-                    last = Some(f.error);
+                    // One address that dropped an accepted connection is
+                    // reason to try again.
+                    retry |= f.retry;
+                    // A reason other than "down" (of another address)
+                    // tells more.
+                    let down = |e: &Error| matches!(e, Error::Unreachable(_));
+                    if !down(&f.error) || last.as_ref().is_none_or(down) {
+                        last = Some(f.error);
+                    }
                 }
             }
         }
@@ -492,39 +539,76 @@ mod tests {
     }
 
     #[test]
-    fn closed_port_is_retried_until_the_connect_deadline() {
+    fn closed_port_fails_at_once_and_a_peer_back_on_it_is_reached_next() {
         let port = unused_port();
-        let o = ClientOptions {
-            connect_timeout: Duration::from_millis(500),
-            ..opts()
-        };
+        // The default connect deadline (5 s): a refused connect is not
+        // tried again within it.
         let t = std::time::Instant::now();
-        let err =
-            call("127.0.0.1", port, FrameKind::Probe, &json!({}), &o).expect_err("nothing listens");
-        assert!(matches!(err, Error::Socket(_)), "{err:?}");
+        let err = call("127.0.0.1", port, FrameKind::Probe, &json!({}), &opts())
+            .expect_err("nothing listens");
         let took = t.elapsed();
-        assert!(
-            took >= Duration::from_millis(250) && took < Duration::from_secs(3),
-            "{took:?}"
-        );
-    }
-
-    #[test]
-    fn refused_handshake_is_retried_until_the_peer_listens() {
-        let port = unused_port();
-        let late = thread::spawn(move || {
-            thread::sleep(Duration::from_millis(300));
-            let l = TcpListener::bind(("127.0.0.1", port)).expect("bind the same port");
+        assert!(matches!(err, Error::Unreachable(_)), "{err:?}");
+        assert!(err.to_string().contains("refused"), "{err}");
+        assert!(took < Duration::from_secs(1), "{took:?}");
+        assert_eq!(err.err_code(), crate::codes::ERR_SOCKET);
+        // Back on the same port: the next call reaches it.
+        let l = TcpListener::bind(("127.0.0.1", port)).expect("bind the same port");
+        let back = thread::spawn(move || {
             let (mut s, _) = l.accept().expect("accept");
             s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             read_frame(&mut s, 1 << 20).expect("request");
-            s.write_all(&encode(Some(FrameKind::Probe), b"{\"late\":1}\n"))
+            s.write_all(&encode(Some(FrameKind::Probe), b"{\"back\":1}\n"))
                 .expect("reply");
         });
         let reply = call("127.0.0.1", port, FrameKind::Probe, &json!({}), &opts())
-            .expect("served once the listener is up");
-        assert_eq!(reply, json!({"late": 1}));
-        late.join().expect("late listener");
+            .expect("served once the listener is back");
+        assert_eq!(reply, json!({"back": 1}));
+        back.join().expect("listener");
+    }
+
+    #[test]
+    fn a_refused_address_does_not_stop_the_tries_of_one_that_drops_connections() {
+        // 127.0.0.1 accepts and closes the first connection (a peer
+        // shedding at its bound), then answers; 127.0.0.2 refuses.
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let t = thread::spawn(move || {
+            for (i, conn) in l.incoming().take(2).enumerate() {
+                let mut s = conn.expect("accept");
+                if i == 1 {
+                    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                    read_frame(&mut s, 1 << 20).expect("request");
+                    s.write_all(&encode(Some(FrameKind::Probe), b"{}\n"))
+                        .expect("reply");
+                }
+            }
+        });
+        let addrs: Vec<SocketAddr> = vec![
+            format!("127.0.0.2:{port}").parse().unwrap(),
+            format!("127.0.0.1:{port}").parse().unwrap(),
+        ];
+        let reply = call_addrs(
+            &addrs,
+            ("peer", port),
+            FrameKind::Probe,
+            &json!({}),
+            &opts(),
+        )
+        .expect("served at the second try");
+        assert_eq!(reply, json!({}));
+        // Refused everywhere: at once, as down.
+        drop(t.join());
+        let t = std::time::Instant::now();
+        let err = call_addrs(
+            &addrs,
+            ("peer", port),
+            FrameKind::Probe,
+            &json!({}),
+            &opts(),
+        )
+        .expect_err("refused");
+        assert!(matches!(err, Error::Unreachable(_)), "{err:?}");
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     }
 
     #[test]

@@ -193,6 +193,21 @@ pub fn parse_host_port(name: &str, default_port: u16) -> (String, u16) {
     }
 }
 
+/// The server name `host:port` (an IPv6 literal in brackets): the name a
+/// P2P engine takes from its handshake listener's host and port.
+pub fn server_name(host: &str, port: u16) -> String {
+    format!("{}:{port}", wrap_ipv6(host))
+}
+
+/// A P2P server name in the one form its engine takes: `host:port`, the
+/// port `default_port` (`MC_HANDSHAKE_PORT`) when the name has none, as
+/// the handshake connection goes there (`127.0.0.1` and `127.0.0.1:12001`
+/// name the same engine).
+pub fn canonical_name(name: &str, default_port: u16) -> String {
+    let (host, port) = parse_host_port(name, default_port);
+    server_name(&host, port)
+}
+
 /// Wraps a bare IPv6 literal in brackets (`::1` → `[::1]`) so that a port
 /// can be appended; any other host (IPv4, a name, an already bracketed
 /// literal) is returned unchanged (Mooncake's `maybeWrapIpV6`).
@@ -262,5 +277,19 @@ mod tests {
         assert_eq!(wrap_ipv6("[::1]"), "[::1]");
         let (h, port) = p(&format!("{}:{}", wrap_ipv6("fe80::2"), 15123));
         assert_eq!((h.as_str(), port), ("fe80::2", 15123));
+    }
+
+    #[test]
+    fn canonical_names_carry_the_port() {
+        let c = |n| canonical_name(n, 12001);
+        assert_eq!(c("127.0.0.1"), "127.0.0.1:12001");
+        assert_eq!(c("127.0.0.1:12001"), "127.0.0.1:12001");
+        assert_eq!(c("127.0.0.1:15000"), "127.0.0.1:15000");
+        assert_eq!(c("node1"), "node1:12001");
+        assert_eq!(c("::1"), "[::1]:12001");
+        assert_eq!(c("[::1]"), "[::1]:12001");
+        assert_eq!(c("[::1]:15000"), "[::1]:15000");
+        assert_eq!(c("node1:bad"), "node1:12001");
+        assert_eq!(server_name("fe80::1%eth0", 80), "[fe80::1%eth0]:80");
     }
 }

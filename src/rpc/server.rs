@@ -792,7 +792,7 @@ mod tests {
         assert!(closed_by_server(partial));
         let err = call("127.0.0.1", port, FrameKind::Probe, &json!({}), &client())
             .expect_err("listener closed");
-        assert!(matches!(err, Error::Socket(_)), "{err:?}");
+        assert!(matches!(err, Error::Unreachable(_)), "{err:?}");
         drop(server);
     }
 
@@ -825,7 +825,7 @@ mod tests {
         assert!(sync::lock(&handler.server).is_none());
         let err = call("127.0.0.1", port, FrameKind::Probe, &json!({}), &client())
             .expect_err("listener closed");
-        assert!(matches!(err, Error::Socket(_)), "{err:?}");
+        assert!(matches!(err, Error::Unreachable(_)), "{err:?}");
     }
 
     #[test]

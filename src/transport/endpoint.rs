@@ -118,7 +118,6 @@ impl<K: Clone + Eq + Hash, V> EndpointStore<K, V> {
     }
 
     /// The endpoint for `key`, without marking it visited.
-    #[cfg(feature = "rdma")]
     pub fn peek(&self, key: &K) -> Option<Arc<V>> {
         Some(self.node(*self.index.get(key)?).value.clone())
     }

@@ -67,6 +67,24 @@ pub fn free_port() -> u16 {
         .expect("bind an ephemeral port")
 }
 
+/// A port of 127.0.0.1 free now, for a listener that must get the same
+/// port again after its process dies (a peer restarted on the same name):
+/// taken from 20000..32000, below the kernel's ephemeral range (no
+/// outgoing connection takes it meanwhile) and above the engines' random
+/// RPC and data ports (15000..=17000); each call tries another one.
+pub fn fixed_port() -> u16 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(7919);
+    for _ in 0..1000 {
+        let n = start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed).wrapping_mul(13));
+        let port = 20000 + (n % 12000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 20000..32000");
+}
+
 /// `127.0.0.1:<port>` with nothing listening: connections are refused.
 pub fn dead_addr() -> String {
     format!("127.0.0.1:{}", free_port())

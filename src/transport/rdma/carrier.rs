@@ -54,7 +54,7 @@ fn rdma_server_name(local_name: &str, bind: Option<&str>, handshake_port: u16) -
     match bind {
         Some(addr) => {
             let (_, port) = crate::rpc::parse_host_port(local_name, handshake_port);
-            format!("{}:{port}", crate::rpc::wrap_ipv6(addr))
+            crate::rpc::server_name(addr, port)
         }
         None => local_name.to_string(),
     }

@@ -196,6 +196,12 @@ pub trait Carrier: Send + Sync + 'static {
         true
     }
 
+    /// Why `rail` last failed to connect, while that failure stands (the
+    /// reason a task that failed on it reports); `None` when unknown.
+    fn failure(&self, _rail: &Rail<Self::Target>) -> Option<String> {
+        None
+    }
+
     /// Whether a slice may go back to a rail it had an error on (not a
     /// failed connect) once every rail failed: true where an error ends
     /// only the connection it happened on, which is replaced.
@@ -839,15 +845,19 @@ impl<C: Carrier> Scheduler<C> {
                 }
                 return;
             }
+            let why = format!(
+                "a slice to segment {:?} failed after {} attempt(s) on {} rail(s){}",
+                req.seg.name,
+                job.attempt,
+                job.tried.len(),
+                me.carrier
+                    .failure(rail)
+                    .map_or_else(String::new, |w| format!(": {w}"))
+            );
             if !closed {
-                crate::warn_limited!(
-                    "slice of {} bytes at {:#x} failed after {} attempt(s) on {} rail(s)",
-                    job.len,
-                    job.remote,
-                    job.attempt,
-                    job.tried.len()
-                );
+                crate::warn_limited!("slice of {} bytes at {:#x}: {why}", job.len, job.remote);
             }
+            req.batch.note_failure(req.task, &why);
             if let Some(t) = task {
                 t.finish_slice(job.len, false);
             }
@@ -930,12 +940,12 @@ impl<C: Carrier> Scheduler<C> {
     /// Fails a slice the peer refused.
     fn refused(job: Job<C>) {
         let req = &job.req;
-        crate::warn_limited!(
-            "slice of {} bytes at {:#x} refused by segment {:?}",
-            job.len,
-            job.remote,
+        let why = format!(
+            "segment {:?} refused a slice (not inside a buffer it registered)",
             req.seg.name
         );
+        crate::warn_limited!("slice of {} bytes at {:#x}: {why}", job.len, job.remote);
+        req.batch.note_failure(req.task, &why);
         if let Some(t) = req.batch.slot(req.task) {
             t.finish_slice(job.len, false);
         }

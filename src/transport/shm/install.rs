@@ -60,7 +60,7 @@ impl Shm {
             let (host, port) = (seg.data_host.clone(), seg.rpc_port);
             let rpc = ClientOptions {
                 // The proof is bound to the name the segment was opened by.
-                auth: self.auth.clone().map(|k| (k, seg.name.clone())),
+                auth: self.auth.clone().map(|k| (k, seg.identity.clone())),
                 ..self.rpc.clone()
             };
             let attach: AttachFn = Arc::new(move |request: &Value| {

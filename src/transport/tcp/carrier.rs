@@ -256,7 +256,7 @@ impl Carrier for TcpCarrier {
                         host: remote.addr.ip.to_string(),
                         port,
                         v2,
-                        name: seg.name.clone(),
+                        name: seg.identity.clone(),
                     },
                 });
             }
@@ -271,7 +271,7 @@ impl Carrier for TcpCarrier {
                     host: seg.data_host.clone(),
                     port,
                     v2,
-                    name: seg.name.clone(),
+                    name: seg.identity.clone(),
                 },
             });
         }
@@ -289,6 +289,11 @@ impl Carrier for TcpCarrier {
 
     fn probe(&self, rail: &Rail<LaneTarget>, done: Box<dyn FnOnce(bool) + Send>) {
         self.tcp.probe(&rail.target, done);
+    }
+
+    fn failure(&self, rail: &Rail<LaneTarget>) -> Option<String> {
+        let device = rail.device.map(|i| self.names[i].as_str());
+        self.tcp.connect_failure(device, &rail.target)
     }
 
     fn unbound_rails(&self) -> bool {

@@ -79,8 +79,8 @@ pub struct LaneTarget {
     pub port: u16,
     /// Whether to use the acknowledged framing.
     pub v2: bool,
-    /// The peer's segment name, which the proofs of authentication are
-    /// bound to.
+    /// The name the peer answers to ([`crate::segment::RemoteSegment::identity`]),
+    /// which the proofs of authentication are bound to.
     pub name: String,
 }
 
@@ -119,25 +119,39 @@ pub struct LaneTimeouts {
 }
 
 /// Connect health shared by the lanes of one endpoint: after a failed
-/// connect, none is tried for [`COOLDOWN`].
+/// connect, none is tried for [`COOLDOWN`]; why it failed is kept until a
+/// connection succeeds.
 #[derive(Default)]
 pub struct ConnectHealth {
-    until: Mutex<Option<Instant>>,
+    state: Mutex<Cooldown>,
+}
+
+#[derive(Default)]
+struct Cooldown {
+    until: Option<Instant>,
+    why: Option<String>,
 }
 
 impl ConnectHealth {
     fn cooling(&self, now: Instant) -> bool {
-        let until = sync::lock(&self.until);
-        until.is_some_and(|t| now < t)
+        sync::lock(&self.state).until.is_some_and(|t| now < t)
     }
 
-    fn failed(&self, now: Instant) {
-        *sync::lock(&self.until) = Some(now + COOLDOWN);
+    fn failed(&self, now: Instant, why: String) {
+        *sync::lock(&self.state) = Cooldown {
+            until: Some(now + COOLDOWN),
+            why: Some(why),
+        };
     }
 
     /// Ends the cooldown: the peer accepts connections.
     pub fn succeeded(&self) {
-        *sync::lock(&self.until) = None;
+        *sync::lock(&self.state) = Cooldown::default();
+    }
+
+    /// Why the last connect failed, unless one succeeded since.
+    pub fn failure(&self) -> Option<String> {
+        sync::lock(&self.state).why.clone()
     }
 }
 
@@ -685,13 +699,12 @@ impl Lane {
     fn auth_failed(&mut self, registry: &Registry, why: &str) {
         self.disconnect(registry, true);
         let t = &self.shared.target;
-        crate::warn_limited!(
-            "tcp: authentication with {} ({}:{}) failed: {why}; failing its requests",
-            t.name,
-            t.host,
-            t.port
+        let why = format!(
+            "tcp: authentication with {} ({}:{}) failed: {why}",
+            t.name, t.host, t.port
         );
-        self.shared.health.failed(Instant::now());
+        crate::warn_limited!("{why}; failing its requests");
+        self.shared.health.failed(Instant::now(), why);
         self.fail_unsent_hard();
     }
 
@@ -711,13 +724,12 @@ impl Lane {
 
     fn connect_failed(&mut self, why: &str) {
         let t = &self.shared.target;
-        crate::warn_limited!(
-            "tcp: connect to {}:{} (from {:?}) failed: {why}; failing its requests",
-            t.host,
-            t.port,
-            t.bind
+        let why = format!(
+            "tcp: connect to {}:{} (from {:?}) failed: {why}",
+            t.host, t.port, t.bind
         );
-        self.shared.health.failed(Instant::now());
+        crate::warn_limited!("{why}; failing its requests");
+        self.shared.health.failed(Instant::now(), why);
         self.fail_unsent_hard();
     }
 

@@ -332,6 +332,17 @@ impl TcpTransport {
         slice.finish(Outcome::Failed { hard: true });
     }
 
+    /// Why the endpoint of the rail from `device` to `target` last failed
+    /// to connect (or to authenticate), until a connection succeeds.
+    pub fn connect_failure(&self, device: Option<&str>, target: &LaneTarget) -> Option<String> {
+        let pools = self.lock();
+        let ep = pools
+            .by_device
+            .get(&device.map(str::to_string))?
+            .peek(target)?;
+        ep.health.failure()
+    }
+
     /// Tests in the background whether `target` accepts a connection now
     /// (within a second), and reports it; no data moves. A success also
     /// ends the connect cooldown of the endpoints to `target`.
