@@ -138,6 +138,8 @@ pub struct Engine {
     refresher: OnceCell<crate::transport::Refresh>,
     /// Cancels this engine's handshake calls when it is destroyed.
     cancel: Arc<Cancel>,
+    /// Peer descriptors fetched so far ([`Engine::descriptor_fetches`]).
+    fetches: std::sync::atomic::AtomicU64,
     /// The cluster keys (`MC_TE_AUTH_KEY_FILE`): every connection to a
     /// peer and from a peer authenticates with them.
     auth: Option<Arc<Keys>>,
@@ -299,6 +301,7 @@ impl Engine {
             refreshing: Mutex::default(),
             refresher: OnceCell::new(),
             cancel: Arc::default(),
+            fetches: Default::default(),
             auth,
             me: OnceCell::new(),
             closed: AtomicBool::new(false),

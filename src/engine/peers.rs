@@ -21,6 +21,7 @@ use crate::transport::PeerDirectory;
 use crate::transport::tcp::carrier::TCP_DEVICES_KEY;
 use serde_json::json;
 use std::sync::Weak;
+use std::sync::atomic::Ordering;
 use tracing::info;
 
 /// The store behind a connection string (`None` in P2P mode); values
@@ -163,6 +164,7 @@ impl Engine {
 
     /// [`Engine::fetch_segment`] with the handshake RPC options `rpc`.
     fn fetch_segment_with(&self, name: &str, rpc: &ClientOptions) -> Result<RemoteSegment> {
+        self.fetches.fetch_add(1, Ordering::Relaxed);
         let (json, (data_host, rpc_port)) = match &self.store {
             None => {
                 let (host, port) = parse_host_port(name, self.config.rpc.handshake_port);
@@ -235,6 +237,14 @@ impl Engine {
         };
         let seg = self.fetch_segment_with(&name, rpc)?;
         Ok((seg.data_host, seg.desc))
+    }
+
+    /// How many times this engine has fetched a peer's descriptor (opening
+    /// a segment, refetching or syncing one, an RDMA handshake's check of
+    /// its peer): each one handshake call in P2P mode, or two reads of the
+    /// store (the segment's descriptor and its RPC address).
+    pub fn descriptor_fetches(&self) -> u64 {
+        self.fetches.load(Ordering::Relaxed)
     }
 
     /// Resolves a segment name to its id: the own name is `LOCAL_SEGMENT`;
