@@ -541,11 +541,9 @@ impl HoldingProxy {
     fn wait_held(&self, n: usize) {
         let (m, cv) = &*self.state;
         let (h, timeout) = cv
-            .wait_timeout_while(
-                m.lock().unwrap(),
-                std::time::Duration::from_secs(30),
-                |h| h.held < n,
-            )
+            .wait_timeout_while(m.lock().unwrap(), std::time::Duration::from_secs(30), |h| {
+                h.held < n
+            })
             .unwrap();
         assert!(!timeout.timed_out(), "{} replies held, want {n}", h.held);
     }
@@ -561,8 +559,7 @@ impl HoldingProxy {
 impl Drop for HoldingProxy {
     fn drop(&mut self) {
         self.release();
-        self.stop
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -609,7 +606,10 @@ fn a_refetch_begun_before_a_registration_does_not_decide_a_later_request() {
         TaskStatus::Completed,
         "a buffer registered before the request was submitted"
     );
-    assert!(fresh.snapshot() == src.snapshot(), "the fresh buffer's bytes");
+    assert!(
+        fresh.snapshot() == src.snapshot(),
+        "the fresh buffer's bytes"
+    );
     assert!(never.snapshot().iter().all(|&b| b == 0));
     // One fetch for each request: the held one, and one begun after the
     // second request was submitted.

@@ -77,8 +77,10 @@ fn finish(e: &Engine, b: u64) -> TaskStatus {
 }
 
 /// `rounds` rounds of: `target` registers a new buffer of `len` bytes
-/// (and unregisters the one of four rounds before), notifies `initiator`,
-/// which at once WRITEs a pattern into it and then READs it back.
+/// (and unregisters the one of four rounds before, keeping its memory, so
+/// every buffer has an address never registered before), notifies
+/// `initiator`, which at once WRITEs a pattern into it and then READs it
+/// back.
 pub fn register_notify_transfer(
     target: &Engine,
     initiator: &Engine,
@@ -99,6 +101,7 @@ pub fn register_notify_transfer(
     let fetches = initiator.descriptor_fetches();
     let t0 = Instant::now();
     let mut kept: std::collections::VecDeque<Buf> = Default::default();
+    let mut unregistered = Vec::with_capacity(rounds);
     let mut failed = 0;
     for round in 0..rounds {
         let fresh = Buf::zeroed(len);
@@ -131,6 +134,7 @@ pub fn register_notify_transfer(
         if kept.len() > KEEP {
             let old = kept.pop_front().unwrap();
             target.unregister(&[old.addr()]).expect("unregister");
+            unregistered.push(old);
         }
     }
     Fresh {
