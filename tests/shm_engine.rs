@@ -123,7 +123,9 @@ fn child_main() {
             }
             "digest" => json!({"digest": digest(&buf)}),
             // Registers a new buffer of `len` bytes (the peer pattern).
-            "fresh" => json!({"addr": add_fresh(&mut fresh, cmd["len"].as_u64().unwrap() as usize)}),
+            "fresh" => {
+                json!({"addr": add_fresh(&mut fresh, cmd["len"].as_u64().unwrap() as usize)})
+            }
             // Registers `count` new buffers of `len` bytes, one every `ms`,
             // announcing each at once; then answers.
             "every" => {

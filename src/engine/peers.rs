@@ -301,9 +301,14 @@ impl Engine {
     /// generation) replaces the cached one, so stale buffers are never used;
     /// an unchanged one keeps its rails.
     pub fn sync_segment(&self, name: &str) {
-        let name = name.trim_start_matches('/');
+        self.refetch_segment(name.trim_start_matches('/'));
+    }
+
+    /// [`Engine::sync_segment`]; whether a changed descriptor replaced the
+    /// cached one (not when the fetch failed or the name is not cached).
+    pub(super) fn refetch_segment(&self, name: &str) -> bool {
         let Some(id) = self.segments.id_of(name) else {
-            return;
+            return false;
         };
         match self.fetch_segment(name) {
             Ok(seg) => match self.segments.get(id) {
@@ -313,13 +318,18 @@ impl Engine {
                         && old.rpc_port == seg.rpc_port =>
                 {
                     old.freshness.refreshed();
+                    false
                 }
                 _ => {
                     info!("segment {name:?} changed; using its new descriptor");
                     self.segments.insert(seg);
+                    true
                 }
             },
-            Err(e) => crate::warn_limited!("refreshing segment {name:?}: {e}"),
+            Err(e) => {
+                crate::warn_limited!("refreshing segment {name:?}: {e}");
+                false
+            }
         }
     }
 
