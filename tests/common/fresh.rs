@@ -137,12 +137,22 @@ pub fn register_notify_transfer(
             unregistered.push(old);
         }
     }
-    Fresh {
+    let run = Fresh {
         rounds,
         failed,
         took: t0.elapsed(),
         fetches: initiator.descriptor_fetches() - fetches,
-    }
+    };
+    // The engines may be used again: nothing freed here stays registered.
+    unregister_all(target, kept.iter());
+    unregister_all(initiator, [&src, &back]);
+    run
+}
+
+/// Unregisters `bufs` from `e`.
+fn unregister_all<'a>(e: &Engine, bufs: impl IntoIterator<Item = &'a Buf>) {
+    let addrs: Vec<u64> = bufs.into_iter().map(Buf::addr).collect();
+    e.unregister(&addrs).expect("unregister");
 }
 
 /// A target thread registers a new buffer of `len` bytes every `period`,
@@ -175,7 +185,7 @@ pub fn registrations_every(
     let mut failed = 0;
     let mut written: Vec<bool> = Vec::new();
     std::thread::scope(|s| {
-        s.spawn(|| {
+        let producer = s.spawn(|| {
             for _ in 0..count {
                 let fresh = Buf::zeroed(len);
                 register(target, &fresh, true);
@@ -195,6 +205,8 @@ pub fn registrations_every(
         let deadline = Instant::now() + HANG + period * count as u32;
         while done < count {
             assert!(Instant::now() < deadline, "the run hangs");
+            // Its notifications are queued before it ends.
+            let finished = producer.is_finished();
             for addr in initiator.take_notifies().into_iter().map(|(_, m)| m) {
                 let i = addrs.len();
                 addrs.push(addr.parse().expect("a buffer address"));
@@ -227,10 +239,18 @@ pub fn registrations_every(
                 }
             }
             flying = still;
+            if finished && flying.is_empty() {
+                break;
+            }
             std::thread::sleep(Duration::from_micros(200));
         }
+        if let Err(panic) = producer.join() {
+            std::panic::resume_unwind(panic);
+        }
+        assert_eq!(done, count, "buffers written and read back");
     });
     let took = t0.elapsed();
+    let fetches = initiator.descriptor_fetches() - fetches;
     let registered = registered.into_inner().unwrap();
     for (i, b) in registered.iter().enumerate() {
         assert!(
@@ -238,10 +258,12 @@ pub fn registrations_every(
             "buffer {i}: the WRITE completed but the target holds other bytes"
         );
     }
+    unregister_all(target, &registered);
+    unregister_all(initiator, [&src, &back]);
     Fresh {
         rounds: count,
         failed,
         took,
-        fetches: initiator.descriptor_fetches() - fetches,
+        fetches,
     }
 }
