@@ -45,13 +45,15 @@ impl Need {
     }
 }
 
+/// What a caller waiting for a fetch of a segment's descriptor does after
+/// it, with the segment as cached then; `None` when it was closed, or the
+/// fetch never ran (refused, or the engine is being destroyed).
+type AfterFetch = Box<dyn FnOnce(&Engine, Option<Arc<RemoteSegment>>) + Send>;
+
 /// A caller waiting for a fetch of a segment's descriptor.
 pub(super) struct Waiter {
     need: Need,
-    /// Called with the segment as cached after the fetch; `None` when it
-    /// was closed, or the fetch never ran (refused, or the engine is being
-    /// destroyed).
-    then: Box<dyn FnOnce(&Engine, Option<Arc<RemoteSegment>>) + Send>,
+    then: AfterFetch,
 }
 
 /// Where `submit` sends one request.
@@ -327,12 +329,7 @@ impl Engine {
     /// a caller that came after it began. A fetch for ranges only begins
     /// no sooner than [`UNLISTED_LOOKUP_GAP`] after the last one that
     /// found nothing new.
-    fn after_fetch(
-        &self,
-        name: &str,
-        need: Need,
-        then: Box<dyn FnOnce(&Engine, Option<Arc<RemoteSegment>>) + Send>,
-    ) {
+    fn after_fetch(&self, name: &str, need: Need, then: AfterFetch) {
         {
             let mut all = sync::lock(&self.refetches);
             let waiter = Waiter { need, then };
@@ -386,8 +383,10 @@ impl Engine {
         let waiters = sync::lock(&self.refetches)
             .remove(&job.name)
             .unwrap_or_default();
+        // Taken now, they are called even if the fetch panics.
+        let taken = job.taken.insert((waiters, None));
         let seg = cached();
-        if needs_fetch(&waiters, seg.as_deref()) {
+        if needs_fetch(&taken.0, seg.as_deref()) {
             let began = std::time::Instant::now();
             if !self.refetch_segment(&job.name) {
                 if let Some(s) = &seg {
@@ -395,7 +394,7 @@ impl Engine {
                 }
             }
         }
-        job.taken = Some((waiters, cached()));
+        taken.1 = cached();
     }
 
     /// Fails a task that never reached a transport.
