@@ -64,11 +64,15 @@ impl std::fmt::Debug for RouteCache {
 const REFETCH_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Tracks whether a peer's descriptor may be stale: a transfer to it
-/// failed since it was fetched.
+/// failed since it was fetched; and when a fetch of it last found nothing
+/// new.
 #[derive(Debug, Default)]
 pub struct Freshness {
     stale: AtomicBool,
     refetched: Mutex<Option<Instant>>,
+    /// When the last fetch that found this descriptor unchanged (or
+    /// failed) began.
+    nothing_new: Mutex<Option<Instant>>,
 }
 
 impl Freshness {
@@ -105,6 +109,18 @@ impl Freshness {
     /// The descriptor was refetched unchanged.
     pub fn refreshed(&self) {
         self.stale.store(false, Ordering::Release);
+    }
+
+    /// A fetch begun at `at` found the descriptor unchanged, or failed.
+    pub fn found_nothing_new(&self, at: Instant) {
+        *sync::lock(&self.nothing_new) = Some(at);
+    }
+
+    /// How long a fetch that only looks for ranges this descriptor does
+    /// not list must still wait: until `gap` after the beginning of the
+    /// last fetch that found nothing new.
+    pub fn lookup_delay(&self, gap: Duration) -> Duration {
+        sync::lock(&self.nothing_new).map_or(Duration::ZERO, |at| gap.saturating_sub(at.elapsed()))
     }
 }
 
@@ -147,9 +163,6 @@ struct Table {
     by_name: HashMap<String, i32>,
     by_id: HashMap<i32, Arc<RemoteSegment>>,
     next_id: i32,
-    /// When each segment was last refetched for a request its cached
-    /// descriptor does not cover.
-    refetched: HashMap<i32, Instant>,
 }
 
 /// Name <-> id <-> descriptor of opened remote segments.
@@ -159,21 +172,6 @@ pub struct SegmentCache {
 }
 
 impl SegmentCache {
-    /// Whether segment `id` may be refetched now for a request its cached
-    /// descriptor does not cover: at most once per `interval`, so a caller
-    /// repeating a bad request does not make every submit wait on the peer.
-    pub fn may_refetch_uncovered(&self, id: i32, interval: Duration) -> bool {
-        let mut t = sync::write(&self.table);
-        let now = Instant::now();
-        match t.refetched.get(&id) {
-            Some(at) if now.duration_since(*at) < interval => false,
-            _ => {
-                t.refetched.insert(id, now);
-                true
-            }
-        }
-    }
-
     /// The id of a cached name.
     pub fn id_of(&self, name: &str) -> Option<i32> {
         sync::read(&self.table).by_name.get(name).copied()
@@ -230,6 +228,17 @@ mod tests {
             data_host: "127.0.0.1".into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_lookup_that_found_nothing_new_spaces_the_next() {
+        let f = Freshness::default();
+        let hour = Duration::from_secs(3600);
+        assert_eq!(f.lookup_delay(hour), Duration::ZERO, "no lookup yet");
+        f.found_nothing_new(Instant::now());
+        let d = f.lookup_delay(hour);
+        assert!(d > hour - Duration::from_secs(60) && d <= hour, "{d:?}");
+        assert_eq!(f.lookup_delay(Duration::ZERO), Duration::ZERO);
     }
 
     #[test]

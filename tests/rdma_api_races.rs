@@ -4,15 +4,17 @@
 //! way. Afterwards every memory region the devices hold belongs to a
 //! buffer that is registered and published, and once everything is
 //! unregistered (or the engine destroyed) the devices hold none of ours:
-//! no remote-accessible memory region is left that nothing tracks. Run
-//! inside the soft-RoCE VM (scripts/rdma-vm/).
+//! no remote-accessible memory region is left that nothing tracks. And
+//! requests racing registration: a buffer the target registered a moment
+//! ago (its initiator's cached descriptor does not list it) is reached at
+//! once. Run inside the soft-RoCE VM (scripts/rdma-vm/).
 
 mod common;
 #[path = "rdma_support/mod.rs"]
 mod rdma;
 
 use common::{Buf, descriptor};
-use rdma::A;
+use rdma::{A, B};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -132,4 +134,50 @@ fn registrations_racing_install_and_destroy_leave_no_region_behind() {
         assert_eq!(mrs(dev), baseline, "round {round}: regions left behind");
         drop(bufs);
     }
+}
+
+/// The registration pattern of consumers over RDMA, on P2P and HTTP
+/// metadata: the target registers a buffer, notifies, and the initiator
+/// WRITEs and READs it at once, before its cached descriptor (with the
+/// keys RDMA needs) lists it: 1,000 rounds, then a buffer every 10 ms,
+/// each written as soon as it is announced. No task fails, RDMA carries
+/// the bytes, and every byte is checked.
+#[test]
+#[ignore = "needs RDMA devices: scripts/rdma-vm/test.sh runs it in a soft-RoCE VM"]
+fn buffers_registered_a_moment_ago_are_reachable() {
+    rdma::setup(&[]);
+    let server =
+        transfer_engine::metadata::server::MetadataServer::start("127.0.0.1:0", "/metadata", None)
+            .expect("server");
+    for (conn, names) in [
+        ("P2PHANDSHAKE".to_string(), ["127.0.0.1", "127.0.0.1"]),
+        (server.url(), ["127.0.0.1:7101", "127.0.0.1:7102"]),
+    ] {
+        let target = rdma::engine_named(&conn, names[0], &[B[0].0, B[1].0]);
+        let initiator = rdma::engine_named(&conn, names[1], &[A[0].0, A[1].0]);
+        let sent = || A.iter().map(|(d, _)| rdma::sent(d)).sum::<u64>();
+        let before = sent();
+        let run = common::fresh::register_notify_transfer(&target, &initiator, 1000, 4096 + 13);
+        eprintln!("register, notify, WRITE and READ at once over RDMA ({conn}): {run}");
+        assert_eq!(run.failed, 0, "{run}");
+        let run = common::fresh::registrations_every(
+            &target,
+            &initiator,
+            std::time::Duration::from_millis(10),
+            200,
+            65536 + 7,
+        );
+        eprintln!("a buffer every 10 ms over RDMA ({conn}): {run}");
+        assert_eq!(run.failed, 0, "{run}");
+        // At least a packet for each WRITE and READ of the 1,000 rounds
+        // and the 200 buffers.
+        assert!(
+            sent() - before >= 2 * 1200,
+            "RDMA sent {} packets",
+            sent() - before
+        );
+        initiator.shutdown();
+        target.shutdown();
+    }
+    server.shutdown();
 }

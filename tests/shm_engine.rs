@@ -38,6 +38,10 @@ const CHILD: &str = "TE_SHM_ENGINE_CHILD";
 const LEN_VAR: &str = "TE_SHM_LEN";
 /// The peer's host address (`TE_SHM_HOST`; 127.0.0.1 if unset).
 const HOST_VAR: &str = "TE_SHM_HOST";
+/// The peer's metadata connection string (`TE_SHM_CONN`; P2P if unset)
+/// and, with a store, its name (`TE_SHM_NAME`).
+const CONN_VAR: &str = "TE_SHM_CONN";
+const NAME_VAR: &str = "TE_SHM_NAME";
 /// The pattern seed of the peer's buffer; WRITEs bring [`SEED_WRITE`].
 const SEED_PEER: u8 = 7;
 const SEED_WRITE: u8 = 3;
@@ -56,7 +60,9 @@ fn digest(b: &Buf) -> u64 {
 fn child_main() {
     let len: usize = std::env::var(LEN_VAR).unwrap().parse().unwrap();
     let host = std::env::var(HOST_VAR).unwrap_or_else(|_| "127.0.0.1".into());
-    let e = Engine::new("P2PHANDSHAKE", &format!("{host}:0"), false).expect("engine");
+    let conn = std::env::var(CONN_VAR).unwrap_or_else(|_| "P2PHANDSHAKE".into());
+    let name = std::env::var(NAME_VAR).unwrap_or_else(|_| format!("{host}:0"));
+    let e = Engine::new(&conn, &name, false).expect("engine");
     e.install_transport("tcp", None).expect("tcp");
     e.install_transport("shm", None).expect("shm");
     let buf = Buf::new(len, SEED_PEER);
@@ -72,7 +78,26 @@ fn child_main() {
         writeln!(out, "@@{v}").unwrap();
         out.flush().unwrap();
     };
-    say(json!({"name": e.local_ip_and_port(), "addr": buf.addr(), "pid": std::process::id()}));
+    say(json!({
+        "name": e.local_ip_and_port(),
+        "segment": e.local_name(),
+        "addr": buf.addr(),
+        "pid": std::process::id()
+    }));
+    // Buffers registered by "fresh" and "every" (the last FRESH_KEPT stay
+    // registered), in order; none is freed before the peer exits, so each
+    // has an address never registered before.
+    const FRESH_KEPT: usize = 4;
+    let mut fresh: Vec<Buf> = Vec::new();
+    let add_fresh = |fresh: &mut Vec<Buf>, len: usize| {
+        let b = Buf::new(len, SEED_PEER);
+        register(&e, &b);
+        fresh.push(b);
+        if let Some(old) = fresh.len().checked_sub(FRESH_KEPT + 1) {
+            e.unregister(&[fresh[old].addr()]).expect("unregister");
+        }
+        fresh.last().unwrap().addr()
+    };
     for line in std::io::stdin().lock().lines() {
         let cmd: Value = serde_json::from_str(&line.unwrap()).unwrap();
         let answer = match cmd["op"].as_str().unwrap() {
@@ -118,11 +143,42 @@ fn child_main() {
                     .count();
                 json!({"late": late})
             }
+            // Registers a new buffer of `len` bytes (the peer pattern).
+            "fresh" => {
+                json!({"addr": add_fresh(&mut fresh, cmd["len"].as_u64().unwrap() as usize)})
+            }
+            // Registers `count` new buffers of `len` bytes, one every `ms`,
+            // announcing each at once; then answers.
+            "every" => {
+                let len = cmd["len"].as_u64().unwrap() as usize;
+                for _ in 0..cmd["count"].as_u64().unwrap() {
+                    say(json!({"fresh": add_fresh(&mut fresh, len)}));
+                    std::thread::sleep(Duration::from_millis(cmd["ms"].as_u64().unwrap()));
+                }
+                json!({"done": true})
+            }
+            // How many of the fresh buffers do not hold `fresh_data` of
+            // their index (every one was written).
+            "check_fresh" => {
+                json!({"bad": fresh
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, b)| b.snapshot() != fresh_data(b.len(), *i))
+                    .count()})
+            }
             "counters" => json!({"shm": counters(&e)}),
             other => panic!("unknown command {other}"),
         };
         say(answer);
     }
+}
+
+/// Bytes of the fresh buffers of a peer.
+const FRESH_LEN: usize = 4096 + 13;
+
+/// What the initiator writes to the `i`th fresh buffer of a peer.
+fn fresh_data(len: usize, i: usize) -> Vec<u8> {
+    common::pattern(len, (i % 251) as u8 + 1)
 }
 
 /// The shared-memory counters of an engine, by name.
@@ -141,6 +197,8 @@ struct Peer {
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
     name: String,
+    /// The name its segment opens by.
+    segment: String,
     addr: u64,
     pid: i32,
 }
@@ -177,11 +235,13 @@ impl Peer {
             stdin,
             stdout,
             name: String::new(),
+            segment: String::new(),
             addr: 0,
             pid: 0,
         };
         let hello = p.read();
         p.name = hello["name"].as_str().unwrap().to_string();
+        p.segment = hello["segment"].as_str().unwrap().to_string();
         p.addr = hello["addr"].as_u64().unwrap();
         p.pid = hello["pid"].as_u64().unwrap() as i32;
         p
@@ -1029,4 +1089,184 @@ fn a_transfer_failed_against_a_stopped_peer_moves_no_byte_afterwards() {
         }
         e.shutdown();
     }
+}
+
+/// An engine of this process with `tcp` and `shm`, on `conn` as `name`.
+fn engine_on(conn: &str, name: &str) -> Arc<Engine> {
+    let e = Engine::new(conn, name, false).expect("engine");
+    e.install_transport("tcp", None).expect("tcp");
+    e.install_transport("shm", None).expect("shm");
+    e
+}
+
+/// A WRITE of a fresh buffer's length from `source` to `addr` of `seg`.
+fn write(source: u64, seg: i32, addr: u64) -> Request {
+    Request {
+        opcode: Opcode::Write,
+        source,
+        target_id: seg,
+        target_offset: addr,
+        length: FRESH_LEN as u64,
+    }
+}
+
+/// Submits one request as a batch of one and returns the batch.
+fn submit_one(e: &Engine, r: Request) -> u64 {
+    let b = e.allocate_batch(1).unwrap();
+    e.submit(b, &[r]).unwrap();
+    b
+}
+
+/// The status of the only task of batch `b` once it is terminal (the
+/// batch is freed).
+fn finish(e: &Engine, b: u64) -> TaskStatus {
+    let s = common::wait_task(e, b, 0, HANG);
+    e.free_batch(b).unwrap();
+    s
+}
+
+/// The registration pattern of consumers over shared memory, on P2P and
+/// HTTP metadata: the peer registers a new buffer and says so on its
+/// control channel, and this process WRITEs to it and READs it back at
+/// once, before its cached descriptor lists the buffer; 1,000 rounds, then
+/// a peer that registers a buffer every 10 ms while this process writes to
+/// each as soon as it hears of it. No task fails, shared memory carries
+/// every byte, and both sides check every byte.
+#[test]
+fn buffers_registered_a_moment_ago_are_reachable_over_shm() {
+    const TEST: &str = "buffers_registered_a_moment_ago_are_reachable_over_shm";
+    const LEN: usize = FRESH_LEN;
+    const ROUNDS: usize = 1000;
+    const EVERY: usize = 200;
+    if is_child(TEST) {
+        return child_main();
+    }
+    let server =
+        transfer_engine::metadata::server::MetadataServer::start("127.0.0.1:0", "/metadata", None)
+            .unwrap();
+    for (conn, names) in [
+        ("P2PHANDSHAKE".to_string(), ["127.0.0.1:0", "127.0.0.1:0"]),
+        (server.url(), ["shm-fresh-target", "shm-fresh-initiator"]),
+    ] {
+        let conn_env = format!("{CONN_VAR}={conn}");
+        let name_env = format!("{NAME_VAR}={}", names[0]);
+        let mut peer = Peer::start(TEST, 4096, &["env", &conn_env, &name_env]);
+        let e = engine_on(&conn, names[1]);
+        let src = Buf::zeroed((ROUNDS + EVERY) * LEN);
+        let back = Buf::zeroed((ROUNDS + EVERY) * LEN);
+        for i in 0..ROUNDS + EVERY {
+            src.set(i * LEN, &fresh_data(LEN, i));
+        }
+        register(&e, &src);
+        register(&e, &back);
+        let seg = e.open_segment(&peer.segment).expect("open");
+        let fetches = e.descriptor_fetches();
+        let t0 = Instant::now();
+        let mut failed = 0;
+        let at = |b: &Buf, i: usize| b.addr() + (i * LEN) as u64;
+        for i in 0..ROUNDS {
+            let addr = peer.call(json!({"op": "fresh", "len": LEN}))["addr"]
+                .as_u64()
+                .unwrap();
+            let w = write(at(&src, i), seg, addr);
+            if finish(&e, submit_one(&e, w)) != TaskStatus::Completed {
+                failed += 1;
+            }
+            let r = Request {
+                opcode: Opcode::Read,
+                source: at(&back, i),
+                ..w
+            };
+            match finish(&e, submit_one(&e, r)) {
+                TaskStatus::Completed => assert!(
+                    back.get(i * LEN, LEN) == fresh_data(LEN, i),
+                    "round {i}: the READ brought back other bytes than were written"
+                ),
+                _ => failed += 1,
+            }
+        }
+        let took = t0.elapsed();
+        let rounds_fetches = e.descriptor_fetches() - fetches;
+        println!(
+            "register, announce, WRITE and READ at once over shm ({conn}): {ROUNDS} rounds: \
+             {failed} of {} tasks FAILED, {took:.2?}, {rounds_fetches} descriptor fetches",
+            2 * ROUNDS
+        );
+        assert_eq!(failed, 0, "tasks FAILED");
+        // A buffer every 10 ms, each written as soon as it is announced
+        // (earlier ones may be in flight), then read back.
+        let fetches = e.descriptor_fetches();
+        let t0 = Instant::now();
+        let announced = std::sync::Mutex::new(std::collections::VecDeque::<u64>::new());
+        std::thread::scope(|s| {
+            let (peer, announced) = (&mut peer, &announced);
+            s.spawn(move || {
+                let cmd = json!({"op": "every", "len": LEN, "count": EVERY, "ms": 10});
+                writeln!(peer.stdin, "{cmd}").unwrap();
+                peer.stdin.flush().unwrap();
+                while let Some(addr) = peer.read()["fresh"].as_u64() {
+                    announced.lock().unwrap().push_back(addr);
+                }
+            });
+            // (index, batch, is the READ) of every task in flight.
+            let mut flying: Vec<(usize, u64, bool)> = Vec::new();
+            let mut addrs: Vec<u64> = Vec::new();
+            let mut done = 0;
+            let deadline = Instant::now() + HANG;
+            while done < EVERY {
+                assert!(Instant::now() < deadline, "the run hangs");
+                while let Some(addr) = announced.lock().unwrap().pop_front() {
+                    let i = ROUNDS + addrs.len();
+                    addrs.push(addr);
+                    flying.push((i, submit_one(&e, write(at(&src, i), seg, addr)), false));
+                }
+                let mut still = Vec::new();
+                for (i, b, read) in flying.drain(..) {
+                    let (status, _) = e.status(b, 0).unwrap();
+                    if status == TaskStatus::Waiting {
+                        still.push((i, b, read));
+                        continue;
+                    }
+                    e.free_batch(b).unwrap();
+                    if status != TaskStatus::Completed {
+                        failed += 1;
+                    }
+                    if !read {
+                        let r = Request {
+                            opcode: Opcode::Read,
+                            source: at(&back, i),
+                            ..write(0, seg, addrs[i - ROUNDS])
+                        };
+                        still.push((i, submit_one(&e, r), true));
+                        continue;
+                    }
+                    if status == TaskStatus::Completed {
+                        assert!(
+                            back.get(i * LEN, LEN) == fresh_data(LEN, i),
+                            "buffer {i}: the READ brought back other bytes than were written"
+                        );
+                    }
+                    done += 1;
+                }
+                flying = still;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        });
+        println!(
+            "a buffer every 10 ms over shm ({conn}): {EVERY} buffers: {failed} of {} tasks \
+             FAILED, {:.2?}, {} descriptor fetches",
+            2 * EVERY,
+            t0.elapsed(),
+            e.descriptor_fetches() - fetches
+        );
+        assert_eq!(failed, 0, "tasks FAILED");
+        // The peer finds what was written in every buffer, and shared
+        // memory carried it all.
+        assert_eq!(peer.call(json!({"op": "check_fresh"}))["bad"], 0);
+        let moved = ((ROUNDS + EVERY) * LEN) as u64;
+        assert_eq!(counters(&e)["written"].as_u64(), Some(moved));
+        assert_eq!(counters(&e)["read"].as_u64(), Some(moved));
+        e.shutdown();
+    }
+    server.shutdown();
 }

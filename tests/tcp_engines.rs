@@ -401,3 +401,301 @@ fn install_checks_the_priority_matrix() {
     );
     e.shutdown();
 }
+
+/// The registration pattern of consumers, 1,000 times: the target
+/// registers a buffer, notifies, and the initiator WRITEs and READs it at
+/// once (its cached descriptor does not list it yet). No task fails.
+fn fresh_buffers(conn: &str, names: [&str; 2]) {
+    let target = engine(conn, names[0]);
+    let initiator = engine(conn, names[1]);
+    let run = common::fresh::register_notify_transfer(&target, &initiator, 1000, 4096 + 13);
+    println!("register, notify, WRITE and READ at once over {conn}: {run}");
+    assert_eq!(run.failed, 0, "{run}");
+    initiator.shutdown();
+    target.shutdown();
+}
+
+#[test]
+fn buffers_registered_a_moment_ago_are_reachable_p2p() {
+    fresh_buffers("P2PHANDSHAKE", ["127.0.0.1", "127.0.0.1"]);
+}
+
+#[test]
+fn buffers_registered_a_moment_ago_are_reachable_http() {
+    let server = MetadataServer::start("127.0.0.1:0", "/metadata", None).unwrap();
+    fresh_buffers(&server.url(), ["fresh-target:1", "fresh-initiator:2"]);
+    server.shutdown();
+}
+
+/// A target registers a buffer every 10 ms; the initiator writes to each
+/// as soon as it hears of it, while earlier ones may be in flight.
+#[test]
+fn a_buffer_every_10_ms_is_written_as_soon_as_it_is_announced() {
+    let server = MetadataServer::start("127.0.0.1:0", "/metadata", None).unwrap();
+    for (conn, names) in [
+        ("P2PHANDSHAKE".to_string(), ["127.0.0.1", "127.0.0.1"]),
+        (server.url(), ["every-target:1", "every-initiator:2"]),
+    ] {
+        let target = engine(&conn, names[0]);
+        let initiator = engine(&conn, names[1]);
+        let run = common::fresh::registrations_every(
+            &target,
+            &initiator,
+            std::time::Duration::from_millis(10),
+            300,
+            65536 + 7,
+        );
+        println!("a buffer every 10 ms over {conn}: {run}");
+        assert_eq!(run.failed, 0, "{run}");
+        initiator.shutdown();
+        target.shutdown();
+    }
+    server.shutdown();
+}
+
+/// A proxy in front of an engine's handshake listener that can hold the
+/// replies: each request goes upstream at once and its whole reply is read
+/// (the listener half-closes after it), but while holding, the reply is
+/// kept until [`HoldingProxy::release`].
+struct HoldingProxy {
+    port: u16,
+    state: Arc<(std::sync::Mutex<Hold>, std::sync::Condvar)>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct Hold {
+    holding: bool,
+    /// Replies held so far.
+    held: usize,
+}
+
+impl HoldingProxy {
+    fn start(upstream: u16) -> HoldingProxy {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
+        let state: Arc<(std::sync::Mutex<Hold>, std::sync::Condvar)> = Arc::default();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (st, sp) = (state.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !sp.load(Ordering::Acquire) {
+                let mut client = match listener.accept() {
+                    Ok((c, _)) => c,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                        continue;
+                    }
+                    Err(e) => panic!("proxy accept: {e}"),
+                };
+                client.set_nonblocking(false).unwrap();
+                let st = st.clone();
+                std::thread::spawn(move || {
+                    let mut up = std::net::TcpStream::connect(("127.0.0.1", upstream)).unwrap();
+                    let (mut c2, mut u2) = (client.try_clone().unwrap(), up.try_clone().unwrap());
+                    let forward = std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut c2, &mut u2);
+                        let _ = u2.shutdown(std::net::Shutdown::Write);
+                    });
+                    let mut reply = Vec::new();
+                    let _ = up.read_to_end(&mut reply);
+                    {
+                        let (m, cv) = &*st;
+                        let mut h = m.lock().unwrap();
+                        if h.holding {
+                            h.held += 1;
+                            cv.notify_all();
+                            while h.holding {
+                                h = cv.wait(h).unwrap();
+                            }
+                        }
+                    }
+                    let _ = client.write_all(&reply);
+                    let _ = client.shutdown(std::net::Shutdown::Write);
+                    let _ = forward.join();
+                });
+            }
+        });
+        HoldingProxy {
+            port,
+            state,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// The segment name that reaches the upstream engine through the proxy.
+    fn name(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Holds the replies from now on.
+    fn hold(&self) {
+        self.state.0.lock().unwrap().holding = true;
+    }
+
+    /// Waits until `n` replies are held.
+    fn wait_held(&self, n: usize) {
+        let (m, cv) = &*self.state;
+        let (h, timeout) = cv
+            .wait_timeout_while(m.lock().unwrap(), std::time::Duration::from_secs(30), |h| {
+                h.held < n
+            })
+            .unwrap();
+        assert!(!timeout.timed_out(), "{} replies held, want {n}", h.held);
+    }
+
+    /// Sends the held replies, and the next ones at once.
+    fn release(&self) {
+        let (m, cv) = &*self.state;
+        m.lock().unwrap().holding = false;
+        cv.notify_all();
+    }
+}
+
+impl Drop for HoldingProxy {
+    fn drop(&mut self) {
+        self.release();
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A refetch that began before the target registered a buffer, and ends
+/// after a request to that buffer was submitted, does not decide that
+/// request: it waits for a newer fetch, and completes.
+#[test]
+fn a_refetch_begun_before_a_registration_does_not_decide_a_later_request() {
+    use common::{Buf, write_req};
+    let target = engine("P2PHANDSHAKE", "127.0.0.1");
+    let initiator = engine("P2PHANDSHAKE", "127.0.0.1");
+    let src = Buf::new(65536, 5);
+    common::register(&initiator, &src, true);
+    let proxy = HoldingProxy::start(target.rpc_port());
+    let seg = initiator.open_segment(&proxy.name()).expect("open");
+    let fetches = initiator.descriptor_fetches();
+    proxy.hold();
+    // A request to memory the target never registered refetches its
+    // descriptor; the reply (without the buffer below) is held.
+    let never = Buf::zeroed(4096);
+    let b1 = initiator.allocate_batch(1).unwrap();
+    initiator
+        .submit(b1, &[write_req(src.addr(), seg, never.addr(), 4096)])
+        .unwrap();
+    proxy.wait_held(1);
+    let fresh = Buf::zeroed(65536);
+    common::register(&target, &fresh, true);
+    let b2 = initiator.allocate_batch(1).unwrap();
+    initiator
+        .submit(b2, &[write_req(src.addr(), seg, fresh.addr(), 65536)])
+        .unwrap();
+    proxy.release();
+    let t = std::time::Duration::from_secs(30);
+    assert_eq!(
+        common::wait_task(&initiator, b1, 0, t),
+        TaskStatus::Failed,
+        "memory the target never registered"
+    );
+    assert_eq!(
+        common::wait_task(&initiator, b2, 0, t),
+        TaskStatus::Completed,
+        "a buffer registered before the request was submitted"
+    );
+    assert!(
+        fresh.snapshot() == src.snapshot(),
+        "the fresh buffer's bytes"
+    );
+    assert!(never.snapshot().iter().all(|&b| b == 0));
+    // One fetch for each request: the held one, and one begun after the
+    // second request was submitted.
+    assert_eq!(initiator.descriptor_fetches() - fetches, 2);
+    initiator.free_batch(b1).unwrap();
+    initiator.free_batch(b2).unwrap();
+    initiator.shutdown();
+    target.shutdown();
+}
+
+/// Requests to memory the target never registered, from 4 threads for a
+/// second, each fail within a bound, and the lookups they cause stay
+/// within the documented bound (one per 50 ms per peer, beyond one per
+/// change of its descriptor); buffers the target registers meanwhile are
+/// reached at once.
+#[test]
+fn unregistered_ranges_fail_quickly_without_hammering_the_peer() {
+    use common::{Buf, run_within, write_req};
+    use std::time::{Duration, Instant};
+    let target = engine("P2PHANDSHAKE", "127.0.0.1");
+    let initiator = engine("P2PHANDSHAKE", "127.0.0.1");
+    let src = Buf::new(4096, 5);
+    common::register(&initiator, &src, true);
+    let seg = initiator.open_segment(target.local_name()).expect("open");
+    let never = Buf::zeroed(4096);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let fetches = initiator.descriptor_fetches();
+    let t0 = Instant::now();
+    let (bad, slowest, fresh) = std::thread::scope(|s| {
+        let hammers: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    let (mut n, mut slowest) = (0u64, Duration::ZERO);
+                    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                        let t = Instant::now();
+                        let w = write_req(src.addr(), seg, never.addr(), 4096);
+                        let s = run_within(&initiator, &[w], Duration::from_secs(30));
+                        assert_eq!(s, vec![TaskStatus::Failed], "unregistered memory");
+                        slowest = slowest.max(t.elapsed());
+                        n += 1;
+                    }
+                    (n, slowest)
+                })
+            })
+            .collect();
+        // The hammers stop when this scope ends, even by a panic.
+        struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::Release);
+            }
+        }
+        let stopper = StopOnDrop(&stop);
+        let mut fresh = Vec::new();
+        for i in 0..10u8 {
+            std::thread::sleep(Duration::from_millis(100));
+            let b = Buf::zeroed(4096);
+            common::register(&target, &b, true);
+            let w = write_req(src.addr(), seg, b.addr(), 4096);
+            let s = run_within(&initiator, &[w], Duration::from_secs(30));
+            assert_eq!(s, vec![TaskStatus::Completed], "fresh buffer {i}");
+            assert!(b.snapshot() == src.snapshot(), "fresh buffer {i}'s bytes");
+            fresh.push(b);
+        }
+        drop(stopper);
+        let (mut bad, mut slowest) = (0, Duration::ZERO);
+        for h in hammers {
+            let (n, s) = h.join().unwrap();
+            bad += n;
+            slowest = slowest.max(s);
+        }
+        (bad, slowest, fresh.len() as u64)
+    });
+    let took = t0.elapsed();
+    let fetches = initiator.descriptor_fetches() - fetches;
+    println!(
+        "{bad} requests to unregistered memory and {fresh} to fresh buffers in {took:.2?}: \
+         {fetches} descriptor fetches; the slowest failure took {slowest:.2?}"
+    );
+    assert!(never.snapshot().iter().all(|&b| b == 0));
+    let bound = took.as_millis() as u64 / 50 + 2 * fresh + 2;
+    assert!(fetches <= bound, "{fetches} fetches, bound {bound}");
+    assert!(
+        slowest < Duration::from_secs(1),
+        "a request to unregistered memory took {slowest:?} to fail"
+    );
+    initiator.shutdown();
+    target.shutdown();
+}

@@ -46,7 +46,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
-use submit::Deferred;
+use submit::Waiter;
 use tracing::{info, warn};
 
 /// Segment id of the engine's own memory (`LOCAL_SEGMENT`).
@@ -128,16 +128,17 @@ pub struct Engine {
     changes: Mutex<()>,
     /// Notifications and descriptor refetches, run off the caller's thread.
     work: Lanes<String>,
-    /// Requests waiting for their segment's descriptor to be refetched,
-    /// by segment id; the refetch job submits them.
-    deferred: Mutex<HashMap<i32, Vec<Deferred>>>,
-    /// Callers waiting for the refetch of a segment's descriptor, by name
-    /// ([`crate::transport::Refresh`]).
-    refreshing: Mutex<HashMap<String, Vec<crate::transport::Refreshed>>>,
+    /// Callers waiting for a fetch of a segment's descriptor, by segment
+    /// name (requests, a transport's [`crate::transport::Refresh`]): while
+    /// a name has any, one background job for it is queued and has not
+    /// begun; it takes them all when it begins.
+    refetches: Mutex<HashMap<String, Vec<Waiter>>>,
     /// The [`crate::transport::Refresh`] handed to transports.
     refresher: OnceCell<crate::transport::Refresh>,
     /// Cancels this engine's handshake calls when it is destroyed.
     cancel: Arc<Cancel>,
+    /// Peer descriptors fetched so far ([`Engine::descriptor_fetches`]).
+    fetches: std::sync::atomic::AtomicU64,
     /// The cluster keys (`MC_TE_AUTH_KEY_FILE`): every connection to a
     /// peer and from a peer authenticates with them.
     auth: Option<Arc<Keys>>,
@@ -297,10 +298,10 @@ impl Engine {
             device_filter: device_filter.to_vec(),
             changes: Mutex::new(()),
             work: Lanes::new(BACKGROUND),
-            deferred: Mutex::default(),
-            refreshing: Mutex::default(),
+            refetches: Mutex::default(),
             refresher: OnceCell::new(),
             cancel: Arc::default(),
+            fetches: Default::default(),
             auth,
             me: OnceCell::new(),
             closed: AtomicBool::new(false),

@@ -21,6 +21,7 @@ use crate::transport::PeerDirectory;
 use crate::transport::tcp::carrier::TCP_DEVICES_KEY;
 use serde_json::json;
 use std::sync::Weak;
+use std::sync::atomic::Ordering;
 use tracing::info;
 
 /// The store behind a connection string (`None` in P2P mode); values
@@ -173,6 +174,7 @@ impl Engine {
 
     /// [`Engine::fetch_segment`] with the handshake RPC options `rpc`.
     fn fetch_segment_with(&self, name: &str, rpc: &ClientOptions) -> Result<RemoteSegment> {
+        self.fetches.fetch_add(1, Ordering::Relaxed);
         let (json, (data_host, rpc_port)) = match &self.store {
             None => {
                 let (host, port) = parse_host_port(name, self.config.rpc.handshake_port);
@@ -248,6 +250,14 @@ impl Engine {
         Ok((seg.data_host, seg.desc))
     }
 
+    /// How many times this engine has fetched a peer's descriptor (opening
+    /// a segment, refetching or syncing one, an RDMA handshake's check of
+    /// its peer): each one handshake call in P2P mode, or two reads of the
+    /// store (the segment's descriptor and its RPC address).
+    pub fn descriptor_fetches(&self) -> u64 {
+        self.fetches.load(Ordering::Relaxed)
+    }
+
     /// Resolves a segment name to its id: the own name is `LOCAL_SEGMENT`;
     /// other names are fetched once and cached.
     pub fn open_segment(&self, name: &str) -> Result<i32> {
@@ -302,9 +312,14 @@ impl Engine {
     /// generation) replaces the cached one, so stale buffers are never used;
     /// an unchanged one keeps its rails.
     pub fn sync_segment(&self, name: &str) {
-        let name = name.trim_start_matches('/');
+        self.refetch_segment(name.trim_start_matches('/'));
+    }
+
+    /// [`Engine::sync_segment`]; whether a changed descriptor replaced the
+    /// cached one (not when the fetch failed or the name is not cached).
+    pub(super) fn refetch_segment(&self, name: &str) -> bool {
         let Some(id) = self.segments.id_of(name) else {
-            return;
+            return false;
         };
         match self.fetch_segment(name) {
             Ok(seg) => match self.segments.get(id) {
@@ -314,10 +329,12 @@ impl Engine {
                         && old.rpc_port == seg.rpc_port =>
                 {
                     old.freshness.refreshed();
+                    false
                 }
                 _ => {
                     info!("segment {name:?} changed; using its new descriptor");
                     self.segments.insert(seg);
+                    true
                 }
             },
             Err(e) => {
@@ -325,6 +342,7 @@ impl Engine {
                     seg.freshness.peer_down();
                 }
                 crate::warn_limited!("refreshing segment {name:?}: {e}");
+                false
             }
         }
     }

@@ -17,11 +17,43 @@ use crate::transport::{
 };
 use std::sync::Arc;
 
-/// A request whose task waits for its segment's descriptor.
-pub(super) struct Deferred {
-    batch: Arc<Batch>,
-    task: usize,
-    request: Request,
+/// What a caller waiting for a fetch of a segment's descriptor needs of it.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Need {
+    /// A fetch begun after the call: without the metadata cache, after a
+    /// failure that a restart of the peer may explain, or a key the peer
+    /// refused.
+    Fresh,
+    /// The descriptor listing `[addr, addr + len)`: a fetch begun after
+    /// the call, unless the cached descriptor lists the range by the time
+    /// one would begin.
+    Range {
+        /// Start of the range in the peer.
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
+}
+
+impl Need {
+    /// Whether `seg`, as cached, already gives what is needed.
+    fn met_by(self, seg: Option<&RemoteSegment>) -> bool {
+        match self {
+            Need::Fresh => false,
+            Need::Range { addr, len } => len == 0 || seg.is_some_and(|s| s.covers(addr, len)),
+        }
+    }
+}
+
+/// What a caller waiting for a fetch of a segment's descriptor does after
+/// it, with the segment as cached then; `None` when it was closed, or the
+/// fetch never ran (refused, or the engine is being destroyed).
+type AfterFetch = Box<dyn FnOnce(&Engine, Option<Arc<RemoteSegment>>) + Send>;
+
+/// A caller waiting for a fetch of a segment's descriptor.
+pub(super) struct Waiter {
+    need: Need,
+    then: AfterFetch,
 }
 
 /// Where `submit` sends one request.
@@ -30,14 +62,17 @@ enum Target {
     Local,
     /// A remote segment, with its cached descriptor.
     Remote(Arc<RemoteSegment>),
-    /// A remote segment whose descriptor is refetched first (in the
+    /// A remote segment whose descriptor is fetched first (in the
     /// background).
-    AfterRefetch(Arc<RemoteSegment>),
+    AfterFetch(Arc<RemoteSegment>, Need),
 }
 
-/// Shortest interval between refetches of a peer's descriptor for requests
-/// it does not cover (memory the peer may have registered since).
-const UNCOVERED_REFETCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// Shortest time between the beginnings of two fetches of a peer's
+/// descriptor that only look for ranges it does not list, when the first
+/// found nothing new: such lookups are at most 20 per peer per second
+/// (beyond one per change of its descriptor), and a request to memory the
+/// peer never registered fails within this plus one fetch.
+const UNLISTED_LOOKUP_GAP: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Hands `xfer` to `chain[i]`, with the rest of the chain as its fallback.
 #[allow(clippy::too_many_arguments)]
@@ -83,33 +118,33 @@ fn dispatch(
     });
 }
 
-/// Hands the segment named `name`, as cached after its refetch, to every
-/// caller waiting for that refetch when dropped: after the refetch ran, or
-/// with `None` when its background job was dropped unrun (a slice waiting
-/// on it always ends).
-struct Drain {
+/// The background job that fetches the descriptor of segment `name` for
+/// the callers waiting for it. Dropped, it calls them: after its fetch,
+/// with the segment as cached then; unrun (refused, or the engine is being
+/// destroyed), with `None`, so a request waiting on it always ends.
+struct FetchJob {
     engine: std::sync::Weak<Engine>,
     name: String,
-    seg: Option<Arc<RemoteSegment>>,
+    /// The callers it took when it began, and the segment after its fetch.
+    taken: Option<(Vec<Waiter>, Option<Arc<RemoteSegment>>)>,
 }
 
-impl Drain {
-    /// Hands `seg` to the callers (now).
-    fn hand(mut self, seg: Option<Arc<RemoteSegment>>) {
-        self.seg = seg;
-    }
-}
-
-impl Drop for Drain {
+impl Drop for FetchJob {
     fn drop(&mut self) {
         let Some(e) = self.engine.upgrade() else {
             return;
         };
-        let callers = sync::lock(&e.refreshing)
-            .remove(&self.name)
-            .unwrap_or_default();
-        for f in callers {
-            f(self.seg.clone());
+        let (waiters, seg) = match self.taken.take() {
+            Some(taken) => taken,
+            None => (
+                sync::lock(&e.refetches)
+                    .remove(&self.name)
+                    .unwrap_or_default(),
+                None,
+            ),
+        };
+        for w in waiters {
+            (w.then)(&e, seg.clone());
         }
     }
 }
@@ -156,7 +191,8 @@ impl Engine {
             let seg = self.segments.get(r.target_id).ok_or_else(|| {
                 Error::InvalidArgument(format!("segment id {} is not open", r.target_id))
             })?;
-            if !refetching.contains(&r.target_id) && self.needs_refetch(&seg, r) {
+            let need = self.fetch_need(&seg, r);
+            if need.is_some() && !refetching.contains(&r.target_id) {
                 refetching.push(r.target_id);
             }
             let speaking = self.speaking(&seg)?;
@@ -173,9 +209,18 @@ impl Engine {
                     )));
                 }
             }
-            targets.push(match refetching.contains(&r.target_id) {
-                true => Target::AfterRefetch(seg),
-                false => Target::Remote(seg),
+            // Behind a request that waits for a fetch, the others to its
+            // segment wait too (they are submitted in order).
+            targets.push(match (need, refetching.contains(&r.target_id)) {
+                (Some(need), _) => Target::AfterFetch(seg, need),
+                (None, true) => Target::AfterFetch(
+                    seg,
+                    Need::Range {
+                        addr: r.target_offset,
+                        len: r.length,
+                    },
+                ),
+                (None, false) => Target::Remote(seg),
             });
         }
         batch.append(requests.len(), |first, _| {
@@ -184,34 +229,33 @@ impl Engine {
                 match target {
                     Target::Local => self.submit_local(&batch, first + i, r, &memory),
                     Target::Remote(seg) => self.submit_remote(&batch, first + i, r, seg, &memory),
-                    Target::AfterRefetch(seg) => self.defer(&batch, first + i, r, seg),
+                    Target::AfterFetch(seg, need) => self.defer(&batch, first + i, r, seg, *need),
                 }
             }
             Ok(())
         })
     }
 
-    /// Whether `r` must wait for its segment's descriptor to be refetched:
-    /// without the metadata cache always; when a transfer to a peer that
-    /// may restart under the same name (store mode, or fixed P2P ports)
-    /// failed since the last fetch; when the descriptor does not cover
-    /// `r` (memory the peer registered since, reachable as with Mooncake,
-    /// whose initiator does not check) and no refetch for that happened in
-    /// the last second, or one is under way.
-    fn needs_refetch(&self, seg: &RemoteSegment, r: &Request) -> bool {
+    /// Whether `r` must wait for a fetch of its segment's descriptor, and
+    /// what it needs of it: without the metadata cache, and when a transfer
+    /// to a peer that may restart under the same name (store mode, or fixed
+    /// P2P ports) failed since the last fetch, a fresh descriptor; when the
+    /// descriptor does not list `r`'s range (memory the peer registered
+    /// since, reachable as with Mooncake, whose initiator does not check),
+    /// one that lists it, or a fetch begun after `r` that does not.
+    fn fetch_need(&self, seg: &RemoteSegment, r: &Request) -> Option<Need> {
         if !self.config.store.metacache {
-            return true;
+            return Some(Need::Fresh);
         }
         let same_name_restarts = self.store.is_some() || self.config.rpc.legacy_port_binding;
         if same_name_restarts && seg.freshness.take_refetch() {
-            return true;
+            return Some(Need::Fresh);
         }
-        r.length > 0
-            && !seg.covers(r.target_offset, r.length)
-            && (sync::lock(&self.deferred).contains_key(&r.target_id)
-                || self
-                    .segments
-                    .may_refetch_uncovered(r.target_id, UNCOVERED_REFETCH_INTERVAL))
+        let need = Need::Range {
+            addr: r.target_offset,
+            len: r.length,
+        };
+        (!need.met_by(Some(seg))).then_some(need)
     }
 
     /// The installed transports that speak a protocol `seg` publishes,
@@ -243,65 +287,120 @@ impl Engine {
         Ok(speaking)
     }
 
-    /// Leaves task `task` waiting until the descriptor of `seg` has been
-    /// refetched in the background (one refetch serves every request
-    /// waiting for it), then submits it.
-    fn defer(&self, batch: &Arc<Batch>, task: usize, r: &Request, seg: &RemoteSegment) {
-        let mut deferred = sync::lock(&self.deferred);
-        let waiting = Deferred {
-            batch: batch.clone(),
-            task,
-            request: *r,
+    /// Leaves task `task` waiting for a fetch of the descriptor of `seg`
+    /// (see [`Engine::after_fetch`]), then submits it.
+    fn defer(&self, batch: &Arc<Batch>, task: usize, r: &Request, seg: &RemoteSegment, need: Need) {
+        let (batch, request) = (batch.clone(), *r);
+        self.after_fetch(
+            &seg.name,
+            need,
+            Box::new(move |e, fetched| e.submit_fetched(&batch, task, &request, fetched)),
+        );
+    }
+
+    /// Submits a request that waited for a fetch of its segment's
+    /// descriptor (`fetched`: the segment after it), or fails it.
+    fn submit_fetched(
+        &self,
+        batch: &Arc<Batch>,
+        task: usize,
+        r: &Request,
+        fetched: Option<Arc<RemoteSegment>>,
+    ) {
+        let seg = fetched.and_then(|_| self.segments.get(r.target_id));
+        let problem = match &seg {
+            None => Some(format!(
+                "segment id {} was closed, or its descriptor could not be refetched",
+                r.target_id
+            )),
+            Some(seg) => self.speaking(seg).err().map(|e| e.to_string()),
         };
-        if let Some(list) = deferred.get_mut(&r.target_id) {
-            list.push(waiting);
-            return;
-        }
-        let (id, name) = (r.target_id, seg.name.clone());
-        match self.background(&seg.name, Finish::Refuse, move |e| {
-            e.refetch_then_submit(id, &name)
-        }) {
-            Ok(()) => {
-                deferred.insert(id, vec![waiting]);
+        match (problem, seg) {
+            (None, Some(seg)) => {
+                self.submit_remote(batch, task, r, &seg, &sync::read(&self.memory))
             }
-            Err(why) => Self::fail_task(
-                batch,
-                task,
-                format_args!(
-                    "the descriptor of segment {:?} cannot be refetched: {}",
-                    seg.name,
-                    refused(why)
-                ),
-            ),
+            (problem, _) => {
+                Self::fail_task(batch, task, format_args!("{}", problem.unwrap_or_default()))
+            }
         }
     }
 
-    /// The background half of [`Engine::defer`]: refetches the descriptor
-    /// of segment `id` and submits the requests that waited for it.
-    fn refetch_then_submit(&self, id: i32, name: &str) {
-        self.sync_segment(name);
-        let waiting = sync::lock(&self.deferred).remove(&id).unwrap_or_default();
-        let seg = self.segments.get(id);
-        let memory = sync::read(&self.memory);
-        for Deferred {
-            batch,
-            task,
-            request,
-        } in waiting
+    /// Calls `then`, in the background lane of the peer, once a fetch of
+    /// the descriptor of segment `name` that began after this call has
+    /// ended — or, when `need` is a range, once the cached descriptor lists
+    /// it at the time such a fetch would begin. Callers share fetches: one
+    /// job per segment waits to begin, and takes every caller when it
+    /// does, so a fetch under way (which may have read the descriptor
+    /// before the peer registered what a later caller wants) never answers
+    /// a caller that came after it began. A fetch for ranges only begins
+    /// no sooner than [`UNLISTED_LOOKUP_GAP`] after the last one that
+    /// found nothing new.
+    fn after_fetch(&self, name: &str, need: Need, then: AfterFetch) {
         {
-            let problem = match &seg {
-                None => Some(format!("segment id {id} was closed")),
-                Some(seg) => self.speaking(seg).err().map(|e| e.to_string()),
-            };
-            match (problem, &seg) {
-                (None, Some(seg)) => self.submit_remote(&batch, task, &request, seg, &memory),
-                (problem, _) => Self::fail_task(
-                    &batch,
-                    task,
-                    format_args!("{}", problem.unwrap_or_default()),
-                ),
+            let mut all = sync::lock(&self.refetches);
+            let waiter = Waiter { need, then };
+            if let Some(waiting) = all.get_mut(name) {
+                waiting.push(waiter);
+                return;
+            }
+            all.insert(name.to_string(), vec![waiter]);
+        }
+        let job = FetchJob {
+            engine: self.me.get().cloned().unwrap_or_default(),
+            name: name.to_string(),
+            taken: None,
+        };
+        // Refused, the job is dropped: its callers get `None`.
+        let queued = self.background(name, Finish::Refuse, move |e| e.run_fetch(job));
+        if let Err(why) = queued {
+            crate::warn_limited!(
+                "the descriptor of segment {name:?} cannot be refetched: {}",
+                refused(why)
+            );
+        }
+    }
+
+    /// The background half of [`Engine::after_fetch`].
+    fn run_fetch(&self, mut job: FetchJob) {
+        let cached = || {
+            self.segments
+                .id_of(&job.name)
+                .and_then(|id| self.segments.get(id))
+        };
+        let needs_fetch = |waiters: &[Waiter], seg: Option<&RemoteSegment>| {
+            waiters.iter().any(|w| !w.need.met_by(seg))
+        };
+        let seg = cached();
+        let delay = {
+            let all = sync::lock(&self.refetches);
+            let waiting = all.get(&job.name).map_or(&[][..], Vec::as_slice);
+            let ranges_only = waiting.iter().all(|w| matches!(w.need, Need::Range { .. }));
+            match &seg {
+                Some(s) if ranges_only && needs_fetch(waiting, Some(s)) => {
+                    s.freshness.lookup_delay(UNLISTED_LOOKUP_GAP)
+                }
+                _ => std::time::Duration::ZERO,
+            }
+        };
+        if !delay.is_zero() {
+            // Callers that come meanwhile join this fetch.
+            std::thread::sleep(delay);
+        }
+        let waiters = sync::lock(&self.refetches)
+            .remove(&job.name)
+            .unwrap_or_default();
+        // Taken now, they are called even if the fetch panics.
+        let taken = job.taken.insert((waiters, None));
+        let seg = cached();
+        if needs_fetch(&taken.0, seg.as_deref()) {
+            let began = std::time::Instant::now();
+            if !self.refetch_segment(&job.name) {
+                if let Some(s) = &seg {
+                    s.freshness.found_nothing_new(began);
+                }
             }
         }
+        taken.1 = cached();
     }
 
     /// Fails a task that never reached a transport.
@@ -471,28 +570,7 @@ impl Engine {
 
     /// See [`Engine::refresher`].
     fn refresh_segment(&self, name: &str, done: Refreshed) {
-        {
-            let mut waiting = sync::lock(&self.refreshing);
-            if let Some(list) = waiting.get_mut(name) {
-                list.push(done);
-                return;
-            }
-            waiting.insert(name.to_string(), vec![done]);
-        }
-        let drain = Drain {
-            engine: self.me.get().cloned().unwrap_or_default(),
-            name: name.to_string(),
-            seg: None,
-        };
-        // Refused, the job (and `drain`) is dropped: the callers get `None`.
-        let _ = self.background(name, Finish::Refuse, move |e| {
-            e.sync_segment(&drain.name);
-            let seg = e
-                .segments
-                .id_of(&drain.name)
-                .and_then(|id| e.segments.get(id));
-            drain.hand(seg);
-        });
+        self.after_fetch(name, Need::Fresh, Box::new(move |_, seg| done(seg)));
     }
 
     /// Why task `task_id` of batch `batch_id` FAILED, where the engine

@@ -10,6 +10,7 @@
 
 #![allow(dead_code)]
 
+pub mod fresh;
 pub mod handshake;
 pub mod proc;
 pub mod readers;
