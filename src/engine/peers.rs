@@ -272,9 +272,19 @@ impl Engine {
             return Ok(id);
         }
         let seg = self.fetch_segment(name)?;
+        let carriers: Vec<&str> = self
+            .transports()
+            .iter()
+            .filter(|t| t.speaks(&seg))
+            .map(|t| t.protocol())
+            .collect();
         info!(
-            "opened segment {name:?} ({}, {} buffers, {})",
-            seg.desc.protocol,
+            "opened segment {name:?}: its data goes by {} ({} buffers, {})",
+            if carriers.is_empty() {
+                "no installed transport".to_string()
+            } else {
+                carriers.join(", else ")
+            },
             seg.desc.buffers.len(),
             match seg.desc.protocol.as_str() {
                 "tcp" => format!("data port {}", seg.desc.tcp_data_port),

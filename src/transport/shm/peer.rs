@@ -11,7 +11,7 @@ use super::table::{Backing, Lookup, SlotView};
 use super::{AttachFn, Shared, outcome_of, sys};
 use crate::transport::{Outcome, Slice};
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -152,6 +152,8 @@ pub(crate) struct PeerCore {
     shared: Weak<Shared>,
     attach: AttachFn,
     state: Mutex<State>,
+    /// The first attach was logged.
+    announced: AtomicBool,
 }
 
 /// A READ waiting for a thread.
@@ -201,6 +203,7 @@ impl PeerCore {
                 waiting: Vec::new(),
                 queue: None,
             }),
+            announced: AtomicBool::new(false),
         })
     }
 
@@ -357,7 +360,12 @@ impl PeerCore {
         st.queue = Some(queue);
         st.phase = Phase::Attached(link.clone());
         drop(st);
-        tracing::debug!("shm: attached to pid {}", self.target_pid);
+        if !self.announced.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                "shm: attached to process {}: data to it goes by shared memory",
+                self.target_pid
+            );
+        }
         if posted && link.ring.wake(Side::Target) {
             sys::signal(&link.to_target);
         }
@@ -503,7 +511,11 @@ impl PeerCore {
         if denied {
             self.unreachable(shared, "the kernel does not let it read our memory");
         } else if closed {
-            tracing::debug!("shm: process {} closed our ring", self.target_pid);
+            crate::warn_limited!(
+                "shm: process {} closed our ring (it serves too many peers, or shut down); \
+                 what was in it goes to another transport, and the next slice attaches again",
+                self.target_pid
+            );
             self.end_link(shared, Phase::Idle, Outcome::Interrupted, false);
         }
         freed || posted || closed
@@ -535,7 +547,8 @@ impl PeerCore {
         if !stalled.is_empty() {
             crate::warn_limited!(
                 "shm: process {} completed no request for {:?} (MC_SHM_TIMEOUT_SEC); \
-                 {} WRITE slice(s) to it fail, {copying} it is copying are waited for",
+                 {} WRITE slice(s) to it were withdrawn and go to another transport (or \
+                 fail); {copying} it is copying are waited for",
                 self.target_pid,
                 shared.opts.timeout,
                 stalled.len()
