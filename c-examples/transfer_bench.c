@@ -57,6 +57,19 @@
  *                          rail <device>: throughput R <unit>/s (mean EWMA over N samples)
  *                          rail total: throughput R <unit>/s
  *   --rail_stats         print the rail lines without --device_name/matrix.
+ *   --targets_file FILE  several targets: one per line, either the target's
+ *                        own line ("segment <name> base <addr> size <bytes>")
+ *                        or a bare segment name (its first buffer is used).
+ *                        Replaces --segment_id; each batch is spread over
+ *                        the targets (request i of thread t goes to target
+ *                        (i + t) mod count), and offsets wrap inside the
+ *                        smallest target buffer.
+ *   Every initiator run also prints, after the result line:
+ *                          requests: R/s, latency p50 X us, p99 Y us, max Z us (N samples)
+ *                          initiator: rss M MiB (peak P MiB), fds F, targets T
+ *                        (a request's latency: from its submitTransfer to
+ *                        the getTransferStatus that saw it end; memory and
+ *                        descriptors of this process at the end of the run)
  *   --engine_buffers     allocate the buffer with te_allocate_buffer (memory
  *                        the engine moves fastest: with shm installed, a
  *                        memfd that peers on this host map) instead of mmap;
@@ -79,6 +92,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -91,6 +105,7 @@
 
 struct options {
   const char *mode, *operation, *protocol, *metadata_server, *local_server_name, *segment_id;
+  const char *targets_file;
   const char *report_unit;
   const char *device_name, *nic_priority_matrix;
   uint64_t rail_sample_ms, handshakes;
@@ -278,6 +293,7 @@ static void parse_args(int argc, char **argv) {
     else if (!strcmp(flag, "--metadata_server")) opt.metadata_server = value;
     else if (!strcmp(flag, "--local_server_name")) opt.local_server_name = value;
     else if (!strcmp(flag, "--segment_id")) opt.segment_id = value;
+    else if (!strcmp(flag, "--targets_file")) opt.targets_file = value;
     else if (!strcmp(flag, "--report_unit")) opt.report_unit = value;
     else if (!strcmp(flag, "--device_name")) opt.device_name = value;
     else if (!strcmp(flag, "--nic_priority_matrix")) opt.nic_priority_matrix = value;
@@ -493,17 +509,42 @@ static int target_main(void) {
   return 0;
 }
 
+/* One target segment and the buffer requests go to. */
+struct target {
+  segment_id_t segment;
+  uint64_t base, size;
+};
+
+/* Latency samples of one thread: every request until the array is full,
+ * then a uniform sample of all (reservoir sampling). */
+#define MAX_SAMPLES (1u << 18)
+
 struct worker {
   pthread_t tid;
   int index;
   transfer_engine_t engine;
-  segment_id_t segment;
+  const struct target *targets;
+  size_t ntargets;
   unsigned char *local;
   uint64_t region; /* offsets wrap inside [0, region) on both sides */
-  uint64_t target_base;
   atomic_uint_fast64_t batches;
   int failed;
+  double *samples;
+  uint64_t seen, rng;
+  double slowest;
 };
+
+static void record_latency(struct worker *w, double seconds) {
+  if (seconds > w->slowest) w->slowest = seconds;
+  uint64_t k = w->seen++;
+  if (k < MAX_SAMPLES) {
+    w->samples[k] = seconds;
+    return;
+  }
+  w->rng = w->rng * 6364136223846793005ull + 1442695040888963407ull;
+  uint64_t j = (w->rng >> 16) % (k + 1);
+  if (j < MAX_SAMPLES) w->samples[j] = seconds;
+}
 
 static uint64_t offset_of(const struct worker *w, uint64_t i) {
   return opt.block_size * (i * (uint64_t)opt.threads + (uint64_t)w->index) % w->region;
@@ -516,6 +557,7 @@ static int run_batch(struct worker *w, struct transfer_request *reqs) {
     fprintf(stderr, "thread %d: allocateBatchID failed: %s\n", w->index, last_error());
     return -1;
   }
+  double submitted = now();
   int rc = submitTransfer(w->engine, b, reqs, opt.batch_size);
   if (rc != 0) {
     fprintf(stderr, "thread %d: submitTransfer returned %d: %s\n", w->index, rc, last_error());
@@ -531,7 +573,10 @@ static int run_batch(struct worker *w, struct transfer_request *reqs) {
                 i, last_error());
         return -1;
       }
-      if (st.status == STATUS_COMPLETED || st.status == STATUS_FAILED) break;
+      if (st.status == STATUS_COMPLETED || st.status == STATUS_FAILED) {
+        if (w->samples) record_latency(w, now() - submitted);
+        break;
+      }
       /* Two cores are shared with the engine's threads (and, on loopback,
        * the target): spin briefly, then yield. */
       if (spins > 64) sched_yield();
@@ -554,10 +599,11 @@ static int run_batch(struct worker *w, struct transfer_request *reqs) {
 static void build_requests(struct worker *w, struct transfer_request *reqs, int opcode) {
   for (uint64_t i = 0; i < opt.batch_size; i++) {
     uint64_t off = offset_of(w, i);
+    const struct target *t = &w->targets[(i + (uint64_t)w->index) % w->ntargets];
     reqs[i] = (struct transfer_request){.opcode = opcode,
                                         .source = w->local + off,
-                                        .target_id = w->segment,
-                                        .target_offset = w->target_base + off,
+                                        .target_id = t->segment,
+                                        .target_offset = t->base + off,
                                         .length = opt.block_size};
   }
 }
@@ -681,10 +727,136 @@ static int verify_after(struct worker *ws) {
   return bad ? -1 : 0;
 }
 
+/* Opens one target: `base`/`size` 0 take its first buffer (and its
+ * length), as Mooncake's bench does. */
+static int open_target(transfer_engine_t e, const char *name, uint64_t base, uint64_t size,
+                       struct target *t) {
+  t->segment = openSegment(e, name);
+  if (t->segment < 0) {
+    fprintf(stderr, "transfer_bench: openSegment(%s) failed: %s (is the target running, and is "
+            "--metadata_server the same as the target's?)\n", name, last_error());
+    return -1;
+  }
+  if (!base) {
+    te_buffer_info_t first;
+    size_t count = 0;
+    if (te_segment_buffers(e, t->segment, &first, 1, &count) != 0) {
+      fprintf(stderr, "transfer_bench: te_segment_buffers failed: %s\n", last_error());
+      return -1;
+    }
+    if (count == 0) {
+      fprintf(stderr, "transfer_bench: segment %s has no registered buffer\n", name);
+      return -1;
+    }
+    base = first.addr;
+    if (!size) size = first.length;
+  }
+  t->base = base;
+  t->size = size ? size : opt.buffer_size;
+  return 0;
+}
+
+/* The targets: --segment_id (with --target_base/--target_size), or each
+ * line of --targets_file. NULL after a message on failure. */
+static struct target *load_targets(transfer_engine_t e, size_t *n) {
+  if (!opt.targets_file) {
+    struct target *t = calloc(1, sizeof *t);
+    if (!t || open_target(e, opt.segment_id, opt.target_base, opt.target_size, t) != 0) {
+      free(t);
+      return NULL;
+    }
+    *n = 1;
+    return t;
+  }
+  FILE *f = fopen(opt.targets_file, "r");
+  if (!f) {
+    fprintf(stderr, "transfer_bench: %s: %s\n", opt.targets_file, strerror(errno));
+    return NULL;
+  }
+  struct target *ts = NULL;
+  size_t count = 0, cap = 0;
+  char line[512];
+  while (fgets(line, sizeof line, f)) {
+    char name[256];
+    unsigned long long base = 0, size = 0;
+    if (sscanf(line, "segment %255s base %llu size %llu", name, &base, &size) < 1 &&
+        sscanf(line, "%255s", name) != 1)
+      continue;
+    if (count == cap) {
+      cap = cap ? 2 * cap : 16;
+      struct target *grown = realloc(ts, cap * sizeof *ts);
+      if (!grown) break;
+      ts = grown;
+    }
+    if (open_target(e, name, base, size, &ts[count]) != 0) {
+      free(ts);
+      fclose(f);
+      return NULL;
+    }
+    count++;
+  }
+  fclose(f);
+  if (count == 0) {
+    fprintf(stderr, "transfer_bench: %s names no target\n", opt.targets_file);
+    free(ts);
+    return NULL;
+  }
+  *n = count;
+  return ts;
+}
+
+/* The requests' latencies over every thread: median and 99th percentile. */
+static void print_latency(struct worker *ws, double requests_per_s) {
+  size_t n = 0;
+  for (int t = 0; t < opt.threads; t++)
+    n += ws[t].seen < MAX_SAMPLES ? ws[t].seen : MAX_SAMPLES;
+  double *all = malloc((n ? n : 1) * sizeof *all);
+  if (!all) return;
+  size_t k = 0;
+  double slowest = 0;
+  for (int t = 0; t < opt.threads; t++) {
+    if (ws[t].slowest > slowest) slowest = ws[t].slowest;
+    size_t m = ws[t].seen < MAX_SAMPLES ? ws[t].seen : MAX_SAMPLES;
+    memcpy(all + k, ws[t].samples, m * sizeof *all);
+    k += m;
+  }
+  qsort(all, n, sizeof *all, cmp_double);
+  printf("requests: %.0f/s, latency p50 %.1f us, p99 %.1f us, max %.1f us (%zu samples)\n",
+         requests_per_s, n ? all[n / 2] * 1e6 : 0.0, n ? all[n * 99 / 100] * 1e6 : 0.0,
+         slowest * 1e6, n);
+  free(all);
+}
+
+/* This process's memory (now and at its peak) and open descriptors. */
+static void print_footprint(size_t ntargets) {
+  double rss = 0, peak = 0;
+  FILE *f = fopen("/proc/self/status", "r");
+  if (f) {
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+      unsigned long kib;
+      if (sscanf(line, "VmRSS: %lu kB", &kib) == 1) rss = (double)kib / 1024;
+      if (sscanf(line, "VmHWM: %lu kB", &kib) == 1) peak = (double)kib / 1024;
+    }
+    fclose(f);
+  }
+  int fds = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (d) {
+    for (struct dirent *de; (de = readdir(d));)
+      if (de->d_name[0] != '.') fds++;
+    closedir(d);
+    fds--; /* the directory's own descriptor */
+  }
+  printf("initiator: rss %.1f MiB (peak %.1f MiB), fds %d, targets %zu\n", rss, peak, fds,
+         ntargets);
+}
+
 static int initiator_main(void) {
   double unit = unit_bytes(opt.report_unit);
   if (unit == 0) usage("--report_unit must be one of GB GiB Gb MB MiB Mb KB KiB Kb");
-  if (!opt.segment_id) usage("--segment_id (the target's name, from its 'segment' line) is required");
+  if (!opt.segment_id && !opt.targets_file)
+    usage("--segment_id (the target's name, from its 'segment' line) or --targets_file is required");
   uint64_t need = opt.block_size * opt.batch_size * (uint64_t)opt.threads;
   if (opt.buffer_size < need) opt.buffer_size = need; /* as Mooncake does */
 
@@ -699,31 +871,13 @@ static int initiator_main(void) {
     fprintf(stderr, "transfer_bench: registerLocalMemory returned %d: %s\n", rc, last_error());
     return 1;
   }
-  segment_id_t seg = openSegment(e, opt.segment_id);
-  if (seg < 0) {
-    fprintf(stderr, "transfer_bench: openSegment(%s) failed: %s (is the target running, and is "
-            "--metadata_server the same as the target's?)\n", opt.segment_id, last_error());
-    return 1;
-  }
+  size_t ntargets = 0;
+  struct target *targets = load_targets(e, &ntargets);
+  if (!targets) return 1;
   if (opt.handshakes) return time_handshakes(e);
-  uint64_t target_base = opt.target_base, target_size = opt.target_size;
-  if (!target_base) {
-    /* As Mooncake's bench: the first buffer of the target segment. */
-    te_buffer_info_t first;
-    size_t count = 0;
-    if (te_segment_buffers(e, seg, &first, 1, &count) != 0) {
-      fprintf(stderr, "transfer_bench: te_segment_buffers failed: %s\n", last_error());
-      return 1;
-    }
-    if (count == 0) {
-      fprintf(stderr, "transfer_bench: segment %s has no registered buffer\n", opt.segment_id);
-      return 1;
-    }
-    target_base = first.addr;
-    if (!target_size) target_size = first.length;
-  }
-  if (!target_size) target_size = opt.buffer_size;
-  uint64_t region = opt.buffer_size < target_size ? opt.buffer_size : target_size;
+  uint64_t region = opt.buffer_size;
+  for (size_t k = 0; k < ntargets; k++)
+    if (targets[k].size < region) region = targets[k].size;
   region -= region % opt.block_size;
   if (region == 0) usage("--target_size is smaller than one block");
 
@@ -741,8 +895,9 @@ static int initiator_main(void) {
   }
   double t0 = now();
   for (int t = 0; t < opt.threads; t++) {
-    ws[t] = (struct worker){.index = t, .engine = e, .segment = seg, .local = buf, .region = region,
-                            .target_base = target_base};
+    ws[t] = (struct worker){.index = t, .engine = e, .targets = targets, .ntargets = ntargets,
+                            .local = buf, .region = region, .rng = (uint64_t)t + 1,
+                            .samples = malloc(MAX_SAMPLES * sizeof(double))};
     if (pthread_create(&ws[t].tid, NULL, worker_main, &ws[t]) != 0) {
       fprintf(stderr, "transfer_bench: pthread_create failed\n");
       return 1;
@@ -783,6 +938,8 @@ static int initiator_main(void) {
   double throughput = (double)batches * bytes_per_batch / duration / unit;
   printf("Test completed: duration %.2f, batch count %" PRIu64 ", throughput %.*f %s/s\n",
          duration, batches, opt.report_precision, throughput, opt.report_unit);
+  print_latency(ws, (double)batches * (double)opt.batch_size / duration);
+  print_footprint(ntargets);
   if (rails) {
     print_rails(rails, unit);
     free(rails);
@@ -802,7 +959,9 @@ static int initiator_main(void) {
              opt.operation, opt.threads, opt.batch_size, opt.block_size);
     }
   }
+  for (int t = 0; t < opt.threads; t++) free(ws[t].samples);
   free(ws);
+  free(targets);
   release(e, buf);
   return status;
 }

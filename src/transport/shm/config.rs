@@ -24,7 +24,8 @@ pub struct ShmConfig {
     /// this long fails them, and a ring its initiator does not activate
     /// this long is dropped (10, 1..=3600).
     pub timeout_secs: u64,
-    /// `MC_SHM_SPIN_US`: how long an idle thread polls before it sleeps
+    /// `MC_SHM_SPIN_US`: how long an idle thread polls at most before it
+    /// sleeps (only while work keeps coming within that long)
     /// (50, 0..=10000).
     pub spin_us: u64,
     /// `MC_SHM_MAX_MAPPINGS`: memfd-backed buffers of one peer mapped at

@@ -65,7 +65,7 @@ use alloc::Allocs;
 pub use config::ShmConfig;
 use crossbeam_channel::{Receiver, Sender};
 pub use install::install;
-use peer::{PeerCore, ReadJob};
+use peer::{LinkEntry, PeerCore, ReadJob};
 use poll::Poller;
 use serde_json::{Value, json};
 use serve::Served;
@@ -162,8 +162,8 @@ pub(crate) struct Shared {
     polls: Vec<Poller>,
     /// Rings we serve as target.
     served: RwLock<Arc<Vec<Arc<Served>>>>,
-    /// Targets we are attached to, as initiator.
-    links: RwLock<Arc<Vec<Arc<PeerCore>>>>,
+    /// Targets we are attached to, as initiator, with their links.
+    links: RwLock<Arc<Vec<LinkEntry>>>,
     reads_tx: Sender<ReadJob>,
     reads_rx: Receiver<ReadJob>,
     /// Threads asleep or about to be.
@@ -172,8 +172,14 @@ pub(crate) struct Shared {
     kicked: AtomicBool,
     /// A thread is polling for work.
     spinning: AtomicBool,
+    /// When a caller last did a round of the threads' work (µs since
+    /// start).
+    helped_at_us: AtomicU64,
     /// Our WRITEs posted or queued and not yet finished.
     writes_in_flight: AtomicUsize,
+    /// Threads asleep with no deadline: the first WRITE in flight wakes
+    /// them, so that one notices if its target stalls.
+    untimed_sleepers: AtomicUsize,
     closing: AtomicBool,
     next_id: AtomicU64,
     started: Instant,
@@ -200,6 +206,14 @@ impl Shared {
         self.started.elapsed().as_millis() as u64
     }
 
+    /// Whether a caller polling for its tasks did a round of the threads'
+    /// work in the last millisecond ([`ShmTransport::help`]): the threads
+    /// need not poll then.
+    fn caller_helps(&self) -> bool {
+        let now = self.started.elapsed().as_micros() as u64;
+        now.saturating_sub(self.helped_at_us.load(Ordering::Relaxed)) < 1000
+    }
+
     fn closing(&self) -> bool {
         self.closing.load(Ordering::Acquire)
     }
@@ -220,7 +234,7 @@ impl Shared {
             .clone()
     }
 
-    fn links(&self) -> Arc<Vec<Arc<PeerCore>>> {
+    fn links(&self) -> Arc<Vec<LinkEntry>> {
         self.links.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
@@ -231,7 +245,7 @@ impl Shared {
         *g = Arc::new(v);
     }
 
-    fn set_links(&self, f: impl FnOnce(&mut Vec<Arc<PeerCore>>)) {
+    fn set_links(&self, f: impl FnOnce(&mut Vec<LinkEntry>)) {
         let mut g = self.links.write().unwrap_or_else(|e| e.into_inner());
         let mut v = g.as_ref().clone();
         f(&mut v);
@@ -312,7 +326,9 @@ impl ShmTransport {
             sleepers: AtomicUsize::new(0),
             kicked: AtomicBool::new(false),
             spinning: AtomicBool::new(false),
+            helped_at_us: AtomicU64::new(0),
             writes_in_flight: AtomicUsize::new(0),
+            untimed_sleepers: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
             started: Instant::now(),
@@ -413,9 +429,7 @@ impl ShmTransport {
                 sys::signal(&s.to_initiator);
             }
             for l in self.shared.links().iter() {
-                if let Some(link) = l.link() {
-                    sys::signal(&link.to_target);
-                }
+                sys::signal(&l.link.to_target);
             }
         }
     }
@@ -459,7 +473,10 @@ impl ShmTransport {
     /// tasks moves them on instead of waiting for a thread. Returns whether
     /// there was any.
     pub fn help(&self) -> bool {
-        !self.shared.closing() && worker::pass(&self.shared)
+        let s = &self.shared;
+        s.helped_at_us
+            .store(s.started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        !s.closing() && worker::pass(s, true)
     }
 
     /// Bytes moved so far.
@@ -497,7 +514,7 @@ impl ShmTransport {
             serve::drop_ring(&self.shared, s);
         }
         for l in self.shared.links().iter() {
-            l.fail_all(Outcome::Interrupted);
+            l.core.fail_all(Outcome::Interrupted);
         }
         while let Ok(job) = self.shared.reads_rx.try_recv() {
             job.slice.finish(Outcome::Interrupted);

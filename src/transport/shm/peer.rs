@@ -11,7 +11,7 @@ use super::table::{Backing, Lookup, SlotView};
 use super::{AttachFn, Shared, outcome_of, sys};
 use crate::transport::{Outcome, Slice};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -143,6 +143,14 @@ struct State {
     queue: Option<Queue>,
 }
 
+/// A target we are attached to, and the link to it (the transport's list
+/// of them is read without taking each target's lock).
+#[derive(Clone)]
+pub(crate) struct LinkEntry {
+    pub core: Arc<PeerCore>,
+    pub link: Arc<Link>,
+}
+
 /// One target as the initiator sees it.
 pub(crate) struct PeerCore {
     /// Identifies the link's descriptors in the poll sets.
@@ -154,6 +162,46 @@ pub(crate) struct PeerCore {
     state: Mutex<State>,
     /// The first attach was logged.
     announced: AtomicBool,
+    /// The target's completion count when its results were last taken.
+    seen: AtomicU64,
+    /// A thread that came to take results found the state locked: the
+    /// holder has the threads do it once it lets go.
+    reap_again: AtomicBool,
+}
+
+/// The state of a target, locked. Letting it go hands the results another
+/// thread could not take meanwhile to the transport's threads: the lock's
+/// holder may be a caller posting, which would not take them, and the
+/// thread that wanted to may go to sleep believing there were none.
+struct Locked<'a> {
+    core: &'a PeerCore,
+    /// Always `Some` until dropped.
+    guard: Option<MutexGuard<'a, State>>,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        self.guard.as_ref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.guard.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.core.reap_again.swap(false, Ordering::SeqCst) {
+            if let Some(shared) = self.core.shared.upgrade() {
+                shared.kick();
+            }
+        }
+    }
 }
 
 /// A READ waiting for a thread.
@@ -167,7 +215,7 @@ pub(crate) struct ReadJob {
 /// Ends a slice, keeping the counts.
 fn finish(shared: &Shared, slice: Slice, outcome: Outcome) {
     if slice.write {
-        shared.writes_in_flight.fetch_sub(1, Ordering::Relaxed);
+        shared.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
         if outcome == Outcome::Done {
             shared
                 .counters
@@ -204,14 +252,20 @@ impl PeerCore {
                 queue: None,
             }),
             announced: AtomicBool::new(false),
+            seen: AtomicU64::new(0),
+            reap_again: AtomicBool::new(false),
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> Locked<'_> {
+        Locked {
+            core: self,
+            guard: Some(self.state.lock().unwrap_or_else(|e| e.into_inner())),
+        }
     }
 
     /// The link, while attached.
+    #[cfg(test)]
     pub fn link(&self) -> Option<Arc<Link>> {
         match &self.lock().phase {
             Phase::Attached(l) => Some(l.clone()),
@@ -226,7 +280,10 @@ impl PeerCore {
         };
         // The first WRITE in flight wakes a thread, so that it sleeps with
         // a deadline (to notice a stalled target) from now on.
-        if slice.write && shared.writes_in_flight.fetch_add(1, Ordering::Relaxed) == 0 {
+        if slice.write
+            && shared.writes_in_flight.fetch_add(1, Ordering::SeqCst) == 0
+            && shared.untimed_sleepers.load(Ordering::SeqCst) > 0
+        {
             shared.kick();
         }
         let mut st = self.lock();
@@ -330,7 +387,12 @@ impl PeerCore {
                 .for_each(|s| finish(shared, s, Outcome::Interrupted));
             return;
         }
-        shared.set_links(|v| v.push(self.clone()));
+        shared.set_links(|v| {
+            v.push(LinkEntry {
+                core: self.clone(),
+                link: link.clone(),
+            })
+        });
         let watched = shared
             .watch(&link.to_initiator, Token::Bell(self.id))
             .and_then(|()| {
@@ -342,7 +404,7 @@ impl PeerCore {
             });
         if let Err(e) = watched {
             drop(st);
-            shared.set_links(|v| v.retain(|p| !Arc::ptr_eq(p, self)));
+            shared.set_links(|v| v.retain(|e| !Arc::ptr_eq(&e.core, self)));
             link.give_up();
             return self.unreachable(shared, &format!("epoll: {e}"));
         }
@@ -417,7 +479,7 @@ impl PeerCore {
         if let Phase::Attached(link) = old {
             shared.unwatch(&link.to_initiator);
             shared.unwatch(&link.pidfd);
-            shared.set_links(|v| v.retain(|p| !Arc::ptr_eq(p, self)));
+            shared.set_links(|v| v.retain(|e| !Arc::ptr_eq(&e.core, self)));
             match queue {
                 Some(mut q) => {
                     slices.extend(q.withdraw_all(&link.ring, outcome, dead));
@@ -464,19 +526,35 @@ impl PeerCore {
     /// Takes the results the target completed, posts waiting WRITEs into
     /// the entries that freed, and notices a ring the target closed.
     /// Returns whether anything happened.
-    pub fn reap(self: &Arc<Self>, shared: &Shared) -> bool {
+    pub fn reap(self: &Arc<Self>, shared: &Shared, link: &Arc<Link>) -> bool {
+        // Nothing completed and the ring open: nothing to take or post.
+        let completions = link.ring.completions();
+        if completions == self.seen.load(Ordering::Relaxed) && !link.ring.closed() {
+            return false;
+        }
         let mut done = Vec::new();
-        // A caller posting holds the lock: reap on the next round rather
-        // than wait for it.
-        let mut st = match self.state.try_lock() {
+        // Another thread holding the lock (a caller posting) does not wait
+        // for us, nor we for it: we ask it to have the threads take the
+        // results once it lets go ([`Locked`]), then try. Asked before we
+        // try (with a fence on both sides), the holder cannot miss it.
+        self.reap_again.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let guard = match self.state.try_lock() {
             Ok(st) => st,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return false,
         };
-        let Phase::Attached(link) = &st.phase else {
-            return false;
+        let mut st = Locked {
+            core: self,
+            guard: Some(guard),
         };
-        let link = link.clone();
+        // Ours to do now; a request made after this is seen below, as it
+        // follows a completion counted before it.
+        self.reap_again.store(false, Ordering::SeqCst);
+        if !matches!(&st.phase, Phase::Attached(l) if Arc::ptr_eq(l, link)) {
+            return false;
+        }
+        self.seen.store(link.ring.completions(), Ordering::Relaxed);
         let Some(q) = st.queue.as_mut().filter(|q| q.busy()) else {
             return false;
         };

@@ -53,10 +53,19 @@ impl Poller {
         Ok(Poller { fd })
     }
 
-    /// Watches `fd` (level-triggered, readable) as `token`.
+    /// Watches `fd` (level-triggered, readable) as `token`. A doorbell
+    /// ([`Token::Bell`]) wakes one of the threads whose sets watch it
+    /// (`EPOLLEXCLUSIVE`), not all: one thread is enough to take the work,
+    /// and it wakes the next if more is posted while it is busy (see
+    /// [`super::worker`]). The others wake every thread: local work and
+    /// shutdown, a peer's exit.
     pub fn add(&self, fd: &OwnedFd, token: Token) -> io::Result<()> {
+        let exclusive = match token {
+            Token::Bell(_) => libc::EPOLLEXCLUSIVE as u32,
+            Token::Kick | Token::Death(_) => 0,
+        };
         let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
+            events: libc::EPOLLIN as u32 | exclusive,
             u64: token.encode(),
         };
         // SAFETY: `ev` is valid; both descriptors are open.

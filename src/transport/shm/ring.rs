@@ -69,6 +69,9 @@ const H_TARGET_SLEEPS: usize = 64;
 const H_INITIATOR_SLEEPS: usize = 128;
 const H_CLOSED: usize = 192;
 const H_DETACHED: usize = 200;
+/// Requests the target completed so far: the initiator looks for results
+/// only when it changed.
+const H_COMPLETIONS: usize = 208;
 
 /// States of an entry (the low 3 bits of its control word).
 const FREE: u64 = 0;
@@ -368,6 +371,13 @@ impl Ring {
             .word(e + 32)
             .store(status as u64, Ordering::Relaxed);
         self.map.word(e).store(pos << 3 | DONE, Ordering::SeqCst);
+        self.map.word(H_COMPLETIONS).fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// How many requests the target has completed: read before looking
+    /// for results, a later value says there may be new ones.
+    pub fn completions(&self) -> u64 {
+        self.map.word(H_COMPLETIONS).load(Ordering::SeqCst)
     }
 
     // Sleeping and waking, either side.

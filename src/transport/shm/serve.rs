@@ -18,6 +18,9 @@ use std::sync::{Arc, OnceLock};
 
 /// Bytes copied per system call while inside the fences.
 const CALL_BYTES: u64 = 256 << 10;
+/// A batch of at least this many bytes keeps its thread busy long enough
+/// that another should serve the ring's next posts meanwhile.
+const LONG_COPY: u64 = 64 << 10;
 
 /// A ring's cursor (the next position to look at) and who holds it: one
 /// thread at a time scans a ring; a thread that finds it held asks the
@@ -269,7 +272,12 @@ pub(crate) fn serve_one(shared: &Shared, s: &Arc<Served>) -> bool {
             drop_ring(shared, s);
             return true;
         } else {
-            let batch = claim_batch(s, &mut cursor);
+            let (batch, bytes) = claim_batch(s, &mut cursor);
+            if bytes >= LONG_COPY && shared.sleepers.load(Ordering::SeqCst) > 0 {
+                // We will be busy a while: the next post wakes another
+                // thread (the peer cleared the flag when it rang us).
+                s.ring.sleep(Side::Target);
+            }
             let more = s.ring.posted(cursor);
             #[cfg(test)]
             super::test_hooks::preempt();
@@ -301,8 +309,9 @@ pub(crate) fn serve_one(shared: &Shared, s: &Arc<Served>) -> bool {
 }
 
 /// Claims the requests posted from `cursor` on, at most [`BATCH`] or
-/// [`BATCH_BYTES`], and moves the cursor past them.
-fn claim_batch(s: &Served, cursor: &mut u64) -> Vec<Request> {
+/// [`BATCH_BYTES`], and moves the cursor past them; returns them and their
+/// bytes.
+fn claim_batch(s: &Served, cursor: &mut u64) -> (Vec<Request>, u64) {
     let mut batch = Vec::new();
     let mut bytes = 0u64;
     for _ in 0..s.ring.entries() {
@@ -319,7 +328,7 @@ fn claim_batch(s: &Served, cursor: &mut u64) -> Vec<Request> {
         }
         *cursor += 1;
     }
-    batch
+    (batch, bytes)
 }
 
 /// Drops the rings whose initiators did not activate them within

@@ -22,16 +22,19 @@
 //! 2. A thread whose scan cannot take a ring's cursor does not conclude the
 //!    ring is idle: it marks the cursor, and its holder scans again before
 //!    it lets go ([`serve::serve_one`] has the steps).
-//! 3. One ring wakes every waiting thread, but the peer cleared the flag,
-//!    so a later post would ring nobody while the woken thread is busy (a
-//!    long copy) and the others still wait. So a thread that wakes while
-//!    others still sleep sets the flags again: every post made while any
-//!    thread waits in epoll finds a flag set, until the last sleeper woke.
+//! 3. A thread may leave the flags alone when it goes to sleep while
+//!    another thread polls (spins): that one goes through step 1 before it
+//!    sleeps, so the last thread to sleep always sets them.
 //!
 //! So a request posted while every thread sleeps wakes one, and one
 //! posted while some thread is awake is seen by that thread's next scan
-//! (step 2 covers a scan that is under way), or by a sleeper that step 3
-//! makes the peer ring.
+//! (step 2 covers a scan that is under way). A ring rings one sleeper
+//! (`EPOLLEXCLUSIVE`) and the peer clears the flag, so while that thread
+//! works, later posts wake nobody else: a thread that claims a long copy
+//! sets its ring's flag again, so that the next post wakes another thread
+//! to serve it meanwhile ([`serve::serve_one`]). While a caller polls for
+//! its tasks ([`super::ShmTransport::help`]), the threads leave the
+//! results of our WRITEs to it and the targets do not ring us for them.
 
 use super::poll::Token;
 use super::ring::Side;
@@ -49,67 +52,125 @@ fn tick(shared: &Shared) -> Duration {
 pub(crate) fn run(shared: &Arc<Shared>, me: usize) {
     let poll = &shared.polls[me];
     let mut events = Vec::new();
+    let mut gaps = Gaps::new(shared.opts.spin);
     while !shared.closing() {
         check_stalls(shared);
-        if pass(shared) || spin(shared) {
+        if pass(shared, !shared.caller_helps()) {
+            gaps.work();
+            continue;
+        }
+        gaps.idle();
+        if spin(shared, &gaps) {
+            gaps.work();
             continue;
         }
         // Say we sleep, then look once more: whoever posts after that
-        // sees the flag and rings.
+        // sees the flag and rings. Not needed while another thread polls:
+        // it will, before it sleeps itself.
         shared.sleepers.fetch_add(1, Ordering::SeqCst);
-        arm_doorbells(shared);
-        if shared.closing() || pass(shared) {
+        // While a caller polls for its tasks it takes their results itself:
+        // our peers need not ring us for each.
+        let caller_helps = shared.caller_helps();
+        if !shared.spinning.load(Ordering::SeqCst) {
+            arm_doorbells(shared, !caller_helps);
+        }
+        if shared.closing() || pass(shared, !caller_helps) {
             shared.sleepers.fetch_sub(1, Ordering::SeqCst);
             continue;
         }
         #[cfg(test)]
         super::test_hooks::preempt();
-        let timeout = (shared.writes_in_flight.load(Ordering::Relaxed) > 0
+        // Say we would sleep with no deadline before we look at the
+        // WRITEs in flight: a post that makes them more than none then
+        // sees us and kicks (both sequentially consistent).
+        shared.untimed_sleepers.fetch_add(1, Ordering::SeqCst);
+        let timeout = (shared.writes_in_flight.load(Ordering::SeqCst) > 0
             || shared.served().iter().any(|s| !s.verified()))
         .then(|| tick(shared));
+        if timeout.is_some() {
+            shared.untimed_sleepers.fetch_sub(1, Ordering::SeqCst);
+        }
         events.clear();
         poll.wait(timeout, &mut events);
-        if shared.sleepers.fetch_sub(1, Ordering::SeqCst) > 1 {
-            // The peer that woke us cleared the flags; the threads still
-            // asleep want the next post rung too, or it would wait for
-            // whatever we are about to copy.
-            arm_doorbells(shared);
+        if timeout.is_none() {
+            shared.untimed_sleepers.fetch_sub(1, Ordering::SeqCst);
         }
+        shared.sleepers.fetch_sub(1, Ordering::SeqCst);
         handle(shared, &events);
     }
 }
 
-/// Tells every peer that a thread of ours sleeps: the next post or
-/// completion rings our eventfd.
-fn arm_doorbells(shared: &Shared) {
+/// Tells every peer that a thread of ours sleeps: the next post (and, with
+/// `results`, the next completion of our WRITEs) rings our eventfd.
+fn arm_doorbells(shared: &Shared, results: bool) {
     for s in shared.served().iter() {
         s.ring.sleep(Side::Target);
     }
-    for l in shared.links().iter() {
-        if let Some(link) = l.link() {
-            link.ring.sleep(Side::Initiator);
+    if results {
+        for l in shared.links().iter() {
+            l.link.ring.sleep(Side::Initiator);
         }
     }
 }
 
-/// Polls for work for `MC_SHM_SPIN_US`, unless another thread of the
-/// transport is polling already (one is enough to pick work up at once,
-/// and more would take the cores the copies need). Returns whether work
-/// was found.
-fn spin(shared: &Shared) -> bool {
-    if shared.opts.spin.is_zero() || shared.spinning.swap(true, Ordering::AcqRel) {
+/// How soon work comes after one thread found none: an average of the
+/// gaps, from the moment a round found nothing to the next round that
+/// found something (polling or asleep in between).
+struct Gaps {
+    average: Duration,
+    idle_since: Option<Instant>,
+}
+
+impl Gaps {
+    fn new(start: Duration) -> Gaps {
+        Gaps {
+            average: start,
+            idle_since: None,
+        }
+    }
+
+    /// A round found nothing (the gap begins, unless it has).
+    fn idle(&mut self) {
+        self.idle_since.get_or_insert_with(Instant::now);
+    }
+
+    /// A round found work: the gap ends.
+    fn work(&mut self) {
+        if let Some(since) = self.idle_since.take() {
+            self.average = (self.average * 7 + since.elapsed()) / 8;
+        }
+    }
+}
+
+/// Polls for work for a while before the thread sleeps, unless another
+/// thread of the transport is polling already (one is enough to pick work
+/// up at once, and more would take the cores the copies need), or a
+/// caller polling for its tasks does these rounds itself
+/// ([`super::ShmTransport::help`]). Only when work has come, on average,
+/// within `MC_SHM_SPIN_US` of this thread running out of it, and then for
+/// about twice that average: a thread that gets a stream of requests picks
+/// each up at once, and one that gets a request now and then (one of many
+/// peers of an initiator, on a host with fewer cores than processes) does
+/// not burn a core after each. Returns whether work was found.
+fn spin(shared: &Shared, gaps: &Gaps) -> bool {
+    let most = shared.opts.spin;
+    if most.is_zero() || gaps.average > most || shared.caller_helps() {
+        return false;
+    }
+    let budget = (gaps.average * 2).clamp(Duration::from_micros(5), most);
+    if shared.spinning.swap(true, Ordering::AcqRel) {
         return false;
     }
     let start = Instant::now();
     let mut found = false;
     let mut polls = 0u32;
     while !shared.closing() {
-        if pass(shared) {
+        if pass(shared, true) {
             found = true;
             break;
         }
         polls = polls.wrapping_add(1);
-        if polls % 16 == 0 && start.elapsed() >= shared.opts.spin {
+        if polls % 16 == 0 && start.elapsed() >= budget {
             break;
         }
         std::hint::spin_loop();
@@ -118,8 +179,10 @@ fn spin(shared: &Shared) -> bool {
     found
 }
 
-/// One round over every source of work; whether any was found.
-pub(crate) fn pass(shared: &Shared) -> bool {
+/// One round over every source of work; whether any was found. `results`:
+/// take the results of our WRITEs too (a thread leaves them to a caller
+/// that polls for its tasks, see [`Shared::caller_helps`]).
+pub(crate) fn pass(shared: &Shared, results: bool) -> bool {
     let mut found = false;
     let mut jobs = Vec::new();
     let mut bytes = 0u64;
@@ -142,8 +205,10 @@ pub(crate) fn pass(shared: &Shared) -> bool {
     for s in shared.served().iter() {
         found |= serve::serve_one(shared, s);
     }
-    for l in shared.links().iter() {
-        found |= l.reap(shared);
+    if results {
+        for l in shared.links().iter() {
+            found |= l.core.reap(shared, &l.link);
+        }
     }
     if shared.draining_links.load(Ordering::SeqCst) > 0 {
         peer::drain(shared, None);
@@ -168,19 +233,17 @@ fn handle(shared: &Shared, events: &[Token]) {
                 if let Some(s) = shared.served().iter().find(|s| s.id == id) {
                     sys::drain(&s.to_target);
                     s.prune();
-                } else if let Some(l) = shared.links().iter().find(|l| l.id == id) {
-                    if let Some(link) = l.link() {
-                        sys::drain(&link.to_initiator);
-                        link.maps.prune(&link.table);
-                    }
+                } else if let Some(l) = shared.links().iter().find(|l| l.core.id == id) {
+                    sys::drain(&l.link.to_initiator);
+                    l.link.maps.prune(&l.link.table);
                 }
             }
             Token::Death(id) => {
                 if let Some(s) = shared.served().iter().find(|s| s.id == id) {
                     tracing::debug!("shm: process {} exited; its ring is dropped", s.initiator);
                     serve::drop_ring(shared, s);
-                } else if let Some(l) = shared.links().iter().find(|l| l.id == id) {
-                    l.target_died(shared);
+                } else if let Some(l) = shared.links().iter().find(|l| l.core.id == id) {
+                    l.core.target_died(shared);
                 }
             }
         }
@@ -207,7 +270,7 @@ fn check_stalls(shared: &Shared) {
     }
     let now = Instant::now();
     for l in shared.links().iter() {
-        l.check_stall(shared, now);
+        l.core.check_stall(shared, now);
     }
     serve::drop_unactivated(shared);
 }
