@@ -21,6 +21,8 @@
 //!   resumes not one byte of the new pattern reaches it (the slices that
 //!   fell back to TCP included); a READ's buffer, refilled after FAILED,
 //!   stays as refilled.
+//! * Opening a peer on this host logs that shared memory carries its data
+//!   (TCP if it cannot).
 
 mod common;
 
@@ -1269,4 +1271,44 @@ fn buffers_registered_a_moment_ago_are_reachable_over_shm() {
         e.shutdown();
     }
     server.shutdown();
+}
+
+/// The bytes a test's log subscriber wrote.
+#[derive(Clone, Default)]
+struct LogSink(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Write for LogSink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn opening_a_peer_here_says_shared_memory_carries_its_data() {
+    const TEST: &str = "opening_a_peer_here_says_shared_memory_carries_its_data";
+    if is_child(TEST) {
+        return child_main();
+    }
+    let peer = Peer::start(TEST, 4096, &[]);
+    let e = engine();
+    let sink = LogSink::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        e.open_segment(&peer.name).expect("open");
+    });
+    let log = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        log.contains("its data goes by shm, else tcp"),
+        "the log does not say how the data goes: {log}"
+    );
+    e.shutdown();
 }
