@@ -52,12 +52,14 @@ struct Shm {
 
 impl Shm {
     /// The peer behind `seg`, if it is another process of this host,
-    /// cached with the segment (a refetched descriptor, a new process, gets
-    /// a new one).
+    /// cached with the segment; a refetched descriptor of the same process
+    /// gets the same peer (its attachment and ring), a new process a new
+    /// one.
     fn route<'a>(&self, seg: &'a RemoteSegment) -> &'a Option<ShmPeer> {
         seg.routes.shm.get_or_init(|| {
             let key = seg.desc.extra.get(SHM_KEY)?;
             let (host, port) = (seg.data_host.clone(), seg.rpc_port);
+            let endpoint = format!("{host}:{port} {}", seg.identity);
             let rpc = ClientOptions {
                 // The proof is bound to the name the segment was opened by.
                 auth: self.auth.clone().map(|k| (k, seg.identity.clone())),
@@ -66,7 +68,7 @@ impl Shm {
             let attach: AttachFn = Arc::new(move |request: &Value| {
                 crate::rpc::call(&host, port, FrameKind::ShmAttach, request, &rpc)
             });
-            self.core.peer(key, attach)
+            self.core.shared_peer(key, endpoint, attach)
         })
     }
 }
@@ -193,6 +195,7 @@ impl Transport for Shm {
             ("read", s.read),
             ("served", s.served),
             ("mapped", s.mapped),
+            ("attached", s.attached),
         ]
     }
 

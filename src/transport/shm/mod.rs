@@ -69,6 +69,7 @@ use peer::{LinkEntry, PeerCore, ReadJob};
 use poll::Poller;
 use serde_json::{Value, json};
 use serve::Served;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -138,6 +139,8 @@ pub struct ShmStats {
     /// Of those bytes (ours read, theirs served), how many we copied from
     /// a mapping of the peer's memfd rather than with cross-memory attach.
     pub mapped: u64,
+    /// Attachments this engine made to targets (a ring each).
+    pub attached: u64,
 }
 
 #[derive(Default)]
@@ -146,6 +149,7 @@ struct Counters {
     read: AtomicU64,
     served: AtomicU64,
     mapped: AtomicU64,
+    attached: AtomicU64,
 }
 
 /// What the worker threads, the handshake and the callers share.
@@ -270,15 +274,36 @@ impl Shared {
 }
 
 /// A target reached by shared memory, as seen from the initiator: made by
-/// [`ShmTransport::peer`], used by [`ShmTransport::post`]. Dropping it
-/// fails what is still queued for it and detaches from the target.
+/// [`ShmTransport::shared_peer`], used by
+/// [`ShmTransport::post`]. Clones share one attachment; dropping the last
+/// one fails what is still queued for the target and detaches from it.
+#[derive(Clone)]
 pub struct ShmPeer {
+    owner: Arc<PeerOwner>,
+}
+
+/// What the clones of one [`ShmPeer`] share.
+struct PeerOwner {
     core: Arc<PeerCore>,
 }
 
-impl Drop for ShmPeer {
+impl Drop for PeerOwner {
     fn drop(&mut self) {
         self.core.detach();
+    }
+}
+
+impl ShmPeer {
+    /// A handle that owns `core`.
+    fn new(core: Arc<PeerCore>) -> ShmPeer {
+        ShmPeer {
+            owner: Arc::new(PeerOwner { core }),
+        }
+    }
+
+    /// The target's state.
+    fn core(&self) -> &Arc<PeerCore> {
+        &self.owner.core
     }
 }
 
@@ -288,6 +313,11 @@ impl Drop for ShmPeer {
 pub struct ShmTransport {
     shared: Arc<Shared>,
     workers: Mutex<Vec<JoinHandle<()>>>,
+    /// The peers of [`ShmTransport::shared_peer`], by target pid and
+    /// endpoint: one per process of this host that this engine sent data
+    /// to, kept while that process lives (entries of processes that exited
+    /// are dropped as new ones come) or until [`ShmTransport::shutdown`].
+    peers: Mutex<HashMap<(i32, String), ShmPeer>>,
 }
 
 impl ShmTransport {
@@ -342,6 +372,7 @@ impl ShmTransport {
         let me = Arc::new(ShmTransport {
             shared: shared.clone(),
             workers: Mutex::new(Vec::new()),
+            peers: Mutex::new(HashMap::new()),
         });
         for i in 0..threads {
             let s = shared.clone();
@@ -367,14 +398,42 @@ impl ShmTransport {
         })
     }
 
-    /// The peer whose descriptor has `shm_key` (its `"shm"` value), if it
-    /// runs on this host in another process; `attach` sends it our attach
-    /// request. Nothing is sent before the first slice.
+    /// A peer of its own (shared with no other caller) for the process
+    /// whose descriptor has `shm_key`: the tests' way to hold several
+    /// attachments to one target.
+    #[cfg(test)]
     pub fn peer(&self, shm_key: &Value, attach: AttachFn) -> Option<ShmPeer> {
         let pid = self.peer_pid(shm_key)?;
-        Some(ShmPeer {
-            core: PeerCore::new(&self.shared, pid, attach),
-        })
+        Some(ShmPeer::new(PeerCore::new(&self.shared, pid, attach)))
+    }
+
+    /// The peer whose descriptor has `shm_key` (its `"shm"` value), if it
+    /// runs on this host in another process; `attach` sends it our attach
+    /// request, and nothing is sent before the first slice. Shared by every
+    /// caller that names the same target process and `endpoint` (where its
+    /// attach requests go, and as whom): descriptors of one process
+    /// refetched as it registers memory keep one attachment and one ring,
+    /// instead of attaching again for each, however long no segment holds
+    /// the peer between two of them. A peer whose target exited, or that
+    /// was detached, is replaced.
+    pub fn shared_peer(
+        &self,
+        shm_key: &Value,
+        endpoint: String,
+        attach: AttachFn,
+    ) -> Option<ShmPeer> {
+        let pid = self.peer_pid(shm_key)?;
+        let mut peers = crate::sync::lock(&self.peers);
+        let key = (pid, endpoint);
+        if let Some(peer) = peers.get(&key)
+            && !peer.core().gone()
+        {
+            return Some(peer.clone());
+        }
+        peers.retain(|_, p| !p.core().gone());
+        let peer = ShmPeer::new(PeerCore::new(&self.shared, pid, attach));
+        peers.insert(key, peer.clone());
+        Some(peer)
     }
 
     /// Whether a descriptor's `"shm"` value names another process of this
@@ -465,7 +524,7 @@ impl ShmTransport {
         if self.shared.closing() {
             return slice.finish(Outcome::Failed { hard: true });
         }
-        peer.core.post(slice);
+        peer.core().post(slice);
     }
 
     /// One round of the threads' work on the calling thread (READs queued,
@@ -487,6 +546,7 @@ impl ShmTransport {
             read: c.read.load(Ordering::Relaxed),
             served: c.served.load(Ordering::Relaxed),
             mapped: c.mapped.load(Ordering::Relaxed),
+            attached: c.attached.load(Ordering::Relaxed),
         }
     }
 
@@ -516,6 +576,8 @@ impl ShmTransport {
         for l in self.shared.links().iter() {
             l.core.fail_all(Outcome::Interrupted);
         }
+        // Dropped, the kept peers detach (failing what they still hold).
+        drop(std::mem::take(&mut *crate::sync::lock(&self.peers)));
         while let Ok(job) = self.shared.reads_rx.try_recv() {
             job.slice.finish(Outcome::Interrupted);
         }

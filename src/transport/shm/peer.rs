@@ -422,6 +422,7 @@ impl PeerCore {
         st.queue = Some(queue);
         st.phase = Phase::Attached(link.clone());
         drop(st);
+        shared.counters.attached.fetch_add(1, Ordering::Relaxed);
         if !self.announced.swap(true, Ordering::Relaxed) {
             tracing::info!(
                 "shm: attached to process {}: data to it goes by shared memory",
@@ -516,6 +517,12 @@ impl PeerCore {
         if let Some(shared) = self.shared.upgrade() {
             self.end_link(&shared, Phase::Detached, outcome, false);
         }
+    }
+
+    /// Whether the target exited or the handle was dropped: this core
+    /// moves no more slices.
+    pub fn gone(&self) -> bool {
+        matches!(self.lock().phase, Phase::Dead | Phase::Detached)
     }
 
     /// The handle was dropped: fail what is held, detach from the target.

@@ -61,9 +61,7 @@ impl Engine {
                 .ok_or_else(|| Error::Socket("target gone".into()))?;
             Ok(t.serve_attach(req, "127.0.0.1:1".parse().unwrap()))
         });
-        ShmPeer {
-            core: PeerCore::new(&self.shm.shared, sys::own_pid(), attach),
-        }
+        ShmPeer::new(PeerCore::new(&self.shm.shared, sys::own_pid(), attach))
     }
 
     /// Posts every `(local, remote, len, write)` and waits for them all.
@@ -252,9 +250,7 @@ fn a_refused_attach_makes_the_peer_unreachable_until_retry() {
         c.fetch_add(1, Ordering::SeqCst);
         Ok(json!({"error": "no"}))
     });
-    let peer = ShmPeer {
-        core: PeerCore::new(&a.shm.shared, sys::own_pid(), attach),
-    };
+    let peer = ShmPeer::new(PeerCore::new(&a.shm.shared, sys::own_pid(), attach));
     let src = [0u8; 8];
     let s = (addr(&src), 0x1000, 8, true);
     assert_eq!(a.run(&peer, &[s, s]), vec![Outcome::Unreachable; 2]);
@@ -471,7 +467,7 @@ fn a_peer_drops_its_mapping_of_an_unregistered_buffer() {
     let out = a.run(&peer, &[(addr(&back), addr(one), 4096, false)]);
     assert_eq!(out, vec![Outcome::Done]);
     assert!(back[..] == one[..4096]);
-    let link = peer.core.link().unwrap();
+    let link = peer.core().link().unwrap();
     assert_eq!(link.maps.len(), 1);
     let (one_addr, one_fd) = (
         addr(one),
