@@ -14,8 +14,8 @@
 //! last byte, and the server holds at most 32 sessions and no thread per
 //! connection.
 //!
-//! The README's figure is this test with the numbers (the
-//! variables given win over the defaults above):
+//! The figure in `docs/guarantees.md` ("Connections") is this test with
+//! the numbers (the variables given win over the defaults above):
 //! `MC_TCP_MAX_DATA_CONNECTIONS=256 TE_SLOW_READERS=300 cargo test --test
 //! data_port_slow_readers -- --nocapture`, with or without
 //! `MC_TCP_MIN_RATE_BYTES_PER_SEC=65536`; `TE_SLOW_READERS_HOLD_SEC` (4)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The RDMA test suite, on real verbs: soft-RoCE in a qemu guest that boots
-# this machine's Debian kernel (see README.md in this directory).
+# this machine's Debian kernel (see docs/rdma.md, "Testing RDMA without
+# RDMA hardware").
 #
 #   scripts/rdma-vm/test.sh [CASE...]     (cases: see suite.sh; default all)
 #

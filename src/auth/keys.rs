@@ -9,7 +9,7 @@
 //! whitespace ignored: `openssl rand -base64 32`), else the **raw** bytes
 //! of the file as they are (`head -c 32 /dev/urandom`). Up to two keys are
 //! accepted, `new,old`: proofs are made with both, a peer holding either
-//! gets in (see the rotation procedure in the README).
+//! gets in (see the rotation procedure in `docs/security.md`).
 //!
 //! Nothing here logs a key or puts one in an error message, and `Debug`
 //! shows no key.
