@@ -27,6 +27,13 @@ pub struct te_buffer_info {
 /// Typedef of `struct te_buffer_info`.
 pub type te_buffer_info_t = te_buffer_info;
 
+// The layout the header gives C.
+const _: () = {
+    assert!(size_of::<te_buffer_info>() == 80);
+    assert!(std::mem::offset_of!(te_buffer_info, length) == 8);
+    assert!(std::mem::offset_of!(te_buffer_info, location) == 16);
+};
+
 /// The version of the library, e.g. `"0.1.0"`: a static string, never
 /// freed. Leaves the last error of the thread as it is.
 #[unsafe(no_mangle)]
@@ -141,14 +148,6 @@ pub extern "C" fn te_free_buffer(engine: transfer_engine_t, addr: *mut c_void) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::mem::{offset_of, size_of};
-
-    #[test]
-    fn buffer_info_layout() {
-        assert_eq!(size_of::<te_buffer_info>(), 80);
-        assert_eq!(offset_of!(te_buffer_info, length), 8);
-        assert_eq!(offset_of!(te_buffer_info, location), 16);
-    }
 
     #[test]
     fn version_is_the_crate_version() {

@@ -16,6 +16,15 @@ use crate::error::Error;
 use crate::memory::{Location, Region};
 use std::ffi::{c_char, c_int, c_void};
 
+/// The body of export `func` that needs only a live engine: runs `f` on it
+/// and returns 0, or -1 (logged) for a NULL or unknown engine.
+fn with_engine(func: &'static str, engine: transfer_engine_t, f: impl FnOnce(&Engine)) -> c_int {
+    guard(func, ERR_INVALID_ARGUMENT, |call| {
+        f(call.engine(engine)?.as_ref());
+        Ok(OK)
+    })
+}
+
 /// Creates an engine named `local_server_name` whose peers are found through
 /// `metadata_conn_string`: `"P2PHANDSHAKE"` (no server), `"http://host:port/path"`,
 /// `"etcd://host:port[,host:port]"`, `"redis://host:port"`, or a plain
@@ -60,9 +69,8 @@ pub unsafe extern "C" fn createTransferEngine(
 /// `engine` must be NULL or a handle from `createTransferEngine`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn discoverTopology(engine: transfer_engine_t) -> c_int {
-    guard("discoverTopology", ERR_INVALID_ARGUMENT, |call| {
-        call.engine(engine)?.discover_topology();
-        Ok(OK)
+    with_engine("discoverTopology", engine, |e| {
+        e.discover_topology();
     })
 }
 
@@ -210,11 +218,8 @@ pub unsafe extern "C" fn closeSegment(
     engine: transfer_engine_t,
     segment_id: segment_id_t,
 ) -> c_int {
-    guard("closeSegment", ERR_INVALID_ARGUMENT, |call| {
-        let _ = segment_id;
-        call.engine(engine)?;
-        Ok(OK)
-    })
+    let _ = segment_id;
+    with_engine("closeSegment", engine, |_| ())
 }
 
 /// Pre-connects EFA endpoints to a segment. This engine has no EFA
@@ -229,11 +234,8 @@ pub unsafe extern "C" fn warmupEfaSegment(
     engine: transfer_engine_t,
     segment_name: *const c_char,
 ) -> c_int {
-    guard("warmupEfaSegment", ERR_INVALID_ARGUMENT, |call| {
-        let _ = segment_name;
-        call.engine(engine)?;
-        Ok(OK)
-    })
+    let _ = segment_name;
+    with_engine("warmupEfaSegment", engine, |_| ())
 }
 
 /// Drops a segment (any name, local or remote) from this engine's cache of
@@ -697,10 +699,7 @@ pub unsafe extern "C" fn freeBatchID(engine: transfer_engine_t, batch_id: batch_
 /// `engine` must be NULL or a handle from `createTransferEngine`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn syncSegmentCache(engine: transfer_engine_t) -> c_int {
-    guard("syncSegmentCache", ERR_INVALID_ARGUMENT, |call| {
-        call.engine(engine)?.sync_all_segments();
-        Ok(OK)
-    })
+    with_engine("syncSegmentCache", engine, |e| e.sync_all_segments())
 }
 
 /// Fills `stats` with up to `*count` per-device loads (in-flight bytes and
