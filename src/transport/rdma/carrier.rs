@@ -301,7 +301,7 @@ impl Carrier for RdmaCarrier {
             .collect()
     }
 
-    fn routes(seg: &RemoteSegment) -> &std::sync::OnceLock<Arc<Route<RdmaTarget>>> {
+    fn routes(seg: &RemoteSegment) -> &once_cell::sync::OnceCell<Arc<Route<RdmaTarget>>> {
         &seg.routes.rdma
     }
 

@@ -53,7 +53,7 @@ macro_rules! plain_carrier_basics {
 
         fn routes(
             seg: &crate::segment::RemoteSegment,
-        ) -> &std::sync::OnceLock<std::sync::Arc<super::Route<()>>> {
+        ) -> &once_cell::sync::OnceCell<std::sync::Arc<super::Route<()>>> {
             &seg.routes.plain
         }
     };

@@ -44,9 +44,10 @@ use crate::transport::{
     Fallback, Handshake, LocalSide, NicLoad, Outcome, Refresh, Slice, Submission, Transfer,
     Transport,
 };
+use once_cell::sync::OnceCell;
 use rails::{DeviceLoad, RailCell, RailHealth, RailUse};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tracing::debug;
 
@@ -157,7 +158,7 @@ pub trait Carrier: Send + Sync + 'static {
 
     /// Where a segment keeps this carrier's route to it (worked out on
     /// first use, typed: no lookup by type at run time).
-    fn routes(seg: &RemoteSegment) -> &OnceLock<Arc<Route<Self::Target>>>;
+    fn routes(seg: &RemoteSegment) -> &OnceCell<Arc<Route<Self::Target>>>;
 
     /// The end of the carrier's own registration piece holding local
     /// address `addr`, when it registers smaller pieces than the caller's
@@ -291,7 +292,7 @@ struct Request<C: Carrier> {
     /// The request on the peer's refetched descriptor, once a refused
     /// slice found it changed: the other slices move to it when they are
     /// retried (rather than carry the stale key again).
-    successor: OnceLock<Arc<Request<C>>>,
+    successor: OnceCell<Arc<Request<C>>>,
 }
 
 /// A slice with what it needs to be retried.
@@ -654,7 +655,7 @@ impl<C: Carrier> Scheduler<C> {
             route,
             fallback,
             refresh,
-            successor: OnceLock::new(),
+            successor: OnceCell::new(),
         });
         let route = &req.route;
         // Candidates are worked out once per request (per target buffer
@@ -906,7 +907,7 @@ impl<C: Carrier> Scheduler<C> {
                     seg,
                     fallback: req.fallback.clone(),
                     refresh: req.refresh.clone(),
-                    successor: OnceLock::new(),
+                    successor: OnceCell::new(),
                 })
             })
             .clone();

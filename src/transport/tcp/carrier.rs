@@ -278,7 +278,7 @@ impl Carrier for TcpCarrier {
         rails
     }
 
-    fn routes(seg: &RemoteSegment) -> &std::sync::OnceLock<Arc<Route<LaneTarget>>> {
+    fn routes(seg: &RemoteSegment) -> &once_cell::sync::OnceCell<Arc<Route<LaneTarget>>> {
         &seg.routes.tcp
     }
 
