@@ -607,7 +607,7 @@ impl Engine {
 
     /// Status of one task. A caller polling a task that is still running
     /// first lends its thread to one queued local copy, or to one round of
-    /// a transport's work ([`Transport::help`]), or else yields its core. When the batch has
+    /// a transport's work (`Transport::help`), or else yields its core. When the batch has
     /// completed and carries a notification, it is handed to the
     /// background to send (this call does not wait on the peer).
     pub fn status(&self, batch_id: u64, task_id: usize) -> Result<(TaskStatus, u64)> {
