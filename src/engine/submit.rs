@@ -205,7 +205,7 @@ impl Engine {
                          needs registered local memory)",
                         r.source,
                         r.length,
-                        speaking[0].protocol()
+                        speaking[0].kind().protocol
                     )));
                 }
             }
@@ -278,7 +278,7 @@ impl Engine {
                 } else {
                     installed
                         .iter()
-                        .map(|t| t.protocol())
+                        .map(|t| t.kind().protocol)
                         .collect::<Vec<_>>()
                         .join(", ")
                 }
@@ -657,7 +657,7 @@ impl Engine {
         self.transports()
             .iter()
             .flat_map(|t| {
-                let p = t.protocol();
+                let p = t.kind().protocol;
                 t.counters().into_iter().map(move |(n, v)| (p, n, v))
             })
             .collect()

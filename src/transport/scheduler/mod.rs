@@ -11,8 +11,8 @@
 //!
 //! A rail pairs a local device with a peer device; a [`Carrier`] (one per
 //! transport) says which rails lead to a peer and moves one slice over
-//! one rail, and holds what else makes it a [`Transport`]: registration,
-//! its descriptor keys, its handshake. A [`Scheduler`] over a carrier is
+//! one rail, and holds what else makes it a [`Transport`]: its
+//! [`TransportBase`] (registration, its handshake), its descriptor keys. A [`Scheduler`] over a carrier is
 //! the transport the engine installs. The first choice is among the open
 //! rails the priority matrices prefer: our matrix for the local buffer's
 //! location, and the peer's published matrix for the target buffer's
@@ -41,8 +41,8 @@ use crate::metadata::descriptor::SegmentDesc;
 use crate::segment::RemoteSegment;
 use crate::topology::PriorityMatrix;
 use crate::transport::{
-    Fallback, Handshake, LocalSide, NicLoad, Outcome, Refresh, Slice, Submission, Transfer,
-    Transport,
+    Fallback, Handshake, Kind, LocalSide, NicLoad, Outcome, Refresh, Slice, Submission, Transfer,
+    Transport, TransportBase,
 };
 use once_cell::sync::OnceCell;
 use rails::{DeviceLoad, RailCell, RailHealth, RailUse};
@@ -104,51 +104,18 @@ pub struct Rail<T> {
     pub target: T,
 }
 
-/// What the scheduler needs of a transport, and what the transport adds
-/// to make it a [`Transport`].
-pub trait Carrier: Send + Sync + 'static {
+/// What the scheduler needs of a transport beside its [`TransportBase`],
+/// and what the transport adds to make it a [`Transport`].
+pub trait Carrier: TransportBase + 'static {
     /// The transport's address of a peer device.
     type Target: Clone + Send + Sync + std::fmt::Debug + 'static;
-
-    /// See [`Transport::protocol`].
-    fn protocol(&self) -> &'static str;
-
-    /// See [`Transport::rank`].
-    fn rank(&self) -> u8;
-
-    /// See [`Transport::descriptor_rank`].
-    fn descriptor_rank(&self) -> Option<u8>;
-
-    /// See [`Transport::register`].
-    ///
-    /// # Safety
-    /// As [`Transport::register`].
-    unsafe fn register(&self, _region: &Region) -> Result<()> {
-        Ok(())
-    }
-
-    /// See [`Transport::unregister`].
-    fn unregister(&self, _addr: u64) {}
 
     /// See [`Transport::publish`]; `matrix` is the local priority matrix.
     fn publish(&self, desc: &mut SegmentDesc, memory: &MemoryRegistry, matrix: &PriorityMatrix);
 
-    /// See [`Transport::handshake`].
-    fn handshake(&self) -> Option<Handshake> {
-        None
-    }
-
-    /// See [`Transport::speaks`].
-    fn speaks(&self, seg: &RemoteSegment) -> bool;
-
     /// Whether the peer publishes what this transport needs to reach its
     /// buffer `buffer` (an index into `seg.desc.buffers`).
     fn reaches(&self, seg: &RemoteSegment, buffer: usize) -> bool;
-
-    /// See [`Transport::needs_registered_source`].
-    fn needs_registered_source(&self) -> bool {
-        false
-    }
 
     /// Local device names; rails index into them.
     fn devices(&self) -> &[String];
@@ -972,17 +939,9 @@ impl<C: Carrier> Scheduler<C> {
     }
 }
 
-impl<C: Carrier> Transport for Scheduler<C> {
-    fn protocol(&self) -> &'static str {
-        self.carrier.protocol()
-    }
-
-    fn rank(&self) -> u8 {
-        self.carrier.rank()
-    }
-
-    fn descriptor_rank(&self) -> Option<u8> {
-        self.carrier.descriptor_rank()
+impl<C: Carrier> TransportBase for Scheduler<C> {
+    fn kind(&self) -> Kind {
+        self.carrier.kind()
     }
 
     unsafe fn register(&self, region: &Region) -> Result<()> {
@@ -995,10 +954,6 @@ impl<C: Carrier> Transport for Scheduler<C> {
         self.carrier.unregister(addr)
     }
 
-    fn publish(&self, desc: &mut SegmentDesc, memory: &MemoryRegistry) {
-        self.carrier.publish(desc, memory, &self.matrix)
-    }
-
     fn handshake(&self) -> Option<Handshake> {
         self.carrier.handshake()
     }
@@ -1007,14 +962,20 @@ impl<C: Carrier> Transport for Scheduler<C> {
         self.carrier.speaks(seg)
     }
 
+    fn needs_registered_source(&self) -> bool {
+        self.carrier.needs_registered_source()
+    }
+}
+
+impl<C: Carrier> Transport for Scheduler<C> {
+    fn publish(&self, desc: &mut SegmentDesc, memory: &MemoryRegistry) {
+        self.carrier.publish(desc, memory, &self.matrix)
+    }
+
     fn reaches(&self, seg: &RemoteSegment, remote: u64, len: u64) -> bool {
         seg.desc
             .covering(remote, len)
             .is_some_and(|mut bs| bs.all(|b| self.carrier.reaches(seg, b)))
-    }
-
-    fn needs_registered_source(&self) -> bool {
-        self.carrier.needs_registered_source()
     }
 
     fn submit(&self, submission: Submission) {
@@ -1053,10 +1014,12 @@ mod tests {
         good: usize,
     }
 
+    bench::plain_carrier_base!(Rails, "test");
+
     impl Carrier for Rails {
         type Target = ();
 
-        bench::plain_carrier_basics!("test", names);
+        bench::plain_carrier_basics!(names);
 
         fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<()>> {
             (0..self.n)
@@ -1207,10 +1170,12 @@ mod tests {
         held: Mutex<Vec<Slice>>,
     }
 
+    bench::plain_carrier_base!(Arc<Recorder>, "test");
+
     impl Carrier for Arc<Recorder> {
         type Target = ();
 
-        bench::plain_carrier_basics!("test", names);
+        bench::plain_carrier_basics!(names);
 
         fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<()>> {
             bench::all_pairs(&self.names, seg)
