@@ -420,6 +420,20 @@ mod tests {
         }
     }
 
+    /// [`limits`] with one lookup slot.
+    fn one_slot() -> AdmissionLimits {
+        AdmissionLimits {
+            concurrent: 1,
+            ..limits()
+        }
+    }
+
+    /// No source is held and no lookup is in flight.
+    fn assert_settled(a: &Admission) {
+        let b = sync::lock(&a.book);
+        assert!(b.held.is_empty() && b.in_flight.is_empty());
+    }
+
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
@@ -515,9 +529,11 @@ mod tests {
         for i in 0..20 {
             let _ = a.check(&format!("m{i}:1"), "d0", None, ip("127.0.0.2"));
         }
-        let b = sync::lock(&a.book);
-        assert!(b.unknown.entries.len() <= 4 && b.unknown.order.len() <= 4);
-        assert!(b.in_flight.is_empty() && b.held.is_empty());
+        {
+            let b = sync::lock(&a.book);
+            assert!(b.unknown.entries.len() <= 4 && b.unknown.order.len() <= 4);
+        }
+        assert_settled(&a);
     }
 
     #[test]
@@ -582,17 +598,13 @@ mod tests {
             slow.join().unwrap().is_err(),
             "127.0.0.2 is not slow:1's host"
         );
-        let b = sync::lock(&a.book);
-        assert!(b.held.is_empty() && b.in_flight.is_empty());
+        assert_settled(&a);
     }
 
     #[test]
     fn a_burst_from_one_host_waits_for_the_lookup_slots() {
         // One slot; eight servers of one host at once: all verified.
-        let (a, _tx) = gated(AdmissionLimits {
-            concurrent: 1,
-            ..limits()
-        });
+        let (a, _tx) = gated(one_slot());
         let threads: Vec<_> = (0..8)
             .map(|i| {
                 let a = a.clone();
@@ -606,10 +618,7 @@ mod tests {
 
     #[test]
     fn busy_slots_refuse_after_a_second_and_the_lookup_keeps_its_slot() {
-        let (a, tx) = gated(AdmissionLimits {
-            concurrent: 1,
-            ..limits()
-        });
+        let (a, tx) = gated(one_slot());
         let a2 = a.clone();
         let slow = std::thread::spawn(move || a2.check("slow:1", "d0", None, ip("127.0.0.1")));
         wait_in_flight(&a, 1);

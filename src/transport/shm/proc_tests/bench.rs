@@ -197,27 +197,36 @@ fn transfer_rate(
     })
 }
 
+/// Rate of `depth` blocks of `block` bytes per round, walking rings of
+/// `ring` bytes, each round split over `threads`: `copy(off, len)` copies
+/// the part at offset `off` of the rings.
+fn ring_rate(
+    block: u64,
+    ring: u64,
+    depth: u64,
+    threads: usize,
+    copy: impl Fn(u64, u64) + Send + Sync + 'static,
+) -> f64 {
+    let span = block * depth;
+    let part = span / threads as u64;
+    let copy = move |n, i| copy((n * span + i * part) % ring, part);
+    split_rate(span, threads, Arc::new(copy))
+}
+
 /// memcpy of the same blocks: `depth` blocks per round, split over
 /// `threads`.
 fn memcpy_ring_rate(src: u64, dst: u64, block: u64, ring: u64, depth: u64, threads: usize) -> f64 {
-    let span = block * depth;
-    let part = span / threads as u64;
-    split_rate(
-        span,
-        threads,
-        Arc::new(move |n, i| {
-            let off = (n * span + i * part) % ring;
-            // SAFETY: disjoint parts of two rings of ours (`ring` is a
-            // multiple of `span`).
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    (src + off) as *const u8,
-                    (dst + off) as *mut u8,
-                    part as usize,
-                )
-            }
-        }),
-    )
+    ring_rate(block, ring, depth, threads, move |off, len| {
+        // SAFETY: disjoint parts of two rings of ours (`ring` is a
+        // multiple of the bytes of a round).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (src + off) as *const u8,
+                (dst + off) as *mut u8,
+                len as usize,
+            )
+        }
+    })
 }
 
 #[test]
@@ -318,21 +327,14 @@ fn cma_ring_rate(
     depth: u64,
     threads: usize,
 ) -> f64 {
-    let span = block * depth;
-    let part = span / threads as u64;
-    split_rate(
-        span,
-        threads,
-        Arc::new(move |n, i| {
-            let off = (n * span + i * part) % ring;
-            let piece = cma::Piece {
-                local: dst + off,
-                remote: remote + off,
-                len: part,
-            };
-            // SAFETY: a part of our ring only this thread writes now.
-            let r = unsafe { cma::read_from(pid, &[piece]) };
-            assert!(r[0].is_ok());
-        }),
-    )
+    ring_rate(block, ring, depth, threads, move |off, len| {
+        let piece = cma::Piece {
+            local: dst + off,
+            remote: remote + off,
+            len,
+        };
+        // SAFETY: a part of our ring only this thread writes now.
+        let r = unsafe { cma::read_from(pid, &[piece]) };
+        assert!(r[0].is_ok());
+    })
 }
