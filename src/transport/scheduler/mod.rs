@@ -1061,20 +1061,7 @@ mod tests {
         };
         let matrix = PriorityMatrix::parse("{}").unwrap();
         let sched = Scheduler::new(carrier, matrix, &cfg);
-        let seg = Arc::new(RemoteSegment {
-            name: "peer".into(),
-            desc: SegmentDesc {
-                protocol: "tcp".into(),
-                buffers: vec![BufferDesc {
-                    name: "peer".into(),
-                    addr: 0x1000,
-                    length: 4096,
-                    ..Default::default()
-                }],
-                ..Default::default()
-            },
-            ..Default::default()
-        });
+        let seg = peer(0, &[(0x1000, 4096, 0)]);
         let batch = Arc::new(Batch::new(1, None).unwrap());
         let memory = MemoryRegistry::default();
         let xfer = Transfer {
@@ -1099,20 +1086,7 @@ mod tests {
         };
         let matrix = PriorityMatrix::parse("{}").unwrap();
         let sched = Scheduler::new(carrier, matrix, &SchedConfig::default());
-        let seg = Arc::new(RemoteSegment {
-            name: "peer".into(),
-            desc: SegmentDesc {
-                protocol: "tcp".into(),
-                buffers: vec![BufferDesc {
-                    name: "peer".into(),
-                    addr: 0x1000,
-                    length: 1 << 20,
-                    ..Default::default()
-                }],
-                ..Default::default()
-            },
-            ..Default::default()
-        });
+        let seg = peer(0, &[(0x1000, 1 << 20, 0)]);
         let batch = Arc::new(Batch::new(1, None).unwrap());
         let parts = Arc::new(Mutex::new(Vec::new()));
         let (b, p) = (batch.clone(), parts.clone());
@@ -1212,7 +1186,8 @@ mod tests {
         fn shutdown(&self) {}
     }
 
-    /// A peer with `peer_devices` devices and `buffers` as (addr, len, rkey).
+    /// A peer with `peer_devices` devices (any number, for carriers that
+    /// ignore them) and `buffers` as (addr, len, rkey).
     fn peer(peer_devices: usize, buffers: &[(u64, u64, u32)]) -> Arc<RemoteSegment> {
         Arc::new(RemoteSegment {
             name: "peer".into(),
@@ -1241,20 +1216,9 @@ mod tests {
         })
     }
 
-    /// Submits one request from `location` and returns its batch.
+    /// Submits one request from `location`, with `refresh` if given, and
+    /// returns its batch.
     fn send<C: Carrier>(
-        sched: &Arc<Scheduler<C>>,
-        seg: &Arc<RemoteSegment>,
-        location: &str,
-        local: u64,
-        remote: u64,
-        len: u64,
-    ) -> Arc<Batch> {
-        send_refreshing(sched, seg, location, local, remote, len, None)
-    }
-
-    /// As [`send`], with a [`Refresh`].
-    fn send_refreshing<C: Carrier>(
         sched: &Arc<Scheduler<C>>,
         seg: &Arc<RemoteSegment>,
         location: &str,
@@ -1316,7 +1280,7 @@ mod tests {
         let edge = 0x1_0000 + 100_000;
         let seg = peer(1, &[(0x1_0000, 100_000, 11), (edge, 200_000, 22)]);
         let (local, remote, len) = (0x90_0000, 0x1_0000 + 50, 200_000);
-        let batch = send(&sched, &seg, "cpu:0", local, remote, len);
+        let batch = send(&sched, &seg, "cpu:0", local, remote, len, None);
         assert_eq!(batch.poll(0).unwrap(), (TaskStatus::Completed, len));
         let got: Vec<(u64, u64, u32)> = rec
             .posted
@@ -1360,8 +1324,8 @@ mod tests {
             let sched = Scheduler::new(rec.clone(), PriorityMatrix::parse(matrix).unwrap(), &cfg);
             let seg = peer(1, &[(0x1_0000, 1 << 30, 7)]);
             // Loads d0 with 8 slices, then sends 4 that may use either.
-            let busy = send(&sched, &seg, "cpu:1", 0x90_0000, 0x1_0000, 8 << 16);
-            let spread = send(&sched, &seg, "cpu:0", 0x90_0000, 0x1_0000, 4 << 16);
+            let busy = send(&sched, &seg, "cpu:1", 0x90_0000, 0x1_0000, 8 << 16, None);
+            let spread = send(&sched, &seg, "cpu:0", 0x90_0000, 0x1_0000, 4 << 16, None);
             let devices: Vec<usize> = rec.posted.lock().unwrap()[8..]
                 .iter()
                 .map(|p| p.device)
@@ -1391,7 +1355,15 @@ mod tests {
         let sched = Scheduler::new(rec.clone(), matrix, &SchedConfig::default());
         let seg = peer(10, &[(0x1_0000, 1 << 30, 7)]);
         for i in 0..200u64 {
-            let b = send(&sched, &seg, "cpu:0", 0x90_0000, 0x1_0000 + i * 4096, 4096);
+            let b = send(
+                &sched,
+                &seg,
+                "cpu:0",
+                0x90_0000,
+                0x1_0000 + i * 4096,
+                4096,
+                None,
+            );
             assert_eq!(b.poll(0).unwrap(), (TaskStatus::Completed, 4096));
         }
         let posted = rec.posted.lock().unwrap();
@@ -1439,7 +1411,7 @@ mod tests {
                 let fresh = fresh.clone();
                 std::thread::spawn(move || done(Some(fresh)));
             });
-            let b = send_refreshing(
+            let b = send(
                 &sched,
                 &seg,
                 "cpu:0",
