@@ -232,12 +232,10 @@ fn memcpy_ring_rate(src: u64, dst: u64, block: u64, ring: u64, depth: u64, threa
 #[test]
 #[ignore = "benchmark; run in release with --ignored --nocapture"]
 fn shm_bench() {
-    if is_child() {
-        return child_main();
-    }
+    let test = two_process_test!("shm_bench");
     let threads = Config::from_env().shm.threads;
     let local = Local::start();
-    let child = Child::spawn("shm_bench", &[], &[]);
+    let child = Child::spawn(test, &[], &[]);
     let ring = 64 * MIB;
     let mut keep = Vec::new();
     let heap = Rings::new(&local, &child, ring, false, &mut keep);
@@ -282,10 +280,7 @@ fn shm_bench() {
     }
     // The data is right (the last rounds wrote and read whole blocks).
     for r in [&heap, &memfd] {
-        let c = child.call(
-            json!({"cmd": "check", "addr": r.c_dst, "len": 4096, "seed": 1, "from": 0}),
-            None,
-        );
+        let c = child.check(r.c_dst, 4096, 1, 0);
         assert_eq!(c["bad"], json!(0));
         // SAFETY: our ring; every READ has ended.
         assert_eq!(unsafe { mismatches(r.dst, MIB, 2, 0) }.0, 0);
@@ -311,7 +306,7 @@ fn shm_bench() {
     }
     // SAFETY: our ring; the copies have ended.
     assert_eq!(unsafe { mismatches(heap.dst, MIB, 3, 0) }.0, 0);
-    child.call(json!({"cmd": "exit"}), None);
+    child.exit();
     drop(peer);
     local.shm.shutdown();
 }
