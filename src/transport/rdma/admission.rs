@@ -79,6 +79,16 @@ pub struct AdmissionLimits {
     pub rpc: ClientOptions,
 }
 
+/// What a Connection frame claims: the server and device it names, the
+/// GID it carries (if any), and the address it came from.
+#[derive(Clone, Copy)]
+struct Claim<'a> {
+    server: &'a str,
+    device: &'a str,
+    gid: Option<&'a Gid>,
+    from: IpAddr,
+}
+
 /// A verified server: the addresses its frames may come from, and the
 /// GIDs of its devices.
 #[derive(Debug)]
@@ -125,15 +135,14 @@ impl Identity {
         Identity { addrs, gids }
     }
 
-    /// Whether a frame from `from` for `device` with `gid` (if it carries
-    /// one) is the server's; else why not.
-    fn admits(
-        &self,
-        server: &str,
-        device: &str,
-        gid: Option<&Gid>,
-        from: IpAddr,
-    ) -> Result<(), String> {
+    /// Whether a frame that makes `claim` is the server's; else why not.
+    fn admits(&self, claim: Claim<'_>) -> Result<(), String> {
+        let Claim {
+            server,
+            device,
+            gid,
+            from,
+        } = claim;
         if !self.addrs.contains(&from) {
             return Err(format!(
                 "handshake for {server}@{device} came from {from}, which is not a host {server} \
@@ -307,7 +316,13 @@ impl Admission {
         let verdict = loop {
             let mut fresh = false;
             if let Some((at, (id, rechecked))) = book.verified.get(server) {
-                match id.admits(server, device, gid, from) {
+                let claim = Claim {
+                    server,
+                    device,
+                    gid,
+                    from,
+                };
+                match id.admits(claim) {
                     Ok(()) => break Ok(()),
                     Err(why) if looked_up || (*rechecked && at.elapsed() < REVERIFY_AFTER) => {
                         break Err(why);
