@@ -2,6 +2,10 @@
 //! values: the `STATUS_*` of a task, and the `ERR_*` that functions
 //! returning `0` or an error give. (The Status-returning functions give
 //! the positive counterparts; see [`crate::error::Error::status_code`].)
+//!
+//! The codes Mooncake's header does not define (success, and the positive
+//! codes of the Status family that are not the negation of an `ERR_*`)
+//! are `pub(crate)`: they stay out of the generated header.
 
 use std::ffi::c_int;
 
@@ -27,6 +31,9 @@ pub const STATUS_TIMEOUT: c_int = 5;
 /// had received bytes but not yet stored them (a stopped process) may still
 /// store those.
 pub const STATUS_FAILED: c_int = 6;
+
+/// Success of the functions that return `0` or an `ERR_*`.
+pub(crate) const OK: c_int = 0;
 
 /// Invalid argument (NULL pointer, zero length, unknown handle).
 pub const ERR_INVALID_ARGUMENT: c_int = -1;
@@ -62,3 +69,14 @@ pub const ERR_CLOCK: c_int = -301;
 pub const ERR_MEMORY: c_int = -302;
 /// Not implemented.
 pub const ERR_NOT_IMPLEMENTED: c_int = -303;
+
+/// Success of the Status-returning functions (Mooncake's `kOk`).
+pub(crate) const STATUS_OK: c_int = 0;
+/// Invalid argument, of the Status family (`kInvalidArgument`).
+pub(crate) const STATUS_INVALID_ARGUMENT: c_int = 1;
+/// The segment's protocol is not installed, of the Status family
+/// (`kNotSupportedTransport`; no `ERR_*` counterpart).
+pub(crate) const STATUS_NOT_SUPPORTED_TRANSPORT: c_int = 8;
+/// Not implemented, of the Status family (`kNotImplemented`; not the
+/// negation of `ERR_NOT_IMPLEMENTED`).
+pub(crate) const STATUS_NOT_IMPLEMENTED: c_int = 999;

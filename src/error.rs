@@ -79,8 +79,8 @@ impl Error {
         match self {
             // Mooncake's kNotSupportedTransport and kNotImplemented have no
             // ERR_* counterpart of the same magnitude.
-            Error::NotSupportedTransport(_) => 8,
-            Error::NotImplemented(_) => 999,
+            Error::NotSupportedTransport(_) => STATUS_NOT_SUPPORTED_TRANSPORT,
+            Error::NotImplemented(_) => STATUS_NOT_IMPLEMENTED,
             e => -e.err_code(),
         }
     }

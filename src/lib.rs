@@ -53,8 +53,6 @@
 //! # }
 //! ```
 
-#![deny(clippy::undocumented_unsafe_blocks)]
-
 pub(crate) mod auth;
 pub(crate) mod batch;
 pub mod codes;

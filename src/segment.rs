@@ -8,9 +8,10 @@ use crate::transport::rdma::RdmaTarget;
 use crate::transport::scheduler::Route;
 use crate::transport::shm::ShmPeer;
 use crate::transport::tcp::LaneTarget;
+use once_cell::sync::OnceCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 /// A remote segment as this engine knows it.
@@ -42,16 +43,16 @@ pub struct RemoteSegment {
 #[derive(Default)]
 pub struct RouteCache {
     /// The TCP scheduler's route.
-    pub tcp: OnceLock<Arc<Route<LaneTarget>>>,
+    pub tcp: OnceCell<Arc<Route<LaneTarget>>>,
     /// The RDMA scheduler's route.
     #[cfg(feature = "rdma")]
-    pub rdma: OnceLock<Arc<Route<RdmaTarget>>>,
+    pub rdma: OnceCell<Arc<Route<RdmaTarget>>>,
     /// The route of a scheduler whose carrier needs no address per rail
     /// (the per-slice benchmark's, tests').
-    pub plain: OnceLock<Arc<Route<()>>>,
+    pub plain: OnceCell<Arc<Route<()>>>,
     /// The shared-memory peer, if the segment is another process of this
     /// host.
-    pub shm: OnceLock<Option<ShmPeer>>,
+    pub shm: OnceCell<Option<ShmPeer>>,
 }
 
 impl std::fmt::Debug for RouteCache {

@@ -132,7 +132,7 @@ impl Engine {
     /// transport, and the descriptor is published again.
     pub fn install_transport(&self, proto: &str, matrix: Option<&str>) -> Result<u64> {
         let _change = self.begin_change("installTransport")?;
-        if self.transports().iter().any(|t| t.protocol() == proto) {
+        if self.transports().iter().any(|t| t.kind().protocol == proto) {
             crate::warn_limited!("transport {proto} is already installed");
             return Ok(handle_of(proto));
         }
@@ -160,7 +160,7 @@ impl Engine {
         {
             let mut all = sync::write(&self.transports);
             all.push(transport);
-            all.sort_by_key(|t| t.rank());
+            all.sort_by_key(|t| t.kind().rank);
         }
         {
             // Buffers still "*" may be resident now: an RDMA install pins

@@ -276,7 +276,7 @@ impl Engine {
             .transports()
             .iter()
             .filter(|t| t.speaks(&seg))
-            .map(|t| t.protocol())
+            .map(|t| t.kind().protocol)
             .collect();
         info!(
             "opened segment {name:?}: its data goes by {} ({} buffers, {})",

@@ -167,10 +167,10 @@ impl Engine {
         // extra keys they ignore.
         let protocol = transports
             .iter()
-            .filter_map(|t| Some((t.descriptor_rank()?, t.protocol())))
+            .filter_map(|t| Some((t.kind().descriptor_rank?, t.kind().protocol)))
             .min()
             .map(|(_, p)| p)
-            .or_else(|| transports.first().map(|t| t.protocol()))?;
+            .or_else(|| transports.first().map(|t| t.kind().protocol))?;
         let memory = sync::read(&self.memory);
         let mut desc = SegmentDesc {
             name: self.local_name.clone(),

@@ -205,7 +205,7 @@ impl Engine {
                          needs registered local memory)",
                         r.source,
                         r.length,
-                        speaking[0].protocol()
+                        speaking[0].kind().protocol
                     )));
                 }
             }
@@ -278,7 +278,7 @@ impl Engine {
                 } else {
                     installed
                         .iter()
-                        .map(|t| t.protocol())
+                        .map(|t| t.kind().protocol)
                         .collect::<Vec<_>>()
                         .join(", ")
                 }
@@ -607,7 +607,7 @@ impl Engine {
 
     /// Status of one task. A caller polling a task that is still running
     /// first lends its thread to one queued local copy, or to one round of
-    /// a transport's work ([`Transport::help`]), or else yields its core. When the batch has
+    /// a transport's work (`Transport::help`), or else yields its core. When the batch has
     /// completed and carries a notification, it is handed to the
     /// background to send (this call does not wait on the peer).
     pub fn status(&self, batch_id: u64, task_id: usize) -> Result<(TaskStatus, u64)> {
@@ -657,7 +657,7 @@ impl Engine {
         self.transports()
             .iter()
             .flat_map(|t| {
-                let p = t.protocol();
+                let p = t.kind().protocol;
                 t.counters().into_iter().map(move |(n, v)| (p, n, v))
             })
             .collect()

@@ -1,6 +1,7 @@
-//! What every export shares: the panic guard, the record of this thread's
-//! last error, the table of live engines, C string conversion, and logging
-//! setup.
+//! What every export shares: the panic guard, the checks of its arguments
+//! that log a failure and give the code to return, the record of this
+//! thread's last error, the table of live engines, C string conversion,
+//! and logging setup.
 
 use crate::engine::Engine;
 use crate::engine::config::{LogLevel, config};
@@ -8,33 +9,118 @@ use crate::error::Error;
 use crate::handle::HandleTable;
 use crate::log_limit::{LogLimits, Suppressed};
 use std::cell::RefCell;
-use std::ffi::{CStr, c_char, c_void};
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::fmt::Display;
 use std::sync::{Arc, Once};
 
-/// Runs an export's body, turning a panic into the function's error value
-/// and a logged, recorded failure, so no panic crosses into C. The record of
+/// Runs the body of export `func`, turning a panic into `err`, the
+/// function's error value, and a logged, recorded failure, so no panic
+/// crosses into C. The body gets the [`Call`] its failures go through and
+/// returns `Ok` with its result or `Err` with its error code. The record of
 /// the thread's last error is cleared first: it describes this call only.
-/// With `keep_last_error` the record is left as it is (for `te_last_error`).
-macro_rules! guard {
-    ($name:literal, $err:expr, $body:block) => {{
-        $crate::ffi::boundary::clear_last_error();
-        $crate::ffi::boundary::guard!(keep_last_error $name, $err, $body)
-    }};
-    (keep_last_error $name:literal, $err:expr, $body:block) => {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| $body)) {
-            Ok(v) => v,
-            Err(_) => {
-                $crate::ffi::boundary::fail(
-                    $name,
-                    "internal error (panic caught at the C boundary)",
-                );
-                $err
-            }
-        }
-    };
+pub fn guard<R: Copy>(func: &'static str, err: R, body: impl FnOnce(Call<R>) -> Result<R, R>) -> R {
+    clear_last_error();
+    guard_keeping_last_error(func, err, body)
 }
-pub(crate) use guard;
+
+/// [`guard`], leaving the record of the thread's last error as it is (for
+/// `te_version` and `te_last_error`).
+pub fn guard_keeping_last_error<R: Copy>(
+    func: &'static str,
+    err: R,
+    body: impl FnOnce(Call<R>) -> Result<R, R>,
+) -> R {
+    let call = Call { func, err };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(call))) {
+        Ok(Ok(v) | Err(v)) => v,
+        Err(_) => call.fail("internal error (panic caught at the C boundary)"),
+    }
+}
+
+/// One call of an export: the name its failures are logged and recorded
+/// under, and the value it returns for an invalid argument (a NULL, forged
+/// or destroyed engine handle, a NULL string). Each check logs the failure
+/// and gives the code the export returns, ready for `?`.
+#[derive(Clone, Copy)]
+pub struct Call<R> {
+    func: &'static str,
+    err: R,
+}
+
+impl<R: Copy> Call<R> {
+    /// Logs `msg` as this call's failure (see [`fail`]) and gives the
+    /// call's error value.
+    pub fn fail(self, msg: impl Display) -> R {
+        fail(self.func, msg);
+        self.err
+    }
+
+    /// Records `msg` as this call's failure without logging it (see
+    /// [`record`]).
+    pub fn record(self, msg: impl Display) {
+        record(self.func, msg);
+    }
+
+    /// The engine behind `handle`, or the error value (logged) for NULL,
+    /// forged or destroyed handles.
+    pub fn engine(self, handle: *mut c_void) -> Result<Arc<Engine>, R> {
+        let found = if handle.is_null() {
+            None
+        } else {
+            ENGINES.get(handle as usize as u64)
+        };
+        found.ok_or_else(|| self.unknown_engine(handle))
+    }
+
+    /// Removes the engine behind `handle` from the table (the caller shuts
+    /// it down), or gives the error value (logged) as [`Call::engine`] does.
+    pub fn remove_engine(self, handle: *mut c_void) -> Result<Arc<Engine>, R> {
+        remove_engine(handle).ok_or_else(|| self.unknown_engine(handle))
+    }
+
+    fn unknown_engine(self, handle: *mut c_void) -> R {
+        self.fail(format_args!(
+            "engine handle {handle:p} is NULL, unknown or destroyed"
+        ))
+    }
+
+    /// Copies the C string argument `what`, or gives the error value
+    /// (logged) when it is NULL.
+    pub fn string(self, p: *const c_char, what: &str) -> Result<String, R> {
+        if p.is_null() {
+            return Err(self.fail(format_args!("{what} is NULL")));
+        }
+        // SAFETY: C passes a NUL-terminated string that stays valid during the call.
+        Ok(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+    }
+
+    /// `result`'s value, or the error value with the error logged.
+    pub fn check<T>(self, result: Result<T, Error>) -> Result<T, R> {
+        result.map_err(|e| self.fail(e))
+    }
+
+    /// `result`'s value, or `code` of its error, which is logged.
+    fn code<T>(self, result: Result<T, Error>, code: fn(&Error) -> R) -> Result<T, R> {
+        result.map_err(|e| {
+            fail(self.func, &e);
+            code(&e)
+        })
+    }
+}
+
+impl Call<c_int> {
+    /// `result`'s value, or its error's `ERR_*` code (logged), for the
+    /// functions that return `0` or an `ERR_*`.
+    pub fn err_code<T>(self, result: Result<T, Error>) -> Result<T, c_int> {
+        self.code(result, Error::err_code)
+    }
+
+    /// `result`'s value, or its error's Status code (logged), for the
+    /// Status-returning functions.
+    pub fn status_code<T>(self, result: Result<T, Error>) -> Result<T, c_int> {
+        self.code(result, Error::status_code)
+    }
+}
 
 thread_local! {
     /// The failure of the last call made on this thread, `""` after a call
@@ -64,7 +150,7 @@ pub fn fail(func: &'static str, msg: impl Display) {
 
 /// Records a failure without logging it, for an outcome callers meet in
 /// normal use (a batch freed before its tasks were seen terminal).
-pub fn record(func: &str, msg: impl Display) {
+fn record(func: &str, msg: impl Display) {
     set_last_error(format!("{func}: {msg}"));
 }
 
@@ -73,7 +159,7 @@ fn set_last_error(text: String) {
 }
 
 /// Forgets the last error (each export starts with this).
-pub fn clear_last_error() {
+fn clear_last_error() {
     LAST_ERROR.with(|e| {
         if let Ok(mut e) = e.try_borrow_mut() {
             e.clear();
@@ -94,39 +180,12 @@ pub fn insert_engine(engine: Arc<Engine>) -> *mut c_void {
     ENGINES.insert(engine) as usize as *mut c_void
 }
 
-/// The engine behind a handle, or `None` (logged) for NULL, forged or
-/// destroyed handles.
-pub fn engine(handle: *mut c_void, func: &'static str) -> Option<Arc<Engine>> {
-    let found = if handle.is_null() {
-        None
-    } else {
-        ENGINES.get(handle as usize as u64)
-    };
-    if found.is_none() {
-        fail(
-            func,
-            format_args!("engine handle {handle:p} is NULL, unknown or destroyed"),
-        );
-    }
-    found
-}
-
 /// Removes an engine from the table; the caller shuts it down.
 pub fn remove_engine(handle: *mut c_void) -> Option<Arc<Engine>> {
     if handle.is_null() {
         return None;
     }
     ENGINES.remove(handle as usize as u64)
-}
-
-/// Copies a C string argument, or `None` (logged) when it is NULL.
-pub fn string_arg(p: *const c_char, func: &'static str, what: &str) -> Option<String> {
-    if p.is_null() {
-        fail(func, format_args!("{what} is NULL"));
-        return None;
-    }
-    // SAFETY: C passes a NUL-terminated string that stays valid during the call.
-    Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
 /// The `len` elements C passed at `p` (`what` names them in the error):

@@ -4,8 +4,9 @@
 //! memory the engine moves fastest.
 #![allow(non_camel_case_types)]
 
-use super::boundary::{engine, fail, guard, with_last_error, write_c_string};
+use super::boundary::{guard, guard_keeping_last_error, with_last_error, write_c_string};
 use super::types::{ERR_INVALID_ARGUMENT, segment_id_t, transfer_engine_t};
+use crate::codes::OK;
 use std::ffi::{c_char, c_int, c_void};
 
 /// The version of the library, NUL-terminated.
@@ -26,12 +27,19 @@ pub struct te_buffer_info {
 /// Typedef of `struct te_buffer_info`.
 pub type te_buffer_info_t = te_buffer_info;
 
+// The layout the header gives C.
+const _: () = {
+    assert!(size_of::<te_buffer_info>() == 80);
+    assert!(std::mem::offset_of!(te_buffer_info, length) == 8);
+    assert!(std::mem::offset_of!(te_buffer_info, location) == 16);
+};
+
 /// The version of the library, e.g. `"0.1.0"`: a static string, never
 /// freed. Leaves the last error of the thread as it is.
 #[unsafe(no_mangle)]
 pub extern "C" fn te_version() -> *const c_char {
-    guard!(keep_last_error "te_version", std::ptr::null(), {
-        VERSION.as_ptr().cast()
+    guard_keeping_last_error("te_version", std::ptr::null(), |_| {
+        Ok(VERSION.as_ptr().cast())
     })
 }
 
@@ -51,11 +59,11 @@ pub extern "C" fn te_version() -> *const c_char {
 /// `buf` must be NULL or valid for `len` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn te_last_error(buf: *mut c_char, len: usize) -> usize {
-    guard!(keep_last_error "te_last_error", 0, {
-        with_last_error(|msg| {
+    guard_keeping_last_error("te_last_error", 0, |_| {
+        Ok(with_last_error(|msg| {
             write_c_string(msg, buf, len);
             msg.len()
-        })
+        }))
     })
 }
 
@@ -77,22 +85,12 @@ pub unsafe extern "C" fn te_segment_buffers(
     capacity: usize,
     count: *mut usize,
 ) -> c_int {
-    guard!("te_segment_buffers", ERR_INVALID_ARGUMENT, {
-        const F: &str = "te_segment_buffers";
-        let Some(e) = self::engine(engine, F) else {
-            return ERR_INVALID_ARGUMENT;
-        };
+    guard("te_segment_buffers", ERR_INVALID_ARGUMENT, |call| {
+        let e = call.engine(engine)?;
         if count.is_null() || (out.is_null() && capacity > 0) {
-            fail(F, "count is NULL, or out is NULL with a non-zero capacity");
-            return ERR_INVALID_ARGUMENT;
+            return Err(call.fail("count is NULL, or out is NULL with a non-zero capacity"));
         }
-        let buffers = match e.segment_buffers(segment) {
-            Ok(b) => b,
-            Err(err) => {
-                fail(F, &err);
-                return err.err_code();
-            }
-        };
+        let buffers = call.err_code(e.segment_buffers(segment))?;
         for (i, b) in buffers.iter().take(capacity).enumerate() {
             let mut location = [0 as c_char; 64];
             write_c_string(&b.location, location.as_mut_ptr(), location.len());
@@ -107,7 +105,7 @@ pub unsafe extern "C" fn te_segment_buffers(
         }
         // SAFETY: `count` is non-NULL and valid for writing.
         unsafe { *count = buffers.len() };
-        0
+        Ok(OK)
     })
 }
 
@@ -123,25 +121,14 @@ pub unsafe extern "C" fn te_segment_buffers(
 /// destroyed.
 #[unsafe(no_mangle)]
 pub extern "C" fn te_allocate_buffer(engine: transfer_engine_t, size: usize) -> *mut c_void {
-    guard!("te_allocate_buffer", std::ptr::null_mut(), {
-        const F: &str = "te_allocate_buffer";
-        let Some(e) = self::engine(engine, F) else {
-            return std::ptr::null_mut();
-        };
-        match e.allocate_buffer(size) {
-            Some(Ok(addr)) => addr as usize as *mut c_void,
-            Some(Err(err)) => {
-                fail(F, &err);
-                std::ptr::null_mut()
-            }
-            None => {
-                fail(
-                    F,
-                    "no installed transport allocates memory (install \"shm\"), use malloc",
-                );
-                std::ptr::null_mut()
-            }
-        }
+    guard("te_allocate_buffer", std::ptr::null_mut(), |call| {
+        let e = call.engine(engine)?;
+        let addr = call
+            .check(e.allocate_buffer(size).transpose())?
+            .ok_or_else(|| {
+                call.fail("no installed transport allocates memory (install \"shm\"), use malloc")
+            })?;
+        Ok(addr as usize as *mut c_void)
     })
 }
 
@@ -151,32 +138,16 @@ pub extern "C" fn te_allocate_buffer(engine: transfer_engine_t, size: usize) -> 
 /// such memory (or was freed), or memory still registered.
 #[unsafe(no_mangle)]
 pub extern "C" fn te_free_buffer(engine: transfer_engine_t, addr: *mut c_void) -> c_int {
-    guard!("te_free_buffer", ERR_INVALID_ARGUMENT, {
-        const F: &str = "te_free_buffer";
-        let Some(e) = self::engine(engine, F) else {
-            return ERR_INVALID_ARGUMENT;
-        };
-        match e.free_buffer(addr as u64) {
-            Ok(()) => 0,
-            Err(err) => {
-                fail(F, &err);
-                err.err_code()
-            }
-        }
+    guard("te_free_buffer", ERR_INVALID_ARGUMENT, |call| {
+        let e = call.engine(engine)?;
+        call.err_code(e.free_buffer(addr as u64))?;
+        Ok(OK)
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::mem::{offset_of, size_of};
-
-    #[test]
-    fn buffer_info_layout() {
-        assert_eq!(size_of::<te_buffer_info>(), 80);
-        assert_eq!(offset_of!(te_buffer_info, length), 8);
-        assert_eq!(offset_of!(te_buffer_info, location), 16);
-    }
 
     #[test]
     fn version_is_the_crate_version() {

@@ -7,21 +7,23 @@
 //! `getTransferStatus`, `freeBatchID`) give 0 or a positive code, the others
 //! 0 or a negative `ERR_*`.
 
-use super::boundary::{
-    c_array, engine, fail, guard, init_logging, insert_engine, record, remove_engine, string_arg,
-    write_c_string,
-};
+use super::boundary::{Call, c_array, guard, init_logging, insert_engine, write_c_string};
 use super::types::*;
 use crate::batch::TaskStatus;
+use crate::codes::{OK, STATUS_INVALID_ARGUMENT, STATUS_OK};
 use crate::engine::{Engine, Opcode, Request};
 use crate::error::Error;
 use crate::memory::{Location, Region};
 use std::ffi::{c_char, c_int, c_void};
 
-/// `kOk` of the Status family.
-const STATUS_OK: c_int = 0;
-/// `kInvalidArgument` of the Status family.
-const STATUS_INVALID_ARGUMENT: c_int = 1;
+/// The body of export `func` that needs only a live engine: runs `f` on it
+/// and returns 0, or -1 (logged) for a NULL or unknown engine.
+fn with_engine(func: &'static str, engine: transfer_engine_t, f: impl FnOnce(&Engine)) -> c_int {
+    guard(func, ERR_INVALID_ARGUMENT, |call| {
+        f(call.engine(engine)?.as_ref());
+        Ok(OK)
+    })
+}
 
 /// Creates an engine named `local_server_name` whose peers are found through
 /// `metadata_conn_string`: `"P2PHANDSHAKE"` (no server), `"http://host:port/path"`,
@@ -45,27 +47,16 @@ pub unsafe extern "C" fn createTransferEngine(
     rpc_port: u64,
     auto_discover: c_int,
 ) -> transfer_engine_t {
-    guard!("createTransferEngine", std::ptr::null_mut(), {
+    guard("createTransferEngine", std::ptr::null_mut(), |call| {
         init_logging();
         let _ = (ip_or_host_name, rpc_port);
-        const F: &str = "createTransferEngine";
-        let Some(conn) = string_arg(metadata_conn_string, F, "metadata_conn_string") else {
-            return std::ptr::null_mut();
-        };
-        let Some(name) = string_arg(local_server_name, F, "local_server_name") else {
-            return std::ptr::null_mut();
-        };
+        let conn = call.string(metadata_conn_string, "metadata_conn_string")?;
+        let name = call.string(local_server_name, "local_server_name")?;
         let built = Engine::builder(&conn, &name)
             .auto_discover(auto_discover != 0)
             .config(crate::engine::config::config().clone())
             .build();
-        match built {
-            Ok(e) => insert_engine(e),
-            Err(e) => {
-                fail(F, &e);
-                std::ptr::null_mut()
-            }
-        }
+        Ok(insert_engine(call.check(built)?))
     })
 }
 
@@ -78,14 +69,8 @@ pub unsafe extern "C" fn createTransferEngine(
 /// `engine` must be NULL or a handle from `createTransferEngine`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn discoverTopology(engine: transfer_engine_t) -> c_int {
-    guard!("discoverTopology", -1, {
-        match self::engine(engine, "discoverTopology") {
-            Some(e) => {
-                e.discover_topology();
-                0
-            }
-            None => ERR_INVALID_ARGUMENT,
-        }
+    with_engine("discoverTopology", engine, |e| {
+        e.discover_topology();
     })
 }
 
@@ -103,16 +88,9 @@ pub unsafe extern "C" fn getLocalIpAndPort(
     buf_out: *mut c_char,
     buf_len: usize,
 ) -> c_int {
-    guard!("getLocalIpAndPort", -1, {
-        let Some(e) = self::engine(engine, "getLocalIpAndPort") else {
-            return ERR_INVALID_ARGUMENT;
-        };
-        if buf_out.is_null() || buf_len == 0 {
-            fail("getLocalIpAndPort", "buf_out is NULL or buf_len is 0");
-            return ERR_INVALID_ARGUMENT;
-        }
-        write_c_string(&e.local_ip_and_port(), buf_out, buf_len);
-        0
+    guard("getLocalIpAndPort", ERR_INVALID_ARGUMENT, |call| {
+        let e = call.engine(engine)?;
+        write_text(call, buf_out, buf_len, || e.local_ip_and_port())
     })
 }
 
@@ -139,14 +117,9 @@ pub unsafe extern "C" fn installTransport(
     proto: *const c_char,
     args: *mut *mut c_void,
 ) -> transport_t {
-    guard!("installTransport", std::ptr::null_mut(), {
-        const F: &str = "installTransport";
-        let Some(e) = self::engine(engine, F) else {
-            return std::ptr::null_mut();
-        };
-        let Some(proto) = string_arg(proto, F, "proto") else {
-            return std::ptr::null_mut();
-        };
+    guard("installTransport", std::ptr::null_mut(), |call| {
+        let e = call.engine(engine)?;
+        let proto = call.string(proto, "proto")?;
         let matrix = if args.is_null() {
             None
         } else {
@@ -155,16 +128,11 @@ pub unsafe extern "C" fn installTransport(
             if first.is_null() {
                 None
             } else {
-                string_arg(first as *const c_char, F, "args[0]")
+                Some(call.string(first as *const c_char, "args[0]")?)
             }
         };
-        match e.install_transport(&proto, matrix.as_deref()) {
-            Ok(id) => id as usize as transport_t,
-            Err(err) => {
-                fail(F, &err);
-                std::ptr::null_mut()
-            }
-        }
+        let id = call.check(e.install_transport(&proto, matrix.as_deref()))?;
+        Ok(id as usize as transport_t)
     })
 }
 
@@ -180,38 +148,26 @@ pub unsafe extern "C" fn uninstallTransport(
     engine: transfer_engine_t,
     proto: *const c_char,
 ) -> c_int {
-    guard!("uninstallTransport", -1, {
-        if self::engine(engine, "uninstallTransport").is_none()
-            || string_arg(proto, "uninstallTransport", "proto").is_none()
-        {
-            return ERR_INVALID_ARGUMENT;
-        }
-        0
+    guard("uninstallTransport", ERR_INVALID_ARGUMENT, |call| {
+        call.engine(engine)?;
+        call.string(proto, "proto")?;
+        Ok(OK)
     })
 }
 
+/// `openSegment`, after refetching a cached descriptor when `sync`.
 fn open_segment(
+    call: Call<segment_id_t>,
     engine: transfer_engine_t,
     segment_name: *const c_char,
-    func: &'static str,
     sync: bool,
-) -> segment_id_t {
-    let Some(e) = self::engine(engine, func) else {
-        return -1;
-    };
-    let Some(name) = string_arg(segment_name, func, "segment_name") else {
-        return -1;
-    };
+) -> Result<segment_id_t, segment_id_t> {
+    let e = call.engine(engine)?;
+    let name = call.string(segment_name, "segment_name")?;
     if sync {
         e.sync_segment(&name);
     }
-    match e.open_segment(&name) {
-        Ok(id) => id,
-        Err(err) => {
-            fail(func, &err);
-            -1
-        }
-    }
+    call.check(e.open_segment(&name))
 }
 
 /// Opens the segment of the engine named `segment_name` (leading `/` ignored)
@@ -228,8 +184,8 @@ pub unsafe extern "C" fn openSegment(
     engine: transfer_engine_t,
     segment_name: *const c_char,
 ) -> segment_id_t {
-    guard!("openSegment", -1, {
-        open_segment(engine, segment_name, "openSegment", false)
+    guard("openSegment", INVALID_SEGMENT, |call| {
+        open_segment(call, engine, segment_name, false)
     })
 }
 
@@ -245,8 +201,8 @@ pub unsafe extern "C" fn openSegmentNoCache(
     engine: transfer_engine_t,
     segment_name: *const c_char,
 ) -> segment_id_t {
-    guard!("openSegmentNoCache", -1, {
-        open_segment(engine, segment_name, "openSegmentNoCache", true)
+    guard("openSegmentNoCache", INVALID_SEGMENT, |call| {
+        open_segment(call, engine, segment_name, true)
     })
 }
 
@@ -262,13 +218,8 @@ pub unsafe extern "C" fn closeSegment(
     engine: transfer_engine_t,
     segment_id: segment_id_t,
 ) -> c_int {
-    guard!("closeSegment", -1, {
-        let _ = segment_id;
-        if self::engine(engine, "closeSegment").is_none() {
-            return ERR_INVALID_ARGUMENT;
-        }
-        0
-    })
+    let _ = segment_id;
+    with_engine("closeSegment", engine, |_| ())
 }
 
 /// Pre-connects EFA endpoints to a segment. This engine has no EFA
@@ -283,13 +234,8 @@ pub unsafe extern "C" fn warmupEfaSegment(
     engine: transfer_engine_t,
     segment_name: *const c_char,
 ) -> c_int {
-    guard!("warmupEfaSegment", -1, {
-        let _ = segment_name;
-        if self::engine(engine, "warmupEfaSegment").is_none() {
-            return ERR_INVALID_ARGUMENT;
-        }
-        0
-    })
+    let _ = segment_name;
+    with_engine("warmupEfaSegment", engine, |_| ())
 }
 
 /// Drops a segment (any name, local or remote) from this engine's cache of
@@ -304,21 +250,11 @@ pub unsafe extern "C" fn removeLocalSegment(
     engine: transfer_engine_t,
     segment_name: *const c_char,
 ) -> c_int {
-    guard!("removeLocalSegment", -1, {
-        const F: &str = "removeLocalSegment";
-        let Some(e) = self::engine(engine, F) else {
-            return ERR_INVALID_ARGUMENT;
-        };
-        let Some(name) = string_arg(segment_name, F, "segment_name") else {
-            return ERR_INVALID_ARGUMENT;
-        };
-        match e.remove_segment(&name) {
-            Ok(()) => 0,
-            Err(err) => {
-                fail(F, &err);
-                err.err_code()
-            }
-        }
+    guard("removeLocalSegment", ERR_INVALID_ARGUMENT, |call| {
+        let e = call.engine(engine)?;
+        let name = call.string(segment_name, "segment_name")?;
+        call.err_code(e.remove_segment(&name))?;
+        Ok(OK)
     })
 }
 
@@ -331,48 +267,28 @@ pub unsafe extern "C" fn removeLocalSegment(
 /// `engine` must be NULL or a handle from `createTransferEngine`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn destroyTransferEngine(engine: transfer_engine_t) {
-    guard!("destroyTransferEngine", (), {
-        match remove_engine(engine) {
-            Some(e) => {
-                super::graceful::forget(engine);
-                e.shutdown();
-            }
-            None => fail(
-                "destroyTransferEngine",
-                format_args!("engine handle {engine:p} is NULL, unknown or destroyed"),
-            ),
-        }
+    guard("destroyTransferEngine", (), |call| {
+        let e = call.remove_engine(engine)?;
+        super::graceful::forget(engine);
+        e.shutdown();
+        Ok(())
     })
 }
 
+/// Registers `(addr, length)` `entries` at `location`.
 fn register(
+    call: Call<c_int>,
     engine: transfer_engine_t,
-    func: &'static str,
     entries: &[(u64, u64)],
     location: *const c_char,
     remote: bool,
-) -> c_int {
-    let Some(e) = self::engine(engine, func) else {
-        return ERR_INVALID_ARGUMENT;
-    };
-    let Some(location) = string_arg(location, func, "location") else {
-        return ERR_INVALID_ARGUMENT;
-    };
-    let location = match Location::parse(&location) {
-        Ok(l) => l,
-        Err(err) => {
-            fail(func, &err);
-            return err.err_code();
-        }
-    };
+) -> Result<c_int, c_int> {
+    let e = call.engine(engine)?;
+    let location = call.string(location, "location")?;
+    let location = call.err_code(Location::parse(&location))?;
     let regions = Region::each(entries, &location, remote);
-    match e.register(&regions) {
-        Ok(()) => 0,
-        Err(err) => {
-            fail(func, &err);
-            err.err_code()
-        }
-    }
+    call.err_code(e.register(&regions))?;
+    Ok(OK)
 }
 
 /// Registers `length` bytes at `addr` as memory peers (and local requests)
@@ -394,10 +310,10 @@ pub unsafe extern "C" fn registerLocalMemory(
     location: *const c_char,
     remote_accessible: c_int,
 ) -> c_int {
-    guard!("registerLocalMemory", -1, {
+    guard("registerLocalMemory", ERR_INVALID_ARGUMENT, |call| {
         register(
+            call,
             engine,
-            "registerLocalMemory",
             &[(addr as u64, length as u64)],
             location,
             remote_accessible != 0,
@@ -417,21 +333,13 @@ pub unsafe extern "C" fn unregisterLocalMemory(
     engine: transfer_engine_t,
     addr: *mut c_void,
 ) -> c_int {
-    guard!("unregisterLocalMemory", -1, {
-        let Some(e) = self::engine(engine, "unregisterLocalMemory") else {
-            return ERR_INVALID_ARGUMENT;
-        };
+    guard("unregisterLocalMemory", ERR_INVALID_ARGUMENT, |call| {
+        let e = call.engine(engine)?;
         if addr.is_null() {
-            fail("unregisterLocalMemory", "addr is NULL");
-            return ERR_INVALID_ARGUMENT;
+            return Err(call.fail("addr is NULL"));
         }
-        match e.unregister(&[addr as u64]) {
-            Ok(()) => 0,
-            Err(err) => {
-                fail("unregisterLocalMemory", &err);
-                err.err_code()
-            }
-        }
+        call.err_code(e.unregister(&[addr as u64]))?;
+        Ok(OK)
     })
 }
 
@@ -452,28 +360,18 @@ pub unsafe extern "C" fn registerLocalMemoryBatch(
     buffer_len: usize,
     location: *const c_char,
 ) -> c_int {
-    guard!("registerLocalMemoryBatch", -1, {
-        const F: &str = "registerLocalMemoryBatch";
+    guard("registerLocalMemoryBatch", ERR_INVALID_ARGUMENT, |call| {
         if buffer_len == 0 {
-            return if self::engine(engine, F).is_some() {
-                0
-            } else {
-                ERR_INVALID_ARGUMENT
-            };
+            call.engine(engine)?;
+            return Ok(OK);
         }
         // SAFETY: the caller passes `buffer_len` valid entries.
-        let list = match unsafe { c_array(buffer_list, buffer_len, "buffer_list") } {
-            Ok(list) => list,
-            Err(err) => {
-                fail(F, &err);
-                return err.err_code();
-            }
-        };
+        let list = call.err_code(unsafe { c_array(buffer_list, buffer_len, "buffer_list") })?;
         let entries: Vec<(u64, u64)> = list
             .iter()
             .map(|b| (b.addr as u64, b.length as u64))
             .collect();
-        register(engine, F, &entries, location, true)
+        register(call, engine, &entries, location, true)
     })
 }
 
@@ -492,30 +390,16 @@ pub unsafe extern "C" fn unregisterLocalMemoryBatch(
     addr_list: *mut *mut c_void,
     addr_len: usize,
 ) -> c_int {
-    guard!("unregisterLocalMemoryBatch", -1, {
-        const F: &str = "unregisterLocalMemoryBatch";
-        let Some(e) = self::engine(engine, F) else {
-            return ERR_INVALID_ARGUMENT;
-        };
+    guard("unregisterLocalMemoryBatch", ERR_INVALID_ARGUMENT, |call| {
+        let e = call.engine(engine)?;
         if addr_len == 0 {
-            return 0;
+            return Ok(OK);
         }
         // SAFETY: the caller passes `addr_len` valid entries.
-        let list = match unsafe { c_array(addr_list, addr_len, "addr_list") } {
-            Ok(list) => list,
-            Err(err) => {
-                fail(F, &err);
-                return err.err_code();
-            }
-        };
+        let list = call.err_code(unsafe { c_array(addr_list, addr_len, "addr_list") })?;
         let addrs: Vec<u64> = list.iter().map(|&a| a as u64).collect();
-        match e.unregister(&addrs) {
-            Ok(()) => 0,
-            Err(err) => {
-                fail(F, &err);
-                err.err_code()
-            }
-        }
+        call.err_code(e.unregister(&addrs))?;
+        Ok(OK)
     })
 }
 
@@ -531,17 +415,9 @@ pub unsafe extern "C" fn allocateBatchID(
     engine: transfer_engine_t,
     batch_size: usize,
 ) -> batch_id_t {
-    guard!("allocateBatchID", INVALID_BATCH, {
-        let Some(e) = self::engine(engine, "allocateBatchID") else {
-            return INVALID_BATCH;
-        };
-        match e.allocate_batch(batch_size) {
-            Ok(id) => id,
-            Err(err) => {
-                fail("allocateBatchID", &err);
-                INVALID_BATCH
-            }
-        }
+    guard("allocateBatchID", INVALID_BATCH, |call| {
+        let e = call.engine(engine)?;
+        call.check(e.allocate_batch(batch_size))
     })
 }
 
@@ -562,17 +438,17 @@ fn requests(entries: *const transfer_request, count: usize) -> Result<Vec<Reques
         .collect()
 }
 
+/// `submitTransfer`, sending `notify` (name, message) when the batch is
+/// seen done.
 fn submit(
+    call: Call<c_int>,
     engine: transfer_engine_t,
     batch_id: batch_id_t,
     entries: *const transfer_request,
     count: usize,
     notify: Option<(String, String)>,
-    func: &'static str,
-) -> c_int {
-    let Some(e) = self::engine(engine, func) else {
-        return STATUS_INVALID_ARGUMENT;
-    };
+) -> Result<c_int, c_int> {
+    let e = call.engine(engine)?;
     // The room is checked first: a count the batch cannot hold (up to
     // SIZE_MAX) is refused before one request is read.
     let result = e
@@ -582,13 +458,31 @@ fn submit(
             None => e.submit(batch_id, &reqs),
             Some((name, msg)) => e.submit_with_notify(batch_id, &reqs, name, msg),
         });
-    match result {
-        Ok(()) => STATUS_OK,
-        Err(err) => {
-            fail(func, &err);
-            err.status_code()
-        }
+    call.status_code(result)?;
+    Ok(STATUS_OK)
+}
+
+/// The name and message of a notification, both copied (and each logged
+/// when NULL) before either is checked.
+fn notify_strings<R: Copy>(call: Call<R>, notify_msg: notify_msg_t) -> Result<(String, String), R> {
+    let name = call.string(notify_msg.name, "notify_msg.name");
+    let msg = call.string(notify_msg.msg, "notify_msg.msg");
+    Ok((name?, msg?))
+}
+
+/// Writes `text()` into the caller's `buf_out` of `buf_len` bytes, like
+/// `snprintf`; refuses a NULL buffer or a zero length.
+fn write_text(
+    call: Call<c_int>,
+    buf_out: *mut c_char,
+    buf_len: usize,
+    text: impl FnOnce() -> String,
+) -> Result<c_int, c_int> {
+    if buf_out.is_null() || buf_len == 0 {
+        return Err(call.fail("buf_out is NULL or buf_len is 0"));
     }
+    write_c_string(&text(), buf_out, buf_len);
+    Ok(OK)
 }
 
 /// Submits `count` requests to a batch. Every check runs before any task is
@@ -612,8 +506,8 @@ pub unsafe extern "C" fn submitTransfer(
     entries: *mut transfer_request,
     count: usize,
 ) -> c_int {
-    guard!("submitTransfer", STATUS_INVALID_ARGUMENT, {
-        submit(engine, batch_id, entries, count, None, "submitTransfer")
+    guard("submitTransfer", STATUS_INVALID_ARGUMENT, |call| {
+        submit(call, engine, batch_id, entries, count, None)
     })
 }
 
@@ -634,20 +528,17 @@ pub unsafe extern "C" fn submitTransferWithNotify(
     count: usize,
     notify_msg: notify_msg_t,
 ) -> c_int {
-    guard!("submitTransferWithNotify", STATUS_INVALID_ARGUMENT, {
-        const F: &str = "submitTransferWithNotify";
-        if count == 0 {
-            fail(F, "count is 0");
-            return STATUS_INVALID_ARGUMENT;
-        }
-        let (Some(name), Some(msg)) = (
-            string_arg(notify_msg.name, F, "notify_msg.name"),
-            string_arg(notify_msg.msg, F, "notify_msg.msg"),
-        ) else {
-            return STATUS_INVALID_ARGUMENT;
-        };
-        submit(engine, batch_id, entries, count, Some((name, msg)), F)
-    })
+    guard(
+        "submitTransferWithNotify",
+        STATUS_INVALID_ARGUMENT,
+        |call| {
+            if count == 0 {
+                return Err(call.fail("count is 0"));
+            }
+            let notify = notify_strings(call, notify_msg)?;
+            submit(call, engine, batch_id, entries, count, Some(notify))
+        },
+    )
 }
 
 /// Takes every notification received so far (oldest first). `*size` is set
@@ -668,34 +559,26 @@ pub unsafe extern "C" fn getNotifsFromEngine(
     engine: transfer_engine_t,
     size: *mut c_int,
 ) -> *mut notify_msg_t {
-    guard!("getNotifsFromEngine", std::ptr::null_mut(), {
+    guard("getNotifsFromEngine", std::ptr::null_mut(), |call| {
         if size.is_null() {
-            fail("getNotifsFromEngine", "size is NULL");
-            return std::ptr::null_mut();
+            return Err(call.fail("size is NULL"));
         }
         // SAFETY: `size` is non-NULL and valid for writing.
         unsafe { *size = 0 };
-        let Some(e) = self::engine(engine, "getNotifsFromEngine") else {
-            return std::ptr::null_mut();
-        };
+        let e = call.engine(engine)?;
         let notifies = e.take_notifies();
         if notifies.is_empty() {
-            return std::ptr::null_mut();
+            return Ok(std::ptr::null_mut());
         }
-        match super::notify::to_c_array(&notifies) {
-            Some(array) => {
-                // SAFETY: as above.
-                unsafe { *size = notifies.len() as c_int };
-                array
-            }
-            None => {
-                fail(
-                    "getNotifsFromEngine",
-                    format_args!("out of memory; {} notifications lost", notifies.len()),
-                );
-                std::ptr::null_mut()
-            }
-        }
+        let array = super::notify::to_c_array(&notifies).ok_or_else(|| {
+            call.fail(format_args!(
+                "out of memory; {} notifications lost",
+                notifies.len()
+            ))
+        })?;
+        // SAFETY: as above.
+        unsafe { *size = notifies.len() as c_int };
+        Ok(array)
     })
 }
 
@@ -709,14 +592,13 @@ pub unsafe extern "C" fn getNotifsFromEngine(
 /// and must not be used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn freeNotifsMsgBuf(msg: *mut notify_msg_t, size: c_int) -> c_int {
-    guard!("freeNotifsMsgBuf", -1, {
+    guard("freeNotifsMsgBuf", ERR_INVALID_ARGUMENT, |call| {
         if size < 0 || (msg.is_null() && size > 0) {
-            fail("freeNotifsMsgBuf", "NULL array or negative size");
-            return ERR_INVALID_ARGUMENT;
+            return Err(call.fail("NULL array or negative size"));
         }
         // SAFETY: `msg` came from `getNotifsFromEngine` with `size` entries.
         unsafe { super::notify::free_c_array(msg, size as usize) };
-        0
+        Ok(OK)
     })
 }
 
@@ -736,24 +618,11 @@ pub unsafe extern "C" fn genNotifyInEngine(
     target_id: u64,
     notify_msg: notify_msg_t,
 ) -> c_int {
-    guard!("genNotifyInEngine", -1, {
-        const F: &str = "genNotifyInEngine";
-        let Some(e) = self::engine(engine, F) else {
-            return ERR_INVALID_ARGUMENT;
-        };
-        let (Some(name), Some(msg)) = (
-            string_arg(notify_msg.name, F, "notify_msg.name"),
-            string_arg(notify_msg.msg, F, "notify_msg.msg"),
-        ) else {
-            return ERR_INVALID_ARGUMENT;
-        };
-        match e.send_notify(target_id, &name, &msg) {
-            Ok(()) => 0,
-            Err(err) => {
-                fail(F, &err);
-                err.err_code()
-            }
-        }
+    guard("genNotifyInEngine", ERR_INVALID_ARGUMENT, |call| {
+        let e = call.engine(engine)?;
+        let (name, msg) = notify_strings(call, notify_msg)?;
+        call.err_code(e.send_notify(target_id, &name, &msg))?;
+        Ok(OK)
     })
 }
 
@@ -775,38 +644,25 @@ pub unsafe extern "C" fn getTransferStatus(
     task_id: usize,
     status: *mut transfer_status,
 ) -> c_int {
-    guard!("getTransferStatus", STATUS_INVALID_ARGUMENT, {
-        let Some(e) = self::engine(engine, "getTransferStatus") else {
-            return STATUS_INVALID_ARGUMENT;
-        };
+    guard("getTransferStatus", STATUS_INVALID_ARGUMENT, |call| {
+        let e = call.engine(engine)?;
         if status.is_null() {
-            fail("getTransferStatus", "status is NULL");
-            return STATUS_INVALID_ARGUMENT;
+            return Err(call.fail("status is NULL"));
         }
-        match e.status(batch_id, task_id) {
-            Ok((s, bytes)) => {
-                if s == TaskStatus::Failed {
-                    if let Ok(Some(why)) = e.failure_reason(batch_id, task_id) {
-                        record(
-                            "getTransferStatus",
-                            format_args!("task {task_id} FAILED: {why}"),
-                        );
-                    }
-                }
-                // SAFETY: `status` is non-NULL and valid for writing.
-                unsafe {
-                    *status = transfer_status {
-                        status: s as c_int,
-                        transferred_bytes: bytes,
-                    }
-                };
-                STATUS_OK
-            }
-            Err(err) => {
-                fail("getTransferStatus", &err);
-                err.status_code()
+        let (s, bytes) = call.status_code(e.status(batch_id, task_id))?;
+        if s == TaskStatus::Failed {
+            if let Ok(Some(why)) = e.failure_reason(batch_id, task_id) {
+                call.record(format_args!("task {task_id} FAILED: {why}"));
             }
         }
+        // SAFETY: `status` is non-NULL and valid for writing.
+        unsafe {
+            *status = transfer_status {
+                status: s as c_int,
+                transferred_bytes: bytes,
+            }
+        };
+        Ok(STATUS_OK)
     })
 }
 
@@ -820,21 +676,17 @@ pub unsafe extern "C" fn getTransferStatus(
 /// `engine` must be NULL or a handle from `createTransferEngine`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn freeBatchID(engine: transfer_engine_t, batch_id: batch_id_t) -> c_int {
-    guard!("freeBatchID", STATUS_INVALID_ARGUMENT, {
-        let Some(e) = self::engine(engine, "freeBatchID") else {
-            return STATUS_INVALID_ARGUMENT;
-        };
-        match e.free_batch(batch_id) {
-            Ok(()) => STATUS_OK,
-            Err(err) => {
-                if err == Error::BatchBusy {
-                    record("freeBatchID", &err);
-                } else {
-                    fail("freeBatchID", &err);
-                }
-                err.status_code()
-            }
+    guard("freeBatchID", STATUS_INVALID_ARGUMENT, |call| {
+        let e = call.engine(engine)?;
+        let freed = e.free_batch(batch_id);
+        if freed == Err(Error::BatchBusy) {
+            // Normal use (a batch freed before its tasks were seen
+            // terminal): recorded, not logged.
+            call.record(Error::BatchBusy);
+            return Err(Error::BatchBusy.status_code());
         }
+        call.status_code(freed)?;
+        Ok(STATUS_OK)
     })
 }
 
@@ -847,13 +699,7 @@ pub unsafe extern "C" fn freeBatchID(engine: transfer_engine_t, batch_id: batch_
 /// `engine` must be NULL or a handle from `createTransferEngine`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn syncSegmentCache(engine: transfer_engine_t) -> c_int {
-    guard!("syncSegmentCache", -1, {
-        let Some(e) = self::engine(engine, "syncSegmentCache") else {
-            return ERR_INVALID_ARGUMENT;
-        };
-        e.sync_all_segments();
-        0
-    })
+    with_engine("syncSegmentCache", engine, |e| e.sync_all_segments())
 }
 
 /// Fills `stats` with up to `*count` per-device loads (in-flight bytes and
@@ -870,13 +716,10 @@ pub unsafe extern "C" fn getNicLoadStats(
     stats: *mut nic_load_stat_t,
     count: *mut usize,
 ) -> c_int {
-    guard!("getNicLoadStats", -1, {
-        let Some(e) = self::engine(engine, "getNicLoadStats") else {
-            return ERR_INVALID_ARGUMENT;
-        };
+    guard("getNicLoadStats", ERR_INVALID_ARGUMENT, |call| {
+        let e = call.engine(engine)?;
         if stats.is_null() || count.is_null() {
-            fail("getNicLoadStats", "stats or count is NULL");
-            return ERR_INVALID_ARGUMENT;
+            return Err(call.fail("stats or count is NULL"));
         }
         let loads = e.nic_loads();
         // SAFETY: `count` is non-NULL and valid for reading and writing.
@@ -895,7 +738,7 @@ pub unsafe extern "C" fn getNicLoadStats(
         }
         // SAFETY: as above.
         unsafe { *count = loads.len() };
-        0
+        Ok(OK)
     })
 }
 
@@ -908,10 +751,10 @@ pub unsafe extern "C" fn getNicLoadStats(
 /// `engine` must be NULL or a handle from `createTransferEngine`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn enableGracefulShutdown(engine: transfer_engine_t) {
-    guard!("enableGracefulShutdown", (), {
-        if self::engine(engine, "enableGracefulShutdown").is_some() {
-            super::graceful::enable(engine);
-        }
+    guard("enableGracefulShutdown", (), |call| {
+        call.engine(engine)?;
+        super::graceful::enable(engine);
+        Ok(())
     })
 }
 
@@ -932,16 +775,9 @@ pub unsafe extern "C" fn showLinks(
     buf_len: usize,
     json: c_int,
 ) -> c_int {
-    guard!("showLinks", -1, {
-        let Some(e) = self::engine(engine, "showLinks") else {
-            return ERR_INVALID_ARGUMENT;
-        };
-        if buf_out.is_null() || buf_len == 0 {
-            fail("showLinks", "buf_out is NULL or buf_len is 0");
-            return ERR_INVALID_ARGUMENT;
-        }
-        write_c_string(&e.show_links(json != 0), buf_out, buf_len);
-        0
+    guard("showLinks", ERR_INVALID_ARGUMENT, |call| {
+        let e = call.engine(engine)?;
+        write_text(call, buf_out, buf_len, || e.show_links(json != 0))
     })
 }
 

@@ -19,6 +19,9 @@ pub type transport_t = *mut c_void;
 pub const LOCAL_SEGMENT: segment_id_t = 0;
 /// Returned by `allocateBatchID` on failure.
 pub const INVALID_BATCH: batch_id_t = u64::MAX;
+/// Returned by `openSegment` on failure: Mooncake's -1, which its header
+/// does not name (`pub(crate)` keeps it out of ours).
+pub(crate) const INVALID_SEGMENT: segment_id_t = -1;
 /// Copy from the target segment into `source`.
 pub const OPCODE_READ: c_int = 0;
 /// Copy from `source` into the target segment.

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 /// The PEM files of a TLS client, named by `<PREFIX>_CACERT`,
 /// `<PREFIX>_CERT` and `<PREFIX>_KEY` (as etcdctl's `--cacert`, `--cert`,
-/// `--key`). Paths only: the files are read by [`TlsFiles::load`].
+/// `--key`). Paths only: the files are read by `TlsFiles::load`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TlsFiles {
     /// CA certificates that verify the server; `None`: the system's.

@@ -318,12 +318,27 @@ mod tests {
             .collect()
     }
 
+    /// Endpoints with their keys.
+    type Keyed = Vec<(u32, Arc<Ep>)>;
+
+    /// Endpoints keyed `0..n`, and a store of `capacity` under `policy`
+    /// holding the first `capacity` of them, inserted in order.
+    fn filled(
+        capacity: usize,
+        policy: EndpointStoreType,
+        n: u32,
+    ) -> (EndpointStore<u32, Ep>, Keyed) {
+        let mut s = EndpointStore::new(capacity, policy);
+        let eps: Keyed = (0..n).map(|k| (k, Arc::new(Ep::default()))).collect();
+        for (k, v) in &eps[..capacity] {
+            s.insert(*k, v.clone());
+        }
+        (s, eps)
+    }
+
     #[test]
     fn fifo_evicts_oldest() {
-        let mut s = EndpointStore::new(2, EndpointStoreType::Fifo);
-        let eps: Vec<(u32, Arc<Ep>)> = (0..4).map(|k| (k, Arc::new(Ep::default()))).collect();
-        s.insert(0, eps[0].1.clone());
-        s.insert(1, eps[1].1.clone());
+        let (mut s, eps) = filled(2, EndpointStoreType::Fifo, 4);
         s.get(&0);
         assert_eq!(keys(&s.insert(2, eps[2].1.clone()), &eps), vec![0]);
         assert_eq!(keys(&s.insert(3, eps[3].1.clone()), &eps), vec![1]);
@@ -332,11 +347,7 @@ mod tests {
 
     #[test]
     fn sieve_keeps_visited_entries() {
-        let mut s = EndpointStore::new(3, EndpointStoreType::Sieve);
-        let eps: Vec<(u32, Arc<Ep>)> = (0..6).map(|k| (k, Arc::new(Ep::default()))).collect();
-        for k in 0..3 {
-            s.insert(k, eps[k as usize].1.clone());
-        }
+        let (mut s, eps) = filled(3, EndpointStoreType::Sieve, 6);
         // All inserted visited: the first pass clears 0,1,2 and evicts 0.
         assert_eq!(keys(&s.insert(3, eps[3].1.clone()), &eps), vec![0]);
         // 1 is touched again: SIEVE skips it and evicts 2.
@@ -413,11 +424,7 @@ mod tests {
 
     #[test]
     fn removing_the_entry_under_the_hand_moves_it_to_the_next_newer() {
-        let mut s = EndpointStore::new(4, EndpointStoreType::Sieve);
-        let eps: Vec<(u32, Arc<Ep>)> = (0..7).map(|k| (k, Arc::new(Ep::default()))).collect();
-        for k in 0..4 {
-            s.insert(k, eps[k as usize].1.clone());
-        }
+        let (mut s, eps) = filled(4, EndpointStoreType::Sieve, 7);
         // The first eviction clears every mark and takes 0; the hand is on 1.
         assert_eq!(keys(&s.insert(4, eps[4].1.clone()), &eps), vec![0]);
         // 1 leaves: the hand moves to 2, which is unvisited and goes next.

@@ -1,6 +1,7 @@
 //! Transports move bytes between this engine's memory and its peers'.
 //!
-//! A transport is one module behind one trait, [`Transport`]: the protocol
+//! A transport is one module behind one trait, [`Transport`] (on top of
+//! [`TransportBase`], which the scheduler's carriers share): the protocol
 //! it speaks, what it registers and fences, what it adds to this engine's
 //! descriptor and reads from a peer's, the handshake messages it serves,
 //! whether it reaches a peer's buffer, how it moves a request, its NIC
@@ -35,28 +36,36 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, RwLock};
 use tcp::TcpConfig;
 
-/// A transport as the engine drives it.
-pub trait Transport: Send + Sync {
+/// How the engine names a transport and orders it among the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kind {
     /// The protocol it speaks, as descriptors and `installTransport` name
     /// it (`tcp`, `rdma`, `shm`).
-    fn protocol(&self) -> &'static str;
-
+    pub protocol: &'static str,
     /// Preference among the transports that reach a peer: the lowest
     /// first (shared memory, then RDMA, then TCP).
-    fn rank(&self) -> u8;
-
+    pub rank: u8,
     /// Preference for the `protocol` field of this engine's descriptor,
     /// which Mooncake peers read to choose their transport: the lowest
     /// installed one is written; `None` for a protocol Mooncake does not
     /// speak.
-    fn descriptor_rank(&self) -> Option<u8>;
+    pub descriptor_rank: Option<u8>,
+}
+
+/// What every transport has, whether the engine drives it directly
+/// ([`Transport`]) or through the slice scheduler
+/// ([`scheduler::Carrier`]): its kind, its registration hooks, the
+/// handshake it answers, and which peers speak it.
+pub trait TransportBase: Send + Sync {
+    /// Its protocol and ranks.
+    fn kind(&self) -> Kind;
 
     /// Makes `region` reachable through this transport (RDMA: a memory
     /// region on every device).
     ///
     /// # Safety
-    /// `region` must stay mapped until [`Transport::unregister`] of its
-    /// address returns (the C API's contract for registered memory).
+    /// `region` must stay mapped until [`TransportBase::unregister`] of
+    /// its address returns (the C API's contract for registered memory).
     unsafe fn register(&self, _region: &Region) -> Result<()> {
         Ok(())
     }
@@ -64,11 +73,6 @@ pub trait Transport: Send + Sync {
     /// Removes the region at `addr`; returns once nothing this transport
     /// runs touches it.
     fn unregister(&self, _addr: u64) {}
-
-    /// Adds what this transport publishes to this engine's descriptor:
-    /// its keys, and what it attaches to each buffer (`desc.buffers` lists
-    /// every registered region, in address order, as `memory` holds them).
-    fn publish(&self, desc: &mut SegmentDesc, memory: &MemoryRegistry);
 
     /// The handshake requests it answers, if any.
     fn handshake(&self) -> Option<Handshake> {
@@ -79,14 +83,22 @@ pub trait Transport: Send + Sync {
     /// has what this transport needs to reach it).
     fn speaks(&self, seg: &RemoteSegment) -> bool;
 
-    /// Whether it can move a request to `[remote, remote + len)` of `seg`,
-    /// from what the peer publishes.
-    fn reaches(&self, seg: &RemoteSegment, remote: u64, len: u64) -> bool;
-
     /// Whether it moves bytes only from and to registered local memory.
     fn needs_registered_source(&self) -> bool {
         false
     }
+}
+
+/// A transport as the engine drives it.
+pub trait Transport: TransportBase {
+    /// Adds what this transport publishes to this engine's descriptor:
+    /// its keys, and what it attaches to each buffer (`desc.buffers` lists
+    /// every registered region, in address order, as `memory` holds them).
+    fn publish(&self, desc: &mut SegmentDesc, memory: &MemoryRegistry);
+
+    /// Whether it can move a request to `[remote, remote + len)` of `seg`,
+    /// from what the peer publishes.
+    fn reaches(&self, seg: &RemoteSegment, remote: u64, len: u64) -> bool;
 
     /// Moves one request (or the part of one that another transport could
     /// not move): counts its slices on the task, then finishes each, or
@@ -136,6 +148,21 @@ pub struct Handshake {
     pub kind: FrameKind,
     /// The answer to each request.
     pub answer: HandshakeAnswer,
+}
+
+impl Handshake {
+    /// Frames of `kind`, each answered by `answer` of `server`.
+    pub fn served_by<S: Send + Sync + 'static>(
+        kind: FrameKind,
+        server: &Arc<S>,
+        answer: fn(&S, &Value, SocketAddr) -> Value,
+    ) -> Handshake {
+        let server = server.clone();
+        Handshake {
+            kind,
+            answer: Box::new(move |request, from| answer(&server, request, from)),
+        }
+    }
 }
 
 /// One request to a remote segment, as a transport moves it.

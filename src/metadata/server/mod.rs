@@ -10,7 +10,7 @@
 //! A missing `key` parameter is 400, another method 405, another path 404,
 //! a body over the limit 413, a PUT that would take the store beyond its
 //! bounds of keys or bytes 507. Unlike the Go server, every change is on
-//! disk ([`journal`]: a snapshot in the data file, a JSON object of key to
+//! disk (`journal`: a snapshot in the data file, a JSON object of key to
 //! stored body, and a log of changes beside it) before the answer goes
 //! out, and the data is loaded at start.
 //!
@@ -24,7 +24,7 @@
 //! certificate and key ([`ServerOptions::tls_cert`], `--tls-cert`,
 //! `--tls-key`) the server speaks HTTPS only (TLS 1.2 and 1.3, rustls).
 //!
-//! The server is event-driven ([`crate::serve`]): one thread reads the
+//! The server is event-driven (`crate::serve`): one thread reads the
 //! requests of every connection, each with a deadline, and a few threads
 //! answer complete ones, so slow or silent clients cannot hold up others.
 //! Connections are kept alive between requests (HTTP/1.1). A value is sent

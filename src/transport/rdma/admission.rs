@@ -79,6 +79,16 @@ pub struct AdmissionLimits {
     pub rpc: ClientOptions,
 }
 
+/// What a Connection frame claims: the server and device it names, the
+/// GID it carries (if any), and the address it came from.
+#[derive(Clone, Copy)]
+struct Claim<'a> {
+    server: &'a str,
+    device: &'a str,
+    gid: Option<&'a Gid>,
+    from: IpAddr,
+}
+
 /// A verified server: the addresses its frames may come from, and the
 /// GIDs of its devices.
 #[derive(Debug)]
@@ -125,15 +135,14 @@ impl Identity {
         Identity { addrs, gids }
     }
 
-    /// Whether a frame from `from` for `device` with `gid` (if it carries
-    /// one) is the server's; else why not.
-    fn admits(
-        &self,
-        server: &str,
-        device: &str,
-        gid: Option<&Gid>,
-        from: IpAddr,
-    ) -> Result<(), String> {
+    /// Whether a frame that makes `claim` is the server's; else why not.
+    fn admits(&self, claim: Claim<'_>) -> Result<(), String> {
+        let Claim {
+            server,
+            device,
+            gid,
+            from,
+        } = claim;
         if !self.addrs.contains(&from) {
             return Err(format!(
                 "handshake for {server}@{device} came from {from}, which is not a host {server} \
@@ -307,7 +316,13 @@ impl Admission {
         let verdict = loop {
             let mut fresh = false;
             if let Some((at, (id, rechecked))) = book.verified.get(server) {
-                match id.admits(server, device, gid, from) {
+                let claim = Claim {
+                    server,
+                    device,
+                    gid,
+                    from,
+                };
+                match id.admits(claim) {
                     Ok(()) => break Ok(()),
                     Err(why) if looked_up || (*rechecked && at.elapsed() < REVERIFY_AFTER) => {
                         break Err(why);
@@ -420,6 +435,20 @@ mod tests {
         }
     }
 
+    /// [`limits`] with one lookup slot.
+    fn one_slot() -> AdmissionLimits {
+        AdmissionLimits {
+            concurrent: 1,
+            ..limits()
+        }
+    }
+
+    /// No source is held and no lookup is in flight.
+    fn assert_settled(a: &Admission) {
+        let b = sync::lock(&a.book);
+        assert!(b.held.is_empty() && b.in_flight.is_empty());
+    }
+
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
@@ -515,9 +544,11 @@ mod tests {
         for i in 0..20 {
             let _ = a.check(&format!("m{i}:1"), "d0", None, ip("127.0.0.2"));
         }
-        let b = sync::lock(&a.book);
-        assert!(b.unknown.entries.len() <= 4 && b.unknown.order.len() <= 4);
-        assert!(b.in_flight.is_empty() && b.held.is_empty());
+        {
+            let b = sync::lock(&a.book);
+            assert!(b.unknown.entries.len() <= 4 && b.unknown.order.len() <= 4);
+        }
+        assert_settled(&a);
     }
 
     #[test]
@@ -582,17 +613,13 @@ mod tests {
             slow.join().unwrap().is_err(),
             "127.0.0.2 is not slow:1's host"
         );
-        let b = sync::lock(&a.book);
-        assert!(b.held.is_empty() && b.in_flight.is_empty());
+        assert_settled(&a);
     }
 
     #[test]
     fn a_burst_from_one_host_waits_for_the_lookup_slots() {
         // One slot; eight servers of one host at once: all verified.
-        let (a, _tx) = gated(AdmissionLimits {
-            concurrent: 1,
-            ..limits()
-        });
+        let (a, _tx) = gated(one_slot());
         let threads: Vec<_> = (0..8)
             .map(|i| {
                 let a = a.clone();
@@ -606,10 +633,7 @@ mod tests {
 
     #[test]
     fn busy_slots_refuse_after_a_second_and_the_lookup_keeps_its_slot() {
-        let (a, tx) = gated(AdmissionLimits {
-            concurrent: 1,
-            ..limits()
-        });
+        let (a, tx) = gated(one_slot());
         let a2 = a.clone();
         let slow = std::thread::spawn(move || a2.check("slow:1", "d0", None, ip("127.0.0.1")));
         wait_in_flight(&a, 1);

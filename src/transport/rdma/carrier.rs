@@ -18,7 +18,7 @@ use crate::segment::RemoteSegment;
 use crate::topology::{PriorityMatrix, RailFilter};
 use crate::transport::rdma::{RdmaTarget, RdmaTransport, nic_path};
 use crate::transport::scheduler::{Carrier, Rail, Route, Scheduler};
-use crate::transport::{Handshake, InstallContext, Slice, Transport};
+use crate::transport::{Handshake, InstallContext, Kind, Slice, Transport, TransportBase};
 use std::sync::Arc;
 use tracing::info;
 
@@ -179,19 +179,17 @@ pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
     Ok(Scheduler::new(carrier, matrix, ctx.config.sched))
 }
 
-impl Carrier for RdmaCarrier {
-    type Target = RdmaTarget;
+/// RDMA: preferred after shared memory; the protocol Mooncake peers choose
+/// first.
+const KIND: Kind = Kind {
+    protocol: "rdma",
+    rank: 1,
+    descriptor_rank: Some(0),
+};
 
-    fn protocol(&self) -> &'static str {
-        "rdma"
-    }
-
-    fn rank(&self) -> u8 {
-        1
-    }
-
-    fn descriptor_rank(&self) -> Option<u8> {
-        Some(0)
+impl TransportBase for RdmaCarrier {
+    fn kind(&self) -> Kind {
+        KIND
     }
 
     unsafe fn register(&self, region: &Region) -> Result<()> {
@@ -207,6 +205,26 @@ impl Carrier for RdmaCarrier {
     fn unregister(&self, addr: u64) {
         self.rdma.unregister(addr);
     }
+
+    fn handshake(&self) -> Option<Handshake> {
+        Some(Handshake::served_by(
+            FrameKind::Connection,
+            &self.rdma,
+            RdmaTransport::accept,
+        ))
+    }
+
+    fn speaks(&self, seg: &RemoteSegment) -> bool {
+        seg.desc.protocol == "rdma" && !seg.desc.devices.is_empty()
+    }
+
+    fn needs_registered_source(&self) -> bool {
+        true
+    }
+}
+
+impl Carrier for RdmaCarrier {
+    type Target = RdmaTarget;
 
     fn publish(&self, desc: &mut SegmentDesc, memory: &MemoryRegistry, matrix: &PriorityMatrix) {
         desc.devices = self
@@ -244,18 +262,6 @@ impl Carrier for RdmaCarrier {
             .collect();
     }
 
-    fn handshake(&self) -> Option<Handshake> {
-        let rdma = self.rdma.clone();
-        Some(Handshake {
-            kind: FrameKind::Connection,
-            answer: Box::new(move |request, from| rdma.accept(request, from)),
-        })
-    }
-
-    fn speaks(&self, seg: &RemoteSegment) -> bool {
-        seg.desc.protocol == "rdma" && !seg.desc.devices.is_empty()
-    }
-
     fn reaches(&self, seg: &RemoteSegment, buffer: usize) -> bool {
         self.speaks(seg)
             && seg
@@ -263,10 +269,6 @@ impl Carrier for RdmaCarrier {
                 .buffers
                 .get(buffer)
                 .is_some_and(|b| !b.rkey.is_empty())
-    }
-
-    fn needs_registered_source(&self) -> bool {
-        true
     }
 
     fn devices(&self) -> &[String] {
@@ -301,7 +303,7 @@ impl Carrier for RdmaCarrier {
             .collect()
     }
 
-    fn routes(seg: &RemoteSegment) -> &std::sync::OnceLock<Arc<Route<RdmaTarget>>> {
+    fn routes(seg: &RemoteSegment) -> &once_cell::sync::OnceCell<Arc<Route<RdmaTarget>>> {
         &seg.routes.rdma
     }
 

@@ -14,8 +14,9 @@ use super::handshake::split_nic_path;
 use crate::sync;
 use crate::transport::endpoint::EndpointStoreType;
 use crate::transport::endpoint::{EndpointStore, Retiring};
+use once_cell::sync::OnceCell;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// Endpoints the peers' handshakes may create on one device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -318,14 +319,14 @@ struct SlabFree {
 /// in a completion queue from a closed endpoint names an old generation
 /// and finds nothing.
 pub struct EndpointSlab {
-    chunks: Box<[OnceLock<Box<[SlabEntry]>>]>,
+    chunks: Box<[OnceCell<Box<[SlabEntry]>>]>,
     free: Mutex<SlabFree>,
 }
 
 impl Default for EndpointSlab {
     fn default() -> Self {
         EndpointSlab {
-            chunks: (0..CHUNKS).map(|_| OnceLock::new()).collect(),
+            chunks: (0..CHUNKS).map(|_| OnceCell::new()).collect(),
             free: Mutex::default(),
         }
     }

@@ -13,34 +13,41 @@ use crate::transport::{LocalSide, Outcome, Slice, Submission, Transfer};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The methods of a carrier for benches and tests: it names itself
-/// `$protocol`, every peer speaks it and reaches every buffer over it, it
+/// The [`TransportBase`](crate::transport::TransportBase) of a carrier
+/// `$carrier` for benches and tests: it names itself `$protocol` and
+/// every peer speaks it.
+macro_rules! plain_carrier_base {
+    ($carrier:ty, $protocol:literal) => {
+        impl crate::transport::TransportBase for $carrier {
+            fn kind(&self) -> crate::transport::Kind {
+                crate::transport::Kind {
+                    protocol: $protocol,
+                    rank: 0,
+                    descriptor_rank: None,
+                }
+            }
+
+            fn speaks(&self, _: &crate::segment::RemoteSegment) -> bool {
+                true
+            }
+        }
+    };
+}
+#[cfg(test)]
+pub(super) use plain_carrier_base;
+
+/// The methods of a carrier for benches and tests beside its
+/// [`plain_carrier_base`]: every peer's buffers are reached over it, it
 /// publishes nothing, keeps its routes in the plain slot, and `$devices`
 /// is the field holding its device names.
 macro_rules! plain_carrier_basics {
-    ($protocol:literal, $devices:ident) => {
-        fn protocol(&self) -> &'static str {
-            $protocol
-        }
-
-        fn rank(&self) -> u8 {
-            0
-        }
-
-        fn descriptor_rank(&self) -> Option<u8> {
-            None
-        }
-
+    ($devices:ident) => {
         fn publish(
             &self,
             _: &mut crate::metadata::descriptor::SegmentDesc,
             _: &crate::memory::MemoryRegistry,
             _: &crate::topology::PriorityMatrix,
         ) {
-        }
-
-        fn speaks(&self, _: &crate::segment::RemoteSegment) -> bool {
-            true
         }
 
         fn reaches(&self, _: &crate::segment::RemoteSegment, _: usize) -> bool {
@@ -53,7 +60,7 @@ macro_rules! plain_carrier_basics {
 
         fn routes(
             seg: &crate::segment::RemoteSegment,
-        ) -> &std::sync::OnceLock<std::sync::Arc<super::Route<()>>> {
+        ) -> &once_cell::sync::OnceCell<std::sync::Arc<super::Route<()>>> {
             &seg.routes.plain
         }
     };
@@ -83,10 +90,12 @@ struct Null {
     devices: Vec<String>,
 }
 
+plain_carrier_base!(Null, "null");
+
 impl Carrier for Null {
     type Target = ();
 
-    plain_carrier_basics!("null", devices);
+    plain_carrier_basics!(devices);
 
     fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<()>> {
         all_pairs(&self.devices, seg)

@@ -11,8 +11,8 @@
 //!
 //! A rail pairs a local device with a peer device; a [`Carrier`] (one per
 //! transport) says which rails lead to a peer and moves one slice over
-//! one rail, and holds what else makes it a [`Transport`]: registration,
-//! its descriptor keys, its handshake. A [`Scheduler`] over a carrier is
+//! one rail, and holds what else makes it a [`Transport`]: its
+//! [`TransportBase`] (registration, its handshake), its descriptor keys. A [`Scheduler`] over a carrier is
 //! the transport the engine installs. The first choice is among the open
 //! rails the priority matrices prefer: our matrix for the local buffer's
 //! location, and the peer's published matrix for the target buffer's
@@ -41,12 +41,13 @@ use crate::metadata::descriptor::SegmentDesc;
 use crate::segment::RemoteSegment;
 use crate::topology::PriorityMatrix;
 use crate::transport::{
-    Fallback, Handshake, LocalSide, NicLoad, Outcome, Refresh, Slice, Submission, Transfer,
-    Transport,
+    Fallback, Handshake, Kind, LocalSide, NicLoad, Outcome, Refresh, Slice, Submission, Transfer,
+    Transport, TransportBase,
 };
+use once_cell::sync::OnceCell;
 use rails::{DeviceLoad, RailCell, RailHealth, RailUse};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tracing::debug;
 
@@ -103,51 +104,18 @@ pub struct Rail<T> {
     pub target: T,
 }
 
-/// What the scheduler needs of a transport, and what the transport adds
-/// to make it a [`Transport`].
-pub trait Carrier: Send + Sync + 'static {
+/// What the scheduler needs of a transport beside its [`TransportBase`],
+/// and what the transport adds to make it a [`Transport`].
+pub trait Carrier: TransportBase + 'static {
     /// The transport's address of a peer device.
     type Target: Clone + Send + Sync + std::fmt::Debug + 'static;
-
-    /// See [`Transport::protocol`].
-    fn protocol(&self) -> &'static str;
-
-    /// See [`Transport::rank`].
-    fn rank(&self) -> u8;
-
-    /// See [`Transport::descriptor_rank`].
-    fn descriptor_rank(&self) -> Option<u8>;
-
-    /// See [`Transport::register`].
-    ///
-    /// # Safety
-    /// As [`Transport::register`].
-    unsafe fn register(&self, _region: &Region) -> Result<()> {
-        Ok(())
-    }
-
-    /// See [`Transport::unregister`].
-    fn unregister(&self, _addr: u64) {}
 
     /// See [`Transport::publish`]; `matrix` is the local priority matrix.
     fn publish(&self, desc: &mut SegmentDesc, memory: &MemoryRegistry, matrix: &PriorityMatrix);
 
-    /// See [`Transport::handshake`].
-    fn handshake(&self) -> Option<Handshake> {
-        None
-    }
-
-    /// See [`Transport::speaks`].
-    fn speaks(&self, seg: &RemoteSegment) -> bool;
-
     /// Whether the peer publishes what this transport needs to reach its
     /// buffer `buffer` (an index into `seg.desc.buffers`).
     fn reaches(&self, seg: &RemoteSegment, buffer: usize) -> bool;
-
-    /// See [`Transport::needs_registered_source`].
-    fn needs_registered_source(&self) -> bool {
-        false
-    }
 
     /// Local device names; rails index into them.
     fn devices(&self) -> &[String];
@@ -157,7 +125,7 @@ pub trait Carrier: Send + Sync + 'static {
 
     /// Where a segment keeps this carrier's route to it (worked out on
     /// first use, typed: no lookup by type at run time).
-    fn routes(seg: &RemoteSegment) -> &OnceLock<Arc<Route<Self::Target>>>;
+    fn routes(seg: &RemoteSegment) -> &OnceCell<Arc<Route<Self::Target>>>;
 
     /// The end of the carrier's own registration piece holding local
     /// address `addr`, when it registers smaller pieces than the caller's
@@ -291,7 +259,7 @@ struct Request<C: Carrier> {
     /// The request on the peer's refetched descriptor, once a refused
     /// slice found it changed: the other slices move to it when they are
     /// retried (rather than carry the stale key again).
-    successor: OnceLock<Arc<Request<C>>>,
+    successor: OnceCell<Arc<Request<C>>>,
 }
 
 /// A slice with what it needs to be retried.
@@ -654,7 +622,7 @@ impl<C: Carrier> Scheduler<C> {
             route,
             fallback,
             refresh,
-            successor: OnceLock::new(),
+            successor: OnceCell::new(),
         });
         let route = &req.route;
         // Candidates are worked out once per request (per target buffer
@@ -906,7 +874,7 @@ impl<C: Carrier> Scheduler<C> {
                     seg,
                     fallback: req.fallback.clone(),
                     refresh: req.refresh.clone(),
-                    successor: OnceLock::new(),
+                    successor: OnceCell::new(),
                 })
             })
             .clone();
@@ -971,17 +939,9 @@ impl<C: Carrier> Scheduler<C> {
     }
 }
 
-impl<C: Carrier> Transport for Scheduler<C> {
-    fn protocol(&self) -> &'static str {
-        self.carrier.protocol()
-    }
-
-    fn rank(&self) -> u8 {
-        self.carrier.rank()
-    }
-
-    fn descriptor_rank(&self) -> Option<u8> {
-        self.carrier.descriptor_rank()
+impl<C: Carrier> TransportBase for Scheduler<C> {
+    fn kind(&self) -> Kind {
+        self.carrier.kind()
     }
 
     unsafe fn register(&self, region: &Region) -> Result<()> {
@@ -994,10 +954,6 @@ impl<C: Carrier> Transport for Scheduler<C> {
         self.carrier.unregister(addr)
     }
 
-    fn publish(&self, desc: &mut SegmentDesc, memory: &MemoryRegistry) {
-        self.carrier.publish(desc, memory, &self.matrix)
-    }
-
     fn handshake(&self) -> Option<Handshake> {
         self.carrier.handshake()
     }
@@ -1006,14 +962,20 @@ impl<C: Carrier> Transport for Scheduler<C> {
         self.carrier.speaks(seg)
     }
 
+    fn needs_registered_source(&self) -> bool {
+        self.carrier.needs_registered_source()
+    }
+}
+
+impl<C: Carrier> Transport for Scheduler<C> {
+    fn publish(&self, desc: &mut SegmentDesc, memory: &MemoryRegistry) {
+        self.carrier.publish(desc, memory, &self.matrix)
+    }
+
     fn reaches(&self, seg: &RemoteSegment, remote: u64, len: u64) -> bool {
         seg.desc
             .covering(remote, len)
             .is_some_and(|mut bs| bs.all(|b| self.carrier.reaches(seg, b)))
-    }
-
-    fn needs_registered_source(&self) -> bool {
-        self.carrier.needs_registered_source()
     }
 
     fn submit(&self, submission: Submission) {
@@ -1052,10 +1014,12 @@ mod tests {
         good: usize,
     }
 
+    bench::plain_carrier_base!(Rails, "test");
+
     impl Carrier for Rails {
         type Target = ();
 
-        bench::plain_carrier_basics!("test", names);
+        bench::plain_carrier_basics!(names);
 
         fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<()>> {
             (0..self.n)
@@ -1097,20 +1061,7 @@ mod tests {
         };
         let matrix = PriorityMatrix::parse("{}").unwrap();
         let sched = Scheduler::new(carrier, matrix, &cfg);
-        let seg = Arc::new(RemoteSegment {
-            name: "peer".into(),
-            desc: SegmentDesc {
-                protocol: "tcp".into(),
-                buffers: vec![BufferDesc {
-                    name: "peer".into(),
-                    addr: 0x1000,
-                    length: 4096,
-                    ..Default::default()
-                }],
-                ..Default::default()
-            },
-            ..Default::default()
-        });
+        let seg = peer(0, &[(0x1000, 4096, 0)]);
         let batch = Arc::new(Batch::new(1, None).unwrap());
         let memory = MemoryRegistry::default();
         let xfer = Transfer {
@@ -1135,20 +1086,7 @@ mod tests {
         };
         let matrix = PriorityMatrix::parse("{}").unwrap();
         let sched = Scheduler::new(carrier, matrix, &SchedConfig::default());
-        let seg = Arc::new(RemoteSegment {
-            name: "peer".into(),
-            desc: SegmentDesc {
-                protocol: "tcp".into(),
-                buffers: vec![BufferDesc {
-                    name: "peer".into(),
-                    addr: 0x1000,
-                    length: 1 << 20,
-                    ..Default::default()
-                }],
-                ..Default::default()
-            },
-            ..Default::default()
-        });
+        let seg = peer(0, &[(0x1000, 1 << 20, 0)]);
         let batch = Arc::new(Batch::new(1, None).unwrap());
         let parts = Arc::new(Mutex::new(Vec::new()));
         let (b, p) = (batch.clone(), parts.clone());
@@ -1206,10 +1144,12 @@ mod tests {
         held: Mutex<Vec<Slice>>,
     }
 
+    bench::plain_carrier_base!(Arc<Recorder>, "test");
+
     impl Carrier for Arc<Recorder> {
         type Target = ();
 
-        bench::plain_carrier_basics!("test", names);
+        bench::plain_carrier_basics!(names);
 
         fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<()>> {
             bench::all_pairs(&self.names, seg)
@@ -1246,7 +1186,8 @@ mod tests {
         fn shutdown(&self) {}
     }
 
-    /// A peer with `peer_devices` devices and `buffers` as (addr, len, rkey).
+    /// A peer with `peer_devices` devices (any number, for carriers that
+    /// ignore them) and `buffers` as (addr, len, rkey).
     fn peer(peer_devices: usize, buffers: &[(u64, u64, u32)]) -> Arc<RemoteSegment> {
         Arc::new(RemoteSegment {
             name: "peer".into(),
@@ -1275,20 +1216,9 @@ mod tests {
         })
     }
 
-    /// Submits one request from `location` and returns its batch.
+    /// Submits one request from `location`, with `refresh` if given, and
+    /// returns its batch.
     fn send<C: Carrier>(
-        sched: &Arc<Scheduler<C>>,
-        seg: &Arc<RemoteSegment>,
-        location: &str,
-        local: u64,
-        remote: u64,
-        len: u64,
-    ) -> Arc<Batch> {
-        send_refreshing(sched, seg, location, local, remote, len, None)
-    }
-
-    /// As [`send`], with a [`Refresh`].
-    fn send_refreshing<C: Carrier>(
         sched: &Arc<Scheduler<C>>,
         seg: &Arc<RemoteSegment>,
         location: &str,
@@ -1350,7 +1280,7 @@ mod tests {
         let edge = 0x1_0000 + 100_000;
         let seg = peer(1, &[(0x1_0000, 100_000, 11), (edge, 200_000, 22)]);
         let (local, remote, len) = (0x90_0000, 0x1_0000 + 50, 200_000);
-        let batch = send(&sched, &seg, "cpu:0", local, remote, len);
+        let batch = send(&sched, &seg, "cpu:0", local, remote, len, None);
         assert_eq!(batch.poll(0).unwrap(), (TaskStatus::Completed, len));
         let got: Vec<(u64, u64, u32)> = rec
             .posted
@@ -1394,8 +1324,8 @@ mod tests {
             let sched = Scheduler::new(rec.clone(), PriorityMatrix::parse(matrix).unwrap(), &cfg);
             let seg = peer(1, &[(0x1_0000, 1 << 30, 7)]);
             // Loads d0 with 8 slices, then sends 4 that may use either.
-            let busy = send(&sched, &seg, "cpu:1", 0x90_0000, 0x1_0000, 8 << 16);
-            let spread = send(&sched, &seg, "cpu:0", 0x90_0000, 0x1_0000, 4 << 16);
+            let busy = send(&sched, &seg, "cpu:1", 0x90_0000, 0x1_0000, 8 << 16, None);
+            let spread = send(&sched, &seg, "cpu:0", 0x90_0000, 0x1_0000, 4 << 16, None);
             let devices: Vec<usize> = rec.posted.lock().unwrap()[8..]
                 .iter()
                 .map(|p| p.device)
@@ -1425,7 +1355,15 @@ mod tests {
         let sched = Scheduler::new(rec.clone(), matrix, &SchedConfig::default());
         let seg = peer(10, &[(0x1_0000, 1 << 30, 7)]);
         for i in 0..200u64 {
-            let b = send(&sched, &seg, "cpu:0", 0x90_0000, 0x1_0000 + i * 4096, 4096);
+            let b = send(
+                &sched,
+                &seg,
+                "cpu:0",
+                0x90_0000,
+                0x1_0000 + i * 4096,
+                4096,
+                None,
+            );
             assert_eq!(b.poll(0).unwrap(), (TaskStatus::Completed, 4096));
         }
         let posted = rec.posted.lock().unwrap();
@@ -1473,7 +1411,7 @@ mod tests {
                 let fresh = fresh.clone();
                 std::thread::spawn(move || done(Some(fresh)));
             });
-            let b = send_refreshing(
+            let b = send(
                 &sched,
                 &seg,
                 "cpu:0",

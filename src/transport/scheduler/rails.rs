@@ -457,6 +457,16 @@ mod tests {
         r.gate.state_at(at) != RailUse::Closed
     }
 
+    /// A rail pausing for `pause` seconds that had four soft errors, one
+    /// per millisecond from the returned instant (one short of a pause).
+    fn rail_with_four_errors(pause: u64) -> (RailCell, Instant) {
+        let (r, t) = (rail(pause), Instant::now());
+        for i in 0..4 {
+            error_at(&r, false, t + Duration::from_millis(i));
+        }
+        (r, t)
+    }
+
     #[test]
     fn unknown_rail_is_available() {
         let h = RailHealth::new(Duration::from_secs(30));
@@ -502,11 +512,7 @@ mod tests {
 
     #[test]
     fn four_errors_do_not_pause_five_do() {
-        let r = rail(30);
-        let t = Instant::now();
-        for i in 0..4 {
-            error_at(&r, false, t + Duration::from_millis(i));
-        }
+        let (r, t) = rail_with_four_errors(30);
         assert!(open(&r, t + Duration::from_millis(10)));
         assert_eq!(r.state(), RailUse::Open);
         error_at(&r, false, t + Duration::from_millis(20));
@@ -527,11 +533,7 @@ mod tests {
 
     #[test]
     fn old_errors_leave_the_window() {
-        let r = rail(30);
-        let t = Instant::now();
-        for i in 0..4 {
-            error_at(&r, false, t + Duration::from_millis(i));
-        }
+        let (r, t) = rail_with_four_errors(30);
         error_at(&r, false, t + Duration::from_secs(6));
         assert!(open(&r, t + Duration::from_secs(6)));
     }

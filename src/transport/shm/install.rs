@@ -14,7 +14,7 @@ use crate::rpc::{ClientOptions, FrameKind};
 use crate::segment::RemoteSegment;
 use crate::transport::scheduler::planner;
 use crate::transport::{
-    Handshake, InstallContext, Outcome, Slice, Submission, Transfer, Transport,
+    Handshake, InstallContext, Kind, Outcome, Slice, Submission, Transfer, Transport, TransportBase,
 };
 use serde_json::Value;
 use std::sync::Arc;
@@ -73,17 +73,17 @@ impl Shm {
     }
 }
 
-impl Transport for Shm {
-    fn protocol(&self) -> &'static str {
-        "shm"
-    }
+/// Shared memory: preferred to every other transport that reaches a peer;
+/// Mooncake does not speak it.
+const KIND: Kind = Kind {
+    protocol: "shm",
+    rank: 0,
+    descriptor_rank: None,
+};
 
-    fn rank(&self) -> u8 {
-        0
-    }
-
-    fn descriptor_rank(&self) -> Option<u8> {
-        None
+impl TransportBase for Shm {
+    fn kind(&self) -> Kind {
+        KIND
     }
 
     unsafe fn register(&self, region: &Region) -> Result<()> {
@@ -95,21 +95,23 @@ impl Transport for Shm {
         self.core.unregister(addr);
     }
 
-    fn publish(&self, desc: &mut SegmentDesc, _memory: &MemoryRegistry) {
-        desc.extra
-            .insert(SHM_KEY.to_string(), self.core.descriptor());
-    }
-
     fn handshake(&self) -> Option<Handshake> {
-        let core = self.core.clone();
-        Some(Handshake {
-            kind: FrameKind::ShmAttach,
-            answer: Box::new(move |request, source| core.serve_attach(request, source)),
-        })
+        Some(Handshake::served_by(
+            FrameKind::ShmAttach,
+            &self.core,
+            ShmTransport::serve_attach,
+        ))
     }
 
     fn speaks(&self, seg: &RemoteSegment) -> bool {
         self.core.is_peer(seg.desc.extra.get(SHM_KEY))
+    }
+}
+
+impl Transport for Shm {
+    fn publish(&self, desc: &mut SegmentDesc, _memory: &MemoryRegistry) {
+        desc.extra
+            .insert(SHM_KEY.to_string(), self.core.descriptor());
     }
 
     fn reaches(&self, seg: &RemoteSegment, _remote: u64, _len: u64) -> bool {

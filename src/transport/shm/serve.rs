@@ -12,9 +12,10 @@ use super::sys::Mapping;
 use super::table::TableReader;
 use super::{BATCH, BATCH_BYTES, Shared, sys};
 use crate::memory::fence::{Fence, Inside};
+use once_cell::sync::OnceCell;
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 
 /// Bytes copied per system call while inside the fences.
 const CALL_BYTES: u64 = 256 << 10;
@@ -99,7 +100,7 @@ pub(crate) struct Served {
     /// The initiator's registration table, taken once the initiator proved
     /// its pid (no request is executed before), and our mappings of its
     /// memfd-backed buffers.
-    table: OnceLock<TableReader>,
+    table: OnceCell<TableReader>,
     pub maps: PeerMaps,
     /// When the ring was created (ms since start): one the initiator does
     /// not activate within `MC_SHM_TIMEOUT_SEC` is dropped.
@@ -150,7 +151,7 @@ impl Served {
             to_target: parts.to_target,
             to_initiator: parts.to_initiator,
             pidfd: who.pidfd,
-            table: OnceLock::new(),
+            table: OnceCell::new(),
             maps: PeerMaps::new(max_mappings),
             created_ms: now_ms,
             last_active: AtomicU64::new(now_ms),

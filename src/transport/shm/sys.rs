@@ -34,39 +34,29 @@ pub fn memfd(name: &CStr, size: usize) -> io::Result<OwnedFd> {
         libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
     } as libc::c_long)?;
     let fd = owned(fd);
-    // SAFETY: plain system calls on a descriptor we own.
+    // SAFETY: a plain system call on a descriptor we own.
     check(unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } as libc::c_long)?;
-    // SAFETY: as above.
-    check(unsafe {
-        libc::fcntl(
-            fd.as_raw_fd(),
-            libc::F_ADD_SEALS,
-            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
-        )
-    } as libc::c_long)?;
+    add_seals(&fd, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)?;
     Ok(fd)
+}
+
+/// Adds `seals` (`F_SEAL_*`) to a memfd.
+fn add_seals(fd: &OwnedFd, seals: libc::c_int) -> io::Result<()> {
+    // SAFETY: a plain system call on a descriptor we own.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+    check(r as libc::c_long)?;
+    Ok(())
 }
 
 /// Seals a memfd against new writable mappings and writes; mappings that
 /// exist keep writing, and further seals are refused.
 pub fn seal_future_writes(fd: &OwnedFd) -> io::Result<()> {
-    // SAFETY: a plain system call on a descriptor we own.
-    check(unsafe {
-        libc::fcntl(
-            fd.as_raw_fd(),
-            libc::F_ADD_SEALS,
-            libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL,
-        )
-    } as libc::c_long)?;
-    Ok(())
+    add_seals(fd, libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL)
 }
 
 /// Seals a memfd against further seals (its size is sealed already).
 pub fn seal_seals(fd: &OwnedFd) -> io::Result<()> {
-    // SAFETY: a plain system call on a descriptor we own.
-    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SEAL) };
-    check(r as libc::c_long)?;
-    Ok(())
+    add_seals(fd, libc::F_SEAL_SEAL)
 }
 
 /// The name a memfd was created with (from its `/proc/self/fd` link,

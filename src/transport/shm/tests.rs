@@ -1,16 +1,10 @@
 //! Two transports in one process, one the target of the other (the
 //! kernel lets a process read its own memory with `process_vm_readv`).
 //! Two-process behaviour (kills, stops, another user) is tested in
-//! `tests/shm_*.rs`.
+//! `proc_tests`, whose [`Local`] these tests use too.
 
+use super::proc_tests::harness::{Local, slices};
 use super::*;
-use crate::memory::{Location, MemoryRegistry};
-use std::sync::mpsc;
-
-struct Engine {
-    registry: Arc<RwLock<MemoryRegistry>>,
-    shm: Arc<ShmTransport>,
-}
 
 fn options() -> ShmOptions {
     ShmOptions {
@@ -24,70 +18,37 @@ fn options() -> ShmOptions {
     }
 }
 
-fn engine(opts: ShmOptions) -> Engine {
-    let registry = Arc::new(RwLock::new(MemoryRegistry::default()));
-    let shm = ShmTransport::start(registry.clone(), opts).expect("start");
-    Engine { registry, shm }
+/// Registers all of `buf` with `e`.
+fn register(e: &Local, buf: &[u8], accessible: bool) {
+    e.register(addr(buf), buf.len() as u64, accessible);
 }
 
-impl Engine {
-    fn register(&self, buf: &[u8], accessible: bool) {
-        let r = Region {
-            addr: buf.as_ptr() as u64,
-            length: buf.len() as u64,
-            location: Location::Any,
-            remote_accessible: accessible,
-        };
-        self.registry
-            .write()
-            .unwrap()
-            .insert(std::slice::from_ref(&r))
-            .unwrap();
-        self.shm.register(&r);
-    }
+/// A peer handle of `a` to `target`, attaching through a direct call.
+fn peer_of(a: &Local, target: &Local) -> ShmPeer {
+    let t = Arc::downgrade(&target.shm);
+    let attach: AttachFn = Arc::new(move |req: &Value| {
+        let t = t
+            .upgrade()
+            .ok_or_else(|| Error::Socket("target gone".into()))?;
+        Ok(t.serve_attach(req, "127.0.0.1:1".parse().unwrap()))
+    });
+    ShmPeer::new(PeerCore::new(&a.shm.shared, sys::own_pid(), attach))
+}
 
-    fn unregister(&self, buf: &[u8]) {
-        let addr = buf.as_ptr() as u64;
-        self.registry.write().unwrap().remove(addr).unwrap();
-        self.shm.unregister(addr);
-    }
+/// Two engines with [`options`], `b` the target of `a` through the peer
+/// handle, and a zeroed buffer of `len` bytes that `b` registered.
+fn pair(len: usize) -> (Local, Local, Vec<u8>, ShmPeer) {
+    let (a, b) = (Local::with(options()), Local::with(options()));
+    let remote = vec![0u8; len];
+    register(&b, &remote, true);
+    let peer = peer_of(&a, &b);
+    (a, b, remote, peer)
+}
 
-    /// A peer handle to `target`, attaching through a direct call.
-    fn peer_of(&self, target: &Engine) -> ShmPeer {
-        let t = Arc::downgrade(&target.shm);
-        let attach: AttachFn = Arc::new(move |req: &Value| {
-            let t = t
-                .upgrade()
-                .ok_or_else(|| Error::Socket("target gone".into()))?;
-            Ok(t.serve_attach(req, "127.0.0.1:1".parse().unwrap()))
-        });
-        ShmPeer::new(PeerCore::new(&self.shm.shared, sys::own_pid(), attach))
-    }
-
-    /// Posts every `(local, remote, len, write)` and waits for them all.
-    fn run(&self, peer: &ShmPeer, slices: &[(u64, u64, u64, bool)]) -> Vec<Outcome> {
-        let (tx, rx) = mpsc::channel();
-        for (i, &(local, remote, len, write)) in slices.iter().enumerate() {
-            let tx = tx.clone();
-            self.shm.post(
-                peer,
-                Slice {
-                    local,
-                    remote,
-                    len,
-                    write,
-                    done: Box::new(move |o| tx.send((i, o)).unwrap()),
-                },
-            );
-        }
-        let mut out = vec![None; slices.len()];
-        for _ in slices {
-            let (i, o) = rx
-                .recv_timeout(Duration::from_secs(20))
-                .expect("every slice ends");
-            assert!(out[i].replace(o).is_none(), "slice {i} ended twice");
-        }
-        out.into_iter().map(Option::unwrap).collect()
+/// Shuts the transports of `engines` down.
+fn shut_down(engines: &[&Local]) {
+    for e in engines {
+        e.shm.shutdown();
     }
 }
 
@@ -103,39 +64,18 @@ fn addr(b: &[u8]) -> u64 {
 
 #[test]
 fn writes_and_reads_move_every_byte() {
-    let (a, b) = (engine(options()), engine(options()));
-    let remote = vec![0u8; 1 << 20];
-    b.register(&remote, true);
+    let (a, b, remote, peer) = pair(1 << 20);
     let src = pattern(1 << 20, 7);
-    let peer = a.peer_of(&b);
     // 16 slices of 64 KiB, then a few odd ones.
-    let mut slices: Vec<_> = (0..16u64)
-        .map(|k| {
-            (
-                addr(&src) + k * 65536,
-                addr(&remote) + k * 65536,
-                65536,
-                true,
-            )
-        })
-        .collect();
-    slices.push((addr(&src) + 3, addr(&remote) + 5, 1, true));
-    let out = a.run(&peer, &slices);
+    let mut writes = slices(addr(&src), addr(&remote), 1 << 20, 65536, true);
+    writes.push((addr(&src) + 3, addr(&remote) + 5, 1, true));
+    let out = a.run(&peer, &writes);
     assert!(out.iter().all(|o| *o == Outcome::Done), "{out:?}");
     let mut expect = src.clone();
     expect[5] = src[3];
     assert!(remote == expect, "the target's buffer holds the source");
     let back = vec![0u8; 1 << 20];
-    let reads: Vec<_> = (0..8u64)
-        .map(|k| {
-            (
-                addr(&back) + k * 131072,
-                addr(&remote) + k * 131072,
-                131072,
-                false,
-            )
-        })
-        .collect();
+    let reads = slices(addr(&back), addr(&remote), 1 << 20, 131072, false);
     let out = a.run(&peer, &reads);
     assert!(out.iter().all(|o| *o == Outcome::Done), "{out:?}");
     assert!(back == expect);
@@ -144,18 +84,17 @@ fn writes_and_reads_move_every_byte() {
     assert_eq!(st.read, 1 << 20);
     assert_eq!(b.shm.stats().served, (1 << 20) + 1);
     assert_eq!(b.shm.served_peers(), 1);
-    a.shm.shutdown();
-    b.shm.shutdown();
+    shut_down(&[&a, &b]);
 }
 
 #[test]
 fn out_of_range_requests_fail_before_any_byte_moves() {
-    let (a, b) = (engine(options()), engine(options()));
+    let (a, b) = (Local::with(options()), Local::with(options()));
     let remote = vec![1u8; 4096];
     let private = vec![2u8; 4096];
-    b.register(&remote, true);
-    b.register(&private, false);
-    let peer = a.peer_of(&b);
+    register(&b, &remote, true);
+    register(&b, &private, false);
+    let peer = peer_of(&a, &b);
     let src = vec![9u8; 8192];
     let mut local = vec![3u8; 8192];
     let r = addr(&remote);
@@ -179,23 +118,19 @@ fn out_of_range_requests_fail_before_any_byte_moves() {
     assert_eq!(out, vec![Outcome::Done]);
     assert!(local[..4096].iter().all(|&x| x == 1));
     local[0] = 0;
-    a.shm.shutdown();
-    b.shm.shutdown();
+    shut_down(&[&a, &b]);
 }
 
 #[test]
 fn an_unregistered_buffer_takes_no_more_writes_nor_gives_reads() {
-    let (a, b) = (engine(options()), engine(options()));
-    let remote = vec![0u8; 65536];
-    b.register(&remote, true);
-    let peer = a.peer_of(&b);
+    let (a, b, remote, peer) = pair(65536);
     let src = vec![5u8; 65536];
     let mut back = vec![0u8; 65536];
     assert_eq!(
         a.run(&peer, &[(addr(&src), addr(&remote), 65536, true)]),
         vec![Outcome::Done]
     );
-    b.unregister(&remote);
+    b.unregister(addr(&remote));
     let after = a.run(
         &peer,
         &[
@@ -206,24 +141,23 @@ fn an_unregistered_buffer_takes_no_more_writes_nor_gives_reads() {
     assert_eq!(after, vec![Outcome::Rejected; 2]);
     assert!(back.iter().all(|&x| x == 0));
     back[0] = 1;
-    a.shm.shutdown();
-    b.shm.shutdown();
+    shut_down(&[&a, &b]);
 }
 
 #[test]
 fn a_full_table_sends_reads_elsewhere() {
     let (a, b) = (
-        engine(options()),
-        engine(ShmOptions {
+        Local::with(options()),
+        Local::with(ShmOptions {
             table_slots: 1,
             ..options()
         }),
     );
     let one = vec![1u8; 64];
     let two = vec![2u8; 64];
-    b.register(&one, true);
-    b.register(&two, true);
-    let peer = a.peer_of(&b);
+    register(&b, &one, true);
+    register(&b, &two, true);
+    let peer = peer_of(&a, &b);
     let mut back = vec![0u8; 128];
     let base = addr(&back);
     let out = a.run(
@@ -237,13 +171,12 @@ fn a_full_table_sends_reads_elsewhere() {
     assert!(back[..64].iter().all(|&x| x == 1));
     assert!(back[64..].iter().all(|&x| x == 0));
     back[0] = 0;
-    a.shm.shutdown();
-    b.shm.shutdown();
+    shut_down(&[&a, &b]);
 }
 
 #[test]
 fn a_refused_attach_makes_the_peer_unreachable_until_retry() {
-    let a = engine(options());
+    let a = Local::with(options());
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
     let attach: AttachFn = Arc::new(move |_req: &Value| {
@@ -265,8 +198,8 @@ fn a_refused_attach_makes_the_peer_unreachable_until_retry() {
 
 #[test]
 fn an_attach_from_a_pid_that_is_not_the_asker_is_refused() {
-    let b = engine(options());
-    let a = engine(options());
+    let b = Local::with(options());
+    let a = Local::with(options());
     let here: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
     // Naming another process (pid 1) gets a ring, but the proof is read
     // from pid 1, where it is not: the ring is refused before any request
@@ -295,20 +228,19 @@ fn an_attach_from_a_pid_that_is_not_the_asker_is_refused() {
     assert_eq!(b.shm.served_peers(), 1);
     // A reply naming another pid is refused by the initiator.
     assert!(attach::connect(&good, 1, 8, Duration::from_secs(10)).is_err());
-    a.shm.shutdown();
-    b.shm.shutdown();
+    shut_down(&[&a, &b]);
 }
 
 #[test]
 fn rings_are_bounded_and_the_least_active_gives_way() {
-    let b = engine(ShmOptions {
+    let b = Local::with(ShmOptions {
         max_peers: 1,
         ..options()
     });
     let remote = vec![0u8; 64];
-    b.register(&remote, true);
-    let (a1, a2) = (engine(options()), engine(options()));
-    let (p1, p2) = (a1.peer_of(&b), a2.peer_of(&b));
+    register(&b, &remote, true);
+    let (a1, a2) = (Local::with(options()), Local::with(options()));
+    let (p1, p2) = (peer_of(&a1, &b), peer_of(&a2, &b));
     let src = vec![4u8; 64];
     let w = (addr(&src), addr(&remote), 64, true);
     assert_eq!(a1.run(&p1, &[w]), vec![Outcome::Done]);
@@ -321,17 +253,12 @@ fn rings_are_bounded_and_the_least_active_gives_way() {
     }
     assert!(ok, "the evicted initiator attaches again");
     assert_eq!(b.shm.served_peers(), 1);
-    for e in [&a1, &a2, &b] {
-        e.shm.shutdown();
-    }
+    shut_down(&[&a1, &a2, &b]);
 }
 
 #[test]
 fn dropping_the_peer_handle_detaches_from_the_target() {
-    let (a, b) = (engine(options()), engine(options()));
-    let remote = vec![0u8; 64];
-    b.register(&remote, true);
-    let peer = a.peer_of(&b);
+    let (a, b, remote, peer) = pair(64);
     let src = vec![4u8; 64];
     assert_eq!(
         a.run(&peer, &[(addr(&src), addr(&remote), 64, true)]),
@@ -344,16 +271,12 @@ fn dropping_the_peer_handle_detaches_from_the_target() {
         assert!(start.elapsed() < Duration::from_secs(10), "the ring stays");
         std::thread::sleep(Duration::from_millis(5));
     }
-    a.shm.shutdown();
-    b.shm.shutdown();
+    shut_down(&[&a, &b]);
 }
 
 #[test]
 fn shutdown_stops_serving_and_fails_later_slices() {
-    let (a, b) = (engine(options()), engine(options()));
-    let remote = vec![0u8; 64];
-    b.register(&remote, true);
-    let peer = a.peer_of(&b);
+    let (a, b, remote, peer) = pair(64);
     let src = vec![4u8; 64];
     let w = (addr(&src), addr(&remote), 64, true);
     assert_eq!(a.run(&peer, &[w]), vec![Outcome::Done]);
@@ -371,7 +294,7 @@ fn shutdown_stops_serving_and_fails_later_slices() {
 
 #[test]
 fn the_descriptor_names_this_host_and_process() {
-    let a = engine(options());
+    let a = Local::with(options());
     let d = a.shm.descriptor();
     assert_eq!(d["pid"], json!(sys::own_pid()));
     assert_eq!(d["boot_id"], json!(sys::boot_id().unwrap()));
@@ -387,7 +310,7 @@ fn the_descriptor_names_this_host_and_process() {
 }
 
 /// A buffer of `len` bytes from `e`'s allocator, filled with `pattern`.
-fn shared_buffer(e: &Engine, len: usize, seed: u8) -> &'static mut [u8] {
+fn shared_buffer(e: &Local, len: usize, seed: u8) -> &'static mut [u8] {
     let addr = e.shm.allocate(len).unwrap();
     // SAFETY: a new buffer of ours, used by this test only.
     let b = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
@@ -397,15 +320,15 @@ fn shared_buffer(e: &Engine, len: usize, seed: u8) -> &'static mut [u8] {
 
 #[test]
 fn allocated_buffers_are_copied_through_mappings() {
-    let (a, b) = (engine(options()), engine(options()));
+    let (a, b) = (Local::with(options()), Local::with(options()));
     let src = shared_buffer(&a, 1 << 20, 3);
-    a.register(src, true);
+    register(&a, src, true);
     let dst = shared_buffer(&b, 1 << 20, 0);
     dst.fill(0);
-    b.register(dst, true);
+    register(&b, dst, true);
     let plain = vec![0u8; 1 << 20];
-    a.register(&plain, true);
-    let peer = a.peer_of(&b);
+    register(&a, &plain, true);
+    let peer = peer_of(&a, &b);
     let writes: Vec<_> = (0..16u64)
         .map(|k| {
             (
@@ -453,16 +376,15 @@ fn allocated_buffers_are_copied_through_mappings() {
         &[(addr(&plain), addr(dst) + (1 << 20) - 1, 2, false)],
     );
     assert_eq!(out, vec![Outcome::Rejected]);
-    a.shm.shutdown();
-    b.shm.shutdown();
+    shut_down(&[&a, &b]);
 }
 
 #[test]
 fn a_peer_drops_its_mapping_of_an_unregistered_buffer() {
-    let (a, b) = (engine(options()), engine(options()));
+    let (a, b) = (Local::with(options()), Local::with(options()));
     let one = shared_buffer(&b, 1 << 20, 1);
-    b.register(one, true);
-    let peer = a.peer_of(&b);
+    register(&b, one, true);
+    let peer = peer_of(&a, &b);
     let back = vec![0u8; 4096];
     let out = a.run(&peer, &[(addr(&back), addr(one), 4096, false)]);
     assert_eq!(out, vec![Outcome::Done]);
@@ -473,7 +395,7 @@ fn a_peer_drops_its_mapping_of_an_unregistered_buffer() {
         addr(one),
         b.shm.shared.allocs.backing_of(addr(one), 1).unwrap().fd,
     );
-    b.unregister(one);
+    b.unregister(addr(one));
     b.shm.free(one_addr).unwrap();
     let start = Instant::now();
     while link.maps.len() != 0 {
@@ -485,19 +407,18 @@ fn a_peer_drops_its_mapping_of_an_unregistered_buffer() {
     }
     // A new buffer, likely in the same descriptor number: its own bytes.
     let two = shared_buffer(&b, 1 << 20, 2);
-    b.register(two, true);
+    register(&b, two, true);
     let two_fd = b.shm.shared.allocs.backing_of(addr(two), 1).unwrap().fd;
     let out = a.run(&peer, &[(addr(&back), addr(two), 4096, false)]);
     assert_eq!(out, vec![Outcome::Done]);
     assert!(back[..] == two[..4096], "not the bytes of the freed buffer");
     println!("descriptor {one_fd} then {two_fd}");
-    a.shm.shutdown();
-    b.shm.shutdown();
+    shut_down(&[&a, &b]);
 }
 
 #[test]
 fn a_mapping_is_refused_unless_the_descriptor_is_the_named_memfd() {
-    let a = engine(options());
+    let a = Local::with(options());
     let addr = a.shm.allocate(8192).unwrap();
     let b = a.shm.shared.allocs.backing_of(addr, 8192).unwrap();
     let me = sys::pidfd_open(sys::own_pid()).unwrap();

@@ -12,7 +12,7 @@ use crate::segment::RemoteSegment;
 use crate::topology::{IfAddr, NetInterface, PriorityMatrix};
 use crate::transport::scheduler::{Carrier, Rail, Route, Scheduler};
 use crate::transport::tcp::{LaneTarget, TcpTransport};
-use crate::transport::{InstallContext, Slice, Transport};
+use crate::transport::{InstallContext, Kind, Slice, Transport, TransportBase};
 use serde_json::{Value, json};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -182,20 +182,26 @@ impl TcpCarrier {
     }
 }
 
+/// TCP: preferred after shared memory and RDMA; the protocol Mooncake
+/// peers choose after RDMA.
+const KIND: Kind = Kind {
+    protocol: "tcp",
+    rank: 2,
+    descriptor_rank: Some(1),
+};
+
+impl TransportBase for TcpCarrier {
+    fn kind(&self) -> Kind {
+        KIND
+    }
+
+    fn speaks(&self, seg: &RemoteSegment) -> bool {
+        seg.desc.tcp_data_port != 0
+    }
+}
+
 impl Carrier for TcpCarrier {
     type Target = LaneTarget;
-
-    fn protocol(&self) -> &'static str {
-        "tcp"
-    }
-
-    fn rank(&self) -> u8 {
-        2
-    }
-
-    fn descriptor_rank(&self) -> Option<u8> {
-        Some(1)
-    }
 
     fn publish(&self, desc: &mut SegmentDesc, memory: &MemoryRegistry, _: &PriorityMatrix) {
         desc.tcp_data_port = self.data_port();
@@ -213,10 +219,6 @@ impl Carrier for TcpCarrier {
             TCP_DEVICES_KEY.to_string(),
             self.devices.iter().map(TcpDevice::to_json).collect(),
         );
-    }
-
-    fn speaks(&self, seg: &RemoteSegment) -> bool {
-        seg.desc.tcp_data_port != 0
     }
 
     fn reaches(&self, seg: &RemoteSegment, _buffer: usize) -> bool {
@@ -278,7 +280,7 @@ impl Carrier for TcpCarrier {
         rails
     }
 
-    fn routes(seg: &RemoteSegment) -> &std::sync::OnceLock<Arc<Route<LaneTarget>>> {
+    fn routes(seg: &RemoteSegment) -> &once_cell::sync::OnceCell<Arc<Route<LaneTarget>>> {
         &seg.routes.tcp
     }
 

@@ -39,6 +39,7 @@ use super::wire::{
     iovec, recv_some, send_some, status_valid,
 };
 use crate::auth::{ClientAuth, Gate, Keys, Port, Standing};
+use crate::log_limit::{LogLimit, Suppressed};
 use crate::sync;
 use crate::transport::{Outcome, Slice};
 use mio::net::TcpStream;
@@ -51,7 +52,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tracing::debug;
+use tracing::{debug, warn};
 
 /// Most slices and bytes written with one `sendmsg`.
 const MAX_BATCH_SLICES: usize = 64;
@@ -697,15 +698,14 @@ impl Lane {
     /// lane's requests fail (none reached the peer); the endpoint cools
     /// down as after a failed connect.
     fn auth_failed(&mut self, registry: &Registry, why: &str) {
+        static LOG: LogLimit = LogLimit::new();
         self.disconnect(registry, true);
         let t = &self.shared.target;
         let why = format!(
             "tcp: authentication with {} ({}:{}) failed: {why}",
             t.name, t.host, t.port
         );
-        crate::warn_limited!("{why}; failing its requests");
-        self.shared.health.failed(Instant::now(), why);
-        self.fail_unsent_hard();
+        self.endpoint_failed(why, &LOG);
     }
 
     /// The connect in progress failed: try the next address.
@@ -723,12 +723,22 @@ impl Lane {
     }
 
     fn connect_failed(&mut self, why: &str) {
+        static LOG: LogLimit = LogLimit::new();
         let t = &self.shared.target;
         let why = format!(
             "tcp: connect to {}:{} (from {:?}) failed: {why}",
             t.host, t.port, t.bind
         );
-        crate::warn_limited!("{why}; failing its requests");
+        self.endpoint_failed(why, &LOG);
+    }
+
+    /// The endpoint cannot be reached, for `why` (logged, at most once per
+    /// interval of `log`, one per cause): it cools down and the lane's
+    /// requests fail.
+    fn endpoint_failed(&mut self, why: String, log: &LogLimit) {
+        if let Some(suppressed) = log.admit() {
+            warn!("{why}; failing its requests{}", Suppressed(suppressed));
+        }
         self.shared.health.failed(Instant::now(), why);
         self.fail_unsent_hard();
     }

@@ -197,38 +197,45 @@ fn transfer_rate(
     })
 }
 
+/// Rate of `depth` blocks of `block` bytes per round, walking rings of
+/// `ring` bytes, each round split over `threads`: `copy(off, len)` copies
+/// the part at offset `off` of the rings.
+fn ring_rate(
+    block: u64,
+    ring: u64,
+    depth: u64,
+    threads: usize,
+    copy: impl Fn(u64, u64) + Send + Sync + 'static,
+) -> f64 {
+    let span = block * depth;
+    let part = span / threads as u64;
+    let copy = move |n, i| copy((n * span + i * part) % ring, part);
+    split_rate(span, threads, Arc::new(copy))
+}
+
 /// memcpy of the same blocks: `depth` blocks per round, split over
 /// `threads`.
 fn memcpy_ring_rate(src: u64, dst: u64, block: u64, ring: u64, depth: u64, threads: usize) -> f64 {
-    let span = block * depth;
-    let part = span / threads as u64;
-    split_rate(
-        span,
-        threads,
-        Arc::new(move |n, i| {
-            let off = (n * span + i * part) % ring;
-            // SAFETY: disjoint parts of two rings of ours (`ring` is a
-            // multiple of `span`).
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    (src + off) as *const u8,
-                    (dst + off) as *mut u8,
-                    part as usize,
-                )
-            }
-        }),
-    )
+    ring_rate(block, ring, depth, threads, move |off, len| {
+        // SAFETY: disjoint parts of two rings of ours (`ring` is a
+        // multiple of the bytes of a round).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (src + off) as *const u8,
+                (dst + off) as *mut u8,
+                len as usize,
+            )
+        }
+    })
 }
 
 #[test]
 #[ignore = "benchmark; run in release with --ignored --nocapture"]
 fn shm_bench() {
-    if is_child() {
-        return child_main();
-    }
+    let test = two_process_test!("shm_bench");
     let threads = Config::from_env().shm.threads;
     let local = Local::start();
-    let child = Child::spawn("shm_bench", &[], &[]);
+    let child = Child::spawn(test, &[], &[]);
     let ring = 64 * MIB;
     let mut keep = Vec::new();
     let heap = Rings::new(&local, &child, ring, false, &mut keep);
@@ -273,10 +280,7 @@ fn shm_bench() {
     }
     // The data is right (the last rounds wrote and read whole blocks).
     for r in [&heap, &memfd] {
-        let c = child.call(
-            json!({"cmd": "check", "addr": r.c_dst, "len": 4096, "seed": 1, "from": 0}),
-            None,
-        );
+        let c = child.check(r.c_dst, 4096, 1, 0);
         assert_eq!(c["bad"], json!(0));
         // SAFETY: our ring; every READ has ended.
         assert_eq!(unsafe { mismatches(r.dst, MIB, 2, 0) }.0, 0);
@@ -302,7 +306,7 @@ fn shm_bench() {
     }
     // SAFETY: our ring; the copies have ended.
     assert_eq!(unsafe { mismatches(heap.dst, MIB, 3, 0) }.0, 0);
-    child.call(json!({"cmd": "exit"}), None);
+    child.exit();
     drop(peer);
     local.shm.shutdown();
 }
@@ -318,21 +322,14 @@ fn cma_ring_rate(
     depth: u64,
     threads: usize,
 ) -> f64 {
-    let span = block * depth;
-    let part = span / threads as u64;
-    split_rate(
-        span,
-        threads,
-        Arc::new(move |n, i| {
-            let off = (n * span + i * part) % ring;
-            let piece = cma::Piece {
-                local: dst + off,
-                remote: remote + off,
-                len: part,
-            };
-            // SAFETY: a part of our ring only this thread writes now.
-            let r = unsafe { cma::read_from(pid, &[piece]) };
-            assert!(r[0].is_ok());
-        }),
-    )
+    ring_rate(block, ring, depth, threads, move |off, len| {
+        let piece = cma::Piece {
+            local: dst + off,
+            remote: remote + off,
+            len,
+        };
+        // SAFETY: a part of our ring only this thread writes now.
+        let r = unsafe { cma::read_from(pid, &[piece]) };
+        assert!(r[0].is_ok());
+    })
 }

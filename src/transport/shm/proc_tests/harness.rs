@@ -1,5 +1,6 @@
-//! Two-process harness of the shared-memory transport tests
-//! (`tests/shm_*.rs`), on top of the buffers of `tests/common`.
+//! Two-process harness of the shared-memory transport tests (the modules
+//! beside this one), on the buffers of [`super::buf`]; its [`Local`] also
+//! serves the one-process tests (`shm/tests.rs`).
 //!
 //! The peer is this same test binary, run again with [`CHILD_VAR`] set: it
 //! starts a registry and a shared-memory transport of its own and obeys
@@ -37,6 +38,35 @@ pub const HANG: Duration = Duration::from_secs(120);
 pub fn is_child() -> bool {
     std::env::var_os(CHILD_VAR).is_some()
 }
+
+/// The start of the two-process test named `$name`: in the child (this
+/// test binary run again for the test by [`Child::spawn`]) it serves the
+/// parent ([`child_main`]) and returns from the test; in the parent it
+/// gives the name, for [`Child::spawn`].
+macro_rules! two_process_test {
+    ($name:expr) => {{
+        if $crate::transport::shm::proc_tests::harness::is_child() {
+            return $crate::transport::shm::proc_tests::harness::child_main();
+        }
+        $name
+    }};
+}
+pub(super) use two_process_test;
+
+/// Two-process tests that each run `$run(test, args...)` in the parent
+/// (see [`two_process_test!`]): one `name(args...)` per test.
+macro_rules! two_process_tests {
+    ($run:ident { $($name:ident($($arg:expr),*)),+ $(,)? }) => {$(
+        #[test]
+        fn $name() {
+            let test = $crate::transport::shm::proc_tests::harness::two_process_test!(
+                stringify!($name)
+            );
+            $run(test, $($arg),*);
+        }
+    )+};
+}
+pub(super) use two_process_tests;
 
 /// A registry and a shared-memory transport, as an engine holds them.
 pub struct Local {
@@ -135,6 +165,23 @@ impl Local {
         }
         out.into_iter().map(Option::unwrap).collect()
     }
+}
+
+/// `(local, remote, len, write)` slices of `size` bytes (the last one
+/// shorter) that cut `[0, len)` of both sides.
+pub fn slices(
+    local: u64,
+    remote: u64,
+    len: u64,
+    size: u64,
+    write: bool,
+) -> Vec<(u64, u64, u64, bool)> {
+    (0..len.div_ceil(size))
+        .map(|k| {
+            let off = k * size;
+            (local + off, remote + off, size.min(len - off), write)
+        })
+        .collect()
 }
 
 /// Byte `i` of the pattern `seed`, with the high bits of `i` mixed in so
@@ -296,6 +343,30 @@ impl Child {
                 return v;
             }
         }
+    }
+
+    /// Has the child run `slices` (`[local, remote, len, write]` each),
+    /// serving its attach requests with `local`, and asserts that every
+    /// one ended `want` (`"Done"`, `"Unreachable"`, ...).
+    pub fn run_expecting(&self, slices: Value, local: &Local, want: &str) {
+        let r = self.call(json!({"cmd": "run", "slices": slices}), Some(local));
+        let outcomes = r["outcomes"].as_array().expect("the outcomes");
+        assert!(outcomes.iter().all(|o| o == want), "{r}");
+    }
+
+    /// The child's check of `[addr, addr + len)` of its memory against
+    /// pattern `seed` from pattern offset `from`: `"bad"` counts the bytes
+    /// that differ.
+    pub fn check(&self, addr: u64, len: u64, seed: u8, from: u64) -> Value {
+        self.call(
+            json!({"cmd": "check", "addr": addr, "len": len, "seed": seed, "from": from}),
+            None,
+        )
+    }
+
+    /// Tells the child to exit.
+    pub fn exit(&self) {
+        self.call(json!({"cmd": "exit"}), None);
     }
 
     /// The child's transport descriptor.

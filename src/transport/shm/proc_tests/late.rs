@@ -175,10 +175,7 @@ fn stopped_round(case: &Case<'_>, old: u8, new: u8, tally: &mut Tally) {
             "bytes written into our source after the WRITE ended reached the target"
         );
         if !failed {
-            let c = child.call(
-                json!({"cmd": "check", "addr": theirs, "len": LEN, "seed": old, "from": 0}),
-                None,
-            );
+            let c = child.check(theirs, LEN, old, 0);
             assert_eq!(c["bad"], json!(0), "a completed WRITE's bytes");
         }
     } else if failed {
@@ -240,31 +237,15 @@ fn stopped_target(test: &str, shared: bool) {
         }
     }
     drop(peer);
-    child.call(json!({"cmd": "exit"}), None);
+    child.exit();
     local.shm.shutdown();
 }
 
-#[test]
-fn a_write_failed_against_a_stopped_target_is_never_copied_afterwards_heap() {
-    if is_child() {
-        return child_main();
-    }
-    stopped_target(
-        "a_write_failed_against_a_stopped_target_is_never_copied_afterwards_heap",
-        false,
-    );
-}
-
-#[test]
-fn a_write_failed_against_a_stopped_target_is_never_copied_afterwards_memfd() {
-    if is_child() {
-        return child_main();
-    }
-    stopped_target(
-        "a_write_failed_against_a_stopped_target_is_never_copied_afterwards_memfd",
-        true,
-    );
-}
+// The argument: whether the buffers are the transports' memfd ones.
+two_process_tests!(stopped_target {
+    a_write_failed_against_a_stopped_target_is_never_copied_afterwards_heap(false),
+    a_write_failed_against_a_stopped_target_is_never_copied_afterwards_memfd(true),
+});
 
 /// One WRITE of `len` bytes from `src` to `dst`, waited for.
 fn write(local: &Local, peer: &ShmPeer, src: u64, dst: u64, len: u64) -> Outcome {
@@ -273,10 +254,8 @@ fn write(local: &Local, peer: &ShmPeer, src: u64, dst: u64, len: u64) -> Outcome
 
 #[test]
 fn a_claimed_write_held_past_the_timeout_is_never_copied_after_it_failed() {
-    if is_child() {
-        return child_main();
-    }
-    let test = "a_claimed_write_held_past_the_timeout_is_never_copied_after_it_failed";
+    let test =
+        two_process_test!("a_claimed_write_held_past_the_timeout_is_never_copied_after_it_failed");
     const N: u64 = 256 << 10;
     let local = local();
     // Two threads in the target: one is held, the other serves the rest.
@@ -323,10 +302,7 @@ fn a_claimed_write_held_past_the_timeout_is_never_copied_after_it_failed() {
                 std::thread::sleep(Duration::from_millis(1));
             }
             settle(&child);
-            let c = child.call(
-                json!({"cmd": "check", "addr": dst, "len": N, "seed": sb, "from": 0}),
-                None,
-            );
+            let c = child.check(dst, N, sb, 0);
             if c["bad"] != json!(0) {
                 late_rounds += 1;
             }
@@ -339,6 +315,6 @@ fn a_claimed_write_held_past_the_timeout_is_never_copied_after_it_failed() {
     // The link still works.
     assert_eq!(write(&local, &peer, b.addr(), dst, N), Outcome::Done);
     drop(peer);
-    child.call(json!({"cmd": "exit"}), None);
+    child.exit();
     local.shm.shutdown();
 }

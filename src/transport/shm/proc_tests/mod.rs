@@ -6,7 +6,7 @@
 
 mod bench;
 mod buf;
-mod harness;
+pub(super) mod harness;
 mod late;
 mod other_user;
 mod peer_death;

@@ -46,9 +46,8 @@ fn root() -> bool {
 
 #[test]
 fn a_peer_of_another_user_is_unreachable_both_ways_with_one_log_line() {
-    if is_child() {
-        return child_main();
-    }
+    let test =
+        two_process_test!("a_peer_of_another_user_is_unreachable_both_ways_with_one_log_line");
     if !root() {
         println!("skipped: starting a child as nobody needs root");
         return;
@@ -59,11 +58,7 @@ fn a_peer_of_another_user_is_unreachable_both_ways_with_one_log_line() {
         .with(Warns(warns.clone(), lines.clone()))
         .init();
     let local = Local::start();
-    let child = Child::spawn(
-        "a_peer_of_another_user_is_unreachable_both_ways_with_one_log_line",
-        &[],
-        &AS_NOBODY,
-    );
+    let child = Child::spawn(test, &[], &AS_NOBODY);
     let status = std::fs::read_to_string(format!("/proc/{}/status", child.pid())).unwrap();
     assert!(status.contains("Uid:\t65534"), "the child runs as nobody");
 
@@ -76,10 +71,8 @@ fn a_peer_of_another_user_is_unreachable_both_ways_with_one_log_line() {
     let back = Buf::zeroed((64 * SLICE) as usize);
     let peer = child.peer_of(&local);
     for _ in 0..3 {
-        let mut batch: Vec<_> = (0..64)
-            .map(|k| (src.addr() + k * SLICE, c_dst + k * SLICE, SLICE, true))
-            .collect();
-        batch.extend((0..64).map(|k| (back.addr() + k * SLICE, c_src + k * SLICE, SLICE, false)));
+        let mut batch = slices(src.addr(), c_dst, 64 * SLICE, SLICE, true);
+        batch.extend(slices(back.addr(), c_src, 64 * SLICE, SLICE, false));
         let out = local.run(&peer, &batch);
         assert!(
             out.iter().all(|o| *o == Outcome::Unreachable),
@@ -116,22 +109,12 @@ fn a_peer_of_another_user_is_unreachable_both_ways_with_one_log_line() {
         None,
     );
     assert_eq!(ok["ok"], json!(true));
-    let slices: Vec<_> = (0..64)
-        .map(|k| (c_src + k * SLICE, t.addr() + k * SLICE, SLICE, true))
-        .chain((0..64).map(|k| (c_dst + k * SLICE, t.addr() + k * SLICE, SLICE, false)))
-        .collect();
-    let r = child.call(json!({"cmd": "run", "slices": slices}), Some(&local));
-    assert!(
-        r["outcomes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|o| o == "Unreachable"),
-        "{r}"
-    );
+    let mut batch = slices(c_src, t.addr(), 64 * SLICE, SLICE, true);
+    batch.extend(slices(c_dst, t.addr(), 64 * SLICE, SLICE, false));
+    child.run_expecting(json!(batch), &local, "Unreachable");
     // SAFETY: our buffer; nothing was copied into it.
     assert_eq!(unsafe { not_equal(t.addr(), 64 * SLICE, 0) }, 0);
     assert_eq!(local.shm.stats().served, 0);
-    child.call(json!({"cmd": "exit"}), None);
+    child.exit();
     local.shm.shutdown();
 }

@@ -21,10 +21,8 @@ const AT_ONCE: Duration = Duration::from_secs(5);
 
 #[test]
 fn a_killed_target_fails_its_slices_at_once_and_another_still_works() {
-    if is_child() {
-        return child_main();
-    }
-    let test = "a_killed_target_fails_its_slices_at_once_and_another_still_works";
+    let test =
+        two_process_test!("a_killed_target_fails_its_slices_at_once_and_another_still_works");
     let local = Local::start();
     let (doomed, survivor) = (Child::spawn(test, &[], &[]), Child::spawn(test, &[], &[]));
     let len = 64 << 20;
@@ -102,30 +100,22 @@ fn a_killed_target_fails_its_slices_at_once_and_another_still_works() {
     // The survivor works.
     let s_dst = survivor.alloc(4 << 20, None, true);
     let other = survivor.peer_of(&local);
-    let batch: Vec<_> = (0..64)
-        .map(|k| (src.addr() + k * SLICE, s_dst + k * SLICE, SLICE, true))
-        .collect();
+    let batch = slices(src.addr(), s_dst, 64 * SLICE, SLICE, true);
     assert!(
         local
             .run(&other, &batch)
             .iter()
             .all(|o| *o == Outcome::Done)
     );
-    let c = survivor.call(
-        json!({"cmd": "check", "addr": s_dst, "len": 4 << 20, "seed": 3, "from": 0}),
-        None,
-    );
+    let c = survivor.check(s_dst, 4 << 20, 3, 0);
     assert_eq!(c["bad"], json!(0));
-    survivor.call(json!({"cmd": "exit"}), None);
+    survivor.exit();
     local.shm.shutdown();
 }
 
 #[test]
 fn a_killed_initiator_loses_its_ring_at_once_and_another_is_served() {
-    if is_child() {
-        return child_main();
-    }
-    let test = "a_killed_initiator_loses_its_ring_at_once_and_another_is_served";
+    let test = two_process_test!("a_killed_initiator_loses_its_ring_at_once_and_another_is_served");
     let local = Local::start();
     let t = Buf::zeroed(4 << 20);
     local.register(t.addr(), 4 << 20, true);
@@ -172,31 +162,19 @@ fn a_killed_initiator_loses_its_ring_at_once_and_another_is_served() {
     );
     let survivor = Child::spawn(test, &[], &[]);
     let src = attach(&survivor);
-    let slices: Vec<_> = (0..64)
-        .map(|k| (src + k * SLICE, t.addr() + k * SLICE, SLICE, true))
-        .collect();
-    let r = survivor.call(json!({"cmd": "run", "slices": slices}), Some(&local));
-    assert!(
-        r["outcomes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|o| o == "Done"),
-        "{r}"
-    );
+    let batch = slices(src, t.addr(), 64 * SLICE, SLICE, true);
+    survivor.run_expecting(json!(batch), &local, "Done");
     // SAFETY: our buffer; the WRITEs into it have ended.
     let (bad, first) = unsafe { mismatches(t.addr(), 4 << 20, 6, 0) };
     assert_eq!(bad, 0, "first bad byte {first:?}");
-    survivor.call(json!({"cmd": "exit"}), None);
+    survivor.exit();
     local.shm.shutdown();
 }
 
 #[test]
 fn a_stopped_target_fails_writes_after_the_timeout_and_works_when_resumed() {
-    if is_child() {
-        return child_main();
-    }
-    let test = "a_stopped_target_fails_writes_after_the_timeout_and_works_when_resumed";
+    let test =
+        two_process_test!("a_stopped_target_fails_writes_after_the_timeout_and_works_when_resumed");
     let timeout = Duration::from_secs(1);
     let local = Local::with(ShmOptions {
         timeout,
@@ -242,11 +220,8 @@ fn a_stopped_target_fails_writes_after_the_timeout_and_works_when_resumed() {
     child.signal(libc::SIGCONT);
     let out = local.run(&peer, &writes);
     assert!(out.iter().all(|o| *o == Outcome::Done), "{:?}", tally(&out));
-    let c = child.call(
-        json!({"cmd": "check", "addr": dst, "len": 4 << 20, "seed": 9, "from": 0}),
-        None,
-    );
+    let c = child.check(dst, 4 << 20, 9, 0);
     assert_eq!(c["bad"], json!(0));
-    child.call(json!({"cmd": "exit"}), None);
+    child.exit();
     local.shm.shutdown();
 }

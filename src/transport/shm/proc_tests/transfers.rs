@@ -49,30 +49,15 @@ fn total() -> u64 {
 }
 
 /// Slices of one transfer, as the planner cuts them.
-fn slices(local: u64, remote: u64, len: u64, write: bool) -> Vec<(u64, u64, u64, bool)> {
-    (0..len.div_ceil(SLICE))
-        .map(|k| {
-            let off = k * SLICE;
-            (local + off, remote + off, SLICE.min(len - off), write)
-        })
-        .collect()
+fn planned(local: u64, remote: u64, len: u64, write: bool) -> Vec<(u64, u64, u64, bool)> {
+    slices(local, remote, len, SLICE, write)
 }
 
-#[test]
-fn every_size_at_odd_offsets_both_ways_from_8_threads() {
-    if is_child() {
-        return child_main();
-    }
-    every_size("every_size_at_odd_offsets_both_ways_from_8_threads", false);
-}
-
-#[test]
-fn every_size_between_memfd_buffers() {
-    if is_child() {
-        return child_main();
-    }
-    every_size("every_size_between_memfd_buffers", true);
-}
+// The argument: whether the buffers are the transports' memfd ones.
+two_process_tests!(every_size {
+    every_size_at_odd_offsets_both_ways_from_8_threads(false),
+    every_size_between_memfd_buffers(true),
+});
 
 /// A buffer of ours, by address.
 struct Mine(u64);
@@ -109,8 +94,8 @@ fn every_size(test: &str, shared: bool) {
                 let mut all = Vec::new();
                 for i in (t..SIZES.len()).step_by(8) {
                     let (r, len) = (st[i], SIZES[i]);
-                    all.extend(slices(src + r + 1, c_dst + r + 3, len, true));
-                    all.extend(slices(dst + r + 1, c_src + r + 3, len, false));
+                    all.extend(planned(src + r + 1, c_dst + r + 3, len, true));
+                    all.extend(planned(dst + r + 1, c_src + r + 3, len, false));
                 }
                 let out = local.run(peer, &all);
                 assert!(
@@ -127,10 +112,7 @@ fn every_size(test: &str, shared: bool) {
     let mut gap_from = 0;
     for (i, &r) in st.iter().enumerate() {
         let len = SIZES[i];
-        let c = child.call(
-            json!({"cmd": "check", "addr": c_dst + r + 3, "len": len, "seed": 11, "from": r + 1}),
-            None,
-        );
+        let c = child.check(c_dst + r + 3, len, 11, r + 1);
         assert_eq!(c["bad"], json!(0), "WRITE of {len} B: {c}");
         let g = child.call(
             json!({"cmd": "not_equal", "addr": c_dst + gap_from, "len": r + 3 - gap_from, "value": 0}),
@@ -183,17 +165,9 @@ fn every_size(test: &str, shared: bool) {
     assert_eq!(ok["ok"], json!(true));
     let target = Mine(local.buffer(4 << 20, shared, &mut keep));
     local.register(target.addr(), 4 << 20, true);
-    let mut batch = slices(c_src + 5, target.addr() + 1, (4 << 20) - 9, true);
-    batch.extend(slices(c_dst + 7, src.addr() + 3, (4 << 20) - 13, false));
-    let r = child.call(json!({"cmd": "run", "slices": batch}), Some(&local));
-    assert!(
-        r["outcomes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|o| o == "Done"),
-        "{r}"
-    );
+    let mut batch = planned(c_src + 5, target.addr() + 1, (4 << 20) - 9, true);
+    batch.extend(planned(c_dst + 7, src.addr() + 3, (4 << 20) - 13, false));
+    child.run_expecting(json!(batch), &local, "Done");
     // SAFETY: our buffer; the WRITEs into it have ended.
     let (bad, first) = unsafe { mismatches(target.addr() + 1, (4 << 20) - 9, 22, 5) };
     assert_eq!(bad, 0, "first bad byte {first:?}");
@@ -202,15 +176,12 @@ fn every_size(test: &str, shared: bool) {
         assert_eq!(not_equal(target.addr(), 1, 0), 0);
         assert_eq!(not_equal(target.addr() + (4 << 20) - 8, 8, 0), 0);
     }
-    let c = child.call(
-        json!({"cmd": "check", "addr": c_dst + 7, "len": (4 << 20) - 13, "seed": 11, "from": 3}),
-        None,
-    );
+    let c = child.check(c_dst + 7, (4 << 20) - 13, 11, 3);
     assert_eq!(c["bad"], json!(0), "the child's READ: {c}");
     assert_eq!(local.shm.stats().served, (4 << 20) - 9);
     let mapped_served = if shared { (4 << 20) - 9 } else { 0 };
     assert_eq!(local.shm.stats().mapped, mapped + mapped_served);
-    child.call(json!({"cmd": "exit"}), None);
+    child.exit();
     drop(peer);
     local.shm.shutdown();
 }

@@ -117,65 +117,24 @@ fn writes_while_unregistering(test: &str, stop_child: bool, shared: bool) {
         "memfd buffers are copied through mappings"
     );
     assert!(rejected > 0, "WRITEs after the unregister are rejected");
-    child.call(json!({"cmd": "exit"}), None);
+    child.exit();
     local.shm.shutdown();
 }
 
-#[test]
-fn unregister_during_writes_of_a_stopped_initiator() {
-    if is_child() {
-        return child_main();
-    }
-    let test = "unregister_during_writes_of_a_stopped_initiator";
-    writes_while_unregistering(test, true, false);
-}
+// The arguments: whether the initiator is stopped (SIGSTOP) while we
+// unregister, whether the buffers are the transports' memfd ones.
+two_process_tests!(writes_while_unregistering {
+    unregister_during_writes_of_a_stopped_initiator(true, false),
+    unregister_during_writes_of_a_running_initiator(false, false),
+    unregister_during_writes_from_memfd_buffers_of_a_stopped_initiator(true, true),
+    unregister_during_writes_from_memfd_buffers_of_a_running_initiator(false, true),
+});
 
-#[test]
-fn unregister_during_writes_of_a_running_initiator() {
-    if is_child() {
-        return child_main();
-    }
-    let test = "unregister_during_writes_of_a_running_initiator";
-    writes_while_unregistering(test, false, false);
-}
-
-#[test]
-fn unregister_during_writes_from_memfd_buffers_of_a_stopped_initiator() {
-    if is_child() {
-        return child_main();
-    }
-    let test = "unregister_during_writes_from_memfd_buffers_of_a_stopped_initiator";
-    writes_while_unregistering(test, true, true);
-}
-
-#[test]
-fn unregister_during_writes_from_memfd_buffers_of_a_running_initiator() {
-    if is_child() {
-        return child_main();
-    }
-    let test = "unregister_during_writes_from_memfd_buffers_of_a_running_initiator";
-    writes_while_unregistering(test, false, true);
-}
-
-#[test]
-fn a_read_done_never_holds_bytes_written_after_unregister() {
-    if is_child() {
-        return child_main();
-    }
-    reads_while_unregistering(
-        "a_read_done_never_holds_bytes_written_after_unregister",
-        false,
-    );
-}
-
-#[test]
-fn a_read_from_a_memfd_buffer_done_never_holds_bytes_written_after_unregister() {
-    if is_child() {
-        return child_main();
-    }
-    let test = "a_read_from_a_memfd_buffer_done_never_holds_bytes_written_after_unregister";
-    reads_while_unregistering(test, true);
-}
+// The argument: whether our buffer is a memfd one.
+two_process_tests!(reads_while_unregistering {
+    a_read_done_never_holds_bytes_written_after_unregister(false),
+    a_read_from_a_memfd_buffer_done_never_holds_bytes_written_after_unregister(true),
+});
 
 fn reads_while_unregistering(test: &str, shared: bool) {
     let local = Local::start();
@@ -231,6 +190,6 @@ fn reads_while_unregistering(test: &str, shared: bool) {
         shared,
         "memfd buffers are copied through mappings"
     );
-    child.call(json!({"cmd": "exit"}), None);
+    child.exit();
     local.shm.shutdown();
 }

@@ -30,10 +30,7 @@ fn stress_time() -> Duration {
 
 #[test]
 fn batch_one_writes_never_wait_for_a_lost_wakeup() {
-    if is_child() {
-        return child_main();
-    }
-    let test = "batch_one_writes_never_wait_for_a_lost_wakeup";
+    let test = two_process_test!("batch_one_writes_never_wait_for_a_lost_wakeup");
     const LEN: u64 = 4096;
     // A stall waits for the initiator's next tick (timeout / 4, at most a
     // second) or its timeout: both far above the bound of a slow request.
@@ -83,7 +80,7 @@ fn batch_one_writes_never_wait_for_a_lost_wakeup() {
         "WRITEs that failed, or took {slow_bound:?} or more, after {n}"
     );
     drop(peer);
-    child.call(json!({"cmd": "exit"}), None);
+    child.exit();
     local.shm.shutdown();
 }
 
@@ -96,10 +93,8 @@ fn fds(pid: i32) -> usize {
 
 #[test]
 fn rings_never_activated_are_released_and_a_real_initiator_is_served() {
-    if is_child() {
-        return child_main();
-    }
-    let test = "rings_never_activated_are_released_and_a_real_initiator_is_served";
+    let test =
+        two_process_test!("rings_never_activated_are_released_and_a_real_initiator_is_served");
     const LEN: u64 = 65536;
     let local = Local::start();
     let child = Child::spawn(
@@ -150,12 +145,9 @@ fn rings_never_activated_are_released_and_a_real_initiator_is_served() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(write(), vec![Outcome::Done]);
-    let c = child.call(
-        json!({"cmd": "check", "addr": dst, "len": LEN, "seed": 5, "from": 0}),
-        None,
-    );
+    let c = child.check(dst, LEN, 5, 0);
     assert_eq!(c["bad"], json!(0));
     drop(peer);
-    child.call(json!({"cmd": "exit"}), None);
+    child.exit();
     local.shm.shutdown();
 }
