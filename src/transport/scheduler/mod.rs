@@ -1421,23 +1421,43 @@ mod tests {
                 Some(refresh),
             );
             let status = wait(&b);
-            let keys: Vec<u32> = rec.posted.lock().unwrap().iter().map(|p| p.key).collect();
-            (status, calls.load(Ordering::Relaxed), keys)
+            (status, calls, rec)
+        };
+        // The task may end as soon as one slice fails, before the others
+        // are refused and refetch: what they do is read once it shows,
+        // within a few seconds (the refetches return at once).
+        let settled = |calls: &std::sync::atomic::AtomicUsize,
+                       rec: &Recorder,
+                       done: &dyn Fn(usize, &[u32]) -> bool| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let keys: Vec<u32> = rec.posted.lock().unwrap().iter().map(|p| p.key).collect();
+                let n = calls.load(Ordering::Relaxed);
+                if done(n, &keys) || std::time::Instant::now() > deadline {
+                    return (n, keys);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
         };
         // Re-registered (new key 8): each slice is retried with it.
-        let (status, calls, keys) = run(8, 8);
+        let (status, calls, rec) = run(8, 8);
         assert_eq!(status, (TaskStatus::Completed, len));
+        let (calls, keys) = settled(&calls, &rec, &|_, _| true);
         // A slice refused after an earlier slice's refetch landed moves to
         // the refetched descriptor without one of its own.
         assert!((1..=3).contains(&calls), "{calls} refetches");
         assert_eq!(keys.iter().filter(|&&k| k == 8).count(), 3, "{keys:?}");
         // The refetched descriptor is unchanged: the slices fail, once.
-        let (status, calls, keys) = run(8, 7);
+        let (status, calls, rec) = run(8, 7);
         assert_eq!(status.0, TaskStatus::Failed);
+        let (calls, keys) = settled(&calls, &rec, &|n, _| n >= 3);
         assert_eq!((calls, keys), (3, vec![7; 3]));
         // Refused again after the refetch: no second refetch.
-        let (status, calls, keys) = run(10, 9);
+        let (status, calls, rec) = run(10, 9);
         assert_eq!(status.0, TaskStatus::Failed);
+        let (calls, keys) = settled(&calls, &rec, &|n, keys| {
+            n >= 3 && keys.iter().filter(|&&k| k == 9).count() >= 3
+        });
         assert_eq!(calls, 3);
         assert_eq!(keys.iter().filter(|&&k| k == 9).count(), 3, "{keys:?}");
     }
