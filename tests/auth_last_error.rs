@@ -1,11 +1,18 @@
 //! Through the C ABI: an engine whose cluster key (MC_TE_AUTH_KEY_FILE, from
 //! the process environment as a C caller sets it) differs from its peer's
-//! cannot open the peer's segment, and `te_last_error` says why. Alone in
-//! its test binary: the process configuration is read once.
+//! cannot open the peer's segment, and `te_last_error` says why. The C ABI
+//! reads the process environment, once: the test runs in a child process
+//! of this binary started with that variable in its environment.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::process::Command;
 use std::time::{Duration, Instant};
 use transfer_engine::{Config, Engine};
+
+/// Set in the child's environment: the peer's key file.
+const CHILD_VAR: &str = "TE_AUTH_LAST_ERROR_PEER_KEY";
+/// What the child prints once every assertion held.
+const CHILD_DONE: &str = "CHILD DONE";
 
 unsafe extern "C" {
     fn createTransferEngine(
@@ -39,8 +46,33 @@ fn key_file(seed: u8) -> std::path::PathBuf {
 
 #[test]
 fn a_peer_with_another_key_fails_open_segment_and_te_last_error_says_so() {
+    if let Some(theirs) = std::env::var_os(CHILD_VAR) {
+        return child(theirs.to_str().expect("utf-8").to_string());
+    }
     let (ours, theirs) = (key_file(1), key_file(2));
-    let their_path = theirs.to_str().expect("utf-8").to_string();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "a_peer_with_another_key_fails_open_segment_and_te_last_error_says_so",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(CHILD_VAR, &theirs)
+        .env("MC_TE_AUTH_KEY_FILE", &ours)
+        .output()
+        .expect("run the child");
+    let _ = std::fs::remove_file(ours);
+    let _ = std::fs::remove_file(theirs);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    println!("{text}");
+    assert!(out.status.success(), "the child exited with {}", out.status);
+    // Not a child that ran no test.
+    assert!(text.contains(CHILD_DONE), "the child did not run the test");
+}
+
+/// The test, in a process whose environment names our key file: a peer
+/// with the key of `their_path`, and an engine through the C ABI.
+fn child(their_path: String) {
     let cfg = Config::from_lookup(move |k| match k {
         "MC_TE_AUTH_KEY_FILE" => Some(their_path.clone()),
         _ => None,
@@ -50,8 +82,6 @@ fn a_peer_with_another_key_fails_open_segment_and_te_last_error_says_so() {
         .build()
         .expect("peer");
     peer.install_transport("tcp", None).expect("tcp");
-    // SAFETY: no other thread of this test binary reads the environment.
-    unsafe { std::env::set_var("MC_TE_AUTH_KEY_FILE", &ours) };
     let conn = CString::new("P2PHANDSHAKE").unwrap();
     let name = CString::new("127.0.0.1").unwrap();
     // SAFETY: valid NUL-terminated strings.
@@ -70,6 +100,5 @@ fn a_peer_with_another_key_fails_open_segment_and_te_last_error_says_so() {
     assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
     // SAFETY: `e` is live and not used after.
     unsafe { destroyTransferEngine(e) };
-    let _ = std::fs::remove_file(ours);
-    let _ = std::fs::remove_file(theirs);
+    println!("{CHILD_DONE}");
 }

@@ -1,4 +1,4 @@
-//! `MC_DISABLE_METACACHE=1` (this binary's own environment): every submit
+//! `MC_DISABLE_METACACHE=1` (the engines' configuration): every submit
 //! refetches the peer's descriptor, so a peer restarted with new buffers is
 //! used at once, without a sync or a failed connection, and its old buffers
 //! are never touched.

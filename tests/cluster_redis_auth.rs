@@ -1,5 +1,5 @@
-//! Redis with authentication and a database index (this binary's own
-//! environment: `MC_REDIS_USERNAME=te-user`, `MC_REDIS_PASSWORD`,
+//! Redis with authentication and a database index (the engines'
+//! configuration: `MC_REDIS_USERNAME=te-user`, `MC_REDIS_PASSWORD`,
 //! `MC_REDIS_DB_INDEX=5`): the server requires a password of its default
 //! user and has an ACL user `te-user`; two engines log in as that user,
 //! keep their keys in database 5 (not 0) and move byte-verified data; after

@@ -1,9 +1,8 @@
 //! Redis over TLS (`rediss://`): a real redis-server serving TLS only
 //! (`--port 0 --tls-port`), requiring client certificates signed by the
 //! test's CA (`--tls-auth-clients yes`) and a password. Two engines
-//! configured by this binary's environment (`MC_REDIS_CACERT`,
-//! `MC_REDIS_CERT`, `MC_REDIS_KEY`, `MC_REDIS_PASSWORD`) meet through it
-//! and move byte-verified data; their keys are in redis. A store with
+//! configured with `MC_REDIS_CACERT`, `MC_REDIS_CERT`, `MC_REDIS_KEY` and
+//! `MC_REDIS_PASSWORD` meet through it and move byte-verified data; their keys are in redis. A store with
 //! another CA, or without a client certificate, fails with a message that
 //! says what to set; plain `redis://` on the TLS port fails.
 

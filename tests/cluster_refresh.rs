@@ -1,5 +1,5 @@
-//! `MC_TE_METADATA_REFRESH_INTERVAL_SECONDS=1` (this binary's own
-//! environment): an engine picks up a peer that restarted with new buffers
+//! `MC_TE_METADATA_REFRESH_INTERVAL_SECONDS=1` (the engines'
+//! configuration): an engine picks up a peer that restarted with new buffers
 //! by itself, without `sync_all_segments()` and without a failed
 //! connection, within a few seconds, through etcd and through redis; the
 //! old buffers are never touched. A buffer a peer registers later becomes

@@ -22,7 +22,9 @@ const BOUND: Duration = Duration::from_secs(15);
 fn new_fails(conn: &str, port: &str) {
     init_env(&[]);
     let start = Instant::now();
-    let res = Engine::new(conn, "down-x:1", false);
+    let res = Engine::builder(conn, "down-x:1")
+        .config(cluster_common::config())
+        .build();
     let took = start.elapsed();
     let err = match res {
         Ok(_) => panic!("Engine::new({conn:?}) succeeded with the store down"),

@@ -1,5 +1,5 @@
 //! Thousands of idle connections to the data port, as an attacker would
-//! hold them (this binary's own environment: `MC_TCP_MAX_DATA_CONNECTIONS=
+//! hold them (the engines' configuration: `MC_TCP_MAX_DATA_CONNECTIONS=
 //! 256`, `MC_TCP_IDLE_TIMEOUT_SEC=3`). The server holds at most 256 of them
 //! and no thread per connection; a real peer still moves verified bytes and
 //! the handshake port still answers; idle sessions are closed after the
@@ -30,15 +30,14 @@ fn closed_by_server(s: &mut TcpStream) -> bool {
 
 #[test]
 fn idle_connections_are_bounded_and_real_peers_are_served() {
-    // SAFETY: set before any engine reads its configuration, with no
-    // other thread running yet.
-    unsafe {
-        std::env::set_var("MC_TCP_MAX_DATA_CONNECTIONS", CAP.to_string());
-        std::env::set_var("MC_TCP_IDLE_TIMEOUT_SEC", "3");
-    }
+    let cap = CAP.to_string();
+    let settings = [
+        ("MC_TCP_MAX_DATA_CONNECTIONS", cap.as_str()),
+        ("MC_TCP_IDLE_TIMEOUT_SEC", "3"),
+    ];
     raise_fd_limit(2 * ATTACKERS + 1000);
-    let target = engine();
-    let initiator = engine();
+    let target = engine_with(&settings);
+    let initiator = engine_with(&settings);
     let mem = Buf::new(4 << 20, 1);
     register(&target, &mem, true);
     let port = data_port(&target);

@@ -1,5 +1,5 @@
-//! The minimum rate of a request on the data port (this binary's own
-//! environment: `MC_TCP_MIN_RATE_BYTES_PER_SEC=8192`,
+//! The minimum rate of a request on the data port (the engine's
+//! configuration: `MC_TCP_MIN_RATE_BYTES_PER_SEC=8192`,
 //! `MC_TCP_MIN_RATE_WINDOW_SEC=3`), with no pressure on the connection
 //! bound. A READ drained 1 KiB a second and a WRITE whose payload trickles
 //! 64 bytes a second keep moving within `MC_TCP_STATUS_TIMEOUT_SEC`, yet
@@ -148,18 +148,16 @@ fn drained_read(port: u16, addr: u64, seed: u8) -> Duration {
 
 #[test]
 fn requests_slower_than_the_minimum_rate_are_dropped() {
-    // SAFETY: set before any engine reads its configuration, with no
-    // other thread running yet.
-    unsafe {
-        std::env::set_var("MC_TCP_MIN_RATE_BYTES_PER_SEC", MIN_RATE.to_string());
-        std::env::set_var("MC_TCP_MIN_RATE_WINDOW_SEC", WINDOW.as_secs().to_string());
-    }
+    let (min_rate, window) = (MIN_RATE.to_string(), WINDOW.as_secs().to_string());
     let warnings = Arc::new(Mutex::new(Vec::new()));
     tracing_subscriber::registry()
         .with(Warnings(warnings.clone()))
         .with(tracing_subscriber::fmt::layer().with_test_writer())
         .init();
-    let target = engine();
+    let target = engine_with(&[
+        ("MC_TCP_MIN_RATE_BYTES_PER_SEC", min_rate.as_str()),
+        ("MC_TCP_MIN_RATE_WINDOW_SEC", window.as_str()),
+    ]);
     let bait = Buf::new(64 << 20, 3);
     register(&target, &bait, true);
     let decoy = Buf::new(1 << 20, 4);

@@ -1,5 +1,5 @@
-//! Slow READ drainers hold the data port's connection bound (this binary's
-//! own environment: `MC_TCP_MAX_DATA_CONNECTIONS=32` and no minimum rate,
+//! Slow READ drainers hold the data port's connection bound (the engines'
+//! configuration: `MC_TCP_MAX_DATA_CONNECTIONS=32` and no minimum rate,
 //! `MC_TCP_MIN_RATE_BYTES_PER_SEC=0`, so that only the bound's choice of
 //! the session to close can let anyone in). Each drainer READs a 64 MiB
 //! buffer through a 16 KiB receive buffer and takes 1 KiB every 2 s, and
@@ -105,17 +105,15 @@ fn slow_readers_give_way_to_a_real_peer() {
     let cap = setting("MC_TCP_MAX_DATA_CONNECTIONS", 32);
     let drainers = setting("TE_SLOW_READERS", cap + 16);
     let burst = setting("TE_SLOW_READERS_BURST", BURST);
-    // SAFETY: set before any engine reads its configuration, with no
-    // other thread running yet.
-    unsafe {
-        std::env::set_var("MC_TCP_MAX_DATA_CONNECTIONS", cap.to_string());
-        if std::env::var_os("MC_TCP_MIN_RATE_BYTES_PER_SEC").is_none() {
-            std::env::set_var("MC_TCP_MIN_RATE_BYTES_PER_SEC", "0");
-        }
+    let cap_value = cap.to_string();
+    let mut settings = vec![("MC_TCP_MAX_DATA_CONNECTIONS", cap_value.as_str())];
+    // A minimum rate given in the environment applies; none by default.
+    if std::env::var_os("MC_TCP_MIN_RATE_BYTES_PER_SEC").is_none() {
+        settings.push(("MC_TCP_MIN_RATE_BYTES_PER_SEC", "0"));
     }
     raise_fd_limit(2 * drainers + 1000);
-    let target = engine();
-    let initiator = engine();
+    let target = engine_with(&settings);
+    let initiator = engine_with(&settings);
     let bait = Buf::new(BAIT, BAIT_SEED);
     register(&target, &bait, true);
     let mem = Buf::new(ROUND, 1);

@@ -1,4 +1,4 @@
-//! A slowloris on the data port (this binary's own environment:
+//! A slowloris on the data port (the engines' configuration:
 //! `MC_TCP_MAX_DATA_CONNECTIONS=64`): 200 connections that trickle a byte
 //! every second, half of them never finishing a request header and half a
 //! WRITE payload, reopened as soon as the server closes them. The server
@@ -47,11 +47,10 @@ fn open(port: u16, header: bool, target: u64) -> Option<Trickler> {
 
 #[test]
 fn trickling_connections_do_not_lock_out_a_real_peer() {
-    // SAFETY: set before any engine reads its configuration, with no
-    // other thread running yet.
-    unsafe { std::env::set_var("MC_TCP_MAX_DATA_CONNECTIONS", CAP.to_string()) };
-    let target = engine();
-    let initiator = engine();
+    let cap = CAP.to_string();
+    let settings = [("MC_TCP_MAX_DATA_CONNECTIONS", cap.as_str())];
+    let target = engine_with(&settings);
+    let initiator = engine_with(&settings);
     let mem = Buf::new(ROUND, 1);
     register(&target, &mem, true);
     // The tricklers' WRITEs go to a buffer of their own.

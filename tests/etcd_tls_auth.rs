@@ -2,10 +2,10 @@
 //! certificates required (`--client-cert-auth`) and etcd's authentication
 //! on, with a user allowed the `mooncake/` keys only:
 //!
-//! - two engines configured by this binary's environment
-//!   (`MC_ETCD_CACERT`, `MC_ETCD_CERT`, `MC_ETCD_KEY`, `MC_ETCD_USERNAME`,
-//!   `MC_ETCD_PASSWORD`) meet through `etcd://https://…` and move
-//!   byte-verified data; their keys are in etcd;
+//! - two engines configured with `MC_ETCD_CACERT`, `MC_ETCD_CERT`,
+//!   `MC_ETCD_KEY`, `MC_ETCD_USERNAME` and `MC_ETCD_PASSWORD` meet through
+//!   `etcd://https://…` and move byte-verified data; their keys are in
+//!   etcd;
 //! - a wrong CA, a wrong password, no credentials, no client certificate,
 //!   and a plain `http://` endpoint on the TLS port each fail with a
 //!   message that says what to fix, and the password is in none of them.

@@ -43,14 +43,12 @@ fn answered(s: &TcpStream) -> bool {
 
 #[test]
 fn unread_descriptor_replies_stay_within_the_buffer_bound() {
-    // SAFETY: set before any engine reads its configuration, with no
-    // other thread running yet.
-    unsafe {
-        std::env::set_var("MC_HANDSHAKE_MAX_BUFFERED", MAX_BUFFERED.to_string());
-        std::env::set_var("MC_HANDSHAKE_IO_TIMEOUT", "120");
-        std::env::set_var("MC_HANDSHAKE_WORKERS", "2");
-    }
-    let e = engine();
+    let max_buffered = MAX_BUFFERED.to_string();
+    let e = engine_with(&[
+        ("MC_HANDSHAKE_MAX_BUFFERED", max_buffered.as_str()),
+        ("MC_HANDSHAKE_IO_TIMEOUT", "120"),
+        ("MC_HANDSHAKE_WORKERS", "2"),
+    ]);
     let mem = Buf::zeroed(BUFFERS * 64);
     let regions: Vec<Region> = (0..BUFFERS as u64)
         .map(|i| Region {

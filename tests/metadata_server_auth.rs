@@ -9,8 +9,8 @@
 //!   `MC_METADATA_CACERT`, and fails with a message naming the variable
 //!   without the token or with another CA; plain HTTP gets no answer;
 //! - the token is in no log line of the server, at any level;
-//! - two engines meet through an HTTPS server with a token (this binary's
-//!   environment: `MC_METADATA_AUTH_TOKEN_FILE`, `MC_METADATA_CACERT`) and
+//! - two engines meet through an HTTPS server with a token (the engines'
+//!   configuration: `MC_METADATA_AUTH_TOKEN_FILE`, `MC_METADATA_CACERT`) and
 //!   move byte-verified data.
 
 mod cluster_common;

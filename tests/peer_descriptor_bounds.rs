@@ -9,7 +9,7 @@
 mod cluster_common;
 mod common;
 
-use cluster_common::init_env;
+use cluster_common::{engine, init_env};
 use common::servers::Redis;
 use common::{HandshakeResponder, skip, tcp_descriptor};
 use serde_json::{Value, json};
@@ -29,9 +29,7 @@ fn env() {
 
 fn p2p_engine() -> std::sync::Arc<Engine> {
     env();
-    let e = Engine::new("P2PHANDSHAKE", "127.0.0.1:0", false).expect("engine");
-    e.install_transport("tcp", None).expect("install tcp");
-    e
+    engine("P2PHANDSHAKE", "127.0.0.1:0")
 }
 
 /// Opens the segment a responder serves with `desc` and returns the error.
@@ -151,8 +149,7 @@ fn an_oversized_value_in_redis_is_refused() {
         .arg(rpc_meta())
         .query(&mut c)
         .unwrap();
-    let e = Engine::new(&redis.conn_string(), "small-peer:1", false).expect("engine");
-    e.install_transport("tcp", None).expect("install tcp");
+    let e = engine(&redis.conn_string(), "small-peer:1");
     let err = e
         .open_segment(name)
         .expect_err("an oversized descriptor opened")
@@ -172,8 +169,7 @@ fn an_oversized_value_in_the_http_store_is_refused() {
     };
     put(segment_key(None, name), big_descriptor(name).to_string());
     put(rpc_meta_key(None, name), rpc_meta());
-    let e = Engine::new(&server.url(), "small-peer:1", false).expect("engine");
-    e.install_transport("tcp", None).expect("install tcp");
+    let e = engine(&server.url(), "small-peer:1");
     let err = e
         .open_segment(name)
         .expect_err("an oversized descriptor opened")

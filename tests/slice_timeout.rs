@@ -3,8 +3,7 @@
 //! not cancelled and not terminal (the batch cannot be freed yet), and it
 //! ends FAILED when the transport gives up on it. Against a server that
 //! accepts and reads but never answers, with a 1 s slice timeout and an 8 s
-//! status timeout. Configuration is read once per process, hence this
-//! separate test binary with a single test.
+//! status timeout, given to the engine in its `Config`.
 
 mod common;
 
@@ -17,17 +16,13 @@ const BASE: u64 = 0x2000_0000;
 
 #[test]
 fn a_task_waiting_past_the_slice_timeout_reports_timeout_then_fails() {
-    // SAFETY: set before any engine (and so before the configuration is
-    // read); this binary has no other test and no other thread reading the
-    // environment yet.
-    unsafe {
-        std::env::set_var("MC_SLICE_TIMEOUT", "1");
-        std::env::set_var("MC_TCP_STATUS_TIMEOUT_SEC", "8");
-    }
     let server = FakeServer::start(vec![0u8; 1 << 20], BASE, false, |_| Action::Hang);
     let port = server.port;
     let hs = HandshakeResponder::start(|rpc| tcp_descriptor(rpc, port, 2, BASE, 1 << 20));
-    let e = engine();
+    let e = engine_with(&[
+        ("MC_SLICE_TIMEOUT", "1"),
+        ("MC_TCP_STATUS_TIMEOUT_SEC", "8"),
+    ]);
     let src = Buf::new(4096, 1);
     let seg = e.open_segment(&hs.name()).expect("open segment");
     let b = e.allocate_batch(1).unwrap();

@@ -1,4 +1,4 @@
-//! `MC_TE_STRICT_LOCAL=1` (this binary's own environment): a request whose
+//! `MC_TE_STRICT_LOCAL=1` (the engines' configuration): a request whose
 //! local `source` range is not inside one registered buffer FAILS on every
 //! transport, and nothing is read or written; registered sources work.
 
@@ -10,11 +10,9 @@ use transfer_engine::TaskStatus;
 
 #[test]
 fn unregistered_sources_fail_and_touch_nothing() {
-    // SAFETY: set before any engine reads its configuration, with no
-    // other thread running yet.
-    unsafe { std::env::set_var("MC_TE_STRICT_LOCAL", "1") };
-    let target = engine();
-    let initiator = engine();
+    let strict = [("MC_TE_STRICT_LOCAL", "1")];
+    let target = engine_with(&strict);
+    let initiator = engine_with(&strict);
     let mem = Buf::new(1 << 20, 1);
     register(&target, &mem, true);
     let seg = initiator

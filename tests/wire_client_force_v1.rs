@@ -1,7 +1,7 @@
 //! `MC_TCP_PROTO=1` forces the legacy (v1) framing towards a peer whose
 //! descriptor says `tcp_proto_version: 2` (Mooncake's
-//! PooledLegacyInitiatorInteroperatesWithCurrentServer). Configuration is
-//! read once per process, hence this separate test binary.
+//! PooledLegacyInitiatorInteroperatesWithCurrentServer), given to the
+//! engine in its `Config`.
 
 mod common;
 
@@ -13,13 +13,10 @@ const BASE: u64 = 0x3000_0000;
 
 #[test]
 fn forced_v1_initiator_talks_to_a_current_server() {
-    // SAFETY: set before any engine reads the configuration; this binary
-    // has no other test.
-    unsafe { std::env::set_var("MC_TCP_PROTO", "1") };
     let server = FakeServer::start(vec![0u8; 1 << 20], BASE, false, |_| Action::Serve);
     let port = server.port;
     let hs = HandshakeResponder::start(|rpc| tcp_descriptor(rpc, port, 2, BASE, 1 << 20));
-    let e = engine();
+    let e = engine_with(&[("MC_TCP_PROTO", "1")]);
     let src = Buf::new(300_000, 2);
     let dst = Buf::zeroed(300_000);
     let seg = e.open_segment(&hs.name()).expect("open segment");

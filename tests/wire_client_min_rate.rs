@@ -1,5 +1,5 @@
-//! The minimum rate on our initiator's connections (this binary's own
-//! environment: `MC_TCP_MIN_RATE_BYTES_PER_SEC=16384`,
+//! The minimum rate on our initiator's connections (the engine's
+//! configuration: `MC_TCP_MIN_RATE_BYTES_PER_SEC=16384`,
 //! `MC_TCP_MIN_RATE_WINDOW_SEC=2`, one lane per peer), against
 //! hand-written peers on raw sockets. A peer that trickles a READ's reply
 //! 1 KiB a second, and one that reads a WRITE's payload 1 KiB a second
@@ -126,19 +126,17 @@ fn slow(e: &Engine, peer: &Peer, req: impl FnOnce(i32) -> Request, what: &str) -
 
 #[test]
 fn peers_slower_than_the_minimum_rate_fail_their_requests() {
-    // SAFETY: set before any engine reads its configuration, with no
-    // other thread running yet.
-    unsafe {
-        std::env::set_var("MC_TCP_MIN_RATE_BYTES_PER_SEC", MIN_RATE.to_string());
-        std::env::set_var("MC_TCP_MIN_RATE_WINDOW_SEC", WINDOW.as_secs().to_string());
-        std::env::set_var("MC_TCP_LANES_PER_PEER", "1");
-    }
+    let (min_rate, window) = (MIN_RATE.to_string(), WINDOW.as_secs().to_string());
     let warnings = Arc::new(Mutex::new(Vec::new()));
     tracing_subscriber::registry()
         .with(Warnings(warnings.clone()))
         .with(tracing_subscriber::fmt::layer().with_test_writer())
         .init();
-    let engine = engine();
+    let engine = engine_with(&[
+        ("MC_TCP_MIN_RATE_BYTES_PER_SEC", min_rate.as_str()),
+        ("MC_TCP_MIN_RATE_WINDOW_SEC", window.as_str()),
+        ("MC_TCP_LANES_PER_PEER", "1"),
+    ]);
     let e: &Engine = &engine;
 
     let trickled = Peer::start(SLOW_LEN, 1, None, TRICKLE);

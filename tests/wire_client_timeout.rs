@@ -1,7 +1,7 @@
 //! `MC_TCP_STATUS_TIMEOUT_SEC` bounds how long our initiator waits for a v2
 //! status word: against a server that accepts and reads but never answers,
-//! a WRITE and a READ FAIL within a bounded time. Configuration is read
-//! once per process, hence this separate test binary with a single test.
+//! a WRITE and a READ FAIL within a bounded time (2 s, given to the
+//! engine in its `Config`).
 
 mod common;
 
@@ -13,14 +13,10 @@ const BASE: u64 = 0x2000_0000;
 
 #[test]
 fn silent_v2_server_fails_requests_after_the_status_timeout() {
-    // SAFETY: set before any engine (and so before the configuration is
-    // read); this binary has no other test and no other thread reading the
-    // environment yet.
-    unsafe { std::env::set_var("MC_TCP_STATUS_TIMEOUT_SEC", "2") };
     let server = FakeServer::start(vec![0u8; 1 << 20], BASE, false, |_| Action::Hang);
     let port = server.port;
     let hs = HandshakeResponder::start(|rpc| tcp_descriptor(rpc, port, 2, BASE, 1 << 20));
-    let e = engine();
+    let e = engine_with(&[("MC_TCP_STATUS_TIMEOUT_SEC", "2")]);
     let src = Buf::new(4096, 1);
     let dst = Buf::zeroed(4096);
     let seg = e.open_segment(&hs.name()).expect("open segment");

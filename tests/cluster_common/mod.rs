@@ -3,43 +3,58 @@
 //! transfers, and the scenarios several files run (a peer that restarts
 //! with new buffers, the store restarted between transfers).
 //!
-//! Each `cluster_*` file is one test binary, so one process: the engine
-//! reads its `MC_*` configuration once per process, and [`init_env`] sets
-//! it before the first engine.
+//! Each `cluster_*` file is one test binary: [`init_env`] names the `MC_*`
+//! settings of the engines its tests make ([`engine`], [`config`]), given
+//! to them in their `Config`.
 
 #![allow(dead_code)]
 
 use crate::common::servers::{Etcd, Redis};
-use crate::common::{Buf, read_req, register, run, wait_for, write_req};
+use crate::common::{Buf, config_with, read_req, register, run, wait_for, write_req};
 use serde_json::Value;
-use std::sync::{Arc, Once};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use transfer_engine::Engine;
 use transfer_engine::TaskStatus;
+use transfer_engine::{Config, Engine};
 
-/// Sets `MC_TCP_BIND_ADDRESS=127.0.0.1` (store mode advertises loopback,
-/// nothing uses other interfaces' addresses for the handshake) and `extra`,
-/// once per process, before any engine reads the configuration. Every test
-/// of a binary must pass the same `extra`.
+/// The settings [`init_env`] recorded.
+static SETTINGS: OnceLock<Vec<(String, String)>> = OnceLock::new();
+
+/// Sets the configuration of the engines this process makes with
+/// [`engine`] and [`config`]: `MC_TCP_BIND_ADDRESS=127.0.0.1` (store mode
+/// advertises loopback, nothing uses other interfaces' addresses for the
+/// handshake) and `extra`, over the process environment. Every test of a
+/// binary must pass the same `extra`.
 pub fn init_env(extra: &[(&str, &str)]) {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: runs once, at the start of the first test, before this
-        // process created any engine or any thread of ours that reads the
-        // environment; std's own environment accesses are locked.
-        unsafe {
-            std::env::set_var("MC_TCP_BIND_ADDRESS", "127.0.0.1");
-            for (k, v) in extra {
-                std::env::set_var(k, v);
-            }
-        }
-    });
+    let want: Vec<(String, String)> = [("MC_TCP_BIND_ADDRESS", "127.0.0.1")]
+        .iter()
+        .chain(extra)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let set = SETTINGS.get_or_init(|| want.clone());
+    assert_eq!(
+        *set, want,
+        "the tests of one binary pass init_env different settings"
+    );
 }
 
-/// An engine named `name` (kept verbatim in store mode) with TCP installed.
+/// The configuration of this process's engines: the settings of
+/// [`init_env`] over the process environment; the environment alone
+/// before `init_env` (a child process given its settings in its
+/// environment).
+pub fn config() -> Config {
+    let set = SETTINGS.get().map(Vec::as_slice).unwrap_or_default();
+    let settings: Vec<(&str, &str)> = set.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    config_with(&settings)
+}
+
+/// An engine named `name` (kept verbatim in store mode) with TCP
+/// installed, configured by [`config`].
 pub fn engine(conn: &str, name: &str) -> Arc<Engine> {
-    let e = Engine::new(conn, name, false)
-        .unwrap_or_else(|err| panic!("Engine::new({conn:?}, {name:?}): {err}"));
+    let e = Engine::builder(conn, name)
+        .config(config())
+        .build()
+        .unwrap_or_else(|err| panic!("the engine {name:?} through {conn:?}: {err}"));
     e.install_transport("tcp", None).expect("install tcp");
     e
 }

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use transfer_engine::TaskStatus;
-use transfer_engine::{Engine, Opcode, Request};
+use transfer_engine::{Config, Engine, Opcode, Request};
 use transfer_engine::{Location, Region};
 
 /// `OK` status word of the v2 framing, spelled out from the spec.
@@ -73,11 +73,46 @@ pub fn skip(why: &str) {
     }
 }
 
-/// A P2P engine on 127.0.0.1 with the TCP transport installed.
-pub fn engine() -> std::sync::Arc<Engine> {
-    let e = Engine::new("P2PHANDSHAKE", "127.0.0.1:0", false).expect("engine");
+/// The configuration of the process environment's `MC_*` variables with
+/// `settings` (`(name, value)` pairs) in place of theirs: what a test
+/// gives an engine through [`Engine::builder`] instead of setting the
+/// environment. The warnings parsing produced are logged, as the builder
+/// logs those of the environment; one that names a variable of `settings`
+/// panics, since the test would run with the default instead.
+pub fn config_with(settings: &[(&str, &str)]) -> Config {
+    let set: Vec<(String, String)> = settings
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let config = Config::from_lookup(|k| match set.iter().find(|(name, _)| name == k) {
+        Some((_, v)) => Some(v.clone()),
+        None => std::env::var(k).ok(),
+    });
+    for w in &config.warnings {
+        assert!(
+            !settings.iter().any(|(name, _)| w.contains(name)),
+            "a setting of the test was refused: {w}"
+        );
+        tracing::warn!("{w}");
+    }
+    config
+}
+
+/// A P2P engine on 127.0.0.1 with the TCP transport installed, configured
+/// by [`config_with`]`(settings)`.
+pub fn engine_with(settings: &[(&str, &str)]) -> std::sync::Arc<Engine> {
+    let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+        .config(config_with(settings))
+        .build()
+        .expect("engine");
     e.install_transport("tcp", None).expect("install tcp");
     e
+}
+
+/// A P2P engine on 127.0.0.1 with the TCP transport installed, configured
+/// by the process environment.
+pub fn engine() -> std::sync::Arc<Engine> {
+    engine_with(&[])
 }
 
 /// An anonymous private mapping, unmapped on drop.

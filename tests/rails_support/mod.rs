@@ -4,6 +4,9 @@
 
 #![allow(dead_code)]
 
+use crate::common::engine_with;
+// Each test binary uses a part of these.
+#[allow(unused_imports)]
 pub use crate::common::{Buf, engine, pattern};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -92,17 +95,17 @@ pub fn open_sockets() -> usize {
     })
 }
 
-/// One initiator and 8 targets in this process, with `MC_MAX_EP_PER_CTX=2`
-/// already set by the caller: rounds of WRITE then READ to each target in
+/// One initiator and 8 targets in this process, configured with
+/// `settings` (the caller's, with `MC_MAX_EP_PER_CTX=2`): rounds of WRITE then READ to each target in
 /// turn (every endpoint use evicts another), then batches that touch all 8
 /// targets at once (endpoints evicted while their slices are in flight),
 /// every byte checked on both sides; the process's descriptors do not grow
 /// from round to round (evicted endpoints are closed).
-pub fn pool_of_two_serves_eight_peers() {
+pub fn pool_of_two_serves_eight_peers(settings: &[(&str, &str)]) {
     const PEERS: usize = 8;
     const SIZE: usize = 2 << 20;
-    let initiator = engine();
-    let targets: Vec<Arc<Engine>> = (0..PEERS).map(|_| engine()).collect();
+    let initiator = engine_with(settings);
+    let targets: Vec<Arc<Engine>> = (0..PEERS).map(|_| engine_with(settings)).collect();
     let bufs: Vec<Buf> = (0..PEERS)
         .map(|i| Buf::new(SIZE, (100 + i) as u8))
         .collect();
