@@ -19,6 +19,9 @@ fi
 mkdir -p "$TE_RESULTS_DIR"
 export TE_RESULTS_DIR
 export RUST_BACKTRACE=1
+# A full run builds every configuration once: incremental compilation's
+# caches would only cost time and gigabytes of disk.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 # The store tests must fail, not skip, when etcd or redis is missing.
 export TE_REQUIRE_SERVERS=1
 

@@ -15,9 +15,9 @@
 #                                 ("passed failed skipped") and the logs
 #   suite.sh --case NAME DIR      one case (used by the suite itself)
 #
-# Cases: the Rust tests of tests/rdma_transfers.rs, tests/rdma_pool.rs,
-# tests/rdma_handshake.rs (spoofed and flooding Connection frames from raw
-# sockets) and tests/rdma_connector.rs (a SIGSTOPped peer beside a running
+# Cases: the Rust tests of tests/rdma/rdma_transfers.rs, tests/rdma/rdma_pool.rs,
+# tests/rdma/rdma_handshake.rs (spoofed and flooding Connection frames from raw
+# sockets) and tests/rdma/rdma_connector.rs (a SIGSTOPped peer beside a running
 # one), each counted; two processes over one rail and over two rails (net_peer:
 # READ/WRITE 1 B .. 64 MiB at odd offsets, 8 threads, notifications, bad
 # ranges, every byte checked by both sides) with proof that RDMA carried
@@ -249,23 +249,25 @@ echo "rdma-vm suite: $(uname -r), devices: $(ls /sys/class/infiniband | tr '\n' 
 [ -d /sys/class/infiniband/rxe_a0 ] || { echo "no soft-RoCE devices: run this through scripts/rdma-vm/test.sh" >&2; }
 baseline=$(rdma resource show)
 
-# rust_tests BIN LABEL [VAR=VALUE...]: the Rust tests of BIN (built by
-# test.sh), each counted as LABEL::<test>, with the variables given.
+# rust_tests MODULE LABEL [VAR=VALUE...]: the Rust tests of MODULE of the
+# `rdma` test binary (tests/rdma/, built by test.sh), each counted as
+# LABEL::<test>, with the variables given.
 rust_tests() {
-  local bin=$1 label=$2 exe t0 rc n name verdict
+  local module=$1 label=$2 exe t0 rc n name verdict
   shift 2
-  exe=$(ls -t "$repo"/target/debug/deps/"$bin"-* 2>/dev/null | grep -v '\.d$' | head -n 1 || true)
+  exe=$(ls -t "$repo"/target/debug/deps/rdma-* 2>/dev/null | grep -v '\.d$' | head -n 1 || true)
   if [ -z "$exe" ]; then
-    record FAIL "$label (not built: cargo test --no-run --test $bin)" 0
+    record FAIL "$label (not built: cargo test --no-run --test rdma)" 0
     return
   fi
   t0=$SECONDS
   # The verdicts (stdout) apart from the library's log (stderr).
-  env "$@" timeout -k 5 900 "$exe" --ignored --test-threads 1 >"$out/$label.log" 2>"$out/$label.stderr.log"
+  env "$@" timeout -k 5 900 "$exe" --ignored --test-threads 1 "$module::" >"$out/$label.log" 2>"$out/$label.stderr.log"
   rc=$?
   n=0
   while read -r _ name _ verdict; do
     n=$((n + 1))
+    name=${name#"$module::"}
     case $verdict in ok) record PASS "$label::$name" "$((SECONDS - t0))" ;; *) record FAIL "$label::$name" "$((SECONDS - t0))" ;; esac
   done < <(grep -E '^test .* \.\.\. ' "$out/$label.log")
   if [ "$rc" -ne 0 ] || [ "$n" -eq 0 ]; then
@@ -276,9 +278,9 @@ rust_tests() {
 }
 
 # The Rust tests: each one counted.
-for bin in rdma_transfers rdma_pool rdma_handshake rdma_connector rdma_api_races rdma_fallback rdma_auth; do
-  want rust || want "rust:$bin" || continue
-  rust_tests "$bin" "rust:$bin"
+for module in rdma_transfers rdma_pool rdma_handshake rdma_connector rdma_api_races rdma_fallback rdma_auth; do
+  want rust || want "rust:$module" || continue
+  rust_tests "$module" "rust:$module"
 done
 # The transfers again with busy polling of completions (Mooncake's 100 ms
 # spell) instead of interrupt-driven waiting.

@@ -34,6 +34,16 @@ pub const OK_WORD: u64 = 0x4D43_5456_0000_0000;
 /// `ADDR_REJECTED` status word of the v2 framing.
 pub const REJECTED_WORD: u64 = 0x4D43_5456_0000_0001;
 
+/// The name libtest knows `test` of module `module` by (`module` as
+/// `module_path!()` gives it there, whose first part is the test binary's
+/// crate), to run that one test again in a child process with `--exact`.
+pub fn test_path(module: &str, test: &str) -> String {
+    match module.split_once("::") {
+        Some((_, path)) => format!("{path}::{test}"),
+        None => test.to_string(),
+    }
+}
+
 /// Marks the calling test as unable to run here: prints `SKIPPED: <why>`
 /// and appends `<binary> <test>: <why>` to the file named by `TE_SKIP_LOG`,
 /// so the summary of `scripts/test.sh` counts the test as skipped, not

@@ -2,7 +2,7 @@
 //! medians of several rounds (ignored by default; run in release):
 //!
 //! ```text
-//! cargo test --release --test shm_bench -- --ignored --nocapture
+//! cargo test --release --lib proc_tests::bench -- --ignored --nocapture
 //! ```
 //!
 //! As `scripts/bench-local.sh` does for local copies, requests walk rings

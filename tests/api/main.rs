@@ -1,0 +1,20 @@
+//! Integration tests of one engine or two in one host through the C API
+//! and the Rust API: the header, calls racing each other, the last-error
+//! slot, background work that never blocks a caller, introspection,
+//! loopback and local transfers, unregister fences, slice timeouts,
+//! notification floods and a peer's death.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod api_races;
+mod auth_last_error;
+mod caller_never_waits;
+mod engine_introspection;
+mod fence_unregister;
+mod header;
+mod loopback;
+mod notify_flood;
+mod peer_death_bounds;
+mod slice_timeout;
+mod strict_local;

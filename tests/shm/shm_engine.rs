@@ -1,0 +1,1329 @@
+//! Engines with the shared-memory transport beside TCP, two processes on
+//! one host, through the public API only: the peer is this test binary run
+//! again ([`CHILD`] set), which starts an engine, registers one buffer and
+//! obeys one-line JSON commands on its stdin (answers on stdout, marked
+//! `@@`).
+//!
+//! * 1 B to 64 MiB at odd offsets, WRITE and READ at once from 8 threads;
+//!   every byte (and the gaps) checked by the side that owns it; the
+//!   transport's counters account for every byte and no connection ever
+//!   reached the peer's TCP data port: shared memory carried the data.
+//! * `kill -9` of the peer mid-batch: every task ends within a bound, and
+//!   a new peer is served.
+//! * The peer unregisters its buffer during a stream of WRITEs: unregister
+//!   returns within its bound and no byte lands afterwards (with a stopped
+//!   initiator: the transport's own tests, `transport::shm::proc_tests`).
+//! * A peer running as another user (`setpriv` to `nobody`): the kernel
+//!   refuses cross-memory attach, and the bytes go over TCP.
+//! * Auto discovery installs shared memory beside TCP, `MC_TE_SHM=0` not.
+//! * A 64 MiB WRITE to a peer stopped (SIGSTOP) mid-copy: once its task
+//!   reports FAILED the caller refills its source, and after the peer
+//!   resumes not one byte of the new pattern reaches it (the slices that
+//!   fell back to TCP included); a READ's buffer, refilled after FAILED,
+//!   stays as refilled.
+//! * Opening a peer on this host logs that shared memory carries its data
+//!   (TCP if it cannot).
+
+use crate::common;
+
+use common::{Buf, pattern_byte};
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use transfer_engine::{Config, Engine, Location, Opcode, Region, Request, TaskStatus};
+
+/// Set in the peer's environment: the test whose peer it is.
+const CHILD: &str = "TE_SHM_ENGINE_CHILD";
+/// Bytes of the peer's buffer (`TE_SHM_LEN` in its environment).
+const LEN_VAR: &str = "TE_SHM_LEN";
+/// The peer's host address (`TE_SHM_HOST`; 127.0.0.1 if unset).
+const HOST_VAR: &str = "TE_SHM_HOST";
+/// The peer's metadata connection string (`TE_SHM_CONN`; P2P if unset)
+/// and, with a store, its name (`TE_SHM_NAME`).
+const CONN_VAR: &str = "TE_SHM_CONN";
+const NAME_VAR: &str = "TE_SHM_NAME";
+/// The pattern seed of the peer's buffer; WRITEs bring [`SEED_WRITE`].
+const SEED_PEER: u8 = 7;
+const SEED_WRITE: u8 = 3;
+/// Longest any task may take before the test calls it a hang.
+const HANG: Duration = Duration::from_secs(120);
+
+/// A hash of bytes (FNV-1a), to compare a buffer over time.
+fn digest(b: &Buf) -> u64 {
+    b.snapshot().iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// The peer: an engine with `tcp,shm`, one registered buffer filled with
+/// the peer pattern, and a loop over commands.
+fn child_main() {
+    let len: usize = std::env::var(LEN_VAR).unwrap().parse().unwrap();
+    let host = std::env::var(HOST_VAR).unwrap_or_else(|_| "127.0.0.1".into());
+    let conn = std::env::var(CONN_VAR).unwrap_or_else(|_| "P2PHANDSHAKE".into());
+    let name = std::env::var(NAME_VAR).unwrap_or_else(|_| format!("{host}:0"));
+    let e = Engine::new(&conn, &name, false).expect("engine");
+    e.install_transport("tcp", None).expect("tcp");
+    e.install_transport("shm", None).expect("shm");
+    let buf = Buf::new(len, SEED_PEER);
+    let region = Region {
+        addr: buf.addr(),
+        length: len as u64,
+        location: Location::Any,
+        remote_accessible: true,
+    };
+    e.register(&[region]).expect("register");
+    let say = |v: Value| {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "@@{v}").unwrap();
+        out.flush().unwrap();
+    };
+    say(json!({
+        "name": e.local_ip_and_port(),
+        "segment": e.local_name(),
+        "addr": buf.addr(),
+        "pid": std::process::id()
+    }));
+    // Buffers registered by "fresh" and "every", in order; none is freed
+    // before the peer exits, so each has an address never registered
+    // before. "fresh" (answered one at a time: the initiator is done with
+    // the buffer before it asks for the next) keeps the last FRESH_KEPT
+    // registered; "every" keeps all of its own, since the initiator may
+    // still be writing any of them however late the host lets it run.
+    const FRESH_KEPT: usize = 4;
+    let mut fresh: Vec<Buf> = Vec::new();
+    let add_fresh = |fresh: &mut Vec<Buf>, len: usize, unregister_old: bool| {
+        let b = Buf::new(len, SEED_PEER);
+        register(&e, &b);
+        fresh.push(b);
+        match fresh.len().checked_sub(FRESH_KEPT + 1) {
+            Some(old) if unregister_old => {
+                e.unregister(&[fresh[old].addr()]).expect("unregister");
+            }
+            _ => {}
+        }
+        fresh.last().unwrap().addr()
+    };
+    for line in std::io::stdin().lock().lines() {
+        let cmd: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        let answer = match cmd["op"].as_str().unwrap() {
+            // Ranges [off, len] must hold the written pattern, the rest
+            // of the buffer the peer pattern: the count of wrong bytes.
+            "check" => {
+                let bytes = buf.snapshot();
+                let mut written = vec![false; len];
+                for r in cmd["ranges"].as_array().unwrap() {
+                    let (o, l) = (
+                        r[0].as_u64().unwrap() as usize,
+                        r[1].as_u64().unwrap() as usize,
+                    );
+                    written[o..o + l].iter_mut().for_each(|w| *w = true);
+                }
+                let bad = (0..len)
+                    .filter(|&i| {
+                        let seed = if written[i] { SEED_WRITE } else { SEED_PEER };
+                        bytes[i] != pattern_byte(i, seed)
+                    })
+                    .count();
+                json!({"bad": bad})
+            }
+            "unregister" => {
+                let t = Instant::now();
+                e.unregister(&[buf.addr()]).expect("unregister");
+                json!({"ms": t.elapsed().as_millis() as u64, "digest": digest(&buf)})
+            }
+            "digest" => json!({"digest": digest(&buf)}),
+            // Bytes that hold pattern `seed` where it differs from the
+            // peer pattern and the written one: only a copy of a source
+            // refilled with `seed` can have put them there.
+            "late" => {
+                let seed = cmd["seed"].as_u64().unwrap() as u8;
+                let bytes = buf.snapshot();
+                let late = (0..len)
+                    .filter(|&i| {
+                        let want = pattern_byte(i, seed);
+                        bytes[i] == want
+                            && want != pattern_byte(i, SEED_PEER)
+                            && want != pattern_byte(i, SEED_WRITE)
+                    })
+                    .count();
+                json!({"late": late})
+            }
+            // Registers a new buffer of `len` bytes (the peer pattern).
+            "fresh" => {
+                let len = cmd["len"].as_u64().unwrap() as usize;
+                json!({"addr": add_fresh(&mut fresh, len, true)})
+            }
+            // Registers `count` new buffers of `len` bytes, one every `ms`,
+            // announcing each at once; then answers.
+            "every" => {
+                let len = cmd["len"].as_u64().unwrap() as usize;
+                for _ in 0..cmd["count"].as_u64().unwrap() {
+                    say(json!({"fresh": add_fresh(&mut fresh, len, false)}));
+                    std::thread::sleep(Duration::from_millis(cmd["ms"].as_u64().unwrap()));
+                }
+                json!({"done": true})
+            }
+            // How many of the fresh buffers do not hold `fresh_data` of
+            // their index (every one was written).
+            "check_fresh" => {
+                json!({"bad": fresh
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, b)| b.snapshot() != fresh_data(b.len(), *i))
+                    .count()})
+            }
+            "counters" => json!({"shm": counters(&e)}),
+            other => panic!("unknown command {other}"),
+        };
+        say(answer);
+    }
+}
+
+/// Bytes of the fresh buffers of a peer.
+const FRESH_LEN: usize = 4096 + 13;
+
+/// What the initiator writes to the `i`th fresh buffer of a peer.
+fn fresh_data(len: usize, i: usize) -> Vec<u8> {
+    common::pattern(len, (i % 251) as u8 + 1)
+}
+
+/// The shared-memory counters of an engine, by name.
+fn counters(e: &Engine) -> Value {
+    e.transport_counters()
+        .into_iter()
+        .filter(|(p, _, _)| *p == "shm")
+        .map(|(_, n, v)| (n.to_string(), json!(v)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// A running peer.
+struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    name: String,
+    /// The name its segment opens by.
+    segment: String,
+    addr: u64,
+    pid: i32,
+}
+
+impl Peer {
+    /// Starts the peer of test `test` with a buffer of `len` bytes,
+    /// through `wrap` (e.g. `setpriv ...`) if not empty.
+    fn start(test: &str, len: usize, wrap: &[&str]) -> Peer {
+        Peer::start_on(test, len, wrap, "127.0.0.1")
+    }
+
+    /// As [`Peer::start`], its engine named by `host`.
+    fn start_on(test: &str, len: usize, wrap: &[&str], host: &str) -> Peer {
+        let exe = std::env::current_exe().unwrap();
+        let mut cmd = match wrap.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&exe);
+                c
+            }
+            None => Command::new(&exe),
+        };
+        cmd.args([
+            &common::test_path(module_path!(), test),
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, test)
+        .env(LEN_VAR, len.to_string())
+        .env(HOST_VAR, host)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn the peer");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut p = Peer {
+            child,
+            stdin,
+            stdout,
+            name: String::new(),
+            segment: String::new(),
+            addr: 0,
+            pid: 0,
+        };
+        let hello = p.read();
+        p.name = hello["name"].as_str().unwrap().to_string();
+        p.segment = hello["segment"].as_str().unwrap().to_string();
+        p.addr = hello["addr"].as_u64().unwrap();
+        p.pid = hello["pid"].as_u64().unwrap() as i32;
+        p
+    }
+
+    fn read(&mut self) -> Value {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                self.stdout.read_line(&mut line).unwrap() > 0,
+                "the peer exited"
+            );
+            // libtest may have begun the line ("test NAME ... ").
+            if let Some((_, v)) = line.trim_end().split_once("@@") {
+                return serde_json::from_str(v).unwrap();
+            }
+        }
+    }
+
+    fn call(&mut self, cmd: Value) -> Value {
+        writeln!(self.stdin, "{cmd}").unwrap();
+        self.stdin.flush().unwrap();
+        self.read()
+    }
+
+    /// The TCP data port the peer publishes.
+    fn data_port(&self) -> u16 {
+        let (host, port) = self.name.rsplit_once(':').unwrap();
+        let d = common::handshake::call(
+            host,
+            port.parse().unwrap(),
+            common::handshake::FrameKind::Metadata,
+            &json!({}),
+        )
+        .unwrap();
+        d["tcp_data_port"].as_u64().unwrap() as u16
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: a plain system call on our own child's pid.
+        assert_eq!(unsafe { libc::kill(self.pid, sig) }, 0);
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether a TCP connection to or from local `port` is listed by the
+/// kernel (any state but LISTEN, including TIME_WAIT).
+fn tcp_connections_on(port: u16) -> usize {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .flat_map(|t| t.lines().skip(1).map(str::to_string).collect::<Vec<_>>())
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let port_of = |a: &str| u16::from_str_radix(a.rsplit(':').next().unwrap(), 16).unwrap();
+            f.len() > 3 && f[3] != "0A" && (port_of(f[1]) == port || port_of(f[2]) == port)
+        })
+        .count()
+}
+
+/// An engine of this process with `tcp` and `shm`.
+fn engine() -> Arc<Engine> {
+    let e = Engine::new("P2PHANDSHAKE", "127.0.0.1:0", false).expect("engine");
+    e.install_transport("tcp", None).expect("tcp");
+    e.install_transport("shm", None).expect("shm");
+    e
+}
+
+fn register(e: &Engine, b: &Buf) {
+    e.register(&[Region {
+        addr: b.addr(),
+        length: b.len() as u64,
+        location: Location::Any,
+        remote_accessible: true,
+    }])
+    .expect("register");
+}
+
+/// Submits `reqs` as one batch and waits for every task.
+fn run(e: &Engine, reqs: &[Request]) -> Vec<TaskStatus> {
+    common::run_within(e, reqs, HANG)
+}
+
+const SIZES: [u64; 14] = [
+    1,
+    2,
+    3,
+    7,
+    100,
+    4095,
+    4096,
+    4097,
+    65535,
+    65537,
+    (1 << 20) + 3,
+    (3 << 20) + 1,
+    (8 << 20) + 5,
+    64 << 20,
+];
+const GAP: u64 = 8;
+
+/// `(offset, len)` of each transfer in a layout with gaps, at odd offsets.
+fn layout() -> (Vec<(u64, u64)>, u64) {
+    let mut at = 1;
+    let v = SIZES
+        .iter()
+        .map(|&l| {
+            let r = (at, l);
+            at += l + GAP;
+            r
+        })
+        .collect();
+    (v, at + GAP)
+}
+
+fn is_child(test: &str) -> bool {
+    std::env::var(CHILD).is_ok_and(|t| t == test)
+}
+
+#[test]
+fn shm_carries_every_byte_both_ways_from_8_threads() {
+    const TEST: &str = "shm_carries_every_byte_both_ways_from_8_threads";
+    if is_child(TEST) {
+        return child_main();
+    }
+    let (ranges, half) = layout();
+    // The peer's first half takes WRITEs, its second half gives READs.
+    let mut peer = Peer::start(TEST, 2 * half as usize, &[]);
+    let e = engine();
+    let src = Buf::new(half as usize, 0);
+    // The source holds the written pattern at the peer's indices.
+    src.set(
+        0,
+        &(0..half as usize)
+            .map(|i| pattern_byte(i, SEED_WRITE))
+            .collect::<Vec<_>>(),
+    );
+    let dst = Buf::zeroed(half as usize);
+    register(&e, &src);
+    register(&e, &dst);
+    let seg = e.open_segment(&peer.name).expect("open");
+    let data_port = peer.data_port();
+    let before = tcp_connections_on(data_port);
+    let base = peer.addr;
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let (e, ranges, src, dst) = (&e, &ranges, &src, &dst);
+            s.spawn(move || {
+                let mine: Vec<Request> = ranges
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| i % 8 == t)
+                    .flat_map(|(_, &(o, l))| {
+                        [
+                            Request {
+                                opcode: Opcode::Write,
+                                source: src.addr() + o,
+                                target_id: seg,
+                                target_offset: base + o,
+                                length: l,
+                            },
+                            Request {
+                                opcode: Opcode::Read,
+                                source: dst.addr() + o,
+                                target_id: seg,
+                                target_offset: base + half + o,
+                                length: l,
+                            },
+                        ]
+                    })
+                    .collect();
+                if !mine.is_empty() {
+                    assert!(run(e, &mine).iter().all(|s| *s == TaskStatus::Completed));
+                }
+            });
+        }
+    });
+    // Every byte the peer owns: its check.
+    let written: Vec<[u64; 2]> = ranges.iter().map(|&(o, l)| [o, l]).collect();
+    assert_eq!(
+        peer.call(json!({"op": "check", "ranges": written}))["bad"],
+        0
+    );
+    // Every byte we own: READ ranges hold the peer pattern at the peer's
+    // indices, gaps are untouched.
+    let got = dst.snapshot();
+    let mut bad = 0usize;
+    let mut k = 0;
+    for (i, &b) in got.iter().enumerate() {
+        while k < ranges.len() && (ranges[k].0 + ranges[k].1) as usize <= i {
+            k += 1;
+        }
+        let inside = k < ranges.len() && ranges[k].0 as usize <= i;
+        let want = if inside {
+            pattern_byte(half as usize + i, SEED_PEER)
+        } else {
+            0
+        };
+        bad += usize::from(b != want);
+    }
+    assert_eq!(bad, 0, "bytes wrong in what we read");
+    let total: u64 = SIZES.iter().sum();
+    let c = counters(&e);
+    assert_eq!(
+        (c["written"].as_u64(), c["read"].as_u64()),
+        (Some(total), Some(total)),
+        "{c}"
+    );
+    assert_eq!(peer.call(json!({"op": "counters"}))["shm"]["served"], total);
+    assert_eq!(
+        tcp_connections_on(data_port),
+        before,
+        "a connection reached the peer's data port"
+    );
+    e.shutdown();
+}
+
+#[test]
+fn a_peer_killed_mid_batch_ends_every_task_and_another_is_served() {
+    const TEST: &str = "a_peer_killed_mid_batch_ends_every_task_and_another_is_served";
+    if is_child(TEST) {
+        return child_main();
+    }
+    const LEN: usize = 256 << 20;
+    let e = engine();
+    let src = Buf::new(LEN, SEED_WRITE);
+    register(&e, &src);
+    let peer = Peer::start(TEST, LEN, &[]);
+    let seg = e.open_segment(&peer.name).expect("open");
+    // 64 WRITEs of 4 MiB, and the peer dies while they run.
+    let reqs: Vec<Request> = (0..64)
+        .map(|i| Request {
+            opcode: Opcode::Write,
+            source: src.addr() + i * (4 << 20),
+            target_id: seg,
+            target_offset: peer.addr + i * (4 << 20),
+            length: 4 << 20,
+        })
+        .collect();
+    let b = e.allocate_batch(reqs.len()).unwrap();
+    e.submit(b, &reqs).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let killed = Instant::now();
+    peer.signal(libc::SIGKILL);
+    let statuses: Vec<TaskStatus> = (0..reqs.len())
+        .map(|i| common::wait_task(&e, b, i, HANG))
+        .collect();
+    let ended = killed.elapsed();
+    e.free_batch(b).unwrap();
+    assert!(
+        ended < Duration::from_secs(30),
+        "every task ended {ended:?} after the kill"
+    );
+    assert!(
+        statuses
+            .iter()
+            .all(|s| matches!(s, TaskStatus::Completed | TaskStatus::Failed))
+    );
+    drop(peer);
+    // A new peer is served, by shared memory.
+    let mut peer = Peer::start(TEST, 1 << 20, &[]);
+    let seg = e.open_segment(&peer.name).expect("open");
+    let before = counters(&e)["written"].as_u64().unwrap();
+    let w = Request {
+        opcode: Opcode::Write,
+        source: src.addr(),
+        target_id: seg,
+        target_offset: peer.addr,
+        length: 1 << 20,
+    };
+    assert_eq!(run(&e, &[w]), vec![TaskStatus::Completed]);
+    assert_eq!(counters(&e)["written"].as_u64().unwrap() - before, 1 << 20);
+    let check = peer.call(json!({"op": "check", "ranges": []}));
+    // The peer's buffer now holds our pattern, which is the written seed
+    // at the same indices: all of it is "written".
+    assert_eq!(check["bad"].as_u64().unwrap(), 1 << 20);
+    assert_eq!(
+        peer.call(json!({"op": "check", "ranges": [[0, 1 << 20]]}))["bad"],
+        0
+    );
+    e.shutdown();
+}
+
+#[test]
+fn unregister_during_a_stream_of_writes_returns_at_once_and_nothing_lands_after() {
+    const TEST: &str =
+        "unregister_during_a_stream_of_writes_returns_at_once_and_nothing_lands_after";
+    if is_child(TEST) {
+        return child_main();
+    }
+    const LEN: usize = 64 << 20;
+    let e = engine();
+    let src = Buf::new(LEN, SEED_WRITE);
+    register(&e, &src);
+    let mut peer = Peer::start(TEST, LEN, &[]);
+    let seg = e.open_segment(&peer.name).expect("open");
+    let base = peer.addr;
+    let w = |i: u64| Request {
+        opcode: Opcode::Write,
+        source: src.addr() + i * (1 << 20),
+        target_id: seg,
+        target_offset: base + i * (1 << 20),
+        length: 1 << 20,
+    };
+    // Attached, by shared memory.
+    assert_eq!(run(&e, &[w(0)]), vec![TaskStatus::Completed]);
+    // A stream of WRITEs, and the peer unregisters its buffer in the
+    // middle of it.
+    let b = e.allocate_batch(4096).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (answer, submitted) = std::thread::scope(|s| {
+        let streamer = s.spawn(|| {
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 4096 {
+                if e.submit(b, &[w(i as u64 % 64)]).is_err() {
+                    break;
+                }
+                i += 1;
+            }
+            i
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let a = peer.call(json!({"op": "unregister"}));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (a, streamer.join().unwrap())
+    });
+    assert!(
+        answer["ms"].as_u64().unwrap() < 5000,
+        "unregister took {answer}"
+    );
+    let after = answer["digest"].clone();
+    // Every task ends; nothing lands in the unregistered buffer later.
+    for i in 0..submitted {
+        common::wait_task(&e, b, i, HANG);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(peer.call(json!({"op": "digest"}))["digest"], after);
+    e.shutdown();
+}
+
+#[test]
+fn a_peer_of_another_user_is_reached_over_tcp() {
+    const TEST: &str = "a_peer_of_another_user_is_reached_over_tcp";
+    if is_child(TEST) {
+        return child_main();
+    }
+    // SAFETY: a plain system call.
+    if unsafe { libc::geteuid() } != 0 || Command::new("setpriv").arg("--version").output().is_err()
+    {
+        return common::skip("needs root and setpriv to run the peer as nobody");
+    }
+    let e = engine();
+    let src = Buf::new(4 << 20, SEED_WRITE);
+    let dst = Buf::zeroed(4 << 20);
+    register(&e, &src);
+    register(&e, &dst);
+    let mut peer = Peer::start(
+        TEST,
+        8 << 20,
+        &[
+            "setpriv",
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "--",
+        ],
+    );
+    let seg = e.open_segment(&peer.name).expect("open");
+    let data_port = peer.data_port();
+    let reqs = [
+        Request {
+            opcode: Opcode::Write,
+            source: src.addr(),
+            target_id: seg,
+            target_offset: peer.addr,
+            length: 4 << 20,
+        },
+        Request {
+            opcode: Opcode::Read,
+            source: dst.addr(),
+            target_id: seg,
+            target_offset: peer.addr + (4 << 20),
+            length: 4 << 20,
+        },
+    ];
+    assert_eq!(run(&e, &reqs), vec![TaskStatus::Completed; 2]);
+    assert_eq!(
+        peer.call(json!({"op": "check", "ranges": [[0, 4 << 20]]}))["bad"],
+        0
+    );
+    let got = dst.snapshot();
+    assert!(
+        got.iter()
+            .enumerate()
+            .all(|(i, &b)| b == pattern_byte((4 << 20) + i, SEED_PEER))
+    );
+    // The peer cannot read our memory to verify us, so it refuses our
+    // ring, and neither direction uses shared memory (although we, as
+    // root, could read the peer's memory).
+    let c = counters(&e);
+    assert_eq!(
+        (c["written"].as_u64(), c["read"].as_u64()),
+        (Some(0), Some(0)),
+        "{c}"
+    );
+    assert!(
+        tcp_connections_on(data_port) > 0,
+        "no connection reached the peer's data port"
+    );
+    e.shutdown();
+}
+
+#[test]
+fn auto_discovery_installs_shm_beside_tcp_unless_mc_te_shm_is_0() {
+    let transports = |shm: &str| {
+        let mut config = transfer_engine::Config::default();
+        config.engine.force_tcp = true;
+        config.shm.auto_install = shm != "0";
+        let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+            .auto_discover(true)
+            .config(config)
+            .build()
+            .expect("engine");
+        let d = common::descriptor(&e);
+        e.shutdown();
+        (d["protocol"].clone(), d.get("shm").is_some())
+    };
+    assert_eq!(transports("1"), (json!("tcp"), true));
+    assert_eq!(transports("0"), (json!("tcp"), false));
+}
+
+/// A network namespace joined to ours by a veth pair, deleted on drop.
+struct Netns {
+    name: String,
+    veth: String,
+}
+
+impl Netns {
+    /// `te-shm-<pid>` with 10.78.X.1 here and 10.78.X.2 inside; `None`
+    /// (with the reason) where namespaces cannot be made.
+    fn new() -> Result<(Netns, String, String), String> {
+        // SAFETY: a plain system call.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("needs root for network namespaces".into());
+        }
+        let pid = std::process::id();
+        let x = pid % 200 + 20;
+        let ns = Netns {
+            name: format!("te-shm-{pid}"),
+            veth: format!("tes{pid}"),
+        };
+        let (here, there) = (format!("10.78.{x}.1"), format!("10.78.{x}.2"));
+        let inner = format!("tei{pid}");
+        let steps: Vec<Vec<String>> = vec![
+            vec!["netns".into(), "add".into(), ns.name.clone()],
+            vec![
+                "link".into(),
+                "add".into(),
+                ns.veth.clone(),
+                "type".into(),
+                "veth".into(),
+                "peer".into(),
+                "name".into(),
+                inner.clone(),
+            ],
+            vec![
+                "link".into(),
+                "set".into(),
+                inner.clone(),
+                "netns".into(),
+                ns.name.clone(),
+            ],
+            vec![
+                "addr".into(),
+                "add".into(),
+                format!("{here}/24"),
+                "dev".into(),
+                ns.veth.clone(),
+            ],
+            vec!["link".into(), "set".into(), ns.veth.clone(), "up".into()],
+            vec![
+                "-n".into(),
+                ns.name.clone(),
+                "addr".into(),
+                "add".into(),
+                format!("{there}/24"),
+                "dev".into(),
+                inner.clone(),
+            ],
+            vec![
+                "-n".into(),
+                ns.name.clone(),
+                "link".into(),
+                "set".into(),
+                inner,
+                "up".into(),
+            ],
+            vec![
+                "-n".into(),
+                ns.name.clone(),
+                "link".into(),
+                "set".into(),
+                "lo".into(),
+                "up".into(),
+            ],
+        ];
+        for step in steps {
+            let out = Command::new("ip")
+                .args(&step)
+                .output()
+                .map_err(|e| format!("ip: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "ip {}: {}",
+                    step.join(" "),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+        }
+        Ok((ns, here, there))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.veth])
+            .output();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+#[test]
+fn one_batch_reaches_a_peer_here_by_shm_and_one_in_another_namespace_by_tcp() {
+    const TEST: &str = "one_batch_reaches_a_peer_here_by_shm_and_one_in_another_namespace_by_tcp";
+    if is_child(TEST) {
+        return child_main();
+    }
+    let (ns, here, there) = match Netns::new() {
+        Ok(v) => v,
+        Err(why) => return common::skip(&why),
+    };
+    const LEN: usize = 8 << 20;
+    // This engine is named by its address on the link, so that its TCP
+    // reaches the other namespace.
+    let e = Engine::new("P2PHANDSHAKE", &format!("{here}:0"), false).expect("engine");
+    e.install_transport("tcp", None).expect("tcp");
+    e.install_transport("shm", None).expect("shm");
+    let src = Buf::new(LEN, 0);
+    src.set(
+        0,
+        &(0..LEN)
+            .map(|i| pattern_byte(i, SEED_WRITE))
+            .collect::<Vec<_>>(),
+    );
+    register(&e, &src);
+    let mut near = Peer::start(TEST, LEN, &[]);
+    let mut far = Peer::start_on(TEST, LEN, &["ip", "netns", "exec", &ns.name], &there);
+    let (a, b) = (
+        e.open_segment(&near.name).expect("open near"),
+        e.open_segment(&far.name).expect("open far"),
+    );
+    let far_port = far.data_port();
+    let reqs: Vec<Request> = (0..8u64)
+        .map(|i| Request {
+            opcode: Opcode::Write,
+            source: src.addr() + i * (LEN as u64 / 8),
+            target_id: if i % 2 == 0 { a } else { b },
+            target_offset: if i % 2 == 0 { near.addr } else { far.addr } + i * (LEN as u64 / 8),
+            length: LEN as u64 / 8,
+        })
+        .collect();
+    assert_eq!(run(&e, &reqs), vec![TaskStatus::Completed; 8]);
+    let ranges = |parity: u64| -> Vec<[u64; 2]> {
+        (0..8u64)
+            .filter(|i| i % 2 == parity)
+            .map(|i| [i * (LEN as u64 / 8), LEN as u64 / 8])
+            .collect()
+    };
+    assert_eq!(
+        near.call(json!({"op": "check", "ranges": ranges(0)}))["bad"],
+        0
+    );
+    assert_eq!(
+        far.call(json!({"op": "check", "ranges": ranges(1)}))["bad"],
+        0
+    );
+    // The near peer's half went by shared memory, the far one's over its
+    // data port.
+    assert_eq!(counters(&e)["written"].as_u64(), Some(LEN as u64 / 2));
+    assert_eq!(
+        near.call(json!({"op": "counters"}))["shm"]["served"],
+        LEN as u64 / 2
+    );
+    assert_eq!(far.call(json!({"op": "counters"}))["shm"]["served"], 0);
+    assert!(
+        tcp_connections_on(far_port) > 0,
+        "no connection of ours reached the far peer's data port"
+    );
+    e.shutdown();
+}
+
+#[test]
+fn engines_with_a_cluster_key_attach_by_shm_and_others_are_refused() {
+    const TEST: &str = "engines_with_a_cluster_key_attach_by_shm_and_others_are_refused";
+    if is_child(TEST) {
+        return child_main();
+    }
+    let dir = std::env::temp_dir().join(format!("te-shm-key-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ours, theirs) = (dir.join("a.key"), dir.join("b.key"));
+    std::fs::write(&ours, "11".repeat(32)).unwrap();
+    std::fs::write(&theirs, "22".repeat(32)).unwrap();
+    for f in [&ours, &theirs] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let config = transfer_engine::Config::from_env().with_auth_key_file(ours.to_str().unwrap());
+    let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+        .config(config)
+        .build()
+        .expect("engine");
+    e.install_transport("tcp", None).expect("tcp");
+    e.install_transport("shm", None).expect("shm");
+    let src = Buf::new(1 << 20, 0);
+    src.set(
+        0,
+        &(0..1 << 20)
+            .map(|i| pattern_byte(i, SEED_WRITE))
+            .collect::<Vec<_>>(),
+    );
+    register(&e, &src);
+    let key_env = |k: &std::path::Path| format!("MC_TE_AUTH_KEY_FILE={}", k.display());
+    // The same key: attached by shared memory.
+    let same = key_env(&ours);
+    let mut peer = Peer::start(TEST, 1 << 20, &["env", &same]);
+    let seg = e.open_segment(&peer.name).expect("open");
+    let w = Request {
+        opcode: Opcode::Write,
+        source: src.addr(),
+        target_id: seg,
+        target_offset: peer.addr,
+        length: 1 << 20,
+    };
+    assert_eq!(run(&e, &[w]), vec![TaskStatus::Completed]);
+    assert_eq!(
+        peer.call(json!({"op": "check", "ranges": [[0, 1 << 20]]}))["bad"],
+        0
+    );
+    assert_eq!(counters(&e)["written"].as_u64(), Some(1 << 20));
+    // Another key: neither its descriptor nor an attach is served.
+    let other = key_env(&theirs);
+    let stranger = Peer::start(TEST, 1 << 20, &["env", &other]);
+    assert!(e.open_segment(&stranger.name).is_err());
+    e.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The pattern a caller writes into its buffer once its transfer FAILED.
+const SEED_REUSED: u8 = 11;
+
+/// Rounds per case of [`a_transfer_failed_against_a_stopped_peer_moves_no_byte_afterwards`]:
+/// 2 (`TE_SHM_LATE_ROUNDS` changes it).
+fn late_rounds() -> usize {
+    std::env::var("TE_SHM_LATE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
+}
+
+#[test]
+fn a_transfer_failed_against_a_stopped_peer_moves_no_byte_afterwards() {
+    const TEST: &str = "a_transfer_failed_against_a_stopped_peer_moves_no_byte_afterwards";
+    if is_child(TEST) {
+        return child_main();
+    }
+    const LEN: usize = 64 << 20;
+    let mut peer = Peer::start(TEST, LEN, &[]);
+    for slice in ["65536", "1048576"] {
+        let cfg = Config::from_lookup(|k| match k {
+            "MC_SHM_TIMEOUT_SEC" => Some("1".into()),
+            "MC_TCP_MIN_RATE_WINDOW_SEC" => Some("1".into()),
+            "MC_SLICE_SIZE" => Some(slice.into()),
+            _ => None,
+        });
+        let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+            .auto_discover(true)
+            .config(cfg)
+            .build()
+            .expect("engine");
+        let seg = e.open_segment(&peer.name).expect("open");
+        for engine_memory in [false, true] {
+            let heap = Buf::zeroed(LEN);
+            let mine = if engine_memory {
+                e.allocate_buffer(LEN)
+                    .expect("the engine allocates memory")
+                    .expect("allocate")
+            } else {
+                heap.addr()
+            };
+            e.register(&[Region {
+                addr: mine,
+                length: LEN as u64,
+                location: Location::Any,
+                remote_accessible: true,
+            }])
+            .expect("register");
+            let fill = |seed: u8| {
+                // SAFETY: our registered buffer, which no transfer uses
+                // now (between rounds, or after its task ended).
+                let b = unsafe { std::slice::from_raw_parts_mut(mine as *mut u8, LEN) };
+                b.iter_mut()
+                    .enumerate()
+                    .for_each(|(i, x)| *x = pattern_byte(i, seed));
+            };
+            let holds = |seed: u8| {
+                // SAFETY: as above.
+                let b = unsafe { std::slice::from_raw_parts(mine as *const u8, LEN) };
+                b.iter()
+                    .enumerate()
+                    .filter(|&(i, x)| *x != pattern_byte(i, seed))
+                    .count()
+            };
+            for opcode in [Opcode::Write, Opcode::Read] {
+                let mut seen = Vec::new();
+                for _ in 0..late_rounds() {
+                    fill(if opcode == Opcode::Write {
+                        SEED_WRITE
+                    } else {
+                        0
+                    });
+                    let written = |e: &Engine| {
+                        let c = counters(e);
+                        c["written"].as_u64().unwrap() + c["read"].as_u64().unwrap()
+                    };
+                    let before = written(&e);
+                    let b = e.allocate_batch(1).unwrap();
+                    e.submit(
+                        b,
+                        &[Request {
+                            opcode,
+                            source: mine,
+                            target_id: seg,
+                            target_offset: peer.addr,
+                            length: LEN as u64,
+                        }],
+                    )
+                    .unwrap();
+                    let start = Instant::now();
+                    while written(&e) == before {
+                        assert!(start.elapsed() < HANG, "nothing moves");
+                        std::hint::spin_loop();
+                    }
+                    peer.signal(libc::SIGSTOP);
+                    common::proc::wait_stopped(peer.pid);
+                    // A slice the peer is copying is waited for: the task
+                    // may end only once it resumes. The others fail after
+                    // MC_SHM_TIMEOUT_SEC, fall back to TCP and fail there
+                    // after MC_TCP_MIN_RATE_WINDOW_SEC.
+                    let mut stopped = true;
+                    let status = loop {
+                        let (s, _) = e.status(b, 0).unwrap();
+                        if matches!(s, TaskStatus::Completed | TaskStatus::Failed) {
+                            break s;
+                        }
+                        if stopped && start.elapsed() > Duration::from_secs(4) {
+                            peer.signal(libc::SIGCONT);
+                            stopped = false;
+                        }
+                        assert!(start.elapsed() < HANG, "the task never ends");
+                        std::thread::sleep(Duration::from_millis(1));
+                    };
+                    e.free_batch(b).unwrap();
+                    if status == TaskStatus::Failed {
+                        fill(SEED_REUSED);
+                    }
+                    if stopped {
+                        peer.signal(libc::SIGCONT);
+                    }
+                    // Whatever the peer still had to do, it has done it.
+                    let mut last = peer.call(json!({"op": "digest"}));
+                    loop {
+                        std::thread::sleep(Duration::from_millis(300));
+                        let now = peer.call(json!({"op": "digest"}));
+                        if now == last {
+                            break;
+                        }
+                        last = now;
+                    }
+                    seen.push((status, stopped));
+                    match (opcode, status) {
+                        (Opcode::Write, TaskStatus::Failed) => assert_eq!(
+                            peer.call(json!({"op": "late", "seed": SEED_REUSED}))["late"],
+                            0,
+                            "bytes written after FAILED reached the peer"
+                        ),
+                        (Opcode::Write, _) => assert_eq!(
+                            peer.call(json!({"op": "check", "ranges": [[0, LEN]]}))["bad"],
+                            0
+                        ),
+                        (Opcode::Read, TaskStatus::Failed) => {
+                            assert_eq!(holds(SEED_REUSED), 0, "a READ wrote after FAILED")
+                        }
+                        (Opcode::Read, _) => assert_eq!(holds(SEED_PEER), 0),
+                    }
+                    if opcode == Opcode::Write {
+                        // The peer's buffer back to its pattern, as the
+                        // next round expects.
+                        fill(SEED_PEER);
+                        let back = Request {
+                            opcode: Opcode::Write,
+                            source: mine,
+                            target_id: seg,
+                            target_offset: peer.addr,
+                            length: LEN as u64,
+                        };
+                        assert_eq!(run(&e, &[back]), vec![TaskStatus::Completed]);
+                    }
+                }
+                println!(
+                    "{opcode:?}, slices of {slice} B, {} memory: (status, the peer was still \
+                     stopped when it ended) {seen:?}",
+                    if engine_memory { "engine" } else { "caller" }
+                );
+                if opcode == Opcode::Write {
+                    assert!(
+                        seen.iter().any(|(s, _)| *s == TaskStatus::Failed),
+                        "no WRITE failed: the stop never came mid-copy"
+                    );
+                }
+            }
+            e.unregister(&[mine]).expect("unregister");
+            if engine_memory {
+                e.free_buffer(mine).expect("free");
+            }
+        }
+        e.shutdown();
+    }
+}
+
+/// An engine of this process with `tcp` and `shm`, on `conn` as `name`.
+fn engine_on(conn: &str, name: &str) -> Arc<Engine> {
+    let e = Engine::new(conn, name, false).expect("engine");
+    e.install_transport("tcp", None).expect("tcp");
+    e.install_transport("shm", None).expect("shm");
+    e
+}
+
+/// A WRITE of a fresh buffer's length from `source` to `addr` of `seg`.
+fn write(source: u64, seg: i32, addr: u64) -> Request {
+    Request {
+        opcode: Opcode::Write,
+        source,
+        target_id: seg,
+        target_offset: addr,
+        length: FRESH_LEN as u64,
+    }
+}
+
+/// Submits one request as a batch of one and returns the batch.
+fn submit_one(e: &Engine, r: Request) -> u64 {
+    let b = e.allocate_batch(1).unwrap();
+    e.submit(b, &[r]).unwrap();
+    b
+}
+
+/// The status of the only task of batch `b` once it is terminal (the
+/// batch is freed).
+fn finish(e: &Engine, b: u64) -> TaskStatus {
+    let s = common::wait_task(e, b, 0, HANG);
+    e.free_batch(b).unwrap();
+    s
+}
+
+/// The registration pattern of consumers over shared memory, on P2P and
+/// HTTP metadata: the peer registers a new buffer and says so on its
+/// control channel, and this process WRITEs to it and READs it back at
+/// once, before its cached descriptor lists the buffer; 1,000 rounds, then
+/// a peer that registers a buffer every 10 ms while this process writes to
+/// each as soon as it hears of it. No task fails, shared memory carries
+/// every byte, and both sides check every byte.
+#[test]
+fn buffers_registered_a_moment_ago_are_reachable_over_shm() {
+    const TEST: &str = "buffers_registered_a_moment_ago_are_reachable_over_shm";
+    const LEN: usize = FRESH_LEN;
+    const ROUNDS: usize = 1000;
+    const EVERY: usize = 200;
+    if is_child(TEST) {
+        return child_main();
+    }
+    let server =
+        transfer_engine::metadata::server::MetadataServer::start("127.0.0.1:0", "/metadata", None)
+            .unwrap();
+    for (conn, names) in [
+        ("P2PHANDSHAKE".to_string(), ["127.0.0.1:0", "127.0.0.1:0"]),
+        (server.url(), ["shm-fresh-target", "shm-fresh-initiator"]),
+    ] {
+        let conn_env = format!("{CONN_VAR}={conn}");
+        let name_env = format!("{NAME_VAR}={}", names[0]);
+        let mut peer = Peer::start(TEST, 4096, &["env", &conn_env, &name_env]);
+        let e = engine_on(&conn, names[1]);
+        let src = Buf::zeroed((ROUNDS + EVERY) * LEN);
+        let back = Buf::zeroed((ROUNDS + EVERY) * LEN);
+        for i in 0..ROUNDS + EVERY {
+            src.set(i * LEN, &fresh_data(LEN, i));
+        }
+        register(&e, &src);
+        register(&e, &back);
+        let seg = e.open_segment(&peer.segment).expect("open");
+        let fetches = e.descriptor_fetches();
+        let t0 = Instant::now();
+        let mut failed = 0;
+        let at = |b: &Buf, i: usize| b.addr() + (i * LEN) as u64;
+        for i in 0..ROUNDS {
+            let addr = peer.call(json!({"op": "fresh", "len": LEN}))["addr"]
+                .as_u64()
+                .unwrap();
+            let w = write(at(&src, i), seg, addr);
+            if finish(&e, submit_one(&e, w)) != TaskStatus::Completed {
+                failed += 1;
+            }
+            let r = Request {
+                opcode: Opcode::Read,
+                source: at(&back, i),
+                ..w
+            };
+            match finish(&e, submit_one(&e, r)) {
+                TaskStatus::Completed => assert!(
+                    back.get(i * LEN, LEN) == fresh_data(LEN, i),
+                    "round {i}: the READ brought back other bytes than were written"
+                ),
+                _ => failed += 1,
+            }
+        }
+        let took = t0.elapsed();
+        let rounds_fetches = e.descriptor_fetches() - fetches;
+        println!(
+            "register, announce, WRITE and READ at once over shm ({conn}): {ROUNDS} rounds: \
+             {failed} of {} tasks FAILED, {took:.2?}, {rounds_fetches} descriptor fetches",
+            2 * ROUNDS
+        );
+        assert_eq!(failed, 0, "tasks FAILED");
+        // A buffer every 10 ms, each written as soon as it is announced
+        // (earlier ones may be in flight), then read back.
+        let fetches = e.descriptor_fetches();
+        let t0 = Instant::now();
+        let announced = std::sync::Mutex::new(std::collections::VecDeque::<u64>::new());
+        std::thread::scope(|s| {
+            let (peer, announced) = (&mut peer, &announced);
+            s.spawn(move || {
+                let cmd = json!({"op": "every", "len": LEN, "count": EVERY, "ms": 10});
+                writeln!(peer.stdin, "{cmd}").unwrap();
+                peer.stdin.flush().unwrap();
+                while let Some(addr) = peer.read()["fresh"].as_u64() {
+                    announced.lock().unwrap().push_back(addr);
+                }
+            });
+            // (index, batch, is the READ) of every task in flight.
+            let mut flying: Vec<(usize, u64, bool)> = Vec::new();
+            let mut addrs: Vec<u64> = Vec::new();
+            let mut done = 0;
+            let deadline = Instant::now() + HANG;
+            while done < EVERY {
+                assert!(Instant::now() < deadline, "the run hangs");
+                while let Some(addr) = announced.lock().unwrap().pop_front() {
+                    let i = ROUNDS + addrs.len();
+                    addrs.push(addr);
+                    flying.push((i, submit_one(&e, write(at(&src, i), seg, addr)), false));
+                }
+                let mut still = Vec::new();
+                for (i, b, read) in flying.drain(..) {
+                    let (status, _) = e.status(b, 0).unwrap();
+                    if status == TaskStatus::Waiting {
+                        still.push((i, b, read));
+                        continue;
+                    }
+                    e.free_batch(b).unwrap();
+                    if status != TaskStatus::Completed {
+                        failed += 1;
+                    }
+                    if !read {
+                        let r = Request {
+                            opcode: Opcode::Read,
+                            source: at(&back, i),
+                            ..write(0, seg, addrs[i - ROUNDS])
+                        };
+                        still.push((i, submit_one(&e, r), true));
+                        continue;
+                    }
+                    if status == TaskStatus::Completed {
+                        assert!(
+                            back.get(i * LEN, LEN) == fresh_data(LEN, i),
+                            "buffer {i}: the READ brought back other bytes than were written"
+                        );
+                    }
+                    done += 1;
+                }
+                flying = still;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        });
+        println!(
+            "a buffer every 10 ms over shm ({conn}): {EVERY} buffers: {failed} of {} tasks \
+             FAILED, {:.2?}, {} descriptor fetches",
+            2 * EVERY,
+            t0.elapsed(),
+            e.descriptor_fetches() - fetches
+        );
+        assert_eq!(failed, 0, "tasks FAILED");
+        // The peer finds what was written in every buffer, and shared
+        // memory carried it all.
+        assert_eq!(peer.call(json!({"op": "check_fresh"}))["bad"], 0);
+        let moved = ((ROUNDS + EVERY) * LEN) as u64;
+        assert_eq!(counters(&e)["written"].as_u64(), Some(moved));
+        assert_eq!(counters(&e)["read"].as_u64(), Some(moved));
+        // One attachment (one ring at the peer) served the 1,200
+        // descriptors the peer's registrations made.
+        assert_eq!(counters(&e)["attached"].as_u64(), Some(1));
+        e.shutdown();
+    }
+    server.shutdown();
+}
+
+/// The bytes a test's log subscriber wrote.
+#[derive(Clone, Default)]
+struct LogSink(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Write for LogSink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn opening_a_peer_here_says_shared_memory_carries_its_data() {
+    const TEST: &str = "opening_a_peer_here_says_shared_memory_carries_its_data";
+    if is_child(TEST) {
+        return child_main();
+    }
+    let peer = Peer::start(TEST, 4096, &[]);
+    let e = engine();
+    let sink = LogSink::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        e.open_segment(&peer.name).expect("open");
+    });
+    let log = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        log.contains("its data goes by shm, else tcp"),
+        "the log does not say how the data goes: {log}"
+    );
+    e.shutdown();
+}
