@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Tests the Python package: checks the binding crate (fmt, clippy), builds
-# and installs the wheel into a clean virtualenv exactly as a user would
-# (`pip install ./python`), installs pytest, numpy and Mooncake's own wheel
-# (the interop peer), runs python/tests, and checks that `pip install .`
-# from the repository root installs the package too.
+# the wheels of ./python and of the `mooncake.engine` alias
+# (./python/mooncake-alias) from source as a user's pip would, installs
+# them into a clean virtualenv with pytest, numpy and Mooncake's own wheel
+# (the interop peer) and into a second one without Mooncake (the alias
+# tests' TE_ALIAS_PYTHON), runs python/tests, and checks that
+# `pip install .` from the repository root installs the package too.
 #
 #   scripts/test-python.sh [pytest arguments]
 #
@@ -44,9 +46,20 @@ export TE_METADATA_SERVER_BIN=$root/target/debug/transfer-engine-metadata-server
 echo "== python: clean virtualenv $venv ($("$python" --version))"
 rm -rf "$venv"
 "$python" -m venv "$venv"
-echo "== python: pip install ./python"
-"$venv/bin/python" -m pip install ./python
+echo "== python: pip wheel ./python ./python/mooncake-alias"
+wheels=$root/build/wheels
+rm -rf "$wheels"
+"$venv/bin/python" -m pip wheel --no-deps --wheel-dir "$wheels" ./python ./python/mooncake-alias
+echo "== python: pip install the wheels"
+"$venv/bin/python" -m pip install "$wheels"/*.whl
 "$venv/bin/python" -m pip install --quiet "$pytest_req" "$numpy_req"
+# A second environment without Mooncake, for the tests of the
+# `mooncake.engine` alias where no real Mooncake is installed.
+alias_venv=$venv-alias
+rm -rf "$alias_venv"
+"$python" -m venv "$alias_venv"
+"$alias_venv/bin/python" -m pip install --quiet "$wheels"/*.whl "$numpy_req"
+export TE_ALIAS_PYTHON=$alias_venv/bin/python
 if ! "$venv/bin/python" -m pip install --quiet "$mooncake_req"; then
   if [ "${CI:-}" = "true" ]; then
     echo "test-python.sh: cannot install $mooncake_req (needed for the interop tests)" >&2

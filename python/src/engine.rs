@@ -960,20 +960,16 @@ impl TransferEngine {
         )
     }
 
-    /// Mooncake returns its C++ engine object; there is none here.
-    fn get_engine(&self) -> PyResult<()> {
-        Err(PyNotImplementedError::new_err(
-            "get_engine returns Mooncake's C++ TransferEngine; this engine is written in Rust \
-             and has no such object",
-        ))
+    /// Mooncake returns its C++ engine object; there is none here, so
+    /// `None` (clients that only log it or pass it on keep working).
+    fn get_engine(&self) -> Option<Py<PyAny>> {
+        None
     }
 
-    /// Mooncake returns the address of its C++ engine; there is none here.
-    fn get_engine_ptr(&self) -> PyResult<()> {
-        Err(PyNotImplementedError::new_err(
-            "get_engine_ptr returns the address of Mooncake's C++ TransferEngine; this engine \
-             is written in Rust and has no such object",
-        ))
+    /// Mooncake returns the address of its C++ engine; there is none here,
+    /// so `None`.
+    fn get_engine_ptr(&self) -> Option<u64> {
+        None
     }
 
     /// CUDA-stream-ordered WRITE (Mooncake CUDA builds only).

@@ -37,6 +37,27 @@ pub enum Local {
     },
 }
 
+/// `obj` as an integer address, if it is one: a Python `int`, or an object
+/// whose `__index__` gives one and that is no array of several elements
+/// (numpy integer scalars, 0-d integer arrays), as Mooncake's binding
+/// reads addresses. Checked before the buffer protocol, since a numpy
+/// scalar also exports its own eight bytes as a buffer.
+fn as_integer<'py>(obj: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+    if obj.is_instance_of::<PyInt>() {
+        return Some(obj.clone());
+    }
+    let scalar = match obj.getattr("ndim") {
+        Ok(ndim) => ndim.extract::<u64>().is_ok_and(|n| n == 0),
+        Err(_) => true,
+    };
+    if !scalar {
+        return None;
+    }
+    obj.call_method0("__index__")
+        .ok()
+        .filter(|i| i.is_instance_of::<PyInt>())
+}
+
 /// Whether the memory will be written (a READ lands in it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
@@ -61,8 +82,8 @@ impl Local {
     }
 
     fn extract_with(obj: &Bound<'_, PyAny>, access: Access, pin: bool) -> PyResult<Local> {
-        if obj.is_instance_of::<PyInt>() {
-            return obj.extract::<u64>().map(Local::Addr).map_err(|_| {
+        if let Some(int) = as_integer(obj) {
+            return int.extract::<u64>().map(Local::Addr).map_err(|_| {
                 PyValueError::new_err("an address must be a non-negative integer below 2**64")
             });
         }

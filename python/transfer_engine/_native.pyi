@@ -198,10 +198,10 @@ class TransferEngine:
         """Notifications received so far, oldest first."""
     def send_probe(self, peer_server_name: str) -> int:
         """0 when the peer's listener answers; -101, -102, -200 otherwise."""
-    def get_engine(self) -> Any:
-        """Raises NotImplementedError: there is no C++ engine object."""
-    def get_engine_ptr(self) -> int:
-        """Raises NotImplementedError: there is no C++ engine object."""
+    def get_engine(self) -> None:
+        """None: there is no C++ engine object to hand out."""
+    def get_engine_ptr(self) -> None:
+        """None: there is no C++ engine object to hand out."""
     def transfer_write_on_cuda(self, *args: Any, **kwargs: Any) -> None:
         """Raises NotImplementedError (CUDA builds only)."""
     def transfer_read_on_cuda(self, *args: Any, **kwargs: Any) -> None:
