@@ -1,7 +1,9 @@
 /*
  * abi_layout: proves that include/transfer_engine_c.h is ABI-identical to
- * Mooncake's transfer_engine_c.h (and error.h) on LP64: every struct has
- * Mooncake's size and field offsets, every constant has Mooncake's value,
+ * Mooncake's transfer_engine_c.h on LP64: every struct has Mooncake's size
+ * and field offsets, every constant has Mooncake's value (and the TE_ERR_*
+ * codes of transfer_engine_ext.h the values of Mooncake's error.h, whose
+ * ERR_* names transfer_engine_c.h does not define, as Mooncake's does not),
  * segment_id_t / batch_id_t / segment_handle_t are macros as in Mooncake, and
  * both the struct tags and the *_t typedefs exist.
  *
@@ -9,6 +11,13 @@
  * test both breaks the build and reports the offending values.
  */
 #include "transfer_engine_c.h"
+
+/* Mooncake's transfer_engine_c.h defines no ERR_* (its error.h does). */
+#if defined(ERR_INVALID_ARGUMENT) || defined(ERR_DNS) || defined(ERR_NOT_IMPLEMENTED)
+#error "transfer_engine_c.h must not define Mooncake's error.h names"
+#endif
+
+#include "transfer_engine_ext.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -137,24 +146,24 @@ int main(void) {
   CHECK_EQ(STATUS_COMPLETED, 4);
   CHECK_EQ(STATUS_TIMEOUT, 5);
   CHECK_EQ(STATUS_FAILED, 6);
-  /* Mooncake's error.h. */
-  CHECK_EQ(ERR_INVALID_ARGUMENT, -1);
-  CHECK_EQ(ERR_TOO_MANY_REQUESTS, -2);
-  CHECK_EQ(ERR_ADDRESS_NOT_REGISTERED, -3);
-  CHECK_EQ(ERR_BATCH_BUSY, -4);
-  CHECK_EQ(ERR_DEVICE_NOT_FOUND, -6);
-  CHECK_EQ(ERR_ADDRESS_OVERLAPPED, -7);
-  CHECK_EQ(ERR_DNS, -101);
-  CHECK_EQ(ERR_SOCKET, -102);
-  CHECK_EQ(ERR_MALFORMED_JSON, -103);
-  CHECK_EQ(ERR_REJECT_HANDSHAKE, -104);
-  CHECK_EQ(ERR_METADATA, -200);
-  CHECK_EQ(ERR_ENDPOINT, -201);
-  CHECK_EQ(ERR_CONTEXT, -202);
-  CHECK_EQ(ERR_NUMA, -300);
-  CHECK_EQ(ERR_CLOCK, -301);
-  CHECK_EQ(ERR_MEMORY, -302);
-  CHECK_EQ(ERR_NOT_IMPLEMENTED, -303);
+  /* Mooncake's error.h values, under our prefix (transfer_engine_ext.h). */
+  CHECK_EQ(TE_ERR_INVALID_ARGUMENT, -1);
+  CHECK_EQ(TE_ERR_TOO_MANY_REQUESTS, -2);
+  CHECK_EQ(TE_ERR_ADDRESS_NOT_REGISTERED, -3);
+  CHECK_EQ(TE_ERR_BATCH_BUSY, -4);
+  CHECK_EQ(TE_ERR_DEVICE_NOT_FOUND, -6);
+  CHECK_EQ(TE_ERR_ADDRESS_OVERLAPPED, -7);
+  CHECK_EQ(TE_ERR_DNS, -101);
+  CHECK_EQ(TE_ERR_SOCKET, -102);
+  CHECK_EQ(TE_ERR_MALFORMED_JSON, -103);
+  CHECK_EQ(TE_ERR_REJECT_HANDSHAKE, -104);
+  CHECK_EQ(TE_ERR_METADATA, -200);
+  CHECK_EQ(TE_ERR_ENDPOINT, -201);
+  CHECK_EQ(TE_ERR_CONTEXT, -202);
+  CHECK_EQ(TE_ERR_NUMA, -300);
+  CHECK_EQ(TE_ERR_CLOCK, -301);
+  CHECK_EQ(TE_ERR_MEMORY, -302);
+  CHECK_EQ(TE_ERR_NOT_IMPLEMENTED, -303);
 
   /* Both spellings of every type name Mooncake users write. */
   struct transfer_request a = {.opcode = OPCODE_WRITE, .length = 1};

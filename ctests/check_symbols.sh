@@ -5,7 +5,10 @@
 # defines (nm -D --defined-only, type T) are those declared in the two
 # headers; the main header declares Mooncake's 27 functions of
 # transfer_engine_c.h, no more and no fewer; the extension header declares
-# only te_* functions, at least the documented ones.
+# only te_* functions, at least the documented ones. The main header's
+# macros are Mooncake's transfer_engine_c.h's (no ERR_*: those are in
+# Mooncake's error.h, and ours are TE_ERR_* in the extension header, whose
+# macros all start with TE_).
 set -eu
 lib=$1
 header=$2
@@ -45,6 +48,11 @@ showLinks
 NAMES
 sort -o "$tmp/mooncake" "$tmp/mooncake"
 
+# The macros of Mooncake's transfer_engine_c.h (with its include guard).
+printf '%s\n' TRANSFER_ENGINE_C segment_handle_t segment_id_t batch_id_t LOCAL_SEGMENT \
+  INVALID_BATCH OPCODE_READ OPCODE_WRITE STATUS_WAITING STATUS_PENDING STATUS_INVALID \
+  STATUS_CANCELED STATUS_COMPLETED STATUS_TIMEOUT STATUS_FAILED | sort > "$tmp/mooncake_macros"
+
 # The te_* functions other code is written against.
 printf '%s\n' te_allocate_buffer te_free_buffer te_last_error te_segment_buffers te_version > "$tmp/ext_documented"
 
@@ -80,9 +88,24 @@ if [ -n "$(comm -23 "$tmp/ext_documented" "$tmp/ext")" ]; then
   echo "FAIL: the extension header lacks $(comm -23 "$tmp/ext_documented" "$tmp/ext" | tr '\n' ' ')" >&2
   status=1
 fi
+macros() { sed -n 's/^#define \([A-Za-z_][A-Za-z0-9_]*\).*/\1/p' "$1" | sort -u; }
+macros "$header" > "$tmp/header_macros"
+macros "$ext" > "$tmp/ext_macros"
+if ! diff -u "$tmp/mooncake_macros" "$tmp/header_macros" >&2; then
+  echo "FAIL: header macros differ from Mooncake's transfer_engine_c.h (- Mooncake, + header)" >&2
+  status=1
+fi
+if grep -n 'ERR_' "$header" >&2; then
+  echo "FAIL: the header names ERR_* (above), which Mooncake's transfer_engine_c.h does not" >&2
+  status=1
+fi
+if grep -v -e '^TE_' -e '^TRANSFER_ENGINE_EXT$' "$tmp/ext_macros" >&2; then
+  echo "FAIL: the extension header defines macros without the TE_ prefix (above)" >&2
+  status=1
+fi
 if ! diff -u "$tmp/both" "$tmp/lib" >&2; then
   echo "FAIL: exported functions differ from the headers' (- headers, + exported)" >&2
   status=1
 fi
-[ "$status" -eq 0 ] && echo "exported_symbols: Mooncake's 27 functions and $(wc -l < "$tmp/ext") te_* functions, exactly"
+[ "$status" -eq 0 ] && echo "exported_symbols: Mooncake's 27 functions and $(wc -l < "$tmp/ext") te_* functions, exactly; Mooncake's $(wc -l < "$tmp/mooncake_macros") macros"
 exit "$status"

@@ -51,9 +51,9 @@ static void check_last_error(transfer_engine_t e) {
   CHECK_EQ(te_last_error(NULL, 0), 0);
   CHECK_EQ(getTransferStatus(e, b, 0, NULL), 1);
   CHECK_ERROR_MENTIONS("getTransferStatus: status is NULL");
-  /* The ERR_* family: an unregistered address. */
+  /* The 0 / TE_ERR_* family: an unregistered address. */
   char local;
-  CHECK_EQ(unregisterLocalMemory(e, &local), ERR_ADDRESS_NOT_REGISTERED);
+  CHECK_EQ(unregisterLocalMemory(e, &local), TE_ERR_ADDRESS_NOT_REGISTERED);
   CHECK_ERROR_MENTIONS("unregisterLocalMemory");
   CHECK_ERROR_MENTIONS("no buffer is registered");
   /* NULL returns. */
@@ -117,12 +117,12 @@ static void check_local_buffers(transfer_engine_t e, unsigned char *a, size_t na
   CHECK_EQ_U64(info[0].addr, (uintptr_t)lo);
   CHECK_EQ_U64(info[1].addr, 0x5a5a5a5a5a5a5a5aull);
   /* Bad input. */
-  CHECK_EQ(te_segment_buffers(e, LOCAL_SEGMENT, info, 1, NULL), ERR_INVALID_ARGUMENT);
+  CHECK_EQ(te_segment_buffers(e, LOCAL_SEGMENT, info, 1, NULL), TE_ERR_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("count is NULL");
-  CHECK_EQ(te_segment_buffers(e, LOCAL_SEGMENT, NULL, 1, &count), ERR_INVALID_ARGUMENT);
-  CHECK_EQ(te_segment_buffers(e, 4242, info, 1, &count), ERR_INVALID_ARGUMENT);
+  CHECK_EQ(te_segment_buffers(e, LOCAL_SEGMENT, NULL, 1, &count), TE_ERR_INVALID_ARGUMENT);
+  CHECK_EQ(te_segment_buffers(e, 4242, info, 1, &count), TE_ERR_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("segment id 4242 is not open");
-  CHECK_EQ(te_segment_buffers(NULL, LOCAL_SEGMENT, info, 1, &count), ERR_INVALID_ARGUMENT);
+  CHECK_EQ(te_segment_buffers(NULL, LOCAL_SEGMENT, info, 1, &count), TE_ERR_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("engine handle");
 }
 
@@ -187,11 +187,11 @@ static void check_engine_buffers(void) {
   size_t same = 0;
   for (size_t i = n / 2; i < n; i++) same += m[i] == 0x5a;
   CHECK_EQ(same, n / 2);
-  CHECK_EQ(te_free_buffer(e, m), ERR_INVALID_ARGUMENT);
+  CHECK_EQ(te_free_buffer(e, m), TE_ERR_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("still registered");
   CHECK_EQ(unregisterLocalMemory(e, m), 0);
   CHECK_EQ(te_free_buffer(e, m), 0);
-  CHECK_EQ(te_free_buffer(e, m), ERR_INVALID_ARGUMENT);
+  CHECK_EQ(te_free_buffer(e, m), TE_ERR_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("not a buffer the engine allocated");
   destroyTransferEngine(e);
 }
@@ -210,7 +210,7 @@ int main(void) {
   check_local_buffers(e, a, na, b, nb);
   destroyTransferEngine(e);
   size_t count = 0;
-  CHECK_EQ(te_segment_buffers(e, LOCAL_SEGMENT, NULL, 0, &count), ERR_INVALID_ARGUMENT);
+  CHECK_EQ(te_segment_buffers(e, LOCAL_SEGMENT, NULL, 0, &count), TE_ERR_INVALID_ARGUMENT);
   check_remote_buffers(a, na);
   check_backend_names();
   check_engine_buffers();

@@ -35,7 +35,8 @@ int main(void) {
   }
   /* A failing call through the header, explained by te_last_error. */
   size_t count = 1;
-  if (te_segment_buffers(NULL, LOCAL_SEGMENT, NULL, 0, &count) != ERR_INVALID_ARGUMENT) return 1;
+  if (te_segment_buffers(NULL, LOCAL_SEGMENT, NULL, 0, &count) != TE_ERR_INVALID_ARGUMENT)
+    return 1;
   char msg[256];
   if (te_last_error(msg, sizeof msg) == 0 || strstr(msg, "te_segment_buffers") == NULL) {
     fprintf(stderr, "header_ext: no last error after a failing call\n");

@@ -27,7 +27,7 @@ int main() {
     return 1;
   // Calls through C linkage: a NULL engine is refused and explained.
   std::size_t count = 0;
-  if (te_segment_buffers(nullptr, LOCAL_SEGMENT, nullptr, 0, &count) != ERR_INVALID_ARGUMENT)
+  if (te_segment_buffers(nullptr, LOCAL_SEGMENT, nullptr, 0, &count) != TE_ERR_INVALID_ARGUMENT)
     return 1;
   char msg[256];
   if (te_last_error(msg, sizeof msg) == 0 || !std::strstr(msg, "te_segment_buffers")) return 1;

@@ -19,42 +19,42 @@
 /**
  * Copy from the target segment into `source`.
  */
-#define OPCODE_READ 0
+#define OPCODE_READ (0)
 
 /**
  * Copy from `source` into the target segment.
  */
-#define OPCODE_WRITE 1
+#define OPCODE_WRITE (1)
 
 /**
  * Task status: not finished.
  */
-#define STATUS_WAITING 0
+#define STATUS_WAITING (0)
 
 /**
  * Task status: not used by this engine.
  */
-#define STATUS_PENDING 1
+#define STATUS_PENDING (1)
 
 /**
  * Task status: not used by this engine.
  */
-#define STATUS_INVALID 2
+#define STATUS_INVALID (2)
 
 /**
  * Task status: not used by this engine.
  */
-#define STATUS_CANCELED 3
+#define STATUS_CANCELED (3)
 
 /**
  * Task status: every byte moved.
  */
-#define STATUS_COMPLETED 4
+#define STATUS_COMPLETED (4)
 
 /**
  * Task status: a slice is older than `MC_SLICE_TIMEOUT`.
  */
-#define STATUS_TIMEOUT 5
+#define STATUS_TIMEOUT (5)
 
 /**
  * Task status: the task failed. A FAILED READ may have filled part of its
@@ -67,92 +67,7 @@
  * had received bytes but not yet stored them (a stopped process) may still
  * store those.
  */
-#define STATUS_FAILED 6
-
-/**
- * Invalid argument (NULL pointer, zero length, unknown handle).
- */
-#define ERR_INVALID_ARGUMENT -1
-
-/**
- * Too many requests for the batch.
- */
-#define ERR_TOO_MANY_REQUESTS -2
-
-/**
- * Address not registered.
- */
-#define ERR_ADDRESS_NOT_REGISTERED -3
-
-/**
- * Batch has tasks not yet seen terminal.
- */
-#define ERR_BATCH_BUSY -4
-
-/**
- * No device for the location.
- */
-#define ERR_DEVICE_NOT_FOUND -6
-
-/**
- * Registration overlaps an existing one.
- */
-#define ERR_ADDRESS_OVERLAPPED -7
-
-/**
- * Name resolution failed.
- */
-#define ERR_DNS -101
-
-/**
- * Socket error or timeout.
- */
-#define ERR_SOCKET -102
-
-/**
- * Malformed JSON.
- */
-#define ERR_MALFORMED_JSON -103
-
-/**
- * Handshake rejected by the peer.
- */
-#define ERR_REJECT_HANDSHAKE -104
-
-/**
- * Metadata store or descriptor error.
- */
-#define ERR_METADATA -200
-
-/**
- * Endpoint error.
- */
-#define ERR_ENDPOINT -201
-
-/**
- * Device context error.
- */
-#define ERR_CONTEXT -202
-
-/**
- * NUMA error.
- */
-#define ERR_NUMA -300
-
-/**
- * Clock error.
- */
-#define ERR_CLOCK -301
-
-/**
- * Memory error.
- */
-#define ERR_MEMORY -302
-
-/**
- * Not implemented.
- */
-#define ERR_NOT_IMPLEMENTED -303
+#define STATUS_FAILED (6)
 
 /**
  * Opaque engine handle.
@@ -355,7 +270,7 @@ typedef struct segment_desc segment_desc_t;
 /**
  * Segment id of the engine's own memory.
  */
-#define LOCAL_SEGMENT 0
+#define LOCAL_SEGMENT (0)
 
 /**
  * Returned by `allocateBatchID` on failure.

@@ -3,9 +3,15 @@
 //! returning `0` or an error give. (The Status-returning functions give
 //! the positive counterparts; see [`crate::error::Error::status_code`].)
 //!
-//! The codes Mooncake's header does not define (success, and the positive
+//! The `STATUS_*` go into the generated `transfer_engine_c.h`, as in
+//! Mooncake's `transfer_engine_c.h`. The `ERR_*` are Mooncake's `error.h`,
+//! which its C header does not define: they go into `transfer_engine_ext.h`
+//! as `TE_ERR_*` (`cbindgen.toml` excludes them, `cbindgen_ext.toml` renames
+//! them), so a C++ file may include Mooncake's `error.h` beside our headers.
+//!
+//! The codes Mooncake's headers do not define (success, and the positive
 //! codes of the Status family that are not the negation of an `ERR_*`)
-//! are `pub(crate)`: they stay out of the generated header.
+//! are `pub(crate)`: they stay out of the generated headers.
 
 use std::ffi::c_int;
 

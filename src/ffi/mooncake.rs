@@ -5,7 +5,8 @@
 //! before return. Two return-code families, as in Mooncake: the functions
 //! that return a Status (`submitTransfer`, `submitTransferWithNotify`,
 //! `getTransferStatus`, `freeBatchID`) give 0 or a positive code, the others
-//! 0 or a negative `ERR_*`.
+//! 0 or a negative `ERR_*` (the values of Mooncake's `error.h`; C callers
+//! get their names from `transfer_engine_ext.h` as `TE_ERR_*`).
 
 use super::boundary::{Call, c_array, guard, init_logging, insert_engine, write_c_string};
 use super::types::*;
