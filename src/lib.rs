@@ -82,7 +82,8 @@ pub use engine::config::{Config, LogLevel, config};
 pub use engine::{Engine, EngineBuilder, LOCAL_SEGMENT_ID, Opcode, Request};
 pub use error::{Error, Result};
 pub use ffi::init_logging;
-pub use memory::{Location, Region};
+pub use memory::device::residence;
+pub use memory::{Location, Region, Residence};
 pub use segment::SegmentBuffer;
 pub use transport::NicLoad;
 

@@ -109,6 +109,17 @@ fn non_null(addr: u64, what: &str) -> PyResult<()> {
     Ok(())
 }
 
+/// Refuses `[addr, addr + len)` when it is GPU memory, which these
+/// helpers would copy with the CPU.
+fn host_memory(addr: u64, len: usize, what: &str) -> PyResult<()> {
+    match transfer_engine::residence(addr, len as u64) {
+        transfer_engine::Residence::Host => Ok(()),
+        transfer_engine::Residence::Device(n) => Err(PyValueError::new_err(format!(
+            "{what} {addr:#x} is memory of GPU {n}; this function copies with the CPU"
+        ))),
+    }
+}
+
 /// The devices of a comma-separated `device_name` (empty: every device).
 fn device_list(device_name: Option<&str>) -> Vec<String> {
     device_name
@@ -771,7 +782,7 @@ impl TransferEngine {
     /// any buffer) to `dest_address`.
     ///
     /// Returns 0. Raises `ValueError` for address 0 or a `length` beyond
-    /// `src`.
+    /// `src`, or GPU memory at `dest_address`.
     fn write_bytes_to_buffer(
         &self,
         dest_address: u64,
@@ -786,6 +797,7 @@ impl TransferEngine {
                     data.len()
                 )));
             }
+            host_memory(dest_address, length, "dest_address")?;
             // SAFETY: `data` holds at least `length` bytes (checked); the
             // caller vouches for `dest_address`, as with Mooncake's memcpy.
             unsafe {
@@ -807,7 +819,7 @@ impl TransferEngine {
 
     /// The `length` bytes at `source_address`, as `bytes`.
     ///
-    /// Raises `ValueError` for address 0.
+    /// Raises `ValueError` for address 0 and for GPU memory.
     fn read_bytes_from_buffer<'py>(
         &self,
         py: Python<'py>,
@@ -815,6 +827,7 @@ impl TransferEngine {
         length: usize,
     ) -> PyResult<Bound<'py, PyBytes>> {
         non_null(source_address, "source_address")?;
+        host_memory(source_address, length, "source_address")?;
         // SAFETY: the caller vouches for `length` readable bytes at
         // `source_address`, as with Mooncake's binding.
         let data = unsafe { std::slice::from_raw_parts(source_address as *const u8, length) };

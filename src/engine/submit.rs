@@ -7,7 +7,7 @@ use super::{Engine, LOCAL_SEGMENT_ID, Opcode, Request, refused};
 use crate::batch::{Batch, PendingNotify, TaskStatus};
 use crate::error::{Error, Result};
 use crate::lanes::Finish;
-use crate::memory::MemoryRegistry;
+use crate::memory::{MemoryRegistry, Residence};
 use crate::segment::RemoteSegment;
 use crate::sync;
 use crate::transport::local::{CopyJob, copy_bytes};
@@ -447,6 +447,19 @@ impl Engine {
         if let Some(why) = self.source_problem(r, memory) {
             return Self::fail_task(batch, id, format_args!("{why}"));
         }
+        for (side, addr) in [("source", r.source), ("target", r.target_offset)] {
+            if let Residence::Device(n) = memory.residence(addr, r.length) {
+                return Self::fail_task(
+                    batch,
+                    id,
+                    format_args!(
+                        "the {side} {addr:#x}+{} is memory of GPU {n}, which a copy within \
+                         this process would touch with the CPU",
+                        r.length
+                    ),
+                );
+            }
+        }
         let (src, dst) = match r.opcode {
             Opcode::Write => (r.source, r.target_offset),
             Opcode::Read => (r.target_offset, r.source),
@@ -515,12 +528,36 @@ impl Engine {
             return Self::fail_task(batch, id, format_args!("{why}"));
         }
         let registered = memory.find(r.source, r.length).is_some();
-        let chain: Vec<Arc<dyn Transport>> = self
+        let reaching: Vec<Arc<dyn Transport>> = self
             .transports()
             .into_iter()
             .filter(|t| t.speaks(seg) && t.reaches(seg, r.target_offset, r.length))
             .filter(|t| registered || !t.needs_registered_source())
             .collect();
+        let residence = memory.residence(r.source, r.length);
+        let chain: Vec<Arc<dyn Transport>> = reaching
+            .iter()
+            .filter(|t| residence == Residence::Host || t.moves_device_memory())
+            .cloned()
+            .collect();
+        if let (Residence::Device(n), true, false) =
+            (residence, chain.is_empty(), reaching.is_empty())
+        {
+            let names: Vec<&str> = reaching.iter().map(|t| t.kind().protocol).collect();
+            return Self::fail_task(
+                batch,
+                id,
+                format_args!(
+                    "the source {:#x}+{} is memory of GPU {n}, and the transports that reach \
+                     segment {:?} ({}) copy with the CPU; only RDMA, with the buffer registered, \
+                     moves GPU memory",
+                    r.source,
+                    r.length,
+                    seg.name,
+                    names.join(", ")
+                ),
+            );
+        }
         if chain.is_empty() {
             return Self::fail_task(
                 batch,

@@ -1,5 +1,6 @@
 //! The registry of local buffers: an interval map from base address to
-//! length, location and remote accessibility, with Mooncake's overlap rules.
+//! length, location, remote accessibility and residence (host or GPU
+//! memory), with Mooncake's overlap rules.
 
 use crate::error::{Error, Result};
 use crate::sync;
@@ -7,9 +8,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, RwLock};
 
+pub mod device;
 pub mod fence;
 pub mod numa;
 
+pub use device::Residence;
 pub use fence::Fence;
 
 /// What a transport serving peers may ask of the engine's registered
@@ -111,11 +114,21 @@ impl Region {
     }
 }
 
+/// One registered buffer as the registry keeps it.
+#[derive(Debug)]
+struct Entry {
+    region: Region,
+    /// Held by transports serving peers while they touch the buffer.
+    fence: Arc<Fence>,
+    /// Host or GPU memory, as the CUDA driver said at registration.
+    residence: Residence,
+}
+
 /// Registered buffers keyed by base address; no two overlap. Each has the
 /// [`Fence`] that transports serving peers hold while they touch it.
 #[derive(Debug, Default)]
 pub struct MemoryRegistry {
-    regions: BTreeMap<u64, (Region, Arc<Fence>)>,
+    regions: BTreeMap<u64, Entry>,
 }
 
 impl MemoryRegistry {
@@ -127,8 +140,8 @@ impl MemoryRegistry {
     /// Whether `[addr, addr + len)` overlaps a registered region.
     fn overlaps(&self, addr: u64, len: u64) -> bool {
         let end = addr.saturating_add(len);
-        if let Some((_, (r, _))) = self.regions.range(..=addr).next_back() {
-            if r.end() > addr {
+        if let Some((_, e)) = self.regions.range(..=addr).next_back() {
+            if e.region.end() > addr {
                 return true;
             }
         }
@@ -180,12 +193,34 @@ impl MemoryRegistry {
         Ok(())
     }
 
-    /// Adds `regions` atomically: all of them or, on error, none.
+    /// Adds `regions` atomically: all of them or, on error, none. A
+    /// buffer in GPU memory is located at its GPU (`cuda:N`), whatever
+    /// location the caller gave.
     pub fn insert(&mut self, regions: &[Region]) -> Result<()> {
         self.check_insert(regions)?;
         for r in regions {
-            self.regions
-                .insert(r.addr, (r.clone(), Arc::new(Fence::new())));
+            let residence = device::residence(r.addr, r.length);
+            let mut region = r.clone();
+            if let Residence::Device(n) = residence {
+                if region.location != Location::Cuda(n) {
+                    tracing::info!(
+                        "buffer {:#x}+{} registered at {} is memory of GPU {n}: located at cuda:{n}",
+                        r.addr,
+                        r.length,
+                        r.location
+                    );
+                }
+                region.location = Location::Cuda(n);
+            }
+            let fence = Arc::new(Fence::new());
+            self.regions.insert(
+                r.addr,
+                Entry {
+                    region,
+                    fence,
+                    residence,
+                },
+            );
         }
         Ok(())
     }
@@ -193,39 +228,62 @@ impl MemoryRegistry {
     /// Removes the region whose base is exactly `addr` and revokes its
     /// fence: when this returns, no transport touches it for a peer.
     pub fn remove(&mut self, addr: u64) -> Result<Region> {
-        let (region, fence) = self.regions.remove(&addr).ok_or_else(|| {
+        let entry = self.regions.remove(&addr).ok_or_else(|| {
             Error::AddressNotRegistered(format!("no buffer is registered at {addr:#x}"))
         })?;
-        fence.revoke();
-        Ok(region)
+        entry.fence.revoke();
+        Ok(entry.region)
+    }
+
+    /// The entry whose region holds all of `[addr, addr + len)`.
+    fn entry(&self, addr: u64, len: u64) -> Option<&Entry> {
+        let (_, e) = self.regions.range(..=addr).next_back()?;
+        e.region.contains(addr, len).then_some(e)
     }
 
     /// The region that holds all of `[addr, addr + len)`, if one does.
     pub fn find(&self, addr: u64, len: u64) -> Option<&Region> {
-        let (_, (r, _)) = self.regions.range(..=addr).next_back()?;
-        r.contains(addr, len).then_some(r)
+        self.entry(addr, len).map(|e| &e.region)
+    }
+
+    /// Where `[addr, addr + len)` lives: as recorded at registration when
+    /// a registered buffer holds it, else as the CUDA driver says now.
+    pub fn residence(&self, addr: u64, len: u64) -> Residence {
+        match self.entry(addr, len) {
+            Some(e) => e.residence,
+            None => device::residence(addr, len),
+        }
     }
 
     /// The fence of the remotely accessible region that holds all of
-    /// `[addr, addr + len)` (`len > 0`), if one does.
+    /// `[addr, addr + len)` (`len > 0`), if one does and the CPU may copy
+    /// it: a peer's request to a buffer in GPU memory is refused, since the
+    /// transports that ask (TCP, shared memory) copy with the CPU.
     pub fn admit(&self, addr: u64, len: u64) -> Option<Arc<Fence>> {
-        let (_, (r, fence)) = self.regions.range(..=addr).next_back()?;
-        (len > 0 && r.remote_accessible && r.contains(addr, len)).then(|| fence.clone())
+        let e = self.entry(addr, len)?;
+        if let Residence::Device(n) = e.residence {
+            crate::log_limit::warn_limited!(
+                "a peer's request to {addr:#x}+{len} is refused: that buffer is memory of GPU \
+                 {n}, which this transport would have to copy with the CPU"
+            );
+            return None;
+        }
+        (len > 0 && e.region.remote_accessible).then(|| e.fence.clone())
     }
 
     /// Resolves the `*` location of the regions at `addrs` to the NUMA
     /// node of their first page where it has one ([`Location::resolve`]).
     pub fn resolve_locations(&mut self, addrs: impl IntoIterator<Item = u64>) {
         for addr in addrs {
-            if let Some((r, _)) = self.regions.get_mut(&addr) {
-                r.location = r.location.resolve(r.addr);
+            if let Some(e) = self.regions.get_mut(&addr) {
+                e.region.location = e.region.location.resolve(e.region.addr);
             }
         }
     }
 
     /// Every registered region, by address.
     pub fn regions(&self) -> impl Iterator<Item = &Region> {
-        self.regions.values().map(|(r, _)| r)
+        self.regions.values().map(|e| &e.region)
     }
 }
 

@@ -87,6 +87,12 @@ pub trait TransportBase: Send + Sync {
     fn needs_registered_source(&self) -> bool {
         false
     }
+
+    /// Whether it may move GPU memory (the NIC reads and writes it;
+    /// transports that copy with the CPU must not be given it).
+    fn moves_device_memory(&self) -> bool {
+        false
+    }
 }
 
 /// A transport as the engine drives it.

@@ -1,7 +1,8 @@
 //! Integration tests of one engine or two in one host through the C API
 //! and the Rust API: the header, calls racing each other, the last-error
 //! slot, background work that never blocks a caller, introspection,
-//! loopback and local transfers, unregister fences, slice timeouts,
+//! GPU memory detection (with a driver double), loopback and local
+//! transfers, unregister fences, slice timeouts,
 //! notification floods and a peer's death.
 
 #[path = "../common/mod.rs"]
@@ -10,6 +11,7 @@ mod common;
 mod api_races;
 mod auth_last_error;
 mod caller_never_waits;
+mod device_memory;
 mod engine_introspection;
 mod fence_unregister;
 mod header;

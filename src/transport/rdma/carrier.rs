@@ -221,6 +221,10 @@ impl TransportBase for RdmaCarrier {
     fn needs_registered_source(&self) -> bool {
         true
     }
+
+    fn moves_device_memory(&self) -> bool {
+        true
+    }
 }
 
 impl Carrier for RdmaCarrier {

@@ -1,0 +1,76 @@
+/*
+ * A test double of the CUDA driver (libcuda.so.1) for the engine's GPU
+ * memory detection: NOT a GPU, and no GPU coverage.
+ *
+ * It answers cuInit and cuPointerGetAttribute as the driver does, for
+ * "device memory" it hands out itself with te_cuda_double_alloc: pages
+ * mapped PROT_NONE, so any CPU access to them kills the process, as a
+ * CPU touching real device memory would. Any other address is unknown to
+ * it (CUDA_ERROR_INVALID_VALUE), as host memory is to the real driver.
+ *
+ * Built by the tests with: cc -shared -fPIC -Wl,-soname,libcuda.so.1
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/mman.h>
+
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define CU_POINTER_ATTRIBUTE_IS_MANAGED 8
+#define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+#define CU_MEMORYTYPE_DEVICE 2
+
+#define MAX_ALLOCATIONS 64
+
+static struct {
+  uintptr_t base;
+  size_t len;
+  int ordinal;
+} allocations[MAX_ALLOCATIONS];
+static int allocation_count;
+static int initialised;
+static long attribute_queries;
+
+int cuInit(unsigned int flags) {
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  initialised = 1;
+  return CUDA_SUCCESS;
+}
+
+int cuPointerGetAttribute(void *data, int attribute, uint64_t ptr) {
+  __atomic_add_fetch(&attribute_queries, 1, __ATOMIC_RELAXED);
+  if (!initialised) return 3; /* CUDA_ERROR_NOT_INITIALIZED */
+  for (int i = 0; i < allocation_count; i++) {
+    if (ptr < allocations[i].base || ptr - allocations[i].base >= allocations[i].len) continue;
+    switch (attribute) {
+      case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned int *)data = CU_MEMORYTYPE_DEVICE;
+        return CUDA_SUCCESS;
+      case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+        *(unsigned int *)data = 0;
+        return CUDA_SUCCESS;
+      case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        *(int *)data = allocations[i].ordinal;
+        return CUDA_SUCCESS;
+      default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* "Device memory" of GPU `ordinal`: `len` bytes no CPU access survives. */
+void *te_cuda_double_alloc(size_t len, int ordinal) {
+  if (allocation_count == MAX_ALLOCATIONS) return NULL;
+  void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  allocations[allocation_count].base = (uintptr_t)p;
+  allocations[allocation_count].len = len;
+  allocations[allocation_count].ordinal = ordinal;
+  allocation_count++;
+  return p;
+}
+
+/* How many times cuPointerGetAttribute was asked. */
+long te_cuda_double_queries(void) { return __atomic_load_n(&attribute_queries, __ATOMIC_RELAXED); }
