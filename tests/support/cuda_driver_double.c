@@ -7,6 +7,10 @@
  * mapped PROT_NONE, so any CPU access to them kills the process, as a
  * CPU touching real device memory would. Any other address is unknown to
  * it (CUDA_ERROR_INVALID_VALUE), as host memory is to the real driver.
+ * The few calls a program makes to get device memory (cuDeviceGet,
+ * cuDevicePrimaryCtxRetain, cuCtxSetCurrent, cuMemAlloc_v2, cuMemFree_v2)
+ * are answered too, so ctests/gpu_memory.c runs unchanged against it and
+ * against the real driver (scripts/gpu-check.sh).
  *
  * Built by the tests with: cc -shared -fPIC -Wl,-soname,libcuda.so.1
  */
@@ -70,6 +74,41 @@ void *te_cuda_double_alloc(size_t len, int ordinal) {
   allocations[allocation_count].ordinal = ordinal;
   allocation_count++;
   return p;
+}
+
+int cuDeviceGet(int *device, int ordinal) {
+  if (ordinal < 0) return CUDA_ERROR_INVALID_VALUE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+int cuDevicePrimaryCtxRetain(void **ctx, int device) {
+  *ctx = (void *)(uintptr_t)(device + 1);
+  return CUDA_SUCCESS;
+}
+
+static int current_device;
+
+int cuCtxSetCurrent(void *ctx) {
+  current_device = (int)((uintptr_t)ctx - 1);
+  return CUDA_SUCCESS;
+}
+
+int cuMemAlloc_v2(uint64_t *dptr, size_t len) {
+  void *p = te_cuda_double_alloc(len, current_device);
+  if (p == NULL) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+  *dptr = (uint64_t)(uintptr_t)p;
+  return CUDA_SUCCESS;
+}
+
+int cuMemFree_v2(uint64_t dptr) {
+  for (int i = 0; i < allocation_count; i++) {
+    if (allocations[i].base != dptr) continue;
+    munmap((void *)allocations[i].base, allocations[i].len);
+    allocations[i] = allocations[--allocation_count];
+    return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_INVALID_VALUE;
 }
 
 /* How many times cuPointerGetAttribute was asked. */
