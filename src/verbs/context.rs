@@ -1,12 +1,13 @@
 //! Devices and device contexts: listing, opening, device and port
 //! attributes, the GID table, and asynchronous events.
 
-use super::{Gid, check, set_nonblocking};
-use rdma_sys::{
-    ___ibv_query_port, ibv_ack_async_event, ibv_async_event, ibv_close_device, ibv_context,
-    ibv_device, ibv_device_attr, ibv_free_device_list, ibv_get_async_event, ibv_get_device_list,
-    ibv_get_device_name, ibv_gid, ibv_open_device, ibv_port_attr, ibv_query_device, ibv_query_gid,
+use super::library::{
+    ___ibv_query_port, ibv_ack_async_event, ibv_close_device, ibv_free_device_list,
+    ibv_get_async_event, ibv_get_device_list, ibv_get_device_name, ibv_open_device,
+    ibv_query_device, ibv_query_gid,
 };
+use super::{Gid, check, set_nonblocking};
+use rdma_sys::{ibv_async_event, ibv_context, ibv_device, ibv_device_attr, ibv_gid, ibv_port_attr};
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::RawFd;

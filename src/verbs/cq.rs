@@ -1,11 +1,11 @@
 //! Completion channels and completion queues.
 
-use super::{Context, check, set_nonblocking};
-use rdma_sys::{
-    ibv_ack_cq_events, ibv_comp_channel, ibv_cq, ibv_create_comp_channel, ibv_create_cq,
-    ibv_destroy_comp_channel, ibv_destroy_cq, ibv_get_cq_event, ibv_poll_cq, ibv_req_notify_cq,
-    ibv_wc,
+use super::library::{
+    ibv_ack_cq_events, ibv_create_comp_channel, ibv_create_cq, ibv_destroy_comp_channel,
+    ibv_destroy_cq, ibv_get_cq_event, ibv_wc_status_str,
 };
+use super::{Context, check, set_nonblocking};
+use rdma_sys::{ibv_comp_channel, ibv_cq, ibv_poll_cq, ibv_req_notify_cq, ibv_wc};
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
@@ -111,7 +111,7 @@ impl WorkCompletion {
     /// The status as libibverbs names it.
     pub fn status_name(&self) -> String {
         // SAFETY: `ibv_wc_status_str` returns a static string for any value.
-        let s = unsafe { rdma_sys::ibv_wc_status_str(self.status) };
+        let s = unsafe { ibv_wc_status_str(self.status) };
         if s.is_null() {
             return format!("status {}", self.status);
         }

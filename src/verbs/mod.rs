@@ -1,5 +1,6 @@
 //! The verbs layer: safe owners of libibverbs objects. No verbs call
-//! happens outside this module.
+//! happens outside this module, and libibverbs is loaded at run time
+//! ([`library`]), not linked.
 //!
 //! Each object is one owning struct (`NonNull` + `Drop`) holding `Arc`s to
 //! its parents, so a parent is never freed while a child lives:
@@ -9,6 +10,7 @@
 
 mod context;
 mod cq;
+mod library;
 mod mr;
 mod qp;
 

@@ -2,9 +2,8 @@
 
 use super::Context;
 use super::check;
-use rdma_sys::{
-    ibv_access_flags, ibv_alloc_pd, ibv_dealloc_pd, ibv_dereg_mr, ibv_mr, ibv_pd, ibv_reg_mr_iova2,
-};
+use super::library::{ibv_alloc_pd, ibv_dealloc_pd, ibv_dereg_mr, ibv_reg_mr_iova2};
+use rdma_sys::{ibv_access_flags, ibv_mr, ibv_pd};
 use std::io;
 use std::ptr::NonNull;
 use std::sync::Arc;

@@ -1,11 +1,12 @@
 //! Reliable-connected queue pairs: creation, the RESET -> INIT -> RTR ->
 //! RTS walk, the error state, and posting RDMA READ/WRITE work requests.
 
+use super::library::{ibv_create_qp, ibv_destroy_qp, ibv_modify_qp, ibv_query_qp};
 use super::{CompletionQueue, Gid, ProtectionDomain, check};
 use rdma_sys::{
-    ibv_access_flags, ibv_create_qp, ibv_destroy_qp, ibv_gid, ibv_modify_qp, ibv_post_send, ibv_qp,
-    ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_query_qp,
-    ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wr_opcode,
+    ibv_access_flags, ibv_gid, ibv_post_send, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask,
+    ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_send_flags, ibv_send_wr, ibv_sge,
+    ibv_wr_opcode,
 };
 use std::io;
 use std::ptr::NonNull;
