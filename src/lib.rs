@@ -78,7 +78,7 @@ pub(crate) mod verbs;
 pub(crate) use log_limit::warn_limited;
 
 pub use batch::TaskStatus;
-pub use engine::config::{Config, LogLevel, config};
+pub use engine::config::{Config, ConfigError, ConfigResult, LogLevel, config};
 pub use engine::{Engine, EngineBuilder, LOCAL_SEGMENT_ID, Opcode, Request};
 pub use error::{Error, Result};
 pub use ffi::init_logging;

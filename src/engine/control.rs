@@ -28,16 +28,6 @@ pub struct NotifyLimits {
     pub max_bytes: usize,
 }
 
-impl Default for NotifyLimits {
-    fn default() -> Self {
-        NotifyLimits {
-            max_size: 64 << 10,
-            max_count: 1 << 16,
-            max_bytes: 64 << 20,
-        }
-    }
-}
-
 /// Received notifications, oldest first, and their size.
 #[derive(Default)]
 struct NotifyQueue {

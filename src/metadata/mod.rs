@@ -64,24 +64,6 @@ pub struct StoreConfig {
     pub http_cacert: Option<PathBuf>,
 }
 
-impl Default for StoreConfig {
-    fn default() -> Self {
-        StoreConfig {
-            metacache: true,
-            refresh_interval_secs: 0,
-            cluster_id: None,
-            redis_username: None,
-            redis_password: None,
-            redis_db_index: 0,
-            redis_tls: TlsFiles::default(),
-            etcd_auth: None,
-            etcd_tls: TlsFiles::default(),
-            http_token_file: None,
-            http_cacert: None,
-        }
-    }
-}
-
 /// Bounds on what a peer's descriptor may hold. Parsed from `MC_*` variables by
 /// [`crate::engine::config::Config::from_env`]; the defaults are Mooncake's.
 #[derive(Debug, Clone, PartialEq)]
@@ -96,14 +78,4 @@ pub struct PeerLimits {
     /// descriptor read from a metadata store (in P2P mode the reply frame
     /// is bounded by `MC_HANDSHAKE_MAX_LENGTH`).
     pub max_descriptor_bytes: u64,
-}
-
-impl Default for PeerLimits {
-    fn default() -> Self {
-        PeerLimits {
-            max_devices: 64,
-            max_buffers: 1 << 16,
-            max_descriptor_bytes: 64 << 20,
-        }
-    }
 }

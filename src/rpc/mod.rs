@@ -62,26 +62,6 @@ pub struct RpcConfig {
     pub bind_address: Option<String>,
 }
 
-impl Default for RpcConfig {
-    fn default() -> Self {
-        RpcConfig {
-            handshake_port: 12001,
-            min_port: 15000,
-            max_port: 17000,
-            listen_backlog: 128,
-            connect_timeout_secs: 5,
-            max_length: 1 << 20,
-            io_timeout_secs: 5,
-            max_connections: 256,
-            workers: 4,
-            max_buffered: 64 << 20,
-            use_ipv6: false,
-            legacy_port_binding: false,
-            bind_address: None,
-        }
-    }
-}
-
 /// Reads from a socket with one overall deadline: before each read the
 /// socket's receive timeout is set to the time left, so a peer trickling
 /// bytes cannot stretch a frame read past the deadline.

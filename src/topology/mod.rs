@@ -29,7 +29,7 @@ use std::net::IpAddr;
 /// Which devices are used, and the priority matrix. Parsed from `MC_*`
 /// variables by [`crate::engine::config::Config::from_env`]; the defaults are
 /// Mooncake's.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TopologyConfig {
     /// `MC_CUSTOM_TOPO_JSON`: path of a priority-matrix file.
     pub custom_topo_json: Option<String>,

@@ -31,15 +31,6 @@ pub struct EndpointConfig {
     pub store_type: EndpointStoreType,
 }
 
-impl Default for EndpointConfig {
-    fn default() -> Self {
-        EndpointConfig {
-            max_per_ctx: 65536,
-            store_type: EndpointStoreType::Sieve,
-        }
-    }
-}
-
 /// What the pool needs of an endpoint (RDMA's, which retire).
 #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
 pub trait Endpoint: Send + Sync {

@@ -110,39 +110,3 @@ pub struct RdmaConfig {
     /// name).
     pub bind_address: Option<String>,
 }
-
-impl Default for RdmaConfig {
-    fn default() -> Self {
-        RdmaConfig {
-            ib_port: 1,
-            gid_index: None,
-            mtu: 4096,
-            num_qp_per_ep: 2,
-            max_wr: 256,
-            max_sge: 4,
-            max_inline: 64,
-            max_cqe_per_ctx: 4096,
-            workers_per_ctx: 2,
-            pkey_index: 0,
-            traffic_class: None,
-            service_level: None,
-            relaxed_ordering: true,
-            max_mr_size: 1 << 40,
-            parallel_reg_mr: None,
-            max_concurrent_reg_mr: 0,
-            ib_timeout: 14,
-            signal_interval: 1,
-            completion_timeout_secs: 10,
-            max_passive_ep: 1024,
-            max_passive_ep_per_peer: 32,
-            peer_lookups_per_sec: 100,
-            connect_threads: 8,
-            num_cq_per_ctx: 1,
-            num_comp_channels_per_ctx: 1,
-            busy_poll_us: 0,
-            dest_device_affinity: false,
-            auto_gid_max_retries: 2,
-            bind_address: None,
-        }
-    }
-}

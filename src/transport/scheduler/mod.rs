@@ -75,18 +75,6 @@ pub struct SchedConfig {
     pub round_robin: bool,
 }
 
-impl Default for SchedConfig {
-    fn default() -> Self {
-        SchedConfig {
-            slice_size: 65536,
-            fragment_limit: 16384,
-            retry_cnt: 9,
-            rail_pause_secs: 30,
-            round_robin: false,
-        }
-    }
-}
-
 /// Name of the device load of a rail bound to no local device.
 const DEFAULT_DEVICE: &str = "default";
 

@@ -32,18 +32,3 @@ pub struct ShmConfig {
     /// once (256, 1..=65536); the least recently used mapping gives way.
     pub max_mappings: usize,
 }
-
-impl Default for ShmConfig {
-    fn default() -> Self {
-        ShmConfig {
-            auto_install: true,
-            threads: std::thread::available_parallelism().map_or(2, |n| n.get().min(4)),
-            max_peers: 256,
-            ring_entries: 1024,
-            table_slots: 1 << 16,
-            timeout_secs: 10,
-            spin_us: 50,
-            max_mappings: 256,
-        }
-    }
-}

@@ -75,23 +75,8 @@ pub struct TcpConfig {
     pub min_rate_window_secs: u64,
 }
 
-impl Default for TcpConfig {
-    fn default() -> Self {
-        TcpConfig {
-            lanes_per_peer: 4,
-            force_v1: false,
-            status_timeout_secs: 30,
-            io_threads: default_io_threads(),
-            max_data_connections: 4096,
-            idle_timeout_secs: 300,
-            min_rate: 64 << 10,
-            min_rate_window_secs: 10,
-        }
-    }
-}
-
 /// Default I/O threads of the TCP transport: one per CPU, at most 4.
-fn default_io_threads() -> usize {
+pub(crate) fn default_io_threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get().min(4))
 }
 
