@@ -918,7 +918,7 @@ impl TransferEngine {
             let cfg = config().unwrap_or(&defaults);
             let matrix = PriorityMatrix::from_topology(&Topology::discover(
                 &filters,
-                &cfg.topology.filters,
+                &cfg.topology,
                 cfg.rdma.ib_port,
             ))
             .to_json();

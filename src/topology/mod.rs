@@ -35,6 +35,11 @@ pub struct TopologyConfig {
     pub custom_topo_json: Option<String>,
     /// `MC_TE_FILTERS`: comma list of devices to use.
     pub filters: Vec<String>,
+    /// `CUDA_VISIBLE_DEVICES`, if set (empty: no GPU is visible): the GPUs
+    /// `cuda:N` numbers, as the CUDA runtime does.
+    pub cuda_visible_devices: Option<String>,
+    /// `CUDA_DEVICE_ORDER`, if set: the order of that numbering.
+    pub cuda_device_order: Option<String>,
 }
 
 /// What this process can see of the machine.
@@ -149,13 +154,15 @@ struct Locality {
 
 impl Topology {
     /// Discovers the machine. `filters` (an engine's device filter) and
-    /// `te_filters` (`MC_TE_FILTERS`), when non-empty, each restrict the RDMA
-    /// rails to those they name ([`RailFilter`]); `ib_port` is
-    /// `MC_IB_PORT`, the port whose rail has the plain device name.
+    /// `config.filters` (`MC_TE_FILTERS`), when non-empty, each restrict the
+    /// RDMA rails to those they name ([`RailFilter`]); `ib_port` is
+    /// `MC_IB_PORT`, the port whose rail has the plain device name; GPUs
+    /// are numbered as `config`'s CUDA variables say.
     ///
     /// Never fails: with no RDMA support the device list is empty, and if
     /// hwloc fails the facts come from sysfs (with a warning).
-    pub fn discover(filters: &[String], te_filters: &[String], ib_port: u8) -> Topology {
+    pub fn discover(filters: &[String], config: &TopologyConfig, ib_port: u8) -> Topology {
+        let te_filters = &config.filters;
         #[cfg(feature = "hwloc")]
         let hw = match hwloc::discover() {
             Ok(facts) => Some(facts),
@@ -214,7 +221,7 @@ impl Topology {
             gpus = sysfs::nvidia_gpus();
         }
         if !from_cuda_runtime {
-            gpus = cuda::cuda_numbering(gpus, &cuda::CudaEnv::from_env(), &cuda::SystemFacts);
+            gpus = cuda::cuda_numbering(gpus, &cuda::CudaEnv::of(config), &cuda::SystemFacts);
         }
 
         // On a single-node machine every device is local to that node, even
@@ -295,7 +302,7 @@ mod tests {
 
     #[test]
     fn discover_on_this_machine() {
-        let t = Topology::discover(&[], &[], 1);
+        let t = Topology::discover(&[], &TopologyConfig::default(), 1);
         assert!(!t.numa_nodes.is_empty(), "{t:?}");
         assert!(t.numa_nodes.windows(2).all(|w| w[0] < w[1]), "{t:?}");
         // The test machines have no RDMA hardware.
@@ -308,15 +315,22 @@ mod tests {
 
     #[test]
     fn discover_with_te_filters_still_succeeds() {
-        let t = Topology::discover(&[], &["erdma_0".to_string()], 1);
+        let t = Topology::discover(
+            &[],
+            &TopologyConfig {
+                filters: vec!["erdma_0".to_string()],
+                ..TopologyConfig::default()
+            },
+            1,
+        );
         assert!(t.rdma_devices.iter().all(|d| d.name == "erdma_0"));
-        let t = Topology::discover(&["mlx5_9".to_string()], &[], 1);
+        let t = Topology::discover(&["mlx5_9".to_string()], &TopologyConfig::default(), 1);
         assert!(t.rdma_devices.iter().all(|d| d.name == "mlx5_9"));
     }
 
     #[test]
     fn discovered_topology_round_trips_as_matrix() {
-        let t = Topology::discover(&[], &[], 1);
+        let t = Topology::discover(&[], &TopologyConfig::default(), 1);
         let m = PriorityMatrix::from_topology(&t);
         for node in &t.numa_nodes {
             assert!(m.entry(&format!("cpu:{node}")).is_some(), "{m:?}");

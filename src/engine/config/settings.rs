@@ -433,6 +433,21 @@ impl Parse<Option<String>> for Text {
     }
 }
 
+/// Text kept as set, empty included (`CUDA_VISIBLE_DEVICES=` shows no GPU).
+pub(crate) struct SetText;
+
+impl Parse<Option<String>> for SetText {
+    fn parse(&self, raw: &str) -> Option<Option<String>> {
+        Some(Some(raw.to_string()))
+    }
+    fn allowed(&self) -> String {
+        "text".to_string()
+    }
+    fn show(&self, v: &Option<String>) -> String {
+        Text.show(v)
+    }
+}
+
 /// A path of a file; empty is the same as unset.
 pub(crate) struct FilePath;
 

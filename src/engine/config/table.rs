@@ -219,6 +219,12 @@ settings! {
             "path of a NIC priority-matrix file (`{\"cpu:0\": [[preferred], [available]]}`)";
         filters: Vec<String> = Vec::new(), ["MC_TE_FILTERS"], List,
             "devices to use (`mlx5_0`, `mlx5_0:2`, `eth0`)";
+        cuda_visible_devices: Option<String> = None, ["CUDA_VISIBLE_DEVICES"], SetText,
+            "the GPUs `cuda:N` numbers, as the CUDA runtime does: indexes or UUIDs \
+             (`GPU-…`); empty: none ([rdma.md](rdma.md))";
+        cuda_device_order: Option<String> = None, ["CUDA_DEVICE_ORDER"], SetText,
+            "`PCI_BUS_ID` or `FASTEST_FIRST` (the CUDA runtime's default): the order of that \
+             numbering";
     };
 
     /// The endpoint pools.

@@ -622,3 +622,29 @@ fn shared_memory_variables() {
     assert_eq!(bad.len(), 7);
     assert!(bad.contains(&"MC_SHM_RING_ENTRIES=8 is not a number in 16..=65536".to_string()));
 }
+
+#[test]
+fn cuda_variables_are_read_as_set() {
+    let d = parse(&[]);
+    assert_eq!(
+        (
+            d.topology.cuda_visible_devices,
+            d.topology.cuda_device_order
+        ),
+        (None, None)
+    );
+    // Empty is kept: CUDA shows no GPU then, unlike unset.
+    let c = parse(&[
+        ("CUDA_VISIBLE_DEVICES", ""),
+        ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+    ]);
+    assert_eq!(c.topology.cuda_visible_devices.as_deref(), Some(""));
+    assert_eq!(c.topology.cuda_device_order.as_deref(), Some("PCI_BUS_ID"));
+    assert_eq!(
+        parse(&[("CUDA_VISIBLE_DEVICES", "1,0")])
+            .topology
+            .cuda_visible_devices
+            .as_deref(),
+        Some("1,0")
+    );
+}
