@@ -14,16 +14,17 @@ use std::sync::{Arc, Mutex, RwLock};
 use tracing::debug;
 
 /// Bounds of the notification queue. Parsed from `MC_*` variables by
-/// [`crate::engine::config::Config::from_env`]; the defaults are Mooncake's.
+/// [`crate::engine::config::Config::from_env`]; the defaults and bounds
+/// (Mooncake's) are declared in `src/engine/config/table.rs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NotifyLimits {
-    /// `MC_NOTIFY_MAX_SIZE` (64 KiB, 1..=128 MiB): largest notification
+    /// `MC_NOTIFY_MAX_SIZE`: largest notification
     /// accepted (name and message bytes).
     pub max_size: usize,
-    /// `MC_NOTIFY_QUEUE_MAX_COUNT` (65536, 1..=16777216): notifications kept
+    /// `MC_NOTIFY_QUEUE_MAX_COUNT`: notifications kept
     /// until `getNotifsFromEngine`; the oldest are dropped beyond it.
     pub max_count: usize,
-    /// `MC_NOTIFY_QUEUE_MAX_BYTES` (64 MiB, 64 KiB..=64 GiB): bytes of
+    /// `MC_NOTIFY_QUEUE_MAX_BYTES`: bytes of
     /// notifications kept; the oldest are dropped beyond it.
     pub max_bytes: usize,
 }

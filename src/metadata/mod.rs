@@ -30,7 +30,8 @@ use secret::Secret;
 use std::path::PathBuf;
 
 /// The metadata store and the descriptor cache. Parsed from `MC_*` variables by
-/// [`crate::engine::config::Config::from_env`]; the defaults are Mooncake's.
+/// [`crate::engine::config::Config::from_env`]; the defaults and bounds
+/// (Mooncake's) are declared in `src/engine/config/table.rs`.
 /// Files named here are read when an engine opens its store. `Debug` does
 /// not show the passwords.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,7 +46,7 @@ pub struct StoreConfig {
     pub redis_username: Option<String>,
     /// `MC_REDIS_PASSWORD`.
     pub redis_password: Option<Secret>,
-    /// `MC_REDIS_DB_INDEX` (0, 0..=255).
+    /// `MC_REDIS_DB_INDEX`.
     pub redis_db_index: u8,
     /// `MC_REDIS_CACERT`, `MC_REDIS_CERT`, `MC_REDIS_KEY`: TLS of
     /// `rediss://` servers.
@@ -65,16 +66,17 @@ pub struct StoreConfig {
 }
 
 /// Bounds on what a peer's descriptor may hold. Parsed from `MC_*` variables by
-/// [`crate::engine::config::Config::from_env`]; the defaults are Mooncake's.
+/// [`crate::engine::config::Config::from_env`]; the defaults and bounds
+/// (Mooncake's) are declared in `src/engine/config/table.rs`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PeerLimits {
-    /// `MC_PEER_MAX_DEVICES` (64, 1..=4096): most devices (RDMA `devices`,
+    /// `MC_PEER_MAX_DEVICES`: most devices (RDMA `devices`,
     /// TCP `tcp_devices`) a peer's descriptor may list.
     pub max_devices: usize,
-    /// `MC_PEER_MAX_BUFFERS` (65536, 1..=16777216): most buffers a peer's
+    /// `MC_PEER_MAX_BUFFERS`: most buffers a peer's
     /// descriptor may list.
     pub max_buffers: usize,
-    /// `MC_PEER_MAX_DESCRIPTOR_BYTES` (64 MiB, 64 KiB..=1 GiB): largest
+    /// `MC_PEER_MAX_DESCRIPTOR_BYTES`: largest
     /// descriptor read from a metadata store (in P2P mode the reply frame
     /// is bounded by `MC_HANDSHAKE_MAX_LENGTH`).
     pub max_descriptor_bytes: u64,

@@ -21,34 +21,35 @@ use std::time::{Duration, Instant};
 use tracing::warn;
 
 /// The handshake listener and client. Parsed from `MC_*` variables by
-/// [`crate::engine::config::Config::from_env`]; the defaults are Mooncake's.
+/// [`crate::engine::config::Config::from_env`]; the defaults and bounds
+/// (Mooncake's) are declared in `src/engine/config/table.rs`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RpcConfig {
-    /// `MC_HANDSHAKE_PORT`: port assumed for a server name without one (12001).
+    /// `MC_HANDSHAKE_PORT`: port assumed for a server name without one.
     pub handshake_port: u16,
-    /// `MC_MIN_RPC_PORT` (15000).
+    /// `MC_MIN_RPC_PORT`.
     pub min_port: u16,
-    /// `MC_MAX_RPC_PORT` (17000).
+    /// `MC_MAX_RPC_PORT`.
     pub max_port: u16,
-    /// `MC_HANDSHAKE_LISTEN_BACKLOG` (128).
+    /// `MC_HANDSHAKE_LISTEN_BACKLOG`.
     pub listen_backlog: u32,
-    /// `MC_HANDSHAKE_CONNECT_TIMEOUT` in seconds (5, 1..=3599).
+    /// `MC_HANDSHAKE_CONNECT_TIMEOUT` in seconds.
     pub connect_timeout_secs: u64,
-    /// `MC_HANDSHAKE_MAX_LENGTH`: largest handshake frame (1 MiB..=128 MiB).
+    /// `MC_HANDSHAKE_MAX_LENGTH`: largest handshake frame.
     pub max_length: u64,
-    /// `MC_HANDSHAKE_IO_TIMEOUT` in seconds (5, 1..=3600): the handshake
+    /// `MC_HANDSHAKE_IO_TIMEOUT` in seconds: the handshake
     /// listener's deadline for a whole request from the accept, for writing
     /// the reply, and for the client's EOF after it.
     pub io_timeout_secs: u64,
-    /// `MC_HANDSHAKE_MAX_CONNECTIONS` (256, 1..=65536): handshake
+    /// `MC_HANDSHAKE_MAX_CONNECTIONS`: handshake
     /// connections open at once; at the bound the one that has waited
     /// longest for its client (to send a request or take a reply) makes
     /// room for a new one.
     pub max_connections: usize,
-    /// `MC_HANDSHAKE_WORKERS` (4, 1..=64): threads that run the handlers of
+    /// `MC_HANDSHAKE_WORKERS`: threads that run the handlers of
     /// handshake requests.
     pub workers: usize,
-    /// `MC_HANDSHAKE_MAX_BUFFERED` (64 MiB, 1 MiB..=64 GiB): bytes of
+    /// `MC_HANDSHAKE_MAX_BUFFERED`: bytes of
     /// handshake requests and replies held across all connections, a reply
     /// until the client has taken it (at least one frame of
     /// `MC_HANDSHAKE_MAX_LENGTH`).

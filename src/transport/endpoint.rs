@@ -22,10 +22,11 @@ pub enum EndpointStoreType {
 }
 
 /// The per-device endpoint pools. Parsed from `MC_*` variables by
-/// [`crate::config::Config::from_env`]; the defaults are Mooncake's.
+/// [`crate::engine::config::Config::from_env`]; the defaults and bounds
+/// (Mooncake's) are declared in `src/engine/config/table.rs`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EndpointConfig {
-    /// `MC_MAX_EP_PER_CTX` (65536).
+    /// `MC_MAX_EP_PER_CTX`.
     pub max_per_ctx: usize,
     /// `MC_ENDPOINT_STORE_TYPE` (SIEVE).
     pub store_type: EndpointStoreType,

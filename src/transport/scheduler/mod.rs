@@ -60,14 +60,14 @@ pub const GENERATION_KEY: &str = "generation";
 /// Mooncake's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedConfig {
-    /// `MC_SLICE_SIZE`: bytes per slice of a large request (65536).
+    /// `MC_SLICE_SIZE`: bytes per slice of a large request.
     pub slice_size: u64,
     /// Derived from `MC_FRAGMENT_RATIO`: a tail up to this size joins the
-    /// previous slice (16384, or `slice_size / ratio`).
+    /// previous slice (`slice_size / ratio` when the ratio is set).
     pub fragment_limit: u64,
-    /// `MC_RETRY_CNT`: attempts per slice before its task fails (9, 1..=127).
+    /// `MC_RETRY_CNT`: attempts per slice before its task fails.
     pub retry_cnt: u32,
-    /// `MC_RDMA_RAIL_PAUSE_SECONDS` (30, 1..=3599).
+    /// `MC_RDMA_RAIL_PAUSE_SECONDS`.
     pub rail_pause_secs: u64,
     /// `MC_PATH_ROUNDROBIN`: the first choice among the preferred open
     /// rails goes round in turn (per thread) instead of to the least

@@ -45,33 +45,33 @@ use std::time::{Duration, Instant};
 use tracing::info;
 
 /// The TCP transport. Parsed from `MC_*` variables by
-/// [`crate::engine::config::Config::from_env`]; the defaults are Mooncake's.
+/// [`crate::engine::config::Config::from_env`]; the defaults and bounds
+/// (Mooncake's) are declared in `src/engine/config/table.rs`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TcpConfig {
-    /// `MC_TCP_LANES_PER_PEER` (alias `MC_TCP_MAX_CONNECTIONS_PER_PEER`): 4, 1..=16.
+    /// `MC_TCP_LANES_PER_PEER` (alias `MC_TCP_MAX_CONNECTIONS_PER_PEER`).
     pub lanes_per_peer: usize,
     /// `MC_TCP_PROTO=1` forces the v1 framing towards every peer.
     pub force_v1: bool,
-    /// `MC_TCP_STATUS_TIMEOUT_SEC` (30): a TCP request that moves no byte
+    /// `MC_TCP_STATUS_TIMEOUT_SEC`: a TCP request that moves no byte
     /// for this long fails (both sides).
     pub status_timeout_secs: u64,
     /// `MC_TCP_IO_THREADS`: threads of the TCP transport, serving every
-    /// connection of both sides (min(4, CPUs); 1..=64).
+    /// connection of both sides.
     pub io_threads: usize,
     /// `MC_TCP_MAX_DATA_CONNECTIONS`: data connections served at once
-    /// (4096; also at most half the descriptor limit).
+    /// (also at most half the descriptor limit).
     pub max_data_connections: usize,
     /// `MC_TCP_IDLE_TIMEOUT_SEC`: an idle data connection is closed after
-    /// this long by the server, after half of it by the client (300).
+    /// this long by the server, after half of it by the client.
     pub idle_timeout_secs: u64,
     /// `MC_TCP_MIN_RATE_BYTES_PER_SEC`: a request in progress, on the data
     /// server or a client connection, fails with its connection reset when
     /// its peer takes fewer bytes per second than this,
-    /// averaged over each `MC_TCP_MIN_RATE_WINDOW_SEC` (65536; 0 = off,
-    /// up to 1 GiB/s).
+    /// averaged over each `MC_TCP_MIN_RATE_WINDOW_SEC` (0 = off).
     pub min_rate: u64,
     /// `MC_TCP_MIN_RATE_WINDOW_SEC`: the window the minimum rate is
-    /// averaged over (10, 1..=3600).
+    /// averaged over.
     pub min_rate_window_secs: u64,
 }
 
