@@ -68,6 +68,7 @@ pub mod metadata;
 pub(crate) mod rpc;
 pub(crate) mod segment;
 pub(crate) mod serve;
+pub(crate) mod settings;
 pub(crate) mod small_file;
 pub(crate) mod sync;
 pub mod topology;

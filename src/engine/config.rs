@@ -1,9 +1,10 @@
 //! Every `MC_*` environment variable the engine reads, parsed once with
 //! Mooncake's defaults and bounds, into one [`Config`] made of the parts
-//! of the engine that use them. Each setting is declared once, in
-//! `table.rs` (its field, variables, type, default, allowed values and
-//! meaning), and its default, its reader, its check and its row of
-//! `docs/configuration.md` come from there (`settings.rs` says how). A
+//! of the engine that use them. Each setting is declared once, in the
+//! `settings!` table of its part beside the part's user (its field,
+//! variables, type, default, allowed values and meaning), and the part's
+//! struct, its default, its reader, its check and its rows of
+//! `docs/configuration.md` come from there (`src/settings.rs` says how). A
 //! value that is not allowed fails: [`Config::from_lookup`] gives a
 //! [`ConfigError`] naming each variable, its value and what it takes.
 //!
@@ -11,9 +12,6 @@
 //! environment); [`config`] logs them once. The logging setup reads
 //! `MC_LOG_LEVEL` through [`parsed`] first, so the warnings go to the
 //! subscriber it installs instead of being lost before it exists.
-
-mod settings;
-mod table;
 
 #[cfg(test)]
 mod docs;
@@ -26,6 +24,8 @@ use super::control::NotifyLimits;
 use crate::auth::AuthConfig;
 use crate::metadata::{PeerLimits, StoreConfig};
 use crate::rpc::RpcConfig;
+pub use crate::settings::ConfigError;
+use crate::settings::Reader;
 use crate::topology::TopologyConfig;
 use crate::transport::TransportConfig;
 use crate::transport::endpoint::EndpointConfig;
@@ -33,8 +33,6 @@ use crate::transport::rdma::RdmaConfig;
 use crate::transport::scheduler::SchedConfig;
 use crate::transport::shm::ShmConfig;
 use crate::transport::tcp::TcpConfig;
-pub use settings::ConfigError;
-use settings::Reader;
 
 /// Log verbosity (`MC_LOG_LEVEL`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -50,35 +48,58 @@ pub enum LogLevel {
     Error,
 }
 
-/// What the engine itself does with requests. Parsed from `MC_*` variables by
-/// [`crate::engine::config::Config::from_env`]; the defaults and bounds
-/// (Mooncake's) are declared in `src/engine/config/table.rs`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EngineConfig {
-    /// `MC_LOG_LEVEL` (INFO).
-    pub log_level: LogLevel,
-    /// `MC_FORCE_TCP`.
-    pub force_tcp: bool,
-    /// `MC_TE_STRICT_LOCAL`: fail a request whose local `source` range is
-    /// not inside one registered buffer, on every transport.
-    pub strict_local: bool,
-    /// `MC_SLICE_TIMEOUT` in seconds (0 = off): a
-    /// task still waiting this long after its slices were posted reports
-    /// `STATUS_TIMEOUT`.
-    pub slice_timeout_secs: u64,
-    /// `MC_TRANSFER_TIMEOUT` in seconds: how long the
-    /// Python binding's synchronous transfers wait, plus 1 ns per byte.
-    pub transfer_timeout_secs: u64,
-    /// `MC_FORCE_HCA`: auto-discovery installs RDMA even when no RDMA
-    /// device with an active port was found (or `MC_FORCE_TCP` is set),
-    /// and fails the engine if RDMA cannot be set up instead of falling
-    /// back to TCP.
-    pub force_hca: bool,
-    /// `MC_TE_METRIC` (1, true, yes or on): log the engine's throughput
-    /// and task latencies every `metric_interval_secs` (off).
-    pub metric: bool,
-    /// `MC_TE_METRIC_INTERVAL_SECONDS`.
-    pub metric_interval_secs: u64,
+use crate::settings::{OnWords, Range, Switch, Words};
+
+const LOG_LEVELS: Words<LogLevel> = Words(&[
+    ("INFO", LogLevel::Info),
+    ("TRACE", LogLevel::Trace),
+    ("WARNING", LogLevel::Warning),
+    ("WARN", LogLevel::Warning),
+    ("ERROR", LogLevel::Error),
+]);
+
+crate::settings::settings! {
+    /// What the engine itself does with requests. Each setting (variables, Mooncake's
+    /// default and bounds, meaning) is declared once in the table below.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct EngineConfig("engine") {
+        /// `MC_LOG_LEVEL` (INFO).
+        log_level: LogLevel = LogLevel::Info, ["MC_LOG_LEVEL"], LOG_LEVELS,
+            "log verbosity; `RUST_LOG` wins over it";
+        /// `MC_FORCE_TCP`.
+        force_tcp: bool = false, ["MC_FORCE_TCP"], Switch,
+            "auto discovery installs TCP even where RDMA devices exist";
+        /// `MC_TE_STRICT_LOCAL`: fail a request whose local `source` range is
+        /// not inside one registered buffer, on every transport.
+        strict_local: bool = false, ["MC_TE_STRICT_LOCAL"], Switch,
+            "a request whose local `source` is not inside one registered buffer FAILS, on \
+             every transport (default: as Mooncake, a TCP request's source is not checked)";
+        /// `MC_SLICE_TIMEOUT` in seconds (0 = off): a
+        /// task still waiting this long after its slices were posted reports
+        /// `STATUS_TIMEOUT`.
+        slice_timeout_secs: u64 = 0, ["MC_SLICE_TIMEOUT"], Range(0u64, 65535),
+            "seconds (0: off): a task still waiting that long after it was submitted \
+             reports `STATUS_TIMEOUT`, as in Mooncake; it is not cancelled, and a later poll \
+             can see it complete or fail";
+        /// `MC_TRANSFER_TIMEOUT` in seconds: how long the
+        /// Python binding's synchronous transfers wait, plus 1 ns per byte.
+        transfer_timeout_secs: u64 = 30, ["MC_TRANSFER_TIMEOUT"], Range(5u64, 86400),
+            "seconds the Python binding's synchronous transfers wait, plus 1 ns per byte";
+        /// `MC_FORCE_HCA`: auto-discovery installs RDMA even when no RDMA
+        /// device with an active port was found (or `MC_FORCE_TCP` is set),
+        /// and fails the engine if RDMA cannot be set up instead of falling
+        /// back to TCP.
+        force_hca: bool = false, ["MC_FORCE_HCA"], Switch,
+            "auto discovery installs RDMA or the engine fails; wins over `MC_FORCE_TCP`";
+        /// `MC_TE_METRIC` (1, true, yes or on): log the engine's throughput
+        /// and task latencies every `metric_interval_secs` (off).
+        metric: bool = false, ["MC_TE_METRIC"], OnWords,
+            "Mooncake's periodic `[Metrics]` throughput and latency line, with each \
+             device's bandwidth and bytes in flight";
+        /// `MC_TE_METRIC_INTERVAL_SECONDS`.
+        metric_interval_secs: u64 = 5, ["MC_TE_METRIC_INTERVAL_SECONDS"], Range(1u64, 86400),
+            "seconds between those lines";
+    };
 }
 
 /// The configuration of an engine: every `MC_*` variable, by the part of
@@ -142,7 +163,7 @@ impl Config {
     }
 
     /// Parses the configuration from any variable lookup: every setting of
-    /// the tables in `table.rs`, then the cluster key. A value that is not
+    /// the parts' `settings!` tables, then the cluster key. A value that is not
     /// allowed (not a number, out of bounds, not one of the words) fails,
     /// each one named with its variable, value and what is allowed.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {

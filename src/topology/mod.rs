@@ -26,20 +26,30 @@ pub use rails::{RailFilter, parse_rail, rail_name};
 
 use std::net::IpAddr;
 
-/// Which devices are used, and the priority matrix. Parsed from `MC_*`
-/// variables by [`crate::engine::config::Config::from_env`]; the defaults are
-/// Mooncake's.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TopologyConfig {
-    /// `MC_CUSTOM_TOPO_JSON`: path of a priority-matrix file.
-    pub custom_topo_json: Option<String>,
-    /// `MC_TE_FILTERS`: comma list of devices to use.
-    pub filters: Vec<String>,
-    /// `CUDA_VISIBLE_DEVICES`, if set (empty: no GPU is visible): the GPUs
-    /// `cuda:N` numbers, as the CUDA runtime does.
-    pub cuda_visible_devices: Option<String>,
-    /// `CUDA_DEVICE_ORDER`, if set: the order of that numbering.
-    pub cuda_device_order: Option<String>,
+use crate::settings::{List, SetText, Text};
+
+crate::settings::settings! {
+    /// Which devices are used, and the priority matrix. Parsed from `MC_*`
+    /// variables by [`crate::engine::config::Config::from_env`]; the defaults are
+    /// Mooncake's.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct TopologyConfig("topology") {
+        /// `MC_CUSTOM_TOPO_JSON`: path of a priority-matrix file.
+        custom_topo_json: Option<String> = None, ["MC_CUSTOM_TOPO_JSON"], Text,
+            "path of a NIC priority-matrix file (`{\"cpu:0\": [[preferred], [available]]}`)";
+        /// `MC_TE_FILTERS`: comma list of devices to use.
+        filters: Vec<String> = Vec::new(), ["MC_TE_FILTERS"], List,
+            "devices to use (`mlx5_0`, `mlx5_0:2`, `eth0`)";
+        /// `CUDA_VISIBLE_DEVICES`, if set (empty: no GPU is visible): the GPUs
+        /// `cuda:N` numbers, as the CUDA runtime does.
+        cuda_visible_devices: Option<String> = None, ["CUDA_VISIBLE_DEVICES"], SetText,
+            "the GPUs `cuda:N` numbers, as the CUDA runtime does: indexes or UUIDs \
+             (`GPU-…`); empty: none ([rdma.md](rdma.md))";
+        /// `CUDA_DEVICE_ORDER`, if set: the order of that numbering.
+        cuda_device_order: Option<String> = None, ["CUDA_DEVICE_ORDER"], SetText,
+            "`PCI_BUS_ID` or `FASTEST_FIRST` (the CUDA runtime's default): the order of that \
+             numbering";
+    };
 }
 
 /// What this process can see of the machine.

@@ -1,17 +1,28 @@
 //! The tables of `docs/configuration.md`, generated from the declarations
-//! of `table.rs`: each sits between `<!-- generated: PART -->` and
+//! of the parts (`settings!` beside each part's user): each sits between `<!-- generated: PART -->` and
 //! `<!-- end -->`, the prose around them is written by hand. The test
 //! fails when the file and the code disagree;
 //! `UPDATE_DOCS=1 cargo test --lib config::docs` rewrites the tables.
 
-use super::settings::PartDoc;
-use super::table::{auth_doc, part_docs};
+use super::*;
+use crate::settings::PartDoc;
 
-/// Every part's documentation, the cluster key's included.
+/// Every part's documentation, in the order of `docs/configuration.md`.
 fn all_parts() -> Vec<PartDoc> {
-    let mut parts = part_docs();
-    parts.push(auth_doc());
-    parts
+    vec![
+        EngineConfig::doc(),
+        SchedConfig::doc(),
+        RpcConfig::doc(),
+        NotifyLimits::doc(),
+        StoreConfig::doc(),
+        PeerLimits::doc(),
+        AuthConfig::doc(),
+        TopologyConfig::doc(),
+        EndpointConfig::doc(),
+        TcpConfig::doc(),
+        ShmConfig::doc(),
+        RdmaConfig::doc(),
+    ]
 }
 
 /// A cell's text with its `|` escaped.
@@ -67,7 +78,7 @@ fn tables_match_the_declarations() {
         return;
     }
     panic!(
-        "docs/configuration.md is stale: its tables differ from src/engine/config/table.rs; \
+        "docs/configuration.md is stale: its tables differ from the settings! declarations; \
          rewrite them with `UPDATE_DOCS=1 cargo test --lib config::docs`"
     );
 }

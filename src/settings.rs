@@ -1,8 +1,10 @@
 //! How a setting is declared, read and checked: the [`settings!`] macro
-//! that turns one table per part of the configuration into the part's
-//! `Default`, its reader and the rows of its documentation; the parsers a
-//! row names ([`Parse`]); the [`Reader`] that collects what was refused;
-//! and [`ConfigError`].
+//! that turns the table of one part of the configuration into the part's
+//! struct, its `Default`, its reader and the rows of its documentation;
+//! the parsers a row names ([`Parse`]); the [`Reader`] that collects what
+//! was refused; and [`ConfigError`]. Each part is declared beside its user
+//! (`TcpConfig` in `transport/tcp`, ...); `engine/config.rs` puts them
+//! together.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -11,83 +13,90 @@ use std::str::FromStr;
 use crate::metadata::client_tls::TlsFiles;
 use crate::metadata::secret::Secret;
 
-/// Declares the settings of parts of the configuration, one table each:
+/// Declares one part of the configuration, each setting once:
 ///
 /// ```text
-/// /// Heading of the part's documentation.
-/// name: PartType {
-///     field: Type = default, ["MC_VAR", "MC_ALIAS"], parser, "meaning";
-///     field: Type = default, ["MC_VAR"], parser, "meaning", shown "default in the docs";
-/// } then fixup_fn;
+/// settings! {
+///     /// The part's docs.
+///     #[derive(Debug, Clone, PartialEq)]
+///     pub struct PartType("name") {
+///         /// The field's docs.
+///         field: Type = default, ["MC_VAR", "MC_ALIAS"], parser, "meaning";
+///         field: Type = default, ["MC_VAR"], parser, "meaning", shown "default in the docs";
+///     } then check_fn;
+/// }
 /// ```
 ///
-/// From it come `impl Default for PartType` (every field, so the compiler
-/// checks that the table covers the struct), `PartType::read` (each
-/// field from the first of its variables that is set, through its parser;
-/// `then` runs a check of the whole part afterwards) and a [`PartDoc`]
-/// for the generated tables of `docs/configuration.md`.
+/// From it come the struct (every field `pub`), its `Default`,
+/// `PartType::read` (each field from the first of its variables that is
+/// set, through its parser, a [`Parse`]; `then` runs a check of the whole
+/// part afterwards) and `PartType::doc`, its table in
+/// `docs/configuration.md` (`<!-- generated: name -->`).
 macro_rules! settings {
-    ($(
-        $(#[doc = $pdoc:literal])*
-        $part:ident: $ty:ty {
+    (
+        $(#[$meta:meta])*
+        pub struct $ty:ident($name:literal) {
             $(
+                $(#[$fmeta:meta])*
                 $field:ident: $fty:ty = $default:expr, [$($var:literal),+], $parser:expr,
                 $doc:literal $(, shown $shown:literal)?;
             )*
         } $(then $fix:path)?;
-    )*) => {
-        $(
-            impl Default for $ty {
-                fn default() -> Self {
-                    Self { $($field: $default,)* }
-                }
+    ) => {
+        $(#[$meta])*
+        pub struct $ty {
+            $(
+                $(#[$fmeta])*
+                pub $field: $fty,
+            )*
+        }
+
+        impl Default for $ty {
+            fn default() -> Self {
+                Self { $($field: $default,)* }
+            }
+        }
+
+        impl $ty {
+            /// This part from the variables `r` looks up; a refused value is
+            /// recorded in `r` and the default kept.
+            pub(crate) fn read(r: &$crate::settings::Reader<'_>) -> Self {
+                #[allow(unused_mut)]
+                let mut part = Self {
+                    $($field: $crate::settings::Parse::<$fty>::read(
+                        &$parser,
+                        r,
+                        &[$($var),+],
+                        $default,
+                    ),)*
+                };
+                $($fix(&mut part, r);)?
+                part
             }
 
-            impl $ty {
-                /// This part from the variables `r` looks up; a refused
-                /// value is recorded in `r` and the default kept.
-                pub(crate) fn read(r: &$crate::engine::config::settings::Reader<'_>) -> Self {
-                    #[allow(unused_mut)]
-                    let mut part = Self {
-                        $($field: $crate::engine::config::settings::Parse::<$fty>::read(
-                            &$parser,
-                            r,
-                            &[$($var),+],
-                            $default,
-                        ),)*
-                    };
-                    $($fix(&mut part, r);)?
-                    part
-                }
-            }
-        )*
-
-        /// The documentation of every part declared here, in order.
-        #[cfg_attr(not(test), allow(dead_code))]
-        pub(crate) fn part_docs() -> Vec<$crate::engine::config::settings::PartDoc> {
-            vec![$(
-                $crate::engine::config::settings::PartDoc {
-                    name: stringify!($part),
+            /// This part's table in `docs/configuration.md`.
+            #[cfg_attr(not(test), allow(dead_code))]
+            pub(crate) fn doc() -> $crate::settings::PartDoc {
+                $crate::settings::PartDoc {
+                    name: $name,
                     rows: vec![$(
-                        $crate::engine::config::settings::RowDoc {
+                        $crate::settings::RowDoc {
                             vars: &[$($var),+],
                             doc: $doc,
                             default: {
                                 #[allow(unused_variables)]
-                                let shown = $crate::engine::config::settings::Parse::<$fty>::show(
+                                let shown = $crate::settings::Parse::<$fty>::show(
                                     &$parser,
                                     &$default,
                                 );
                                 $(let shown = $shown.to_string();)?
                                 shown
                             },
-                            allowed: $crate::engine::config::settings::Parse::<$fty>::allowed(
-                                &$parser,
-                            ),
+                            allowed: $crate::settings::Parse::<$fty>::allowed(&$parser),
                         },
                     )*],
-                },
-            )*]
+                }
+            }
         }
     };
 }
