@@ -292,7 +292,9 @@ extern "C" {
  * `"tcp"` otherwise.
  *
  * Returns the engine, or NULL (with an error log) when an argument is NULL,
- * the connection string is malformed, or its backend is unavailable.
+ * the connection string is malformed, its backend is unavailable, or an
+ * `MC_*` variable has a value that is not allowed (`te_last_error` names
+ * the variable, its value and what it takes).
  *
  * # Safety
  * The strings must be NULL or NUL-terminated.

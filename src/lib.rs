@@ -68,6 +68,7 @@ pub mod metadata;
 pub(crate) mod rpc;
 pub(crate) mod segment;
 pub(crate) mod serve;
+pub(crate) mod settings;
 pub(crate) mod small_file;
 pub(crate) mod sync;
 pub mod topology;
@@ -78,7 +79,7 @@ pub(crate) mod verbs;
 pub(crate) use log_limit::warn_limited;
 
 pub use batch::TaskStatus;
-pub use engine::config::{Config, LogLevel, config};
+pub use engine::config::{Config, ConfigError, ConfigResult, LogLevel, config};
 pub use engine::{Engine, EngineBuilder, LOCAL_SEGMENT_ID, Opcode, Request};
 pub use error::{Error, Result};
 pub use ffi::init_logging;

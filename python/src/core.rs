@@ -14,7 +14,6 @@ use std::mem;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use transfer_engine::Error;
-use transfer_engine::config;
 use transfer_engine::{Engine, Opcode, Request};
 
 /// A failed operation: Mooncake's return code and what went wrong.
@@ -106,8 +105,9 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Core {
-    /// Wraps a created engine.
-    pub fn new(engine: Arc<Engine>) -> Core {
+    /// Wraps a created engine whose synchronous transfers wait
+    /// `transfer_timeout_secs` (`MC_TRANSFER_TIMEOUT`), plus 1 ns per byte.
+    pub fn new(engine: Arc<Engine>, transfer_timeout_secs: u64) -> Core {
         Core {
             engine,
             managed: Mutex::default(),
@@ -115,7 +115,7 @@ impl Core {
             abandoned: Mutex::default(),
             ended: Mutex::default(),
             pinned: Mutex::default(),
-            timeout: Duration::from_secs(config().engine.transfer_timeout_secs),
+            timeout: Duration::from_secs(transfer_timeout_secs),
         }
     }
 

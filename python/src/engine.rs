@@ -176,10 +176,16 @@ impl TransferEngine {
         devices: &[String],
         auth_key_file: Option<&str>,
     ) -> OpResult<()> {
+        // A value the configuration refuses fails here, named (logged and
+        // -1, as every failure of `initialize`).
+        let cfg = config()
+            .map_err(|e| Failure::with_code(-1, "initialize", &e.into()))?
+            .clone();
         let cfg = match auth_key_file {
-            Some(files) => config().clone().with_auth_key_file(files),
-            None => config().clone(),
+            Some(files) => cfg.with_auth_key_file(files),
+            None => cfg,
         };
+        let timeout = cfg.engine.transfer_timeout_secs;
         let engine = py
             .detach(|| {
                 Engine::builder(conn, local_hostname)
@@ -193,7 +199,7 @@ impl TransferEngine {
             .core
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .replace(Arc::new(Core::new(engine)));
+            .replace(Arc::new(Core::new(engine, timeout)));
         py.detach(move || drop(old));
         Ok(())
     }
@@ -906,10 +912,14 @@ impl TransferEngine {
     fn get_local_topology(&self, py: Python<'_>, device_name: Option<&str>) -> String {
         let filters = device_list(device_name);
         py.detach(|| {
+            // Needs no engine, so a refused configuration gives the
+            // defaults here; `initialize` reports it.
+            let defaults = transfer_engine::Config::default();
+            let cfg = config().unwrap_or(&defaults);
             let matrix = PriorityMatrix::from_topology(&Topology::discover(
                 &filters,
-                &config().topology.filters,
-                config().rdma.ib_port,
+                &cfg.topology,
+                cfg.rdma.ib_port,
             ))
             .to_json();
             serde_json_pretty(&matrix)

@@ -4,7 +4,10 @@ Mooncake's binding gives them."""
 
 import ctypes
 import json
+import os
 import socket
+import subprocess
+import sys
 
 import pytest
 from conftest import pattern, unique
@@ -82,6 +85,24 @@ def test_initialize_failures_return_minus_one(metadata_server):
     server = metadata_server.removeprefix("http://")
     assert e.initialize_ext(unique("ext"), server, "tcp", "", "http") == 0
     e.close()
+
+
+def test_initialize_refuses_a_bad_setting_naming_it():
+    """A value the configuration does not allow fails initialize (-1) and
+    the log names the variable, the value and the range. The configuration
+    is read once per process: a child interpreter runs with the bad value."""
+    code = (
+        "from transfer_engine import TransferEngine\n"
+        "e = TransferEngine()\n"
+        "print('RESULT', e.initialize('127.0.0.1', 'P2PHANDSHAKE', 'tcp', ''))\n"
+    )
+    env = dict(os.environ, MC_SLICE_SIZE="abc")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert "RESULT -1" in out.stdout, out.stdout + out.stderr
+    assert "MC_SLICE_SIZE=abc is not a number in 1..=1099511627776" in out.stderr, out.stderr
 
 
 def test_p2p_renames_the_engine_to_its_rpc_port():

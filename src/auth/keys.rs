@@ -57,6 +57,32 @@ impl fmt::Debug for AuthConfig {
 }
 
 impl AuthConfig {
+    /// The documentation of the peer-authentication settings, read by
+    /// [`AuthConfig::from_vars`] (two variables that make one
+    /// setting, with their own warnings).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn doc() -> crate::settings::PartDoc {
+        crate::settings::PartDoc {
+            name: "auth",
+            rows: vec![
+                crate::settings::RowDoc {
+                    vars: &["MC_TE_AUTH_KEY_FILE"],
+                    doc: "`new[,old]`: hex, base64 or raw key files of at least 32 bytes, at \
+                          most two",
+                    default: "unset (no key)".to_string(),
+                    allowed: "paths".to_string(),
+                },
+                crate::settings::RowDoc {
+                    vars: &["MC_TE_AUTH_KEY"],
+                    doc: "the key itself, for tests; warns; ignored when `MC_TE_AUTH_KEY_FILE` \
+                          is set",
+                    default: "unset".to_string(),
+                    allowed: "text".to_string(),
+                },
+            ],
+        }
+    }
+
     /// From the values of `MC_TE_AUTH_KEY_FILE` and `MC_TE_AUTH_KEY`, and
     /// the warnings they deserve.
     pub fn from_vars(

@@ -13,29 +13,27 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, RwLock};
 use tracing::debug;
 
-/// Bounds of the notification queue. Parsed from `MC_*` variables by
-/// [`crate::engine::config::Config::from_env`]; the defaults are Mooncake's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NotifyLimits {
-    /// `MC_NOTIFY_MAX_SIZE` (64 KiB, 1..=128 MiB): largest notification
-    /// accepted (name and message bytes).
-    pub max_size: usize,
-    /// `MC_NOTIFY_QUEUE_MAX_COUNT` (65536, 1..=16777216): notifications kept
-    /// until `getNotifsFromEngine`; the oldest are dropped beyond it.
-    pub max_count: usize,
-    /// `MC_NOTIFY_QUEUE_MAX_BYTES` (64 MiB, 64 KiB..=64 GiB): bytes of
-    /// notifications kept; the oldest are dropped beyond it.
-    pub max_bytes: usize,
-}
+use crate::settings::Range;
 
-impl Default for NotifyLimits {
-    fn default() -> Self {
-        NotifyLimits {
-            max_size: 64 << 10,
-            max_count: 1 << 16,
-            max_bytes: 64 << 20,
-        }
-    }
+crate::settings::settings! {
+    /// Bounds of the notification queue. Each setting (variables, Mooncake's
+    /// default and bounds, meaning) is declared once in the table below.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct NotifyLimits("notify") {
+        /// `MC_NOTIFY_MAX_SIZE`: largest notification
+        /// accepted (name and message bytes).
+        max_size: usize = 64 << 10, ["MC_NOTIFY_MAX_SIZE"], Range(1usize, 128 << 20),
+            "largest notification received (name and message), bytes; larger ones are \
+             refused to the sender";
+        /// `MC_NOTIFY_QUEUE_MAX_COUNT`: notifications kept
+        /// until `getNotifsFromEngine`; the oldest are dropped beyond it.
+        max_count: usize = 1 << 16, ["MC_NOTIFY_QUEUE_MAX_COUNT"], Range(1usize, 1 << 24),
+            "notifications kept until `getNotifsFromEngine`; the oldest dropped beyond";
+        /// `MC_NOTIFY_QUEUE_MAX_BYTES`: bytes of
+        /// notifications kept; the oldest are dropped beyond it.
+        max_bytes: usize = 64 << 20, ["MC_NOTIFY_QUEUE_MAX_BYTES"], Range(64usize << 10, 64 << 30),
+            "bytes of notifications kept; the oldest dropped beyond";
+    };
 }
 
 /// Received notifications, oldest first, and their size.

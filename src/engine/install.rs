@@ -79,7 +79,7 @@ impl Engine {
     pub fn discover_topology(&self) -> Topology {
         let topo = Topology::discover(
             &self.device_filter,
-            &self.config.topology.filters,
+            &self.config.topology,
             self.config.rdma.ib_port,
         );
         let mut slot = sync::lock(&self.topology);
@@ -97,7 +97,7 @@ impl Engine {
         let (topo, matrix) = slot.get_or_insert_with(|| {
             let topo = Topology::discover(
                 &self.device_filter,
-                &self.config.topology.filters,
+                &self.config.topology,
                 self.config.rdma.ib_port,
             );
             let m = PriorityMatrix::from_topology(&topo);

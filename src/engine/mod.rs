@@ -27,7 +27,7 @@ mod ticker;
 
 use crate::auth::{Keys, Listener, Port};
 use crate::batch::Batch;
-use crate::engine::config::Config;
+use crate::engine::config::{Config, ConfigError, ConfigResult};
 use crate::error::{Error, Result};
 use crate::handle::HandleTable;
 use crate::lanes::{Finish, Full, Lanes, Limits, Run};
@@ -175,7 +175,7 @@ pub struct EngineBuilder {
     local_name: String,
     auto_discover: bool,
     devices: Vec<String>,
-    config: Option<Config>,
+    config: Option<std::result::Result<Config, ConfigError>>,
 }
 
 impl EngineBuilder {
@@ -195,20 +195,25 @@ impl EngineBuilder {
     }
 
     /// The engine's configuration; by default the process environment's
-    /// `MC_*` variables ([`Config::from_env`]).
-    pub fn config(mut self, config: Config) -> EngineBuilder {
-        self.config = Some(config);
+    /// `MC_*` variables ([`Config::from_env`]). Takes a [`Config`] or what
+    /// [`Config::from_lookup`] returns: a [`ConfigError`] there makes
+    /// [`EngineBuilder::build`] fail with it.
+    pub fn config(mut self, config: impl Into<ConfigResult>) -> EngineBuilder {
+        self.config = Some(config.into().0);
         self
     }
 
     /// Creates the engine: starts its handshake listener, publishes its RPC
     /// address (store mode) and, with auto-discovery, installs transports.
     pub fn build(self) -> Result<Arc<Engine>> {
-        let config = self.config.unwrap_or_else(|| {
-            let c = Config::from_env();
-            c.warnings.iter().for_each(|w| warn!("{w}"));
-            c
-        });
+        let config = match self.config {
+            Some(c) => c?,
+            None => {
+                let c = Config::from_env()?;
+                c.warnings.iter().for_each(|w| warn!("{w}"));
+                c
+            }
+        };
         Engine::start(
             &self.conn,
             &self.local_name,

@@ -233,12 +233,15 @@ pub fn write_c_string(s: &str, buf: *mut c_char, len: usize) {
 pub fn init_logging() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let level = match crate::engine::config::parsed().log_level {
-            LogLevel::Trace => "trace",
-            LogLevel::Info => "info",
-            LogLevel::Warning => "warn",
-            LogLevel::Error => "error",
-        };
+        // A configuration that fails is reported by the call that needs it
+        // (`createTransferEngine`); its logs still go out at INFO.
+        let level =
+            match crate::engine::config::parsed().map_or(LogLevel::Info, |c| c.engine.log_level) {
+                LogLevel::Trace => "trace",
+                LogLevel::Info => "info",
+                LogLevel::Warning => "warn",
+                LogLevel::Error => "error",
+            };
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
         let _ = tracing_subscriber::fmt()
@@ -246,7 +249,7 @@ pub fn init_logging() {
             .with_writer(std::io::stderr)
             .try_init();
     });
-    config();
+    let _ = config();
 }
 
 #[cfg(test)]

@@ -36,7 +36,9 @@ fn with_engine(func: &'static str, engine: transfer_engine_t, f: impl FnOnce(&En
 /// `"tcp"` otherwise.
 ///
 /// Returns the engine, or NULL (with an error log) when an argument is NULL,
-/// the connection string is malformed, or its backend is unavailable.
+/// the connection string is malformed, its backend is unavailable, or an
+/// `MC_*` variable has a value that is not allowed (`te_last_error` names
+/// the variable, its value and what it takes).
 ///
 /// # Safety
 /// The strings must be NULL or NUL-terminated.
@@ -53,9 +55,10 @@ pub unsafe extern "C" fn createTransferEngine(
         let _ = (ip_or_host_name, rpc_port);
         let conn = call.string(metadata_conn_string, "metadata_conn_string")?;
         let name = call.string(local_server_name, "local_server_name")?;
+        let config = call.check(crate::engine::config::config().map_err(Error::from))?;
         let built = Engine::builder(&conn, &name)
             .auto_discover(auto_discover != 0)
-            .config(crate::engine::config::config().clone())
+            .config(config.clone())
             .build();
         Ok(insert_engine(call.check(built)?))
     })

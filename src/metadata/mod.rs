@@ -29,81 +29,81 @@ use client_tls::TlsFiles;
 use secret::Secret;
 use std::path::PathBuf;
 
-/// The metadata store and the descriptor cache. Parsed from `MC_*` variables by
-/// [`crate::engine::config::Config::from_env`]; the defaults are Mooncake's.
-/// Files named here are read when an engine opens its store. `Debug` does
-/// not show the passwords.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoreConfig {
-    /// `MC_DISABLE_METACACHE`: refetch remote descriptors on every use.
-    pub metacache: bool,
-    /// `MC_TE_METADATA_REFRESH_INTERVAL_SECONDS`; 0 = off.
-    pub refresh_interval_secs: u64,
-    /// `MC_METADATA_CLUSTER_ID`: key prefix `mooncake/<id>/`.
-    pub cluster_id: Option<String>,
-    /// `MC_REDIS_USERNAME`.
-    pub redis_username: Option<String>,
-    /// `MC_REDIS_PASSWORD`.
-    pub redis_password: Option<Secret>,
-    /// `MC_REDIS_DB_INDEX` (0, 0..=255).
-    pub redis_db_index: u8,
-    /// `MC_REDIS_CACERT`, `MC_REDIS_CERT`, `MC_REDIS_KEY`: TLS of
-    /// `rediss://` servers.
-    pub redis_tls: TlsFiles,
-    /// `MC_ETCD_USERNAME` and `MC_ETCD_PASSWORD`: etcd's authentication
-    /// (both or neither).
-    pub etcd_auth: Option<(String, Secret)>,
-    /// `MC_ETCD_CACERT`, `MC_ETCD_CERT`, `MC_ETCD_KEY`: TLS of `https://`
-    /// etcd endpoints.
-    pub etcd_tls: TlsFiles,
-    /// `MC_METADATA_AUTH_TOKEN_FILE`: the bearer token sent to the HTTP
-    /// metadata server.
-    pub http_token_file: Option<PathBuf>,
-    /// `MC_METADATA_CACERT`: CA certificates of an `https://` metadata
-    /// server (default: the system's).
-    pub http_cacert: Option<PathBuf>,
+use crate::settings::{Credentials, FilePath, Password, Range, Set, Text, Tls};
+
+crate::settings::settings! {
+    /// The metadata store and the descriptor cache. Each setting (variables, Mooncake's
+    /// default and bounds, meaning) is declared once in the table below.
+    /// Files named here are read when an engine opens its store. `Debug` does
+    /// not show the passwords.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct StoreConfig("store") {
+        /// `MC_DISABLE_METACACHE`: refetch remote descriptors on every use.
+        metacache: bool = true, ["MC_DISABLE_METACACHE"], Set(false),
+            "set: refetch a peer's descriptor on every use";
+        /// `MC_TE_METADATA_REFRESH_INTERVAL_SECONDS`; 0 = off.
+        refresh_interval_secs: u64 = 0, ["MC_TE_METADATA_REFRESH_INTERVAL_SECONDS"],
+            Range(0u64, 86400),
+            "seconds between background refreshes of peers' descriptors (0: off)";
+        /// `MC_METADATA_CLUSTER_ID`: key prefix `mooncake/<id>/`.
+        cluster_id: Option<String> = None, ["MC_METADATA_CLUSTER_ID"], Text,
+            "key prefix `mooncake/<id>/`: keeps clusters apart on one store";
+        /// `MC_REDIS_USERNAME`.
+        redis_username: Option<String> = None, ["MC_REDIS_USERNAME"], Text,
+            "redis AUTH user";
+        /// `MC_REDIS_PASSWORD`.
+        redis_password: Option<Secret> = None, ["MC_REDIS_PASSWORD"],
+            Password, "redis AUTH password";
+        /// `MC_REDIS_DB_INDEX`.
+        redis_db_index: u8 = 0, ["MC_REDIS_DB_INDEX"], Range(0u8, 255),
+            "redis database";
+        /// `MC_REDIS_CACERT`, `MC_REDIS_CERT`, `MC_REDIS_KEY`: TLS of
+        /// `rediss://` servers.
+        redis_tls: TlsFiles = TlsFiles::default(),
+            ["MC_REDIS_CACERT", "MC_REDIS_CERT", "MC_REDIS_KEY"], Tls,
+            "TLS of `rediss://` servers: CA (default: the system's), client certificate and \
+             its key";
+        /// `MC_ETCD_USERNAME` and `MC_ETCD_PASSWORD`: etcd's authentication
+        /// (both or neither).
+        etcd_auth: Option<(String, Secret)> = None,
+            ["MC_ETCD_USERNAME", "MC_ETCD_PASSWORD"], Credentials,
+            "etcd authentication";
+        /// `MC_ETCD_CACERT`, `MC_ETCD_CERT`, `MC_ETCD_KEY`: TLS of `https://`
+        /// etcd endpoints.
+        etcd_tls: TlsFiles = TlsFiles::default(),
+            ["MC_ETCD_CACERT", "MC_ETCD_CERT", "MC_ETCD_KEY"], Tls,
+            "TLS of `https://` etcd endpoints: CA (default: the system's), client certificate \
+             and its key";
+        /// `MC_METADATA_AUTH_TOKEN_FILE`: the bearer token sent to the HTTP
+        /// metadata server.
+        http_token_file: Option<PathBuf> = None, ["MC_METADATA_AUTH_TOKEN_FILE"],
+            FilePath, "bearer token sent to our HTTP metadata server";
+        /// `MC_METADATA_CACERT`: CA certificates of an `https://` metadata
+        /// server (default: the system's).
+        http_cacert: Option<PathBuf> = None, ["MC_METADATA_CACERT"], FilePath,
+            "CA certificates of an `https://` metadata server (default: the system's)";
+    };
 }
 
-impl Default for StoreConfig {
-    fn default() -> Self {
-        StoreConfig {
-            metacache: true,
-            refresh_interval_secs: 0,
-            cluster_id: None,
-            redis_username: None,
-            redis_password: None,
-            redis_db_index: 0,
-            redis_tls: TlsFiles::default(),
-            etcd_auth: None,
-            etcd_tls: TlsFiles::default(),
-            http_token_file: None,
-            http_cacert: None,
-        }
-    }
-}
-
-/// Bounds on what a peer's descriptor may hold. Parsed from `MC_*` variables by
-/// [`crate::engine::config::Config::from_env`]; the defaults are Mooncake's.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PeerLimits {
-    /// `MC_PEER_MAX_DEVICES` (64, 1..=4096): most devices (RDMA `devices`,
-    /// TCP `tcp_devices`) a peer's descriptor may list.
-    pub max_devices: usize,
-    /// `MC_PEER_MAX_BUFFERS` (65536, 1..=16777216): most buffers a peer's
-    /// descriptor may list.
-    pub max_buffers: usize,
-    /// `MC_PEER_MAX_DESCRIPTOR_BYTES` (64 MiB, 64 KiB..=1 GiB): largest
-    /// descriptor read from a metadata store (in P2P mode the reply frame
-    /// is bounded by `MC_HANDSHAKE_MAX_LENGTH`).
-    pub max_descriptor_bytes: u64,
-}
-
-impl Default for PeerLimits {
-    fn default() -> Self {
-        PeerLimits {
-            max_devices: 64,
-            max_buffers: 1 << 16,
-            max_descriptor_bytes: 64 << 20,
-        }
-    }
+crate::settings::settings! {
+    /// Bounds on what a peer's descriptor may hold. Each setting (variables, Mooncake's
+    /// default and bounds, meaning) is declared once in the table below.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct PeerLimits("peers") {
+        /// `MC_PEER_MAX_DEVICES`: most devices (RDMA `devices`,
+        /// TCP `tcp_devices`) a peer's descriptor may list.
+        max_devices: usize = 64, ["MC_PEER_MAX_DEVICES"], Range(1usize, 4096),
+            "most devices (RDMA `devices`, TCP `tcp_devices`) a peer's descriptor may list";
+        /// `MC_PEER_MAX_BUFFERS`: most buffers a peer's
+        /// descriptor may list.
+        max_buffers: usize = 1 << 16, ["MC_PEER_MAX_BUFFERS"], Range(1usize, 1 << 24),
+            "most buffers a peer's descriptor may list";
+        /// `MC_PEER_MAX_DESCRIPTOR_BYTES`: largest
+        /// descriptor read from a metadata store (in P2P mode the reply frame
+        /// is bounded by `MC_HANDSHAKE_MAX_LENGTH`).
+        max_descriptor_bytes: u64 = 64 << 20, ["MC_PEER_MAX_DESCRIPTOR_BYTES"],
+            Range(64u64 << 10, 1 << 30),
+            "largest descriptor read from a store (P2P replies are bounded by \
+             `MC_HANDSHAKE_MAX_LENGTH`)";
+    };
 }

@@ -20,66 +20,98 @@ use std::net::{Ipv6Addr, TcpStream};
 use std::time::{Duration, Instant};
 use tracing::warn;
 
-/// The handshake listener and client. Parsed from `MC_*` variables by
-/// [`crate::engine::config::Config::from_env`]; the defaults are Mooncake's.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RpcConfig {
-    /// `MC_HANDSHAKE_PORT`: port assumed for a server name without one (12001).
-    pub handshake_port: u16,
-    /// `MC_MIN_RPC_PORT` (15000).
-    pub min_port: u16,
-    /// `MC_MAX_RPC_PORT` (17000).
-    pub max_port: u16,
-    /// `MC_HANDSHAKE_LISTEN_BACKLOG` (128).
-    pub listen_backlog: u32,
-    /// `MC_HANDSHAKE_CONNECT_TIMEOUT` in seconds (5, 1..=3599).
-    pub connect_timeout_secs: u64,
-    /// `MC_HANDSHAKE_MAX_LENGTH`: largest handshake frame (1 MiB..=128 MiB).
-    pub max_length: u64,
-    /// `MC_HANDSHAKE_IO_TIMEOUT` in seconds (5, 1..=3600): the handshake
-    /// listener's deadline for a whole request from the accept, for writing
-    /// the reply, and for the client's EOF after it.
-    pub io_timeout_secs: u64,
-    /// `MC_HANDSHAKE_MAX_CONNECTIONS` (256, 1..=65536): handshake
-    /// connections open at once; at the bound the one that has waited
-    /// longest for its client (to send a request or take a reply) makes
-    /// room for a new one.
-    pub max_connections: usize,
-    /// `MC_HANDSHAKE_WORKERS` (4, 1..=64): threads that run the handlers of
-    /// handshake requests.
-    pub workers: usize,
-    /// `MC_HANDSHAKE_MAX_BUFFERED` (64 MiB, 1 MiB..=64 GiB): bytes of
-    /// handshake requests and replies held across all connections, a reply
-    /// until the client has taken it (at least one frame of
-    /// `MC_HANDSHAKE_MAX_LENGTH`).
-    pub max_buffered: u64,
-    /// `MC_USE_IPV6`.
-    pub use_ipv6: bool,
-    /// `MC_LEGACY_RPC_PORT_BINDING`: bind the RPC port named in the server name.
-    pub legacy_port_binding: bool,
-    /// `MC_TCP_BIND_ADDRESS`: the address advertised in store mode; a
-    /// loopback address also confines the engine to loopback.
-    pub bind_address: Option<String>,
+use crate::settings::{Parse, Range, Reader, Set, Switch, Text};
+
+/// A port Mooncake allows for the RPC range: 1024..=65535, outside the
+/// ephemeral range 32768..=60999.
+pub(crate) struct Port;
+
+impl Parse<u16> for Port {
+    fn parse(&self, raw: &str) -> Option<u16> {
+        Range(1024u16, 65535)
+            .parse(raw)
+            .filter(|p| !(32768..=60999).contains(p))
+    }
+    fn allowed(&self) -> String {
+        "a number in 1024..=65535 outside 32768..=60999".to_string()
+    }
+    fn show(&self, v: &u16) -> String {
+        v.to_string()
+    }
 }
 
-impl Default for RpcConfig {
-    fn default() -> Self {
-        RpcConfig {
-            handshake_port: 12001,
-            min_port: 15000,
-            max_port: 17000,
-            listen_backlog: 128,
-            connect_timeout_secs: 5,
-            max_length: 1 << 20,
-            io_timeout_secs: 5,
-            max_connections: 256,
-            workers: 4,
-            max_buffered: 64 << 20,
-            use_ipv6: false,
-            legacy_port_binding: false,
-            bind_address: None,
-        }
+/// The range of RPC ports is empty when its minimum is above its maximum.
+fn check_ports(rpc: &mut RpcConfig, r: &Reader<'_>) {
+    if rpc.min_port > rpc.max_port {
+        r.error(format!(
+            "MC_MIN_RPC_PORT={} MC_MAX_RPC_PORT={} is not a range: the minimum is above \
+             the maximum",
+            rpc.min_port, rpc.max_port
+        ));
+        let d = RpcConfig::default();
+        (rpc.min_port, rpc.max_port) = (d.min_port, d.max_port);
     }
+}
+
+crate::settings::settings! {
+    /// The handshake listener and client. Each setting (variables, Mooncake's
+    /// default and bounds, meaning) is declared once in the table below.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct RpcConfig("rpc") {
+        /// `MC_HANDSHAKE_PORT`: port assumed for a server name without one.
+        handshake_port: u16 = 12001, ["MC_HANDSHAKE_PORT"], Range(1u16, 65535),
+            "port assumed for a P2P name without one";
+        /// `MC_MIN_RPC_PORT`.
+        min_port: u16 = 15000, ["MC_MIN_RPC_PORT", "MC_MIN_PRC_PORT"], Port,
+            "the handshake and TCP data ports are random in `MC_MIN_RPC_PORT..=MC_MAX_RPC_PORT` \
+             (also read as Mooncake's spelling `MC_MIN_PRC_PORT`)";
+        /// `MC_MAX_RPC_PORT`.
+        max_port: u16 = 17000, ["MC_MAX_RPC_PORT", "MC_MAX_PRC_PORT"], Port,
+            "the top of that range, at least `MC_MIN_RPC_PORT`";
+        /// `MC_HANDSHAKE_LISTEN_BACKLOG`.
+        listen_backlog: u32 = 128, ["MC_HANDSHAKE_LISTEN_BACKLOG"], Range(1u32, 65535),
+            "listen backlog of the handshake listener";
+        /// `MC_HANDSHAKE_CONNECT_TIMEOUT` in seconds.
+        connect_timeout_secs: u64 = 5, ["MC_HANDSHAKE_CONNECT_TIMEOUT"], Range(1u64, 3599),
+            "seconds: bound on connecting to a peer's listener, including tries again after \
+             a reset";
+        /// `MC_HANDSHAKE_MAX_LENGTH`: largest handshake frame.
+        max_length: u64 = 1 << 20, ["MC_HANDSHAKE_MAX_LENGTH"], Range(1u64 << 20, 128 << 20),
+            "largest handshake frame, bytes";
+        /// `MC_HANDSHAKE_IO_TIMEOUT` in seconds: the handshake
+        /// listener's deadline for a whole request from the accept, for writing
+        /// the reply, and for the client's EOF after it.
+        io_timeout_secs: u64 = 5, ["MC_HANDSHAKE_IO_TIMEOUT"], Range(1u64, 3600),
+            "seconds: the listener's deadline for a whole request from the accept, for the \
+             reply, and for the client's EOF after it";
+        /// `MC_HANDSHAKE_MAX_CONNECTIONS`: handshake
+        /// connections open at once; at the bound the one that has waited
+        /// longest for its client (to send a request or take a reply) makes
+        /// room for a new one.
+        max_connections: usize = 256, ["MC_HANDSHAKE_MAX_CONNECTIONS"], Range(1usize, 65536),
+            "handshake connections open at once";
+        /// `MC_HANDSHAKE_WORKERS`: threads that run the handlers of
+        /// handshake requests.
+        workers: usize = 4, ["MC_HANDSHAKE_WORKERS"], Range(1usize, 64),
+            "threads answering handshake requests";
+        /// `MC_HANDSHAKE_MAX_BUFFERED`: bytes of
+        /// handshake requests and replies held across all connections, a reply
+        /// until the client has taken it (at least one frame of
+        /// `MC_HANDSHAKE_MAX_LENGTH`).
+        max_buffered: u64 = 64 << 20, ["MC_HANDSHAKE_MAX_BUFFERED"], Range(1u64 << 20, 64 << 30),
+            "bytes of requests and replies held across all connections";
+        /// `MC_USE_IPV6`.
+        use_ipv6: bool = false, ["MC_USE_IPV6"], Switch,
+            "try a peer's IPv6 addresses first";
+        /// `MC_LEGACY_RPC_PORT_BINDING`: bind the RPC port named in the server name.
+        legacy_port_binding: bool = false, ["MC_LEGACY_RPC_PORT_BINDING"], Set(true),
+            "bind the port named in the server name (Mooncake's old behaviour)";
+        /// `MC_TCP_BIND_ADDRESS`: the address advertised in store mode; a
+        /// loopback address also confines the engine to loopback.
+        bind_address: Option<String> = None, ["MC_TCP_BIND_ADDRESS"], Text,
+            "the address advertised with a store; a loopback address confines the engine to \
+             loopback";
+    } then check_ports;
 }
 
 /// Reads from a socket with one overall deadline: before each read the

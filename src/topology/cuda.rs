@@ -18,7 +18,7 @@
 //!   cannot map (no driver information) is warned about once, and every
 //!   GPU is numbered in PCI bus order instead.
 
-use super::Gpu;
+use super::{Gpu, TopologyConfig};
 use std::path::Path;
 use std::sync::Once;
 
@@ -32,12 +32,11 @@ pub(super) struct CudaEnv {
 }
 
 impl CudaEnv {
-    /// The variables of this process.
-    pub(super) fn from_env() -> CudaEnv {
-        let var = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
+    /// The variables as the configuration read them.
+    pub(super) fn of(config: &TopologyConfig) -> CudaEnv {
         CudaEnv {
-            visible: var("CUDA_VISIBLE_DEVICES"),
-            order: var("CUDA_DEVICE_ORDER"),
+            visible: config.cuda_visible_devices.clone(),
+            order: config.cuda_device_order.clone(),
         }
     }
 }

@@ -325,7 +325,7 @@ mod tests {
 
     #[test]
     fn report_of_this_machine_and_of_a_foreign_matrix() {
-        let t = Topology::discover(&[], &[], 1);
+        let t = Topology::discover(&[], &crate::topology::TopologyConfig::default(), 1);
         let m = PriorityMatrix::from_topology(&t);
         let text = show_links(&t, &m, false);
         assert!(text.contains("no RDMA devices"), "{text}");

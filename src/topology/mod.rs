@@ -26,15 +26,30 @@ pub use rails::{RailFilter, parse_rail, rail_name};
 
 use std::net::IpAddr;
 
-/// Which devices are used, and the priority matrix. Parsed from `MC_*`
-/// variables by [`crate::engine::config::Config::from_env`]; the defaults are
-/// Mooncake's.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct TopologyConfig {
-    /// `MC_CUSTOM_TOPO_JSON`: path of a priority-matrix file.
-    pub custom_topo_json: Option<String>,
-    /// `MC_TE_FILTERS`: comma list of devices to use.
-    pub filters: Vec<String>,
+use crate::settings::{List, SetText, Text};
+
+crate::settings::settings! {
+    /// Which devices are used, and the priority matrix. Parsed from `MC_*`
+    /// variables by [`crate::engine::config::Config::from_env`]; the defaults are
+    /// Mooncake's.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct TopologyConfig("topology") {
+        /// `MC_CUSTOM_TOPO_JSON`: path of a priority-matrix file.
+        custom_topo_json: Option<String> = None, ["MC_CUSTOM_TOPO_JSON"], Text,
+            "path of a NIC priority-matrix file (`{\"cpu:0\": [[preferred], [available]]}`)";
+        /// `MC_TE_FILTERS`: comma list of devices to use.
+        filters: Vec<String> = Vec::new(), ["MC_TE_FILTERS"], List,
+            "devices to use (`mlx5_0`, `mlx5_0:2`, `eth0`)";
+        /// `CUDA_VISIBLE_DEVICES`, if set (empty: no GPU is visible): the GPUs
+        /// `cuda:N` numbers, as the CUDA runtime does.
+        cuda_visible_devices: Option<String> = None, ["CUDA_VISIBLE_DEVICES"], SetText,
+            "the GPUs `cuda:N` numbers, as the CUDA runtime does: indexes or UUIDs \
+             (`GPU-…`); empty: none ([rdma.md](rdma.md))";
+        /// `CUDA_DEVICE_ORDER`, if set: the order of that numbering.
+        cuda_device_order: Option<String> = None, ["CUDA_DEVICE_ORDER"], SetText,
+            "`PCI_BUS_ID` or `FASTEST_FIRST` (the CUDA runtime's default): the order of that \
+             numbering";
+    };
 }
 
 /// What this process can see of the machine.
@@ -149,13 +164,15 @@ struct Locality {
 
 impl Topology {
     /// Discovers the machine. `filters` (an engine's device filter) and
-    /// `te_filters` (`MC_TE_FILTERS`), when non-empty, each restrict the RDMA
-    /// rails to those they name ([`RailFilter`]); `ib_port` is
-    /// `MC_IB_PORT`, the port whose rail has the plain device name.
+    /// `config.filters` (`MC_TE_FILTERS`), when non-empty, each restrict the
+    /// RDMA rails to those they name ([`RailFilter`]); `ib_port` is
+    /// `MC_IB_PORT`, the port whose rail has the plain device name; GPUs
+    /// are numbered as `config`'s CUDA variables say.
     ///
     /// Never fails: with no RDMA support the device list is empty, and if
     /// hwloc fails the facts come from sysfs (with a warning).
-    pub fn discover(filters: &[String], te_filters: &[String], ib_port: u8) -> Topology {
+    pub fn discover(filters: &[String], config: &TopologyConfig, ib_port: u8) -> Topology {
+        let te_filters = &config.filters;
         #[cfg(feature = "hwloc")]
         let hw = match hwloc::discover() {
             Ok(facts) => Some(facts),
@@ -214,7 +231,7 @@ impl Topology {
             gpus = sysfs::nvidia_gpus();
         }
         if !from_cuda_runtime {
-            gpus = cuda::cuda_numbering(gpus, &cuda::CudaEnv::from_env(), &cuda::SystemFacts);
+            gpus = cuda::cuda_numbering(gpus, &cuda::CudaEnv::of(config), &cuda::SystemFacts);
         }
 
         // On a single-node machine every device is local to that node, even
@@ -295,7 +312,7 @@ mod tests {
 
     #[test]
     fn discover_on_this_machine() {
-        let t = Topology::discover(&[], &[], 1);
+        let t = Topology::discover(&[], &TopologyConfig::default(), 1);
         assert!(!t.numa_nodes.is_empty(), "{t:?}");
         assert!(t.numa_nodes.windows(2).all(|w| w[0] < w[1]), "{t:?}");
         // The test machines have no RDMA hardware.
@@ -308,15 +325,22 @@ mod tests {
 
     #[test]
     fn discover_with_te_filters_still_succeeds() {
-        let t = Topology::discover(&[], &["erdma_0".to_string()], 1);
+        let t = Topology::discover(
+            &[],
+            &TopologyConfig {
+                filters: vec!["erdma_0".to_string()],
+                ..TopologyConfig::default()
+            },
+            1,
+        );
         assert!(t.rdma_devices.iter().all(|d| d.name == "erdma_0"));
-        let t = Topology::discover(&["mlx5_9".to_string()], &[], 1);
+        let t = Topology::discover(&["mlx5_9".to_string()], &TopologyConfig::default(), 1);
         assert!(t.rdma_devices.iter().all(|d| d.name == "mlx5_9"));
     }
 
     #[test]
     fn discovered_topology_round_trips_as_matrix() {
-        let t = Topology::discover(&[], &[], 1);
+        let t = Topology::discover(&[], &TopologyConfig::default(), 1);
         let m = PriorityMatrix::from_topology(&t);
         for node in &t.numa_nodes {
             assert!(m.entry(&format!("cpu:{node}")).is_some(), "{m:?}");

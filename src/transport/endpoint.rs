@@ -21,23 +21,25 @@ pub enum EndpointStoreType {
     Sieve,
 }
 
-/// The per-device endpoint pools. Parsed from `MC_*` variables by
-/// [`crate::config::Config::from_env`]; the defaults are Mooncake's.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EndpointConfig {
-    /// `MC_MAX_EP_PER_CTX` (65536).
-    pub max_per_ctx: usize,
-    /// `MC_ENDPOINT_STORE_TYPE` (SIEVE).
-    pub store_type: EndpointStoreType,
-}
+use crate::settings::{Range, Words};
 
-impl Default for EndpointConfig {
-    fn default() -> Self {
-        EndpointConfig {
-            max_per_ctx: 65536,
-            store_type: EndpointStoreType::Sieve,
-        }
-    }
+const STORE_TYPES: Words<EndpointStoreType> = Words(&[
+    ("SIEVE", EndpointStoreType::Sieve),
+    ("FIFO", EndpointStoreType::Fifo),
+]);
+
+crate::settings::settings! {
+    /// The per-device endpoint pools. Each setting (variables, Mooncake's
+    /// default and bounds, meaning) is declared once in the table below.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct EndpointConfig("endpoints") {
+        /// `MC_MAX_EP_PER_CTX`.
+        max_per_ctx: usize = 65536, ["MC_MAX_EP_PER_CTX"], Range(1usize, 65536),
+            "endpoints per local device";
+        /// `MC_ENDPOINT_STORE_TYPE` (SIEVE).
+        store_type: EndpointStoreType = EndpointStoreType::Sieve, ["MC_ENDPOINT_STORE_TYPE"],
+            STORE_TYPES, "endpoint pool eviction";
+    };
 }
 
 /// What the pool needs of an endpoint (RDMA's, which retire).

@@ -2,7 +2,7 @@
 //! and the Rust API: the header, calls racing each other, the last-error
 //! slot, background work that never blocks a caller, introspection,
 //! GPU memory detection (with a driver double), loopback and local
-//! transfers, unregister fences, slice timeouts,
+//! transfers, unregister fences, slice timeouts, refused settings,
 //! notification floods and a peer's death.
 
 #[path = "../common/mod.rs"]
@@ -10,6 +10,7 @@ mod common;
 
 mod api_races;
 mod auth_last_error;
+mod bad_config;
 mod caller_never_waits;
 mod device_memory;
 mod engine_introspection;

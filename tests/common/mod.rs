@@ -86,9 +86,10 @@ pub fn skip(why: &str) {
 /// The configuration of the process environment's `MC_*` variables with
 /// `settings` (`(name, value)` pairs) in place of theirs: what a test
 /// gives an engine through [`Engine::builder`] instead of setting the
-/// environment. The warnings parsing produced are logged, as the builder
-/// logs those of the environment; one that names a variable of `settings`
-/// panics, since the test would run with the default instead.
+/// environment. A value parsing refuses panics, naming it; the warnings
+/// parsing produced are logged, as the builder logs those of the
+/// environment, and one that names a variable of `settings` panics, since
+/// the test would run without it.
 pub fn config_with(settings: &[(&str, &str)]) -> Config {
     let set: Vec<(String, String)> = settings
         .iter()
@@ -97,7 +98,8 @@ pub fn config_with(settings: &[(&str, &str)]) -> Config {
     let config = Config::from_lookup(|k| match set.iter().find(|(name, _)| name == k) {
         Some((_, v)) => Some(v.clone()),
         None => std::env::var(k).ok(),
-    });
+    })
+    .unwrap_or_else(|e| panic!("a setting of the test was refused: {e}"));
     for w in &config.warnings {
         assert!(
             !settings.iter().any(|(name, _)| w.contains(name)),

@@ -30,7 +30,9 @@ fn key_file(name: &str, byte: u8) -> std::path::PathBuf {
 
 /// An engine with RDMA on `devs` and the cluster key in `key`.
 fn engine(devs: &[&str], key: &std::path::Path) -> Arc<Engine> {
-    let config = Config::from_env().with_auth_key_file(key.to_str().unwrap());
+    let config = Config::from_env()
+        .expect("the MC_* settings")
+        .with_auth_key_file(key.to_str().unwrap());
     let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1")
         .config(config)
         .build()

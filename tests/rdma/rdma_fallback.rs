@@ -18,7 +18,7 @@ const MIB: usize = 1 << 20;
 /// An engine with RDMA on `devs` and TCP, with RDMA timeouts short enough
 /// that a dead link is given up on quickly.
 fn engine(devs: &[&str]) -> std::sync::Arc<Engine> {
-    let mut config = Config::from_env();
+    let mut config = Config::from_env().expect("the MC_* settings");
     config.rdma.completion_timeout_secs = 2;
     config.sched.rail_pause_secs = 2;
     let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1")

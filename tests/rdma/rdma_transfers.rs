@@ -601,7 +601,7 @@ fn a_second_rdma_name_is_published_and_used() {
     setup();
     // MC_RDMA_BIND_ADDRESS: A's NIC paths carry 198.18.0.1 (its rail-0
     // address) while its handshake listener keeps its name 127.0.0.1:port.
-    let mut config = transfer_engine::Config::from_env();
+    let mut config = transfer_engine::Config::from_env().expect("the MC_* settings");
     config.rdma.bind_address = Some("198.18.0.1".into());
     let a = Engine::builder("P2PHANDSHAKE", "127.0.0.1")
         .config(config)
@@ -696,7 +696,7 @@ fn install_rules_and_descriptor() {
 /// A P2P engine with RDMA on `devs` whose memory regions hold at most
 /// `max_mr` bytes, registering on its devices in parallel or not.
 fn split_engine(devs: &[&str], max_mr: u64, parallel: bool) -> std::sync::Arc<Engine> {
-    let mut cfg = Config::from_env();
+    let mut cfg = Config::from_env().expect("the MC_* settings");
     cfg.rdma.max_mr_size = max_mr;
     cfg.rdma.parallel_reg_mr = Some(parallel);
     cfg.rdma.max_concurrent_reg_mr = if parallel { 2 } else { 0 };

@@ -882,7 +882,9 @@ fn engines_with_a_cluster_key_attach_by_shm_and_others_are_refused() {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
-    let config = transfer_engine::Config::from_env().with_auth_key_file(ours.to_str().unwrap());
+    let config = transfer_engine::Config::from_env()
+        .expect("the MC_* settings")
+        .with_auth_key_file(ours.to_str().unwrap());
     let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
         .config(config)
         .build()

@@ -97,6 +97,7 @@ fn key_config(files: Option<&str>, legacy_port: Option<u16>) -> Config {
         "MC_HANDSHAKE_PORT" => legacy_port.map(|p| p.to_string()),
         _ => std::env::var(k).ok(),
     })
+    .expect("the test's settings")
 }
 
 /// `a` writes a pattern into a buffer of `b` and reads it back; every

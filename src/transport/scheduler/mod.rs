@@ -55,36 +55,47 @@ use tracing::debug;
 /// buffers (ignored by Mooncake).
 pub const GENERATION_KEY: &str = "generation";
 
-/// How the scheduler slices requests and retries slices. Parsed from `MC_*`
-/// variables by [`crate::engine::config::Config::from_env`]; the defaults are
-/// Mooncake's.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SchedConfig {
-    /// `MC_SLICE_SIZE`: bytes per slice of a large request (65536).
-    pub slice_size: u64,
-    /// Derived from `MC_FRAGMENT_RATIO`: a tail up to this size joins the
-    /// previous slice (16384, or `slice_size / ratio`).
-    pub fragment_limit: u64,
-    /// `MC_RETRY_CNT`: attempts per slice before its task fails (9, 1..=127).
-    pub retry_cnt: u32,
-    /// `MC_RDMA_RAIL_PAUSE_SECONDS` (30, 1..=3599).
-    pub rail_pause_secs: u64,
-    /// `MC_PATH_ROUNDROBIN`: the first choice among the preferred open
-    /// rails goes round in turn (per thread) instead of to the least
-    /// loaded (false).
-    pub round_robin: bool,
+use crate::settings::{Parse, Range, Reader, Switch};
+
+/// `MC_FRAGMENT_RATIO` is read into `fragment_limit` as a ratio; set, the
+/// limit is `slice_size / ratio` (Mooncake's rule); unset, 16384 stays.
+fn fragment_limit(sched: &mut SchedConfig, r: &Reader<'_>) {
+    let ratio = r
+        .raw("MC_FRAGMENT_RATIO")
+        .and_then(|v| Range(1u64, u64::MAX).parse(&v));
+    if let Some(ratio) = ratio {
+        sched.fragment_limit = sched.slice_size / ratio;
+    }
 }
 
-impl Default for SchedConfig {
-    fn default() -> Self {
-        SchedConfig {
-            slice_size: 65536,
-            fragment_limit: 16384,
-            retry_cnt: 9,
-            rail_pause_secs: 30,
-            round_robin: false,
-        }
-    }
+crate::settings::settings! {
+    /// How the scheduler slices requests and retries slices. Parsed from `MC_*`
+    /// variables by [`crate::engine::config::Config::from_env`]; the defaults are
+    /// Mooncake's.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct SchedConfig("sched") {
+        /// `MC_SLICE_SIZE`: bytes per slice of a large request.
+        slice_size: u64 = 65536, ["MC_SLICE_SIZE"], Range(1u64, 1 << 40),
+            "bytes per slice of a large request";
+        /// Derived from `MC_FRAGMENT_RATIO`: a tail up to this size joins the
+        /// previous slice (`slice_size / ratio` when the ratio is set).
+        fragment_limit: u64 = 16384, ["MC_FRAGMENT_RATIO"], Range(1u64, u64::MAX),
+            "a request's tail up to `MC_SLICE_SIZE / ratio` bytes joins the previous slice \
+             (unset: 16384 bytes)", shown "unset";
+        /// `MC_RETRY_CNT`: attempts per slice before its task fails.
+        retry_cnt: u32 = 9, ["MC_RETRY_CNT"], Range(1u32, 127),
+            "attempts per slice (on other rails) before its task fails";
+        /// `MC_RDMA_RAIL_PAUSE_SECONDS`.
+        rail_pause_secs: u64 = 30, ["MC_RDMA_RAIL_PAUSE_SECONDS"], Range(1u64, 3599),
+            "a rail with repeated errors, or one that cannot connect, is paused this long \
+             (TCP and RDMA)";
+        /// `MC_PATH_ROUNDROBIN`: the first choice among the preferred open
+        /// rails goes round in turn (per thread) instead of to the least
+        /// loaded (false).
+        round_robin: bool = false, ["MC_PATH_ROUNDROBIN"], Switch,
+            "off: the first rail of a slice is the least-loaded preferred one; on: the \
+             preferred ones in turn, per thread";
+    } then fragment_limit;
 }
 
 /// Name of the device load of a rail bound to no local device.

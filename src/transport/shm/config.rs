@@ -1,49 +1,50 @@
 //! The shared-memory transport's configuration.
 
-/// The shared-memory transport. Parsed from `MC_TE_SHM` and `MC_SHM_*` by
-/// [`crate::engine::config::Config::from_env`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct ShmConfig {
-    /// `MC_TE_SHM`: whether auto discovery installs the transport beside
-    /// the network one (1; 0 turns it off).
-    pub auto_install: bool,
-    /// `MC_SHM_THREADS`: threads serving both sides (min(4, CPUs); 1..=64).
-    pub threads: usize,
-    /// `MC_SHM_MAX_PEERS`: request rings (attached initiator processes)
-    /// served at once (256, 1..=65536); at the bound a ring not activated
-    /// yet gives way, else the least recently active one.
-    pub max_peers: usize,
-    /// `MC_SHM_RING_ENTRIES`: WRITE requests one initiator may have posted
-    /// to one target (1024, 16..=65536); 64 bytes each.
-    pub ring_entries: usize,
-    /// `MC_SHM_TABLE_SLOTS`: registered buffers published to peers' READs
-    /// (65536, 1..=16777216); 32 bytes each. READs of buffers beyond go
-    /// over another transport.
-    pub table_slots: usize,
-    /// `MC_SHM_TIMEOUT_SEC`: a target that completes none of our WRITEs for
-    /// this long fails them, and a ring its initiator does not activate
-    /// this long is dropped (10, 1..=3600).
-    pub timeout_secs: u64,
-    /// `MC_SHM_SPIN_US`: how long an idle thread polls at most before it
-    /// sleeps (only while work keeps coming within that long)
-    /// (50, 0..=10000).
-    pub spin_us: u64,
-    /// `MC_SHM_MAX_MAPPINGS`: memfd-backed buffers of one peer mapped at
-    /// once (256, 1..=65536); the least recently used mapping gives way.
-    pub max_mappings: usize,
+use crate::settings::{Range, Switch};
+
+/// The CPUs a default thread count follows: one per CPU, at most 4.
+fn up_to_4_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().min(4))
 }
 
-impl Default for ShmConfig {
-    fn default() -> Self {
-        ShmConfig {
-            auto_install: true,
-            threads: std::thread::available_parallelism().map_or(2, |n| n.get().min(4)),
-            max_peers: 256,
-            ring_entries: 1024,
-            table_slots: 1 << 16,
-            timeout_secs: 10,
-            spin_us: 50,
-            max_mappings: 256,
-        }
-    }
+crate::settings::settings! {
+    /// The shared-memory transport. Parsed from `MC_TE_SHM` and `MC_SHM_*` by
+    /// [`crate::engine::config::Config::from_env`].
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct ShmConfig("shm") {
+        /// `MC_TE_SHM`: whether auto discovery installs the transport beside
+        /// the network one (0 turns it off).
+        auto_install: bool = true, ["MC_TE_SHM"], Switch,
+            "off: auto discovery leaves the shared-memory transport out";
+        /// `MC_SHM_THREADS`: threads serving both sides.
+        threads: usize = up_to_4_threads(), ["MC_SHM_THREADS"], Range(1usize, 64),
+            "threads serving both sides", shown "one per CPU, at most 4";
+        /// `MC_SHM_MAX_PEERS`: request rings (attached initiator processes)
+        /// served at once; at the bound a ring not activated
+        /// yet gives way, else the least recently active one.
+        max_peers: usize = 256, ["MC_SHM_MAX_PEERS"], Range(1usize, 65536),
+            "rings (attached initiators) served at once";
+        /// `MC_SHM_RING_ENTRIES`: WRITE requests one initiator may have posted
+        /// to one target; 64 bytes each.
+        ring_entries: usize = 1024, ["MC_SHM_RING_ENTRIES"], Range(16usize, 65536),
+            "requests one initiator may have posted";
+        /// `MC_SHM_TABLE_SLOTS`: registered buffers published to peers' READs;
+        /// 32 bytes each. READs of buffers beyond go
+        /// over another transport.
+        table_slots: usize = 1 << 16, ["MC_SHM_TABLE_SLOTS"], Range(1usize, 1 << 24),
+            "buffers published to peers (READs of others go over the network)";
+        /// `MC_SHM_TIMEOUT_SEC`: a target that completes none of our WRITEs for
+        /// this long fails them, and a ring its initiator does not activate
+        /// this long is dropped.
+        timeout_secs: u64 = 10, ["MC_SHM_TIMEOUT_SEC"], Range(1u64, 3600),
+            "seconds: a target that completes none of our WRITEs this long has them withdrawn";
+        /// `MC_SHM_SPIN_US`: how long an idle thread polls at most before it
+        /// sleeps (only while work keeps coming within that long).
+        spin_us: u64 = 50, ["MC_SHM_SPIN_US"], Range(0u64, 10_000),
+            "microseconds an idle thread polls before sleeping, while work keeps coming";
+        /// `MC_SHM_MAX_MAPPINGS`: memfd-backed buffers of one peer mapped at
+        /// once; the least recently used mapping gives way.
+        max_mappings: usize = 256, ["MC_SHM_MAX_MAPPINGS"], Range(1usize, 65536),
+            "memfd buffers of one peer mapped at once";
+    };
 }

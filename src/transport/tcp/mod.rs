@@ -44,54 +44,59 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tracing::info;
 
-/// The TCP transport. Parsed from `MC_*` variables by
-/// [`crate::engine::config::Config::from_env`]; the defaults are Mooncake's.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TcpConfig {
-    /// `MC_TCP_LANES_PER_PEER` (alias `MC_TCP_MAX_CONNECTIONS_PER_PEER`): 4, 1..=16.
-    pub lanes_per_peer: usize,
-    /// `MC_TCP_PROTO=1` forces the v1 framing towards every peer.
-    pub force_v1: bool,
-    /// `MC_TCP_STATUS_TIMEOUT_SEC` (30): a TCP request that moves no byte
-    /// for this long fails (both sides).
-    pub status_timeout_secs: u64,
-    /// `MC_TCP_IO_THREADS`: threads of the TCP transport, serving every
-    /// connection of both sides (min(4, CPUs); 1..=64).
-    pub io_threads: usize,
-    /// `MC_TCP_MAX_DATA_CONNECTIONS`: data connections served at once
-    /// (4096; also at most half the descriptor limit).
-    pub max_data_connections: usize,
-    /// `MC_TCP_IDLE_TIMEOUT_SEC`: an idle data connection is closed after
-    /// this long by the server, after half of it by the client (300).
-    pub idle_timeout_secs: u64,
-    /// `MC_TCP_MIN_RATE_BYTES_PER_SEC`: a request in progress, on the data
-    /// server or a client connection, fails with its connection reset when
-    /// its peer takes fewer bytes per second than this,
-    /// averaged over each `MC_TCP_MIN_RATE_WINDOW_SEC` (65536; 0 = off,
-    /// up to 1 GiB/s).
-    pub min_rate: u64,
-    /// `MC_TCP_MIN_RATE_WINDOW_SEC`: the window the minimum rate is
-    /// averaged over (10, 1..=3600).
-    pub min_rate_window_secs: u64,
-}
+use crate::settings::{Range, Words};
 
-impl Default for TcpConfig {
-    fn default() -> Self {
-        TcpConfig {
-            lanes_per_peer: 4,
-            force_v1: false,
-            status_timeout_secs: 30,
-            io_threads: default_io_threads(),
-            max_data_connections: 4096,
-            idle_timeout_secs: 300,
-            min_rate: 64 << 10,
-            min_rate_window_secs: 10,
-        }
-    }
+/// `MC_TCP_PROTO`: `1` forces v1 framing, `2` (or unset) uses v2 where
+/// the peer supports it.
+const TCP_PROTO: Words<bool> = Words(&[("2", false), ("1", true)]);
+
+crate::settings::settings! {
+    /// The TCP transport. Each setting (variables, Mooncake's
+    /// default and bounds, meaning) is declared once in the table below.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct TcpConfig("tcp") {
+        /// `MC_TCP_LANES_PER_PEER` (alias `MC_TCP_MAX_CONNECTIONS_PER_PEER`).
+        lanes_per_peer: usize = 4,
+            ["MC_TCP_LANES_PER_PEER", "MC_TCP_MAX_CONNECTIONS_PER_PEER"], Range(1usize, 16),
+            "connections per endpoint (one rail to one peer); also read as \
+             `MC_TCP_MAX_CONNECTIONS_PER_PEER`";
+        /// `MC_TCP_PROTO=1` forces the v1 framing towards every peer.
+        force_v1: bool = false, ["MC_TCP_PROTO"], TCP_PROTO,
+            "`1` forces Mooncake's v1 (unacknowledged) framing towards every peer; `2` uses \
+             v2 where the peer supports it";
+        /// `MC_TCP_STATUS_TIMEOUT_SEC`: a TCP request that moves no byte
+        /// for this long fails (both sides).
+        status_timeout_secs: u64 = 30, ["MC_TCP_STATUS_TIMEOUT_SEC"], Range(1u64, 3600),
+            "seconds: a request that moves no byte this long fails (both sides)";
+        /// `MC_TCP_IO_THREADS`: threads of the TCP transport, serving every
+        /// connection of both sides.
+        io_threads: usize = default_io_threads(), ["MC_TCP_IO_THREADS"], Range(1usize, 64),
+            "threads serving every connection of both sides", shown "one per CPU, at most 4";
+        /// `MC_TCP_MAX_DATA_CONNECTIONS`: data connections served at once
+        /// (also at most half the descriptor limit).
+        max_data_connections: usize = 4096, ["MC_TCP_MAX_DATA_CONNECTIONS"],
+            Range(1usize, 1 << 20),
+            "data connections served at once (and at most half the descriptor limit)";
+        /// `MC_TCP_IDLE_TIMEOUT_SEC`: an idle data connection is closed after
+        /// this long by the server, after half of it by the client.
+        idle_timeout_secs: u64 = 300, ["MC_TCP_IDLE_TIMEOUT_SEC"], Range(2u64, 86400),
+            "seconds: idle data connections are closed (clients close theirs after half of it)";
+        /// `MC_TCP_MIN_RATE_BYTES_PER_SEC`: a request in progress, on the data
+        /// server or a client connection, fails with its connection reset when
+        /// its peer takes fewer bytes per second than this,
+        /// averaged over each `MC_TCP_MIN_RATE_WINDOW_SEC` (0 = off).
+        min_rate: u64 = 64 << 10, ["MC_TCP_MIN_RATE_BYTES_PER_SEC"], Range(0u64, 1 << 30),
+            "a request in progress whose peer moves fewer bytes per second, averaged over \
+             each window, is dropped and its connection reset; 0: off";
+        /// `MC_TCP_MIN_RATE_WINDOW_SEC`: the window the minimum rate is
+        /// averaged over.
+        min_rate_window_secs: u64 = 10, ["MC_TCP_MIN_RATE_WINDOW_SEC"], Range(1u64, 3600),
+            "seconds: that window";
+    };
 }
 
 /// Default I/O threads of the TCP transport: one per CPU, at most 4.
-fn default_io_threads() -> usize {
+pub(crate) fn default_io_threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get().min(4))
 }
 

@@ -233,7 +233,7 @@ fn memcpy_ring_rate(src: u64, dst: u64, block: u64, ring: u64, depth: u64, threa
 #[ignore = "benchmark; run in release with --ignored --nocapture"]
 fn shm_bench() {
     let test = two_process_test!("shm_bench");
-    let threads = Config::from_env().shm.threads;
+    let threads = Config::from_env().expect("the MC_* settings").shm.threads;
     let local = Local::start();
     let child = Child::spawn(test, &[], &[]);
     let ring = 64 * MIB;
@@ -246,7 +246,7 @@ fn shm_bench() {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
         "shm bench: {cpus} CPUs, MC_SHM_THREADS={threads}, MC_SHM_SPIN_US={}, medians of {ROUNDS} rounds of {ROUND_TIME:?}",
-        Config::from_env().shm.spin_us
+        Config::from_env().expect("the MC_* settings").shm.spin_us
     );
     let depth = 8;
     let m1 = memcpy_ring_rate(heap.src, heap.dst, MIB, ring, depth, 1);

@@ -77,7 +77,9 @@ pub struct Local {
 impl Local {
     /// Settings from the environment's `MC_SHM_*`.
     pub fn start() -> Local {
-        Local::with(ShmOptions::from_config(&Config::from_env().shm))
+        Local::with(ShmOptions::from_config(
+            &Config::from_env().expect("the MC_* settings").shm,
+        ))
     }
 
     /// Settings `opts`.

@@ -34,7 +34,7 @@ fn rounds() -> u64 {
 fn local() -> Local {
     Local::with(ShmOptions {
         timeout: TIMEOUT,
-        ..ShmOptions::from_config(&Config::from_env().shm)
+        ..ShmOptions::from_config(&Config::from_env().expect("the MC_* settings").shm)
     })
 }
 

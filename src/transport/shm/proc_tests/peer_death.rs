@@ -178,7 +178,7 @@ fn a_stopped_target_fails_writes_after_the_timeout_and_works_when_resumed() {
     let timeout = Duration::from_secs(1);
     let local = Local::with(ShmOptions {
         timeout,
-        ..ShmOptions::from_config(&Config::from_env().shm)
+        ..ShmOptions::from_config(&Config::from_env().expect("the MC_* settings").shm)
     });
     let child = Child::spawn(test, &[], &[]);
     let dst = child.alloc(4 << 20, None, true);

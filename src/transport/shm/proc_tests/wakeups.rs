@@ -38,7 +38,7 @@ fn batch_one_writes_never_wait_for_a_lost_wakeup() {
     let slow_bound = Duration::from_millis(500);
     let local = Local::with(ShmOptions {
         timeout,
-        ..ShmOptions::from_config(&Config::from_env().shm)
+        ..ShmOptions::from_config(&Config::from_env().expect("the MC_* settings").shm)
     });
     let child = Child::spawn(test, &[("MC_SHM_THREADS", "4")], &[]);
     let dst = child.alloc(LEN, None, true);
