@@ -58,9 +58,7 @@ macro_rules! plain_carrier_basics {
             &self.$devices
         }
 
-        fn routes(
-            seg: &crate::segment::RemoteSegment,
-        ) -> &once_cell::sync::OnceCell<std::sync::Arc<super::Route<()>>> {
+        fn routes(seg: &crate::segment::RemoteSegment) -> &crate::segment::RouteSlot {
             &seg.routes.plain
         }
     };

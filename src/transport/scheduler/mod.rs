@@ -38,7 +38,7 @@ use crate::batch::Batch;
 use crate::error::Result;
 use crate::memory::{MemoryRegistry, Region};
 use crate::metadata::descriptor::SegmentDesc;
-use crate::segment::RemoteSegment;
+use crate::segment::{RemoteSegment, RouteSlot};
 use crate::topology::PriorityMatrix;
 use crate::transport::{
     Fallback, Handshake, Kind, LocalSide, NicLoad, Outcome, Refresh, Slice, Submission, Transfer,
@@ -124,8 +124,8 @@ pub trait Carrier: TransportBase + 'static {
     fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<Self::Target>>;
 
     /// Where a segment keeps this carrier's route to it (worked out on
-    /// first use, typed: no lookup by type at run time).
-    fn routes(seg: &RemoteSegment) -> &OnceCell<Arc<Route<Self::Target>>>;
+    /// first use; the scheduler reads it back as its [`Route`]).
+    fn routes(seg: &RemoteSegment) -> &RouteSlot;
 
     /// The end of the carrier's own registration piece holding local
     /// address `addr`, when it registers smaller pieces than the caller's
@@ -421,11 +421,13 @@ impl<C: Carrier> Scheduler<C> {
         }
     }
 
-    /// The cached rails to `seg`, worked out on first use.
+    /// The cached rails to `seg`, worked out on first use (uncached if
+    /// the carrier's slot holds another type: never, each carrier has its
+    /// own).
     fn route_of(&self, seg: &RemoteSegment) -> Arc<Route<C::Target>> {
         C::routes(seg)
-            .get_or_init(|| Arc::new(self.route(seg)))
-            .clone()
+            .get_or_init_arc(|| self.route(seg))
+            .unwrap_or_else(|| Arc::new(self.route(seg)))
     }
 
     fn load_of(&self, rail: &Rail<C::Target>) -> &DeviceLoad {
