@@ -87,7 +87,9 @@ pub use memory::{Location, Region, Residence};
 pub use segment::SegmentBuffer;
 pub use transport::NicLoad;
 
-/// The engine's own per-slice cost, for `benches/slice_path.rs`; not an API.
+/// The engine's own per-slice cost, for `benches/slice_path.rs`; not an API
+/// (only with feature `bench-internals`, which the shipped library lacks).
+#[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub mod __bench {
     pub use crate::transport::scheduler::bench::{SlicePathRun, slice_path};

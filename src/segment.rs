@@ -46,7 +46,8 @@ pub struct RouteCache {
     #[cfg(feature = "rdma")]
     pub rdma: RouteSlot,
     /// The route of a scheduler whose carrier needs no address per rail
-    /// (the per-slice benchmark's, tests').
+    /// (the per-slice benchmark's, tests'; not in the shipped library).
+    #[cfg(any(test, feature = "bench-internals"))]
     pub plain: RouteSlot,
     /// The shared-memory peer, if the segment is another process of this
     /// host.

@@ -29,8 +29,11 @@
 //! touches only atomics, each in a stripe of the thread's own (rail and
 //! device byte counters), so threads do not contend.
 
+#[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub mod bench;
+#[cfg(any(test, feature = "bench-internals"))]
+mod plain;
 pub mod planner;
 pub mod rails;
 
@@ -1016,12 +1019,12 @@ mod tests {
         good: usize,
     }
 
-    bench::plain_carrier_base!(Rails, "test");
+    plain::plain_carrier_base!(Rails, "test");
 
     impl Carrier for Rails {
         type Target = ();
 
-        bench::plain_carrier_basics!(names);
+        plain::plain_carrier_basics!(names);
 
         fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<()>> {
             (0..self.n)
@@ -1146,15 +1149,15 @@ mod tests {
         held: Mutex<Vec<Slice>>,
     }
 
-    bench::plain_carrier_base!(Arc<Recorder>, "test");
+    plain::plain_carrier_base!(Arc<Recorder>, "test");
 
     impl Carrier for Arc<Recorder> {
         type Target = ();
 
-        bench::plain_carrier_basics!(names);
+        plain::plain_carrier_basics!(names);
 
         fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<()>> {
-            bench::all_pairs(&self.names, seg)
+            plain::all_pairs(&self.names, seg)
         }
 
         fn local_limit(&self, addr: u64) -> Option<u64> {
