@@ -44,7 +44,7 @@ pub trait Carrier: TransportBase + 'static {
     fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<Self::Target>>;
 
     /// Where a segment keeps this carrier's route to it (worked out on
-    /// first use; the scheduler reads it back as its [`Route`](super::Route)).
+    /// first use; the scheduler reads it back as its [`Route`](super::route::Route)).
     fn routes(seg: &RemoteSegment) -> &RouteSlot;
 
     /// The end of the carrier's own registration piece holding local

@@ -3,9 +3,10 @@
 //! background), the first choice for a slice (least loaded or in turn), and
 //! the rail for a retry.
 
+use super::job::RailSet;
 use super::rails::{DeviceLoad, RailUse};
 use super::route::{Group, Route};
-use super::{Carrier, Rail, RailSet, Scheduler};
+use super::{Carrier, Rail, Scheduler};
 
 /// Rails in selection order: open rails of the preferred group first, then
 /// the other open ones; with the number preferred, and each one's bytes in

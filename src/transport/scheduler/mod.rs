@@ -29,19 +29,20 @@
 //! touches only atomics, each in a stripe of the thread's own (rail and
 //! device byte counters), so threads do not contend.
 //!
-//! Here: the [`Scheduler`] with the state a request and a slice carry,
-//! and the [`Transport`] it makes of a carrier. Beside it:
-//! [`Carrier`] and [`Rail`] (`carrier.rs`); a peer's [`Route`], worked
-//! out once and cached with the segment (`route.rs`); rail choice
-//! (`choice.rs`); the submission path (`submit.rs`); what becomes of a
-//! slice when it ends: retry, refetch, fallback (`retry.rs`); [`planner`]
-//! (slice sizes) and [`rails`] (health and loads).
+//! Here: the [`Scheduler`] and the [`Transport`] it makes of a carrier.
+//! Beside it: [`Carrier`] and [`Rail`] (`carrier.rs`); a peer's route,
+//! worked out once and cached with the segment (`route.rs`); what a
+//! request's slices share and what one slice carries (`job.rs`); rail
+//! choice (`choice.rs`); the submission path (`submit.rs`); what becomes
+//! of a slice when it ends: retry, refetch, fallback (`retry.rs`);
+//! [`planner`] (slice sizes) and [`rails`] (health and loads).
 
 #[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub mod bench;
 mod carrier;
 mod choice;
+mod job;
 #[cfg(any(test, feature = "bench-internals"))]
 mod plain;
 pub mod planner;
@@ -53,18 +54,13 @@ mod submit;
 mod tests;
 
 pub use carrier::{Carrier, Rail};
-pub use route::Route;
 
-use crate::batch::Batch;
 use crate::error::Result;
 use crate::memory::{MemoryRegistry, Region};
 use crate::metadata::descriptor::SegmentDesc;
 use crate::segment::RemoteSegment;
 use crate::topology::PriorityMatrix;
-use crate::transport::{
-    Fallback, Handshake, Kind, NicLoad, Refresh, Submission, Transport, TransportBase,
-};
-use once_cell::sync::OnceCell;
+use crate::transport::{Handshake, Kind, NicLoad, Submission, Transport, TransportBase};
 use rails::{DeviceLoad, RailHealth};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -108,71 +104,6 @@ impl Default for SchedConfig {
 
 /// Name of the device load of a rail bound to no local device.
 const DEFAULT_DEVICE: &str = "default";
-
-/// One request's slices share what does not change between them.
-struct Request<C: Carrier> {
-    sched: Arc<Scheduler<C>>,
-    batch: Arc<Batch>,
-    task: usize,
-    write: bool,
-    /// Slot of the local buffer's location in the route.
-    local_slot: usize,
-    seg: Arc<RemoteSegment>,
-    route: Arc<Route<C::Target>>,
-    /// Where the slice goes when no rail is left.
-    fallback: Option<Fallback>,
-    /// How the peer's descriptor is refetched when it refuses a key.
-    refresh: Option<Refresh>,
-    /// The request on the peer's refetched descriptor, once a refused
-    /// slice found it changed: the other slices move to it when they are
-    /// retried (rather than carry the stale key again).
-    successor: OnceCell<Arc<Request<C>>>,
-}
-
-/// A slice with what it needs to be retried.
-struct Job<C: Carrier> {
-    req: Arc<Request<C>>,
-    local: u64,
-    remote: u64,
-    len: u64,
-    /// Index of the target buffer in the peer's descriptor.
-    buffer: Option<usize>,
-    attempt: u32,
-    rail: usize,
-    /// Rails this slice failed on.
-    tried: RailSet,
-    /// Rails this slice failed on hard (could not connect).
-    dead: RailSet,
-    /// The peer refused it once and its descriptor was refetched.
-    refreshed: bool,
-    /// The device's failure round when the slice was posted.
-    round: u64,
-}
-
-/// A set of rail indexes, exact for any number of rails; allocates only
-/// when a rail is added (a slice that failed).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct RailSet(Vec<u64>);
-
-impl RailSet {
-    fn insert(&mut self, rail: usize) {
-        let word = rail / 64;
-        if self.0.len() <= word {
-            self.0.resize(word + 1, 0);
-        }
-        self.0[word] |= 1 << (rail % 64);
-    }
-
-    fn contains(&self, rail: usize) -> bool {
-        self.0
-            .get(rail / 64)
-            .is_some_and(|w| w & (1 << (rail % 64)) != 0)
-    }
-
-    fn len(&self) -> usize {
-        self.0.iter().map(|w| w.count_ones() as usize).sum()
-    }
-}
 
 /// Picks rails for slices and retries failed ones on other rails.
 pub struct Scheduler<C: Carrier> {

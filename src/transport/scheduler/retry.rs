@@ -3,7 +3,8 @@
 //! `MC_RETRY_CNT`; refused by the peer, retried once on its refetched
 //! descriptor; handed to the request's fallback; or failed.
 
-use super::{Carrier, Job, RailSet, Request, Scheduler};
+use super::job::{Job, RailSet, Request};
+use super::{Carrier, Scheduler};
 use crate::segment::RemoteSegment;
 use crate::transport::{Outcome, Submission, Transfer};
 use once_cell::sync::OnceCell;

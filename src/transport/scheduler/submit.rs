@@ -3,8 +3,9 @@
 //! buffers), each counted on its task, given its first rail and posted.
 
 use super::choice::Candidates;
+use super::job::{Job, RailSet, Request};
 use super::route::{Group, slot_of};
-use super::{Carrier, Job, RailSet, Request, Scheduler, planner};
+use super::{Carrier, Scheduler, planner};
 use crate::metadata::descriptor::SegmentDesc;
 use crate::transport::{LocalSide, Slice, Submission, Transfer};
 use once_cell::sync::OnceCell;

@@ -1,11 +1,12 @@
 //! The scheduler's unit tests: retries, fallback, slicing, rail choice,
 //! paused devices, refused keys.
 
+use super::job::RailSet;
 use super::rails::RailUse;
 use super::*;
-use crate::batch::TaskStatus;
+use crate::batch::{Batch, TaskStatus};
 use crate::metadata::descriptor::{BufferDesc, SegmentDesc};
-use crate::transport::{LocalSide, Outcome, Slice, Transfer};
+use crate::transport::{Fallback, LocalSide, Outcome, Refresh, Slice, Transfer};
 use std::sync::Mutex;
 
 /// Rails numbered 0..n; a slice posted on any rail but `good` fails.
