@@ -3,10 +3,12 @@
 //! completion thread), so what is timed is route lookup, rail choice, load
 //! accounting, the task's slice counters and the completion path.
 //!
-//! `cargo bench --bench slice_path` runs the full measurement (see
-//! `scripts/bench-slices.sh`); `cargo test` (no `--bench` argument) or
-//! `--smoke` runs a short check that every task completes, without a
-//! verdict on speed.
+//! `cargo bench --features bench-internals --bench slice_path` runs the
+//! full measurement (see `scripts/bench-slices.sh`); `cargo test
+//! --features bench-internals` (no `--bench` argument) or `--smoke` runs a
+//! short check that every task completes, without a verdict on speed. The
+//! feature builds the harness into the library; the shipped library lacks
+//! it.
 //!
 //! Options: `--runs N` (5), `--seconds S` per run (1.0), `--nics N` (8:
 //! N local and N peer devices, N² rails), `--batch N` (32 requests),

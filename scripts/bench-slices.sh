@@ -13,10 +13,12 @@
 # time does not), the NIC bandwidth one thread drives at 64 KiB and 4 KiB
 # slices, the 2-thread / 1-thread ratio, and the projection to 8x400G per
 # host. Goals: >= 2M slices/s on one thread, >= 1.8x that on two. A
-# benchmark: its verdict is the table. `cargo test` runs it as a smoke check.
+# benchmark: its verdict is the table. `cargo test --features
+# bench-internals` runs it as a smoke check (the feature builds its harness
+# into the library, which ships without it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case ${1:-} in
-  -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
 esac
-exec cargo bench --locked --bench slice_path -- "$@"
+exec cargo bench --locked --features bench-internals --bench slice_path -- "$@"

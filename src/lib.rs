@@ -61,10 +61,10 @@ pub(crate) mod error;
 pub(crate) mod fd_limit;
 pub mod ffi;
 pub(crate) mod handle;
-pub(crate) mod lanes;
 pub(crate) mod log_limit;
 pub(crate) mod memory;
 pub mod metadata;
+pub(crate) mod peer_jobs;
 pub(crate) mod rpc;
 pub(crate) mod segment;
 pub(crate) mod serve;
@@ -88,7 +88,9 @@ pub use memory::{Location, Region, Residence};
 pub use segment::SegmentBuffer;
 pub use transport::NicLoad;
 
-/// The engine's own per-slice cost, for `benches/slice_path.rs`; not an API.
+/// The engine's own per-slice cost, for `benches/slice_path.rs`; not an API
+/// (only with feature `bench-internals`, which the shipped library lacks).
+#[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub mod __bench {
     pub use crate::transport::scheduler::bench::{SlicePathRun, slice_path};

@@ -3,12 +3,8 @@
 
 use crate::metadata::descriptor::SegmentDesc;
 use crate::sync;
-#[cfg(feature = "rdma")]
-use crate::transport::rdma::RdmaTarget;
-use crate::transport::scheduler::Route;
-use crate::transport::shm::ShmPeer;
-use crate::transport::tcp::LaneTarget;
 use once_cell::sync::OnceCell;
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -38,26 +34,56 @@ pub struct RemoteSegment {
 }
 
 /// What transports work out about a segment on first use (a
-/// scheduler's rails to it, the shared-memory peer), one typed slot per
+/// scheduler's rails to it, the shared-memory peer), one slot per
 /// transport; a refetched descriptor is a new segment with an empty cache.
+/// The slots are opaque here: each transport fills its own and reads it
+/// back as its own type.
 #[derive(Default)]
 pub struct RouteCache {
     /// The TCP scheduler's route.
-    pub tcp: OnceCell<Arc<Route<LaneTarget>>>,
+    pub tcp: RouteSlot,
     /// The RDMA scheduler's route.
     #[cfg(feature = "rdma")]
-    pub rdma: OnceCell<Arc<Route<RdmaTarget>>>,
+    pub rdma: RouteSlot,
     /// The route of a scheduler whose carrier needs no address per rail
-    /// (the per-slice benchmark's, tests').
-    pub plain: OnceCell<Arc<Route<()>>>,
+    /// (the per-slice benchmark's, tests'; not in the shipped library).
+    #[cfg(any(test, feature = "bench-internals"))]
+    pub plain: RouteSlot,
     /// The shared-memory peer, if the segment is another process of this
     /// host.
-    pub shm: OnceCell<Option<ShmPeer>>,
+    pub shm: RouteSlot,
 }
 
 impl std::fmt::Debug for RouteCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RouteCache").finish_non_exhaustive()
+    }
+}
+
+/// One transport's slot in a [`RouteCache`]: a value of the transport's
+/// own type, made on first use and kept for the segment's life.
+#[derive(Default)]
+pub struct RouteSlot(OnceCell<Arc<dyn Any + Send + Sync>>);
+
+impl RouteSlot {
+    /// The slot's value, made by `init` on first use (one caller makes it,
+    /// callers at the same time wait for it); `None` when the slot holds a
+    /// value of another type than `T` (two transports filling one slot: a
+    /// bug).
+    pub fn get_or_init<T: Any + Send + Sync>(&self, init: impl FnOnce() -> T) -> Option<&T> {
+        self.cell(init).downcast_ref()
+    }
+
+    /// As [`RouteSlot::get_or_init`], sharing the value.
+    pub fn get_or_init_arc<T: Any + Send + Sync>(
+        &self,
+        init: impl FnOnce() -> T,
+    ) -> Option<Arc<T>> {
+        Arc::downcast(self.cell(init).clone()).ok()
+    }
+
+    fn cell<T: Any + Send + Sync>(&self, init: impl FnOnce() -> T) -> &Arc<dyn Any + Send + Sync> {
+        self.0.get_or_init(|| Arc::new(init()))
     }
 }
 
@@ -240,6 +266,15 @@ mod tests {
         let d = f.lookup_delay(hour);
         assert!(d > hour - Duration::from_secs(60) && d <= hour, "{d:?}");
         assert_eq!(f.lookup_delay(Duration::ZERO), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_route_slot_is_made_once_and_read_back_as_its_type() {
+        let slot = RouteSlot::default();
+        assert_eq!(slot.get_or_init(|| 7u32), Some(&7));
+        assert_eq!(slot.get_or_init(|| 8u32), Some(&7), "made once");
+        assert_eq!(slot.get_or_init_arc(|| 9u32).as_deref(), Some(&7));
+        assert!(slot.get_or_init(|| "other").is_none(), "another type");
     }
 
     #[test]

@@ -12,8 +12,8 @@
 //! * [`control`]: what the handshake listener answers; [`keeper`]: the
 //!   store kept up to date; [`metrics`]: `MC_TE_METRIC`'s lines (both on
 //!   a [`ticker`] thread); background work (sending notifications,
-//!   refetching descriptors) waits on peers in lanes ([`crate::lanes`]), off the
-//!   callers' threads.
+//!   refetching descriptors) waits on peers in lanes
+//!   ([`crate::peer_jobs`]), off the callers' threads.
 
 pub mod config;
 pub mod control;
@@ -30,10 +30,10 @@ use crate::batch::Batch;
 use crate::engine::config::{Config, ConfigError, ConfigResult};
 use crate::error::{Error, Result};
 use crate::handle::HandleTable;
-use crate::lanes::{Finish, Full, Lanes, Limits, Run};
 use crate::memory::MemoryRegistry;
 use crate::metadata::conn::MetadataConn;
 use crate::metadata::store::MetadataStore;
+use crate::peer_jobs::{Finish, Full, Lanes, Limits, Run};
 use crate::rpc::{Cancel, RpcServer};
 use crate::segment::SegmentCache;
 use crate::sync;

@@ -5,10 +5,10 @@
 use super::Engine;
 use crate::engine::config::Config;
 use crate::error::{Error, Result};
-use crate::lanes::Finish;
 use crate::metadata::conn::MetadataConn;
 use crate::metadata::descriptor::{BufferDesc, SegmentDesc, now_timestamp};
 use crate::metadata::keys::{RpcMeta, rpc_meta_key, segment_key};
+use crate::peer_jobs::Finish;
 use crate::rpc::{parse_host_port, server_name};
 use crate::sync;
 use crate::transport::scheduler::GENERATION_KEY;

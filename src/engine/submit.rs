@@ -6,8 +6,8 @@
 use super::{Engine, LOCAL_SEGMENT_ID, Opcode, Request, refused};
 use crate::batch::{Batch, PendingNotify, TaskStatus};
 use crate::error::{Error, Result};
-use crate::lanes::Finish;
 use crate::memory::{MemoryRegistry, Residence};
+use crate::peer_jobs::Finish;
 use crate::segment::RemoteSegment;
 use crate::sync;
 use crate::transport::local::{CopyJob, copy_bytes};

@@ -11,12 +11,12 @@
 mod context;
 mod cq;
 mod library;
-mod mr;
+mod pd;
 mod qp;
 
 pub use context::{AsyncEventKind, Context, device_names};
 pub use cq::{CompletionChannel, CompletionQueue, WorkCompletion};
-pub use mr::{MemoryRegion, ProtectionDomain};
+pub use pd::{MemoryRegion, ProtectionDomain};
 pub use qp::{ConnectParams, QueuePair, QueuePairCaps, WorkRequest};
 
 use std::io;

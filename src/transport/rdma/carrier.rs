@@ -14,10 +14,10 @@ use crate::error::{Error, Result};
 use crate::memory::{MemoryRegistry, Region};
 use crate::metadata::descriptor::{BufferDesc, DeviceDesc, SegmentDesc};
 use crate::rpc::FrameKind;
-use crate::segment::RemoteSegment;
+use crate::segment::{RemoteSegment, RouteSlot};
 use crate::topology::{PriorityMatrix, RailFilter};
 use crate::transport::rdma::{RdmaTarget, RdmaTransport, nic_path};
-use crate::transport::scheduler::{Carrier, Rail, Route, Scheduler};
+use crate::transport::scheduler::{Carrier, Rail, Scheduler};
 use crate::transport::{Handshake, InstallContext, Kind, Slice, Transport, TransportBase};
 use std::sync::Arc;
 use tracing::info;
@@ -307,7 +307,7 @@ impl Carrier for RdmaCarrier {
             .collect()
     }
 
-    fn routes(seg: &RemoteSegment) -> &once_cell::sync::OnceCell<Arc<Route<RdmaTarget>>> {
+    fn routes(seg: &RemoteSegment) -> &RouteSlot {
         &seg.routes.rdma
     }
 

@@ -10,8 +10,8 @@
 //! no new slices, finishes those it has, then closes.
 
 use super::handshake::HandshakeDesc;
-use super::pool::WrId;
 use super::registry::MrGuard;
+use super::wr_id::WrId;
 use crate::sync;
 use crate::transport::endpoint::Endpoint;
 use crate::transport::{Outcome, Slice};

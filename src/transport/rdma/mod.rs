@@ -50,6 +50,8 @@ mod registry;
 mod transport;
 #[cfg(feature = "rdma")]
 mod wake;
+#[cfg(feature = "rdma")]
+mod wr_id;
 
 #[cfg(feature = "rdma")]
 pub use admission::PeerRecord;

@@ -11,7 +11,7 @@ use super::registry::{DeviceDomain, RegisterOptions, Registration, Registry};
 use super::wake::{EventFd, wait_readable};
 use crate::auth::Keys;
 use crate::error::{Error, Result};
-use crate::lanes::{Lanes, Limits};
+use crate::peer_jobs::{Lanes, Limits};
 use crate::rpc::{ClientOptions, FrameKind};
 use crate::sync;
 use crate::transport::endpoint::EndpointConfig;

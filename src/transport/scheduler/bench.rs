@@ -2,8 +2,10 @@
 //! rail choice, load accounting, a task's slice counters, the completion
 //! path) over a carrier that completes every slice inline, as it is
 //! posted, so that nothing but the engine's own work is timed. Driven by
-//! `benches/slice_path.rs` (and its smoke run in `cargo test`).
+//! `benches/slice_path.rs` (and its smoke run in `cargo test`); built only
+//! with feature `bench-internals`, not into the shipped library.
 
+use super::plain::{all_pairs, plain_carrier_base, plain_carrier_basics};
 use super::{Carrier, Rail, SchedConfig, Scheduler};
 use crate::batch::{Batch, TaskStatus};
 use crate::metadata::descriptor::{BufferDesc, DeviceDesc, SegmentDesc};
@@ -12,78 +14,6 @@ use crate::topology::PriorityMatrix;
 use crate::transport::{LocalSide, Outcome, Slice, Submission, Transfer};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// The [`TransportBase`](crate::transport::TransportBase) of a carrier
-/// `$carrier` for benches and tests: it names itself `$protocol` and
-/// every peer speaks it.
-macro_rules! plain_carrier_base {
-    ($carrier:ty, $protocol:literal) => {
-        impl crate::transport::TransportBase for $carrier {
-            fn kind(&self) -> crate::transport::Kind {
-                crate::transport::Kind {
-                    protocol: $protocol,
-                    rank: 0,
-                    descriptor_rank: None,
-                }
-            }
-
-            fn speaks(&self, _: &crate::segment::RemoteSegment) -> bool {
-                true
-            }
-        }
-    };
-}
-#[cfg(test)]
-pub(super) use plain_carrier_base;
-
-/// The methods of a carrier for benches and tests beside its
-/// [`plain_carrier_base`]: every peer's buffers are reached over it, it
-/// publishes nothing, keeps its routes in the plain slot, and `$devices`
-/// is the field holding its device names.
-macro_rules! plain_carrier_basics {
-    ($devices:ident) => {
-        fn publish(
-            &self,
-            _: &mut crate::metadata::descriptor::SegmentDesc,
-            _: &crate::memory::MemoryRegistry,
-            _: &crate::topology::PriorityMatrix,
-        ) {
-        }
-
-        fn reaches(&self, _: &crate::segment::RemoteSegment, _: usize) -> bool {
-            true
-        }
-
-        fn devices(&self) -> &[String] {
-            &self.$devices
-        }
-
-        fn routes(
-            seg: &crate::segment::RemoteSegment,
-        ) -> &once_cell::sync::OnceCell<std::sync::Arc<super::Route<()>>> {
-            &seg.routes.plain
-        }
-    };
-}
-#[cfg(test)]
-pub(super) use plain_carrier_basics;
-
-/// Every device of `devices` to every device `seg` publishes, as RDMA
-/// builds its rails.
-pub(super) fn all_pairs(devices: &[String], seg: &RemoteSegment) -> Vec<Rail<()>> {
-    let mut rails = Vec::new();
-    for (i, local) in devices.iter().enumerate() {
-        for (j, peer) in seg.desc.devices.iter().enumerate() {
-            rails.push(Rail {
-                key: format!("{local}@{}/{}", seg.name, peer.name),
-                device: Some(i),
-                peer_device: Some(j),
-                target: (),
-            });
-        }
-    }
-    rails
-}
 
 /// A carrier whose slices complete as they are posted.
 struct Null {

@@ -46,9 +46,9 @@
 
 mod alloc;
 mod attach;
+mod carrier;
 pub mod cma;
 mod config;
-mod install;
 mod maps;
 mod peer;
 mod poll;
@@ -62,9 +62,9 @@ use crate::error::{Error, Result};
 use crate::memory::{Region, RemoteMemory};
 use crate::transport::{Outcome, Slice};
 use alloc::Allocs;
+pub use carrier::install;
 pub use config::ShmConfig;
 use crossbeam_channel::{Receiver, Sender};
-pub use install::install;
 use peer::{LinkEntry, PeerCore, ReadJob};
 use poll::Poller;
 use serde_json::{Value, json};

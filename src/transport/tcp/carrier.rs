@@ -8,9 +8,9 @@
 use crate::error::{Error, Result};
 use crate::memory::MemoryRegistry;
 use crate::metadata::descriptor::SegmentDesc;
-use crate::segment::RemoteSegment;
+use crate::segment::{RemoteSegment, RouteSlot};
 use crate::topology::{IfAddr, NetInterface, PriorityMatrix};
-use crate::transport::scheduler::{Carrier, Rail, Route, Scheduler};
+use crate::transport::scheduler::{Carrier, Rail, Scheduler};
 use crate::transport::tcp::{LaneTarget, TcpTransport};
 use crate::transport::{InstallContext, Kind, Slice, Transport, TransportBase};
 use serde_json::{Value, json};
@@ -280,7 +280,7 @@ impl Carrier for TcpCarrier {
         rails
     }
 
-    fn routes(seg: &RemoteSegment) -> &once_cell::sync::OnceCell<Arc<Route<LaneTarget>>> {
+    fn routes(seg: &RemoteSegment) -> &RouteSlot {
         &seg.routes.tcp
     }
 

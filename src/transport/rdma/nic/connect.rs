@@ -4,7 +4,7 @@
 //! failed one.
 
 use super::{GidChoice, Nic};
-use crate::lanes::{Finish, Run};
+use crate::peer_jobs::{Finish, Run};
 use crate::rpc::{ClientOptions, FrameKind};
 use crate::sync;
 use crate::transport::Outcome;

@@ -55,8 +55,8 @@ impl Shm {
     /// cached with the segment; a refetched descriptor of the same process
     /// gets the same peer (its attachment and ring), a new process a new
     /// one.
-    fn route<'a>(&self, seg: &'a RemoteSegment) -> &'a Option<ShmPeer> {
-        seg.routes.shm.get_or_init(|| {
+    fn route<'a>(&self, seg: &'a RemoteSegment) -> Option<&'a ShmPeer> {
+        let peer = seg.routes.shm.get_or_init(|| {
             let key = seg.desc.extra.get(SHM_KEY)?;
             let (host, port) = (seg.data_host.clone(), seg.rpc_port);
             let endpoint = format!("{host}:{port} {}", seg.identity);
@@ -69,7 +69,8 @@ impl Shm {
                 crate::rpc::call(&host, port, FrameKind::ShmAttach, request, &rpc)
             });
             self.core.shared_peer(key, endpoint, attach)
-        })
+        });
+        peer.and_then(Option::as_ref)
     }
 }
 

@@ -1,4 +1,5 @@
-//! Protection domains and memory regions.
+//! Protection domains and the memory regions registered in them (a region
+//! holds an `Arc` of its domain).
 
 use super::Context;
 use super::check;
