@@ -454,14 +454,17 @@ fn a_refused_key_is_retried_once_with_the_refetched_descriptor() {
     assert_eq!(status.0, TaskStatus::Failed);
     let (calls, keys) = settled(&calls, &rec, &|n, _| n >= 3);
     assert_eq!((calls, keys), (3, vec![7; 3]));
-    // Refused again after the refetch: no second refetch.
+    // Refused again after the refetch: no second refetch. A slice posted
+    // after an earlier slice's refetch landed goes with key 9 at once and
+    // does not refetch either, so there are one to three refetches.
     let (status, calls, rec) = run(10, 9);
     assert_eq!(status.0, TaskStatus::Failed);
-    let (calls, keys) = settled(&calls, &rec, &|n, keys| {
-        n >= 3 && keys.iter().filter(|&&k| k == 9).count() >= 3
+    let (calls, keys) = settled(&calls, &rec, &|_, keys| {
+        keys.iter().filter(|&&k| k == 9).count() >= 3
     });
-    assert_eq!(calls, 3);
+    assert!((1..=3).contains(&calls), "{calls} refetches");
     assert_eq!(keys.iter().filter(|&&k| k == 9).count(), 3, "{keys:?}");
+    assert!(!keys.contains(&10), "{keys:?}");
 }
 
 #[test]
