@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Tests the Python package: checks the binding crate (fmt, clippy), builds
-# the wheels of ./python and of the `mooncake.engine` alias
-# (./python/mooncake-alias) from source as a user's pip would, installs
-# them into a clean virtualenv with pytest, numpy and Mooncake's own wheel
-# (the interop peer) and into a second one without Mooncake (the alias
-# tests' TE_ALIAS_PYTHON), runs python/tests, and checks that
-# `pip install .` from the repository root installs the package too.
+# the manylinux wheel (scripts/build-wheel.sh: no Rust needed to install
+# it, no native dependency but glibc) and the wheel of the
+# `mooncake.engine` alias (./python/mooncake-alias), installs them with no
+# Rust toolchain on PATH into a clean virtualenv with pytest, numpy and
+# Mooncake's own wheel (the interop peer) and into a second one without
+# Mooncake (the alias tests' TE_ALIAS_PYTHON), runs python/tests, and
+# checks that `pip install .` from the repository root builds and installs
+# the package from source too.
 #
 #   scripts/test-python.sh [pytest arguments]
 #
@@ -43,22 +45,30 @@ cargo clippy --locked --manifest-path python/Cargo.toml --all-targets -- -D warn
 cargo build --locked --bin transfer-engine-metadata-server
 export TE_METADATA_SERVER_BIN=$root/target/debug/transfer-engine-metadata-server
 
-echo "== python: clean virtualenv $venv ($("$python" --version))"
-rm -rf "$venv"
-"$python" -m venv "$venv"
-echo "== python: pip wheel ./python ./python/mooncake-alias"
+echo "== python: the manylinux wheel (scripts/build-wheel.sh)"
 wheels=$root/build/wheels
 rm -rf "$wheels"
-"$venv/bin/python" -m pip wheel --no-deps --wheel-dir "$wheels" ./python ./python/mooncake-alias
-echo "== python: pip install the wheels"
-"$venv/bin/python" -m pip install "$wheels"/*.whl
+PYTHON=$python scripts/build-wheel.sh "$wheels"
+echo "== python: the alias wheel (./python/mooncake-alias)"
+"$python" -m pip wheel --quiet --no-deps --wheel-dir "$wheels" ./python/mooncake-alias
+# Installed as a user without Rust would: no cargo or rustc on PATH.
+no_rust_path=$(tr ':' '\n' <<<"$PATH" | grep -v -e '/\.cargo/bin' -e '/\.rustup' | paste -sd:)
+if PATH=$no_rust_path command -v cargo >/dev/null || PATH=$no_rust_path command -v rustc >/dev/null; then
+  echo "test-python.sh: a Rust toolchain is still on PATH without ~/.cargo/bin" >&2
+  exit 1
+fi
+echo "== python: clean virtualenv $venv ($("$python" --version)), wheels installed without Rust"
+rm -rf "$venv"
+"$python" -m venv "$venv"
+PATH=$no_rust_path "$venv/bin/python" -m pip install --only-binary :all: "$wheels"/*.whl
 "$venv/bin/python" -m pip install --quiet "$pytest_req" "$numpy_req"
 # A second environment without Mooncake, for the tests of the
 # `mooncake.engine` alias where no real Mooncake is installed.
 alias_venv=$venv-alias
 rm -rf "$alias_venv"
 "$python" -m venv "$alias_venv"
-"$alias_venv/bin/python" -m pip install --quiet "$wheels"/*.whl "$numpy_req"
+PATH=$no_rust_path "$alias_venv/bin/python" -m pip install --quiet --only-binary :all: \
+  "$wheels"/*.whl "$numpy_req"
 export TE_ALIAS_PYTHON=$alias_venv/bin/python
 if ! "$venv/bin/python" -m pip install --quiet "$mooncake_req"; then
   if [ "${CI:-}" = "true" ]; then
