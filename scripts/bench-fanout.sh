@@ -13,11 +13,15 @@
 # caller memory), and runs one initiator thread with --targets_file, so
 # that each batch is spread over every target; then, at one peer, batches
 # of one request (latency). Each run is repeated --runs times, interleaved
-# with memcpy of the same block size (local_bench, one thread). The table
+# with memcpy of the same block size (local_bench, one thread) and with the
+# wakeup floor at that peer count (wakeup_bench: one poster, N sleeping
+# processes, one eventfd wakeup per request, the most any transport that
+# wakes its target can serve). The table
 # shows, per protocol and peer count, the median and the worst run of
 # requests/s, the median p50 and p99 request latency, and the initiator's
 # memory and descriptors; then the ratios the goals are stated in:
-# requests/s at the largest peer count over one peer, and shm over TCP.
+# requests/s at the largest peer count over one peer, shm over TCP, and
+# each protocol over the wakeup floor.
 #
 # Defaults: 3 runs of 3 s, peers 1 4 16 64, 4 KiB WRITEs in batches of 64.
 # A benchmark, not a test: its verdict is the table, not the exit code
@@ -48,7 +52,7 @@ command -v python3 >/dev/null || { echo "python3 is required" >&2; exit 1; }
 
 build=${BUILD_DIR:-"$root/build"}
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j"${JOBS:-2}" --target transfer_bench local_bench >/dev/null
+cmake --build "$build" -j"${JOBS:-2}" --target transfer_bench local_bench wakeup_bench >/dev/null
 bench=$build/transfer_bench
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/te-bench-fanout.XXXXXX")
@@ -123,6 +127,12 @@ memcpy() {
     2>"$tmp/local.err" | python3 -c 'import re,sys; print(re.search(r"memcpy=([0-9.]+) GB/s", sys.stdin.read()).group(1))'
 }
 
+# wakeup floor at N processes -> requests/s
+floor() {
+  "$build/wakeup_bench" --processes "$1" --duration 1 --block "$block" |
+    python3 -c 'import re,sys; print(re.search(r"requests=([0-9.]+)/s", sys.stdin.read()).group(1))'
+}
+
 results=$tmp/results
 : >"$results"
 echo "# one host ($(nproc) CPUs), $runs runs x ${duration} s; ${op^^} of $block B, batch $batch, one initiator thread"
@@ -131,6 +141,7 @@ for protocol in $protocols; do
     start_targets "$n" "$protocol"
     for r in $(seq "$runs"); do
       echo "$r memcpy $n $(memcpy) 0 0 0 0" >>"$results"
+      echo "$r floor $n $(floor "$n") 0 0 0 0" >>"$results"
       v=$(run "$protocol" "$batch")
       echo "$r $protocol $n $v" >>"$results"
       echo "run $r: $protocol, $n peer(s): $v (req/s p50_us p99_us rss_MiB fds)"
@@ -168,6 +179,9 @@ for who, name in (("tcp", "tcp"), ("tcp,shm", "shm")):
               med(k, 1), med(k, 2)))
 m = statistics.median(v[0] for (w, _), vs in rows.items() if w == "memcpy" for v in vs)
 print("memcpy of %s B blocks, one thread: %.2f GB/s (%.0f copies/s)" % (sys.argv[2], m, m * 1e9 / int(sys.argv[2])))
+for n in peers:
+    if ("floor", n) in rows:
+        print("wakeup floor, %d process(es): %.0f requests/s (median), each request woken by an eventfd" % (n, med(("floor", n), 0)))
 lo, hi = peers[0], peers[-1]
 for who, name in (("tcp", "tcp"), ("tcp,shm", "shm")):
     if (who, lo) in rows and (who, hi) in rows:
@@ -176,4 +190,9 @@ for who, name in (("tcp", "tcp"), ("tcp,shm", "shm")):
 for n in peers:
     if ("tcp", n) in rows and ("tcp,shm", n) in rows:
         print("shm / tcp at %d peer(s): %.2f" % (n, med(("tcp,shm", n), 0) / med(("tcp", n), 0)))
+for who, name in (("tcp", "tcp"), ("tcp,shm", "shm")):
+    ratios = ["%d: %.2f" % (n, med((who, n), 0) / med(("floor", n), 0)) for n in peers
+              if (who, n) in rows and ("floor", n) in rows]
+    if ratios:
+        print("%s / wakeup floor at each peer count: %s" % (name, ", ".join(ratios)))
 EOF
