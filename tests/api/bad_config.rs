@@ -4,7 +4,8 @@
 //! C ABI (`createTransferEngine` returns NULL and `te_last_error` says
 //! why). The C ABI reads the process environment, once: those tests run
 //! in a child process of this binary started with the bad value in its
-//! environment.
+//! environment. A Mooncake variable this engine does not read fails
+//! nothing: each one set is named in one warning per process.
 
 use crate::common;
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
@@ -133,6 +134,11 @@ fn values_allowed_before_are_still_allowed() {
 /// Runs `test` of this file in a child process with `env` set; the child
 /// runs the part after `if let Some(..) = child()`.
 fn in_child(test: &str, env: &[(&str, &str)]) {
+    child_output(test, env);
+}
+
+/// [`in_child`], giving the child's stdout and stderr.
+fn child_output(test: &str, env: &[(&str, &str)]) -> String {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([
         &common::test_path(module_path!(), test),
@@ -150,6 +156,42 @@ fn in_child(test: &str, env: &[(&str, &str)]) {
     assert!(out.status.success(), "the child exited with {}", out.status);
     // Not a child that ran no test.
     assert!(text.contains(CHILD_DONE), "the child did not run the test");
+    text
+}
+
+#[test]
+fn a_set_unsupported_variable_is_named_once_in_the_log() {
+    const TEST: &str = "a_set_unsupported_variable_is_named_once_in_the_log";
+    let vars = ["MC_LOG_DIR", "MC_TCP_SLICE_SIZE"];
+    if std::env::var_os(CHILD_VAR).is_none() {
+        let log = child_output(TEST, &[(vars[0], "/tmp"), (vars[1], "1")]);
+        for var in vars {
+            let lines: Vec<&str> = log.lines().filter(|l| l.contains(var)).collect();
+            assert_eq!(lines.len(), 1, "{var} is not named once: {log}");
+            assert!(
+                lines[0].contains("WARN") && lines[0].contains("not supported"),
+                "{}",
+                lines[0]
+            );
+        }
+        return;
+    }
+    // Three engines, through the C ABI and the builder: one line each.
+    let conn = CString::new("P2PHANDSHAKE").unwrap();
+    let name = CString::new("127.0.0.1").unwrap();
+    for _ in 0..2 {
+        // SAFETY: valid NUL-terminated strings.
+        let e = unsafe { createTransferEngine(conn.as_ptr(), name.as_ptr(), name.as_ptr(), 0, 0) };
+        assert!(!e.is_null(), "{}", last_error());
+        // SAFETY: `e` is live and not used after.
+        unsafe { destroyTransferEngine(e) };
+    }
+    let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+        .build()
+        .expect("engine");
+    e.shutdown();
+    assert_eq!(transfer_engine::config().unwrap().unsupported, vars);
+    println!("{CHILD_DONE}");
 }
 
 #[test]
