@@ -12,7 +12,7 @@
 //! in `config/unsupported.rs` (each with what it means to Mooncake and why
 //! it is not read): [`Config::unsupported`] lists those that are set, and
 //! building an engine names each of them in one warning per process
-//! ([`unsupported::warn_once`]).
+//! (`unsupported::warn_once`).
 //!
 //! Parsing collects warnings too (half a TLS pair, a key in the
 //! environment); [`config`] logs them once. The logging setup reads
