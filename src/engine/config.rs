@@ -55,7 +55,8 @@ pub enum LogLevel {
     Error,
 }
 
-use crate::settings::{AtLeast, OnWords, Range, Switch, Words};
+use crate::settings::{AtLeast, FilePath, OnWords, Range, Switch, Words};
+use std::path::PathBuf;
 
 const LOG_LEVELS: Words<LogLevel> = Words(&[
     ("INFO", LogLevel::Info),
@@ -74,6 +75,13 @@ crate::settings::settings! {
         log_level: LogLevel = LogLevel::Info, ["MC_LOG_LEVEL"], LOG_LEVELS,
             "log verbosity; `RUST_LOG` wins over it",
             mooncake "upper case only, no `WARN`; TRACE is INFO plus trace lines";
+        /// `MC_LOG_DIR`: the directory of the log file the library's own
+        /// subscriber writes to instead of stderr.
+        log_dir: Option<PathBuf> = None, ["MC_LOG_DIR"], FilePath,
+            "directory of the log: the subscriber the library installs (C and Python, when the \
+             process has none) appends to `transfer-engine.<pid>.log` there instead of stderr; \
+             one that is not a writable directory is named in a warning on stderr",
+            mooncake "glog's files, one per severity (errors also on stderr)";
         /// `MC_FORCE_TCP`.
         force_tcp: bool = false, ["MC_FORCE_TCP"], Switch,
             "auto discovery installs TCP even where RDMA devices exist",

@@ -523,17 +523,26 @@ fn a_fragment_ratio_not_below_the_slice_size_counts_as_4() {
 #[test]
 fn set_unsupported_variables_are_listed_not_refused() {
     let c = parse(&[
-        ("MC_LOG_DIR", "/tmp"),
+        ("MC_CONN_PAUSE_TTL_MS", "1000"),
         ("MC_TCP_ENABLE_CONNECTION_POOL", "1"),
         ("MC_USE_TENT", ""),
         ("MC_SLICE_SIZE", "4096"),
     ]);
     assert_eq!(
         c.unsupported,
-        ["MC_LOG_DIR", "MC_TCP_ENABLE_CONNECTION_POOL", "MC_USE_TENT"]
+        [
+            "MC_CONN_PAUSE_TTL_MS",
+            "MC_TCP_ENABLE_CONNECTION_POOL",
+            "MC_USE_TENT"
+        ]
     );
     assert!(c.warnings.is_empty(), "{:?}", c.warnings);
     assert!(parse(&[]).unsupported.is_empty());
+    // MC_LOG_DIR is read (the logging setup uses it), empty as unset.
+    let c = parse(&[("MC_LOG_DIR", "/var/log/te")]);
+    assert_eq!(c.engine.log_dir.as_deref(), Some("/var/log/te".as_ref()));
+    assert!(c.unsupported.is_empty());
+    assert_eq!(parse(&[("MC_LOG_DIR", "")]).engine.log_dir, None);
 }
 
 #[test]

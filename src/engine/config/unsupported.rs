@@ -41,12 +41,6 @@ const fn row(var: &'static str, mooncake: &'static str, reason: &'static str) ->
 /// `docs/configuration.md`.
 pub(crate) const UNSUPPORTED: &[Unsupported] = &[
     row(
-        "MC_LOG_DIR",
-        "a directory for glog's log files instead of stderr",
-        "logs go through `tracing`: to stderr by the subscriber the library installs when the \
-         process has none, or wherever the application's own subscriber sends them",
-    ),
-    row(
         "MC_CONN_PAUSE_TTL_MS",
         "milliseconds (0: off) during which no new RDMA endpoint to a peer is set up after one \
          of its endpoints was torn down",
