@@ -231,8 +231,8 @@ pub fn write_c_string(s: &str, buf: *mut c_char, len: usize) {
 /// process already has one, then logs the configuration's warnings through
 /// it. `RUST_LOG` wins over `MC_LOG_LEVEL`. The subscriber writes to
 /// stderr, or with `MC_LOG_DIR` to a file in that directory
-/// ([`open_log_file`]); a directory it cannot write to is named in a
-/// warning on stderr.
+/// (`transfer-engine.<pid>.log`, appended to); a directory it cannot
+/// write to is named in a warning on stderr.
 pub fn init_logging() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
