@@ -286,10 +286,14 @@ extern "C" {
  * `metadata_conn_string`: `"P2PHANDSHAKE"` (no server), `"http://host:port/path"`,
  * `"etcd://host:port[,host:port]"`, `"redis://host:port"`, or a plain
  * `"host:port"` list meaning etcd. `ip_or_host_name` and `rpc_port` are
- * ignored, as in Mooncake. With `auto_discover` non-zero a transport is
- * installed from the machine's topology, as Mooncake does: `"rdma"` when
- * RDMA devices with an active port exist (unless `MC_FORCE_TCP` is set),
- * `"tcp"` otherwise.
+ * ignored, as in Mooncake. With `auto_discover` non-zero the network
+ * transport is chosen from the machine's topology, as Mooncake does:
+ * `"rdma"` when RDMA devices with an active port exist (unless
+ * `MC_FORCE_TCP` is set), `"tcp"` otherwise; `"shm"` is installed beside
+ * it for peers on this host (`MC_TE_SHM=0` leaves it out). An engine runs
+ * several transports at once (copies within its own segment need none;
+ * `installTransport` adds more), and each request takes the best one
+ * that reaches its target.
  *
  * Returns the engine, or NULL (with an error log) when an argument is NULL,
  * the connection string is malformed, its backend is unavailable, or an

@@ -23,6 +23,7 @@ use crate::metadata::secret::Secret;
 ///         /// The field's docs.
 ///         field: Type = default, ["MC_VAR", "MC_ALIAS"], parser, "meaning";
 ///         field: Type = default, ["MC_VAR"], parser, "meaning", shown "default in the docs";
+///         field: Type = default, ["MC_VAR"], parser, "meaning", mooncake "what Mooncake does instead";
 ///     } then check_fn;
 /// }
 /// ```
@@ -31,7 +32,9 @@ use crate::metadata::secret::Secret;
 /// `PartType::read` (each field from the first of its variables that is
 /// set, through its parser, a [`Parse`]; `then` runs a check of the whole
 /// part afterwards) and `PartType::doc`, its table in
-/// `docs/configuration.md` (`<!-- generated: name -->`).
+/// `docs/configuration.md` (`<!-- generated: name -->`). `mooncake` says
+/// what the variable means to Mooncake where that differs from the row's
+/// meaning.
 macro_rules! settings {
     (
         $(#[$meta:meta])*
@@ -39,7 +42,7 @@ macro_rules! settings {
             $(
                 $(#[$fmeta:meta])*
                 $field:ident: $fty:ty = $default:expr, [$($var:literal),+], $parser:expr,
-                $doc:literal $(, shown $shown:literal)?;
+                $doc:literal $(, shown $shown:literal)? $(, mooncake $mooncake:literal)?;
             )*
         } $(then $fix:path)?;
     ) => {
@@ -93,6 +96,13 @@ macro_rules! settings {
                                 shown
                             },
                             allowed: $crate::settings::Parse::<$fty>::allowed(&$parser),
+                            mooncake: {
+                                #[allow(unused_variables)]
+                                let mooncake = "";
+                                $(let mooncake = $mooncake;)?
+                                mooncake
+                            },
+                            unsupported: None,
                         },
                     )*],
                 }
@@ -126,6 +136,12 @@ pub(crate) struct RowDoc {
     pub default: String,
     /// What it takes.
     pub allowed: String,
+    /// What it means to Mooncake, where that differs (empty: the same, or
+    /// not a Mooncake variable).
+    pub mooncake: &'static str,
+    /// Why the engine does not read it, for a Mooncake variable it
+    /// ignores.
+    pub unsupported: Option<&'static str>,
 }
 
 /// Values of `MC_*` variables that are not allowed: each names the
@@ -263,6 +279,27 @@ impl<T: FromStr + PartialOrd + Copy + fmt::Display> Parse<T> for Range<T> {
         format!("a number in {}..={}", self.0, self.1)
     }
     fn show(&self, v: &T) -> String {
+        show_number(v)
+    }
+}
+
+/// A whole number up to `hi`; one below `lo` (negative ones too) counts
+/// as `lo`, as Mooncake reads `MC_TRANSFER_TIMEOUT`.
+pub(crate) struct AtLeast(pub u64, pub u64);
+
+impl Parse<u64> for AtLeast {
+    fn parse(&self, raw: &str) -> Option<u64> {
+        let n = raw.parse::<i64>().ok()?;
+        match u64::try_from(n) {
+            Ok(n) if n > self.1 => None,
+            Ok(n) => Some(n.max(self.0)),
+            Err(_) => Some(self.0),
+        }
+    }
+    fn allowed(&self) -> String {
+        format!("a number up to {} (below {}: {})", self.1, self.0, self.0)
+    }
+    fn show(&self, v: &u64) -> String {
         show_number(v)
     }
 }

@@ -71,6 +71,8 @@ impl AuthConfig {
                           most two",
                     default: "unset (no key)".to_string(),
                     allowed: "paths".to_string(),
+                    mooncake: "",
+                    unsupported: None,
                 },
                 crate::settings::RowDoc {
                     vars: &["MC_TE_AUTH_KEY"],
@@ -78,6 +80,8 @@ impl AuthConfig {
                           is set",
                     default: "unset".to_string(),
                     allowed: "text".to_string(),
+                    mooncake: "",
+                    unsupported: None,
                 },
             ],
         }

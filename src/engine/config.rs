@@ -8,6 +8,12 @@
 //! value that is not allowed fails: [`Config::from_lookup`] gives a
 //! [`ConfigError`] naming each variable, its value and what it takes.
 //!
+//! Mooncake's variables this engine does not read are declared once too,
+//! in `config/unsupported.rs` (each with what it means to Mooncake and why
+//! it is not read): [`Config::unsupported`] lists those that are set, and
+//! building an engine names each of them in one warning per process
+//! (`unsupported::warn_once`).
+//!
 //! Parsing collects warnings too (half a TLS pair, a key in the
 //! environment); [`config`] logs them once. The logging setup reads
 //! `MC_LOG_LEVEL` through [`parsed`] first, so the warnings go to the
@@ -15,6 +21,7 @@
 
 #[cfg(test)]
 mod docs;
+pub(crate) mod unsupported;
 
 use once_cell::sync::OnceCell;
 use std::sync::Once;
@@ -48,7 +55,8 @@ pub enum LogLevel {
     Error,
 }
 
-use crate::settings::{OnWords, Range, Switch, Words};
+use crate::settings::{AtLeast, FilePath, OnWords, Range, Switch, Words};
+use std::path::PathBuf;
 
 const LOG_LEVELS: Words<LogLevel> = Words(&[
     ("INFO", LogLevel::Info),
@@ -65,10 +73,19 @@ crate::settings::settings! {
     pub struct EngineConfig("engine") {
         /// `MC_LOG_LEVEL` (INFO).
         log_level: LogLevel = LogLevel::Info, ["MC_LOG_LEVEL"], LOG_LEVELS,
-            "log verbosity; `RUST_LOG` wins over it";
+            "log verbosity; `RUST_LOG` wins over it",
+            mooncake "upper case only, no `WARN`; TRACE is INFO plus trace lines";
+        /// `MC_LOG_DIR`: the directory of the log file the library's own
+        /// subscriber writes to instead of stderr.
+        log_dir: Option<PathBuf> = None, ["MC_LOG_DIR"], FilePath,
+            "directory of the log: the subscriber the library installs (C and Python, when the \
+             process has none) appends to `transfer-engine.<pid>.log` there instead of stderr; \
+             one that is not a writable directory is named in a warning on stderr",
+            mooncake "glog's files, one per severity (errors also on stderr)";
         /// `MC_FORCE_TCP`.
         force_tcp: bool = false, ["MC_FORCE_TCP"], Switch,
-            "auto discovery installs TCP even where RDMA devices exist";
+            "auto discovery installs TCP even where RDMA devices exist",
+            mooncake "set at all, even to `0` or empty, forces TCP";
         /// `MC_TE_STRICT_LOCAL`: fail a request whose local `source` range is
         /// not inside one registered buffer, on every transport.
         strict_local: bool = false, ["MC_TE_STRICT_LOCAL"], Switch,
@@ -82,15 +99,18 @@ crate::settings::settings! {
              reports `STATUS_TIMEOUT`, as in Mooncake; it is not cancelled, and a later poll \
              can see it complete or fail";
         /// `MC_TRANSFER_TIMEOUT` in seconds: how long the
-        /// Python binding's synchronous transfers wait, plus 1 ns per byte.
-        transfer_timeout_secs: u64 = 30, ["MC_TRANSFER_TIMEOUT"], Range(5u64, 86400),
-            "seconds the Python binding's synchronous transfers wait, plus 1 ns per byte";
+        /// Python binding's synchronous transfers wait, plus 1 ns per byte;
+        /// below 5 counts as 5, as in Mooncake.
+        transfer_timeout_secs: u64 = 30, ["MC_TRANSFER_TIMEOUT"], AtLeast(5, i32::MAX as u64),
+            "seconds the Python binding's synchronous transfers wait, plus 1 ns per byte; a \
+             value below 5 (0 and negative ones too) counts as 5, as in Mooncake";
         /// `MC_FORCE_HCA`: auto-discovery installs RDMA even when no RDMA
         /// device with an active port was found (or `MC_FORCE_TCP` is set),
         /// and fails the engine if RDMA cannot be set up instead of falling
         /// back to TCP.
         force_hca: bool = false, ["MC_FORCE_HCA"], Switch,
-            "auto discovery installs RDMA or the engine fails; wins over `MC_FORCE_TCP`";
+            "auto discovery installs RDMA or the engine fails; wins over `MC_FORCE_TCP`",
+            mooncake "set at all, even to `0` or empty, forces RDMA";
         /// `MC_TE_METRIC` (1, true, yes or on): log the engine's throughput
         /// and task latencies every `metric_interval_secs` (off).
         metric: bool = false, ["MC_TE_METRIC"], OnWords,
@@ -133,6 +153,10 @@ pub struct Config {
     /// The warnings parsing produced (settings that are allowed but not
     /// used as set, such as half a TLS pair).
     pub warnings: Vec<String>,
+    /// The Mooncake variables this engine does not read that are set (to
+    /// any value): building an engine names each in one warning per
+    /// process.
+    pub unsupported: Vec<&'static str>,
 }
 
 impl Config {
@@ -188,6 +212,7 @@ impl Config {
                 auth
             },
             warnings: Vec::new(),
+            unsupported: unsupported::set(&lookup),
         };
         config.warnings = r.finish()?;
         Ok(config)

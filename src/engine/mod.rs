@@ -214,6 +214,7 @@ impl EngineBuilder {
                 c
             }
         };
+        config::unsupported::warn_once(&config.unsupported);
         Engine::start(
             &self.conn,
             &self.local_name,

@@ -229,32 +229,80 @@ pub fn write_c_string(s: &str, buf: *mut c_char, len: usize) {
 
 /// Installs a `tracing` subscriber for the library's logs unless the
 /// process already has one, then logs the configuration's warnings through
-/// it. `RUST_LOG` wins over `MC_LOG_LEVEL`.
+/// it. `RUST_LOG` wins over `MC_LOG_LEVEL`. The subscriber writes to
+/// stderr, or with `MC_LOG_DIR` to a file in that directory
+/// (`transfer-engine.<pid>.log`, appended to); a directory it cannot
+/// write to is named in a warning on stderr.
 pub fn init_logging() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         // A configuration that fails is reported by the call that needs it
         // (`createTransferEngine`); its logs still go out at INFO.
-        let level =
-            match crate::engine::config::parsed().map_or(LogLevel::Info, |c| c.engine.log_level) {
-                LogLevel::Trace => "trace",
-                LogLevel::Info => "info",
-                LogLevel::Warning => "warn",
-                LogLevel::Error => "error",
-            };
+        let parsed = crate::engine::config::parsed().ok();
+        let level = match parsed.map_or(LogLevel::Info, |c| c.engine.log_level) {
+            LogLevel::Trace => "trace",
+            LogLevel::Info => "info",
+            LogLevel::Warning => "warn",
+            LogLevel::Error => "error",
+        };
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .try_init();
+        let fmt = tracing_subscriber::fmt().with_env_filter(filter);
+        let mut refused = None;
+        let file = parsed
+            .and_then(|c| c.engine.log_dir.as_deref())
+            .and_then(|dir| open_log_file(dir).map_err(|e| refused = Some(e)).ok());
+        let _ = match file {
+            Some(file) => fmt
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(file))
+                .try_init(),
+            None => fmt.with_writer(std::io::stderr).try_init(),
+        };
+        if let Some(why) = refused {
+            tracing::warn!("{why}; logging to stderr");
+        }
     });
     let _ = config();
+}
+
+/// The log file of this process in `dir` (`MC_LOG_DIR`):
+/// `transfer-engine.<pid>.log`, appended to; or why not (`dir` is not a
+/// directory, or the file cannot be opened for writing).
+pub(crate) fn open_log_file(dir: &std::path::Path) -> Result<std::fs::File, String> {
+    if !dir.is_dir() {
+        return Err(format!("MC_LOG_DIR={} is not a directory", dir.display()));
+    }
+    let path = dir.join(format!("transfer-engine.{}.log", std::process::id()));
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(|e| format!("MC_LOG_DIR: cannot write {} ({e})", path.display()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_log_file_is_per_process_in_mc_log_dir_and_a_bad_dir_is_named() {
+        let dir = std::env::temp_dir().join(format!("te-log-dir-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut f = open_log_file(&dir).expect("a writable directory");
+        std::io::Write::write_all(&mut f, b"one\n").unwrap();
+        // Appended to, not truncated, when opened again.
+        let mut f = open_log_file(&dir).unwrap();
+        std::io::Write::write_all(&mut f, b"two\n").unwrap();
+        let path = dir.join(format!("transfer-engine.{}.log", std::process::id()));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "one\ntwo\n");
+        std::fs::remove_dir_all(&dir).unwrap();
+        let e = open_log_file(&dir).unwrap_err();
+        assert_eq!(
+            e,
+            format!("MC_LOG_DIR={} is not a directory", dir.display())
+        );
+    }
 
     #[test]
     fn c_arrays_whose_size_wraps_are_refused_unread() {

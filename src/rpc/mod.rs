@@ -102,7 +102,8 @@ crate::settings::settings! {
             "bytes of requests and replies held across all connections";
         /// `MC_USE_IPV6`.
         use_ipv6: bool = false, ["MC_USE_IPV6"], Switch,
-            "try a peer's IPv6 addresses first";
+            "try a peer's IPv6 addresses first",
+            mooncake "set at all, even to `0` or empty, turns it on";
         /// `MC_LEGACY_RPC_PORT_BINDING`: bind the RPC port named in the server name.
         legacy_port_binding: bool = false, ["MC_LEGACY_RPC_PORT_BINDING"], Set(true),
             "bind the port named in the server name (Mooncake's old behaviour)";

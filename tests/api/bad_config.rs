@@ -4,7 +4,9 @@
 //! C ABI (`createTransferEngine` returns NULL and `te_last_error` says
 //! why). The C ABI reads the process environment, once: those tests run
 //! in a child process of this binary started with the bad value in its
-//! environment.
+//! environment. A Mooncake variable this engine does not read fails
+//! nothing: each one set is named in one warning per process. The same
+//! children check `MC_LOG_DIR`, which the library's logging setup reads.
 
 use crate::common;
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
@@ -133,6 +135,11 @@ fn values_allowed_before_are_still_allowed() {
 /// Runs `test` of this file in a child process with `env` set; the child
 /// runs the part after `if let Some(..) = child()`.
 fn in_child(test: &str, env: &[(&str, &str)]) {
+    child_output(test, env);
+}
+
+/// [`in_child`], giving the child's stdout and stderr.
+fn child_output(test: &str, env: &[(&str, &str)]) -> String {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([
         &common::test_path(module_path!(), test),
@@ -150,6 +157,86 @@ fn in_child(test: &str, env: &[(&str, &str)]) {
     assert!(out.status.success(), "the child exited with {}", out.status);
     // Not a child that ran no test.
     assert!(text.contains(CHILD_DONE), "the child did not run the test");
+    text
+}
+
+#[test]
+fn a_set_unsupported_variable_is_named_once_in_the_log() {
+    const TEST: &str = "a_set_unsupported_variable_is_named_once_in_the_log";
+    let vars = ["MC_CONN_PAUSE_TTL_MS", "MC_TCP_SLICE_SIZE"];
+    if std::env::var_os(CHILD_VAR).is_none() {
+        let log = child_output(TEST, &[(vars[0], "1000"), (vars[1], "1")]);
+        for var in vars {
+            let lines: Vec<&str> = log.lines().filter(|l| l.contains(var)).collect();
+            assert_eq!(lines.len(), 1, "{var} is not named once: {log}");
+            assert!(
+                lines[0].contains("WARN") && lines[0].contains("not supported"),
+                "{}",
+                lines[0]
+            );
+        }
+        return;
+    }
+    // Three engines, through the C ABI and the builder: one line each.
+    let conn = CString::new("P2PHANDSHAKE").unwrap();
+    let name = CString::new("127.0.0.1").unwrap();
+    for _ in 0..2 {
+        // SAFETY: valid NUL-terminated strings.
+        let e = unsafe { createTransferEngine(conn.as_ptr(), name.as_ptr(), name.as_ptr(), 0, 0) };
+        assert!(!e.is_null(), "{}", last_error());
+        // SAFETY: `e` is live and not used after.
+        unsafe { destroyTransferEngine(e) };
+    }
+    let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+        .build()
+        .expect("engine");
+    e.shutdown();
+    assert_eq!(transfer_engine::config().unwrap().unsupported, vars);
+    println!("{CHILD_DONE}");
+}
+
+#[test]
+fn mc_log_dir_sends_the_library_s_log_to_a_file_there() {
+    const TEST: &str = "mc_log_dir_sends_the_library_s_log_to_a_file_there";
+    if std::env::var_os(CHILD_VAR).is_none() {
+        let dir = std::env::temp_dir().join(format!("te-api-log-dir-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = child_output(TEST, &[("MC_LOG_DIR", dir.to_str().unwrap())]);
+        let files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(files.len(), 1, "{files:?}");
+        let name = files[0].file_name().unwrap().to_str().unwrap().to_string();
+        assert!(
+            name.starts_with("transfer-engine.") && name.ends_with(".log"),
+            "{name}"
+        );
+        let log = std::fs::read_to_string(&files[0]).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(log.contains("transfer engine created"), "{log}");
+        assert!(!out.contains("transfer engine created"), "{out}");
+        // A directory that is not there: named on stderr, which gets the log.
+        let missing = std::env::temp_dir().join("te-api-log-dir-not-there");
+        let out = child_output(TEST, &[("MC_LOG_DIR", missing.to_str().unwrap())]);
+        assert!(
+            out.contains(&format!(
+                "MC_LOG_DIR={} is not a directory",
+                missing.display()
+            )),
+            "{out}"
+        );
+        assert!(out.contains("transfer engine created"), "{out}");
+        return;
+    }
+    let conn = CString::new("P2PHANDSHAKE").unwrap();
+    let name = CString::new("127.0.0.1").unwrap();
+    // SAFETY: valid NUL-terminated strings.
+    let e = unsafe { createTransferEngine(conn.as_ptr(), name.as_ptr(), name.as_ptr(), 0, 0) };
+    assert!(!e.is_null(), "{}", last_error());
+    // SAFETY: `e` is live and not used after.
+    unsafe { destroyTransferEngine(e) };
+    println!("{CHILD_DONE}");
 }
 
 #[test]

@@ -360,7 +360,7 @@ fn each_bad_value_is_refused_naming_variable_value_and_range() {
         ("MC_SLICE_TIMEOUT", "-1"),
         ("MC_RETRY_CNT", "0"),
         ("MC_HANDSHAKE_MAX_LENGTH", "1000"),
-        ("MC_TRANSFER_TIMEOUT", "2"),
+        ("MC_TRANSFER_TIMEOUT", "abc"),
         ("MC_TCP_PROTO", "3"),
         ("MC_FRAGMENT_RATIO", "0"),
     ]);
@@ -373,7 +373,7 @@ fn each_bad_value_is_refused_naming_variable_value_and_range() {
         "MC_SLICE_TIMEOUT=-1 is not a number in 0..=65535",
         "MC_RETRY_CNT=0 is not a number in 1..=127",
         "MC_HANDSHAKE_MAX_LENGTH=1000 is not a number in 1048576..=134217728",
-        "MC_TRANSFER_TIMEOUT=2 is not a number in 5..=86400",
+        "MC_TRANSFER_TIMEOUT=abc is not a number up to 2147483647 (below 5: 5)",
         "MC_TCP_PROTO=3 is not one of 2 or 1",
         "MC_FRAGMENT_RATIO=0 is not a number in 1..=18446744073709551615",
     ];
@@ -472,6 +472,77 @@ fn slice_timeout_follows_mooncake_bounds() {
         refused(&[("MC_SLICE_TIMEOUT", "65536")]),
         ["MC_SLICE_TIMEOUT=65536 is not a number in 0..=65535"]
     );
+}
+
+#[test]
+fn a_transfer_timeout_below_5_counts_as_5_as_in_mooncake() {
+    let timeout = |v: &str| {
+        parse(&[("MC_TRANSFER_TIMEOUT", v)])
+            .engine
+            .transfer_timeout_secs
+    };
+    for below in ["4", "2", "0", "-3"] {
+        assert_eq!(timeout(below), 5, "{below}");
+    }
+    assert_eq!(timeout("5"), 5);
+    assert_eq!(timeout("100000"), 100000);
+    assert_eq!(timeout("2147483647"), 2147483647);
+    // Not a number, or beyond Mooncake's `int`, fails as any bad value does.
+    assert_eq!(
+        refused(&[("MC_TRANSFER_TIMEOUT", "2147483648")]),
+        ["MC_TRANSFER_TIMEOUT=2147483648 is not a number up to 2147483647 (below 5: 5)"]
+    );
+    assert_eq!(refused(&[("MC_TRANSFER_TIMEOUT", "5s")]).len(), 1);
+}
+
+#[test]
+fn mc_force_tcp_0_does_not_force_tcp() {
+    // Mooncake's engine forces TCP when the variable is set at all; here
+    // `0` (and the other off words) means not forced, and the docs say so.
+    assert!(!parse(&[("MC_FORCE_TCP", "0")]).engine.force_tcp);
+    assert!(!parse(&[("MC_FORCE_HCA", "0")]).engine.force_hca);
+    assert!(parse(&[("MC_FORCE_TCP", "1")]).engine.force_tcp);
+    assert!(!parse(&[]).engine.force_tcp);
+}
+
+#[test]
+fn a_fragment_ratio_not_below_the_slice_size_counts_as_4() {
+    let c = parse(&[("MC_SLICE_SIZE", "1024"), ("MC_FRAGMENT_RATIO", "1024")]);
+    assert_eq!(c.sched.fragment_limit, 256);
+    assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+    assert!(
+        c.warnings[0].contains("MC_FRAGMENT_RATIO=1024"),
+        "{:?}",
+        c.warnings
+    );
+    let c = parse(&[("MC_SLICE_SIZE", "1024"), ("MC_FRAGMENT_RATIO", "1023")]);
+    assert_eq!(c.sched.fragment_limit, 1);
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+}
+
+#[test]
+fn set_unsupported_variables_are_listed_not_refused() {
+    let c = parse(&[
+        ("MC_CONN_PAUSE_TTL_MS", "1000"),
+        ("MC_TCP_ENABLE_CONNECTION_POOL", "1"),
+        ("MC_USE_TENT", ""),
+        ("MC_SLICE_SIZE", "4096"),
+    ]);
+    assert_eq!(
+        c.unsupported,
+        [
+            "MC_CONN_PAUSE_TTL_MS",
+            "MC_TCP_ENABLE_CONNECTION_POOL",
+            "MC_USE_TENT"
+        ]
+    );
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    assert!(parse(&[]).unsupported.is_empty());
+    // MC_LOG_DIR is read (the logging setup uses it), empty as unset.
+    let c = parse(&[("MC_LOG_DIR", "/var/log/te")]);
+    assert_eq!(c.engine.log_dir.as_deref(), Some("/var/log/te".as_ref()));
+    assert!(c.unsupported.is_empty());
+    assert_eq!(parse(&[("MC_LOG_DIR", "")]).engine.log_dir, None);
 }
 
 #[test]

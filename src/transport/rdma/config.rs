@@ -140,7 +140,8 @@ crate::settings::settings! {
         /// destination device affinity: fewer queue pairs on rail-optimized
         /// fabrics); other local devices keep every rail (off).
         dest_device_affinity: bool = false, ["MC_ENABLE_DEST_DEVICE_AFFINITY"], Switch,
-            "a local device whose name the peer also has uses only the rail to that device";
+            "a local device whose name the peer also has uses only the rail to that device",
+            mooncake "set at all, even to `0` or empty, turns it on";
         /// `MC_AUTO_GID_MAX_RETRIES`: with ranked GIDs (`MC_GID_INDEX` unset),
         /// how many times a handshake whose queue pair refuses RTR with EINVAL
         /// re-probes the GID table and tries the next ranked GID.

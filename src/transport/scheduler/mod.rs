@@ -73,13 +73,24 @@ pub const GENERATION_KEY: &str = "generation";
 use crate::settings::{Parse, Range, Reader, Switch};
 
 /// `MC_FRAGMENT_RATIO` is read into `fragment_limit` as a ratio; set, the
-/// limit is `slice_size / ratio` (Mooncake's rule); unset, 16384 stays.
+/// limit is `slice_size / ratio` (Mooncake's rule); unset, 16384 stays. A
+/// ratio not below the slice size gives `slice_size / 4` with a warning,
+/// as Mooncake falls back to 4.
 fn fragment_limit(sched: &mut SchedConfig, r: &Reader<'_>) {
     let ratio = r
         .raw("MC_FRAGMENT_RATIO")
         .and_then(|v| Range(1u64, u64::MAX).parse(&v));
     if let Some(ratio) = ratio {
-        sched.fragment_limit = sched.slice_size / ratio;
+        sched.fragment_limit = if ratio < sched.slice_size {
+            sched.slice_size / ratio
+        } else {
+            r.warn(format!(
+                "MC_FRAGMENT_RATIO={ratio} is not below MC_SLICE_SIZE ({}); using 4, as \
+                 Mooncake does",
+                sched.slice_size
+            ));
+            sched.slice_size / 4
+        };
     }
 }
 
@@ -91,25 +102,29 @@ crate::settings::settings! {
     pub struct SchedConfig("sched") {
         /// `MC_SLICE_SIZE`: bytes per slice of a large request.
         slice_size: u64 = 65536, ["MC_SLICE_SIZE"], Range(1u64, 1 << 40),
-            "bytes per slice of a large request";
+            "bytes per slice of a large request, on every transport (local copies and shm too)",
+            mooncake "slices RDMA requests only; TCP sends each request whole";
         /// Derived from `MC_FRAGMENT_RATIO`: a tail up to this size joins the
         /// previous slice (`slice_size / ratio` when the ratio is set).
         fragment_limit: u64 = 16384, ["MC_FRAGMENT_RATIO"], Range(1u64, u64::MAX),
             "a request's tail up to `MC_SLICE_SIZE / ratio` bytes joins the previous slice \
-             (unset: 16384 bytes)", shown "unset";
+             (unset: 16384 bytes; a ratio not below `MC_SLICE_SIZE` warns and counts as 4)",
+            shown "unset";
         /// `MC_RETRY_CNT`: attempts per slice before its task fails.
         retry_cnt: u32 = 9, ["MC_RETRY_CNT"], Range(1u32, 127),
-            "attempts per slice (on other rails) before its task fails";
+            "attempts per slice (on other rails) before its task fails, on TCP and RDMA",
+            mooncake "RDMA slices only";
         /// `MC_RDMA_RAIL_PAUSE_SECONDS`.
         rail_pause_secs: u64 = 30, ["MC_RDMA_RAIL_PAUSE_SECONDS"], Range(1u64, 3599),
             "a rail with repeated errors, or one that cannot connect, is paused this long \
-             (TCP and RDMA)";
+             (TCP and RDMA)", mooncake "RDMA rails only";
         /// `MC_PATH_ROUNDROBIN`: the first choice among the preferred open
         /// rails goes round in turn (per thread) instead of to the least
         /// loaded (false).
         round_robin: bool = false, ["MC_PATH_ROUNDROBIN"], Switch,
             "off: the first rail of a slice is the least-loaded preferred one; on: the \
-             preferred ones in turn, per thread";
+             preferred ones in turn, per thread",
+            mooncake "on only for `1` or `true` (any case)";
     } then fragment_limit;
 }
 

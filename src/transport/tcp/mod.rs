@@ -59,7 +59,9 @@ crate::settings::settings! {
         lanes_per_peer: usize = 4,
             ["MC_TCP_LANES_PER_PEER", "MC_TCP_MAX_CONNECTIONS_PER_PEER"], Range(1usize, 16),
             "connections per endpoint (one rail to one peer); also read as \
-             `MC_TCP_MAX_CONNECTIONS_PER_PEER`";
+             `MC_TCP_MAX_CONNECTIONS_PER_PEER`; connections are always pooled",
+            mooncake "lanes of the pool that `MC_TCP_ENABLE_CONNECTION_POOL` turns on; by \
+             default a connection per request";
         /// `MC_TCP_PROTO=1` forces the v1 framing towards every peer.
         force_v1: bool = false, ["MC_TCP_PROTO"], TCP_PROTO,
             "`1` forces Mooncake's v1 (unacknowledged) framing towards every peer; `2` uses \
@@ -67,7 +69,8 @@ crate::settings::settings! {
         /// `MC_TCP_STATUS_TIMEOUT_SEC`: a TCP request that moves no byte
         /// for this long fails (both sides).
         status_timeout_secs: u64 = 30, ["MC_TCP_STATUS_TIMEOUT_SEC"], Range(1u64, 3600),
-            "seconds: a request that moves no byte this long fails (both sides)";
+            "seconds: a request that moves no byte this long fails (both sides)",
+            mooncake "how long a client waits for a v2 status reply";
         /// `MC_TCP_IO_THREADS`: threads of the TCP transport, serving every
         /// connection of both sides.
         io_threads: usize = default_io_threads(), ["MC_TCP_IO_THREADS"], Range(1usize, 64),
