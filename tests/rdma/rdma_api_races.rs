@@ -17,7 +17,6 @@ use rdma::{A, B};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
-use transfer_engine::Engine;
 use transfer_engine::{Location, Region};
 
 const THREADS: usize = 4;
@@ -44,7 +43,7 @@ fn registrations_racing_install_and_destroy_leave_no_region_behind() {
     let dev = A[0].0;
     let baseline = mrs(dev);
     for round in 0..ROUNDS {
-        let e = Engine::new("P2PHANDSHAKE", "127.0.0.1", false).expect("engine");
+        let e = rdma::bare_engine(false);
         let start = Arc::new(Barrier::new(THREADS + 1));
         let installed = Arc::new(AtomicBool::new(false));
         let workers: Vec<_> = (0..THREADS)

@@ -12,7 +12,7 @@ use common::{Buf, pattern, read_req, register, run_within, write_req};
 use rdma::{A, B};
 use std::sync::Arc;
 use std::time::Duration;
-use transfer_engine::{Config, Engine, TaskStatus};
+use transfer_engine::{Engine, TaskStatus};
 
 const MIB: usize = 1 << 20;
 const T: Duration = Duration::from_secs(60);
@@ -30,9 +30,7 @@ fn key_file(name: &str, byte: u8) -> std::path::PathBuf {
 
 /// An engine with RDMA on `devs` and the cluster key in `key`.
 fn engine(devs: &[&str], key: &std::path::Path) -> Arc<Engine> {
-    let config = Config::from_env()
-        .expect("the MC_* settings")
-        .with_auth_key_file(key.to_str().unwrap());
+    let config = rdma::config().with_auth_key_file(key.to_str().unwrap());
     let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1")
         .config(config)
         .build()

@@ -11,14 +11,14 @@ use crate::rdma_support as rdma;
 use common::{Buf, pattern, read_req, register, run_within, write_req};
 use rdma::{A, B};
 use std::time::Duration;
-use transfer_engine::{Config, Engine, TaskStatus};
+use transfer_engine::{Engine, TaskStatus};
 
 const MIB: usize = 1 << 20;
 
 /// An engine with RDMA on `devs` and TCP, with RDMA timeouts short enough
 /// that a dead link is given up on quickly.
 fn engine(devs: &[&str]) -> std::sync::Arc<Engine> {
-    let mut config = Config::from_env().expect("the MC_* settings");
+    let mut config = rdma::config();
     config.rdma.completion_timeout_secs = 2;
     config.sched.rail_pause_secs = 2;
     let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1")

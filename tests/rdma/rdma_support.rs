@@ -6,32 +6,33 @@
 
 #![allow(dead_code)]
 
+use once_cell::sync::OnceCell;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
-use transfer_engine::Engine;
+use transfer_engine::{Config, Engine};
 
 /// Node A's devices and their network interfaces.
 pub const A: [(&str, &str); 2] = [("rxe_a0", "va0"), ("rxe_a1", "va1")];
 /// Node B's devices and their network interfaces.
 pub const B: [(&str, &str); 2] = [("rxe_b0", "vb0"), ("rxe_b1", "vb1")];
 
-/// Sets test-wide variables that the environment does not set already
-/// (before any engine reads the configuration), sends the library's log
-/// to stderr (`RUST_LOG`; the VM suite keeps it with the test's output)
-/// and checks that the VM's devices exist.
+/// The settings every engine of this test binary takes, beside the
+/// environment's (see [`setup`]).
+static SETTINGS: OnceCell<Vec<(String, String)>> = OnceCell::new();
+
+/// Records the test-wide settings `vars` (a variable the environment sets
+/// keeps the environment's value), sends the library's log to stderr
+/// (`RUST_LOG`; the VM suite keeps it with the test's output) and checks
+/// that the VM's devices exist. The settings reach engines through
+/// [`config`], never the process environment.
 pub fn setup(vars: &[(&str, &str)]) {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        for (k, v) in vars {
-            if std::env::var_os(k).is_none() {
-                // SAFETY: the tests of this binary run with --test-threads 1
-                // (scripts/rdma-vm/test.sh), and this runs before any
-                // engine (and any engine thread) exists.
-                unsafe { std::env::set_var(k, v) };
-            }
-        }
+    SETTINGS.get_or_init(|| {
         transfer_engine::init_logging();
+        vars.iter()
+            .filter(|(k, _)| std::env::var_os(k).is_none())
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     });
     for (dev, _) in A.iter().chain(&B) {
         assert!(
@@ -40,6 +41,24 @@ pub fn setup(vars: &[(&str, &str)]) {
              (scripts/rdma-vm/test.sh)"
         );
     }
+}
+
+/// The configuration of this test binary's engines: the environment's
+/// `MC_*` variables with the settings given to [`setup`].
+pub fn config() -> Config {
+    let vars = SETTINGS.get().expect("rdma::setup runs first");
+    let pairs: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    crate::common::config_with(&pairs)
+}
+
+/// A P2P engine on 127.0.0.1 configured by [`config`], with no transport
+/// installed unless `auto_discover`.
+pub fn bare_engine(auto_discover: bool) -> Arc<Engine> {
+    Engine::builder("P2PHANDSHAKE", "127.0.0.1")
+        .auto_discover(auto_discover)
+        .config(config())
+        .build()
+        .expect("engine")
 }
 
 /// The priority matrix `{"cpu:0": [[devs...], []]}`.
@@ -55,7 +74,10 @@ pub fn engine(devs: &[&str]) -> Arc<Engine> {
 
 /// An engine with metadata `conn` and name `name`, RDMA on `devs`.
 pub fn engine_named(conn: &str, name: &str, devs: &[&str]) -> Arc<Engine> {
-    let e = Engine::new(conn, name, false).expect("engine");
+    let e = Engine::builder(conn, name)
+        .config(config())
+        .build()
+        .expect("engine");
     e.install_transport("rdma", Some(&matrix(devs)))
         .expect("install rdma");
     e

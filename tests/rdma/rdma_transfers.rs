@@ -17,7 +17,7 @@ use transfer_engine::metadata::http::HttpStore;
 use transfer_engine::metadata::keys::segment_key;
 use transfer_engine::metadata::server::MetadataServer;
 use transfer_engine::metadata::store::MetadataStore;
-use transfer_engine::{Config, Engine, Location, Region, Request};
+use transfer_engine::{Engine, Location, Region, Request};
 
 const MIB: usize = 1 << 20;
 const T: Duration = Duration::from_secs(60);
@@ -601,7 +601,7 @@ fn a_second_rdma_name_is_published_and_used() {
     setup();
     // MC_RDMA_BIND_ADDRESS: A's NIC paths carry 198.18.0.1 (its rail-0
     // address) while its handshake listener keeps its name 127.0.0.1:port.
-    let mut config = transfer_engine::Config::from_env().expect("the MC_* settings");
+    let mut config = rdma::config();
     config.rdma.bind_address = Some("198.18.0.1".into());
     let a = Engine::builder("P2PHANDSHAKE", "127.0.0.1")
         .config(config)
@@ -637,7 +637,7 @@ fn a_second_rdma_name_is_published_and_used() {
 fn install_rules_and_descriptor() {
     setup();
     // auto_discover installs RDMA when devices exist.
-    let e = Engine::new("P2PHANDSHAKE", "127.0.0.1", true).expect("engine");
+    let e = rdma::bare_engine(true);
     let buf = Buf::zeroed(4096);
     register_range(&e, buf.addr(), 4096, false);
     let d = common::descriptor(&e);
@@ -678,14 +678,14 @@ fn install_rules_and_descriptor() {
     );
     e.shutdown();
     // A matrix naming devices this machine lacks leaves them out.
-    let e = Engine::new("P2PHANDSHAKE", "127.0.0.1", false).expect("engine");
+    let e = rdma::bare_engine(false);
     e.install_transport("rdma", Some(&rdma::matrix(&["mlx5_9", A[1].0])))
         .expect("install");
     let d = common::descriptor(&e);
     assert_eq!(d["devices"].as_array().unwrap().len(), 1, "{d}");
     assert_eq!(d["devices"][0]["name"], A[1].0);
     e.shutdown();
-    let e = Engine::new("P2PHANDSHAKE", "127.0.0.1", false).expect("engine");
+    let e = rdma::bare_engine(false);
     assert!(
         e.install_transport("rdma", Some(&rdma::matrix(&["mlx5_9"])))
             .is_err()
@@ -696,7 +696,7 @@ fn install_rules_and_descriptor() {
 /// A P2P engine with RDMA on `devs` whose memory regions hold at most
 /// `max_mr` bytes, registering on its devices in parallel or not.
 fn split_engine(devs: &[&str], max_mr: u64, parallel: bool) -> std::sync::Arc<Engine> {
-    let mut cfg = Config::from_env().expect("the MC_* settings");
+    let mut cfg = rdma::config();
     cfg.rdma.max_mr_size = max_mr;
     cfg.rdma.parallel_reg_mr = Some(parallel);
     cfg.rdma.max_concurrent_reg_mr = if parallel { 2 } else { 0 };
@@ -889,7 +889,7 @@ fn a_wildcard_buffer_is_published_with_its_numa_node() {
         location: Location::Any,
         remote_accessible: true,
     };
-    let e = Engine::new("P2PHANDSHAKE", "127.0.0.1", false).expect("engine");
+    let e = rdma::bare_engine(false);
     e.register(&[wildcard(&before)]).expect("register");
     e.install_transport("rdma", Some(&rdma::matrix(&[A[0].0])))
         .expect("install rdma");
