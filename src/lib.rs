@@ -83,7 +83,7 @@ pub use engine::config::{Config, ConfigError, ConfigResult, LogLevel, config};
 pub use engine::{Engine, EngineBuilder, LOCAL_SEGMENT_ID, Opcode, Request};
 pub use error::{Error, Result};
 pub use ffi::init_logging;
-pub use memory::device::residence;
+pub use memory::device::{Vendor, residence};
 pub use memory::{Location, Region, Residence};
 pub use segment::SegmentBuffer;
 pub use transport::NicLoad;

@@ -114,8 +114,8 @@ fn non_null(addr: u64, what: &str) -> PyResult<()> {
 fn host_memory(addr: u64, len: usize, what: &str) -> PyResult<()> {
     match transfer_engine::residence(addr, len as u64) {
         transfer_engine::Residence::Host => Ok(()),
-        transfer_engine::Residence::Device(n) => Err(PyValueError::new_err(format!(
-            "{what} {addr:#x} is memory of GPU {n}; this function copies with the CPU"
+        gpu => Err(PyValueError::new_err(format!(
+            "{what} {addr:#x} is {gpu}; this function copies with the CPU"
         ))),
     }
 }

@@ -448,12 +448,13 @@ impl Engine {
             return Self::fail_task(batch, id, format_args!("{why}"));
         }
         for (side, addr) in [("source", r.source), ("target", r.target_offset)] {
-            if let Residence::Device(n) = memory.residence(addr, r.length) {
+            let residence = memory.residence(addr, r.length);
+            if residence != Residence::Host {
                 return Self::fail_task(
                     batch,
                     id,
                     format_args!(
-                        "the {side} {addr:#x}+{} is memory of GPU {n}, which a copy within \
+                        "the {side} {addr:#x}+{} is {residence}, which a copy within \
                          this process would touch with the CPU",
                         r.length
                     ),
@@ -535,6 +536,17 @@ impl Engine {
             .filter(|t| registered || !t.needs_registered_source())
             .collect();
         let residence = memory.residence(r.source, r.length);
+        if let Residence::Foreign(..) = residence {
+            return Self::fail_task(
+                batch,
+                id,
+                format_args!(
+                    "the source {:#x}+{} is {residence}, which no transport of this engine \
+                     moves yet",
+                    r.source, r.length
+                ),
+            );
+        }
         let chain: Vec<Arc<dyn Transport>> = reaching
             .iter()
             .filter(|t| residence == Residence::Host || t.moves_device_memory())

@@ -10,8 +10,16 @@
 //! every address is host memory. Ordinals are the driver's, so they follow
 //! `CUDA_VISIBLE_DEVICES` as the application sees its devices.
 //!
-//! Tests load a test double of the driver (`tests/support/cuda_driver_double.c`)
-//! in place of the real one; it is no GPU coverage.
+//! Other vendors' GPU memory is detected the same way, through the driver
+//! or runtime their framework loaded: MUSA (`libmusa.so`, whose driver API
+//! mirrors CUDA's) and HIP (`libamdhip64.so`, `hipPointerGetAttributes`).
+//! No transport moves it yet: it is refused at registration and in every
+//! request, before a byte moves ([`Residence::Foreign`]).
+//!
+//! Tests load test doubles of these libraries
+//! (`tests/support/cuda_driver_double.c`, built as CUDA's and as MUSA's,
+//! and `tests/support/hip_runtime_double.c`) in place of the real ones;
+//! they are no GPU coverage.
 
 use libloading::os::unix::Library;
 use once_cell::sync::OnceCell;
@@ -23,8 +31,39 @@ pub enum Residence {
     /// Host memory (also CUDA's pinned and managed memory): the CPU may
     /// copy it.
     Host,
-    /// Memory of the GPU with this driver ordinal (`cuda:N`).
+    /// Memory of the CUDA GPU with this driver ordinal (`cuda:N`).
     Device(u32),
+    /// Memory of another vendor's GPU, with its ordinal: no transport
+    /// moves it yet, so it is refused wherever it appears.
+    Foreign(Vendor, u32),
+}
+
+/// A GPU vendor whose memory is detected but not moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Vendor {
+    /// Moore Threads (MUSA).
+    Musa,
+    /// AMD (HIP).
+    Hip,
+}
+
+impl std::fmt::Display for Vendor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Vendor::Musa => "musa",
+            Vendor::Hip => "hip",
+        })
+    }
+}
+
+impl std::fmt::Display for Residence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Residence::Host => f.write_str("host memory"),
+            Residence::Device(n) => write!(f, "memory of GPU {n}"),
+            Residence::Foreign(v, n) => write!(f, "memory of {v} GPU {n}"),
+        }
+    }
 }
 
 /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`: a `CUmemorytype` (`unsigned int`).
@@ -42,61 +81,99 @@ const SUCCESS: c_int = 0;
 type PointerGetAttribute = unsafe extern "C" fn(*mut c_void, c_int, u64) -> c_int;
 type Init = unsafe extern "C" fn(c_uint) -> c_int;
 
-/// The driver's entry points this module calls.
+/// A driver API shaped as CUDA's (`xxInit`, `xxPointerGetAttribute` with
+/// CUDA's attribute numbers): CUDA's own, and MUSA's, which mirrors it.
+struct DriverApi {
+    /// Who it is (`None`: CUDA, whose memory RDMA moves).
+    vendor: Option<Vendor>,
+    /// Its file names, the first found loaded wins.
+    libraries: &'static [&'static str],
+    init: &'static [u8],
+    pointer_get_attribute: &'static [u8],
+}
+
+const CUDA: DriverApi = DriverApi {
+    vendor: None,
+    libraries: &["libcuda.so.1"],
+    init: b"cuInit\0",
+    pointer_get_attribute: b"cuPointerGetAttribute\0",
+};
+
+const MUSA: DriverApi = DriverApi {
+    vendor: Some(Vendor::Musa),
+    libraries: &["libmusa.so.1", "libmusa.so"],
+    init: b"muInit\0",
+    pointer_get_attribute: b"muPointerGetAttribute\0",
+};
+
+/// A driver's entry points this module calls.
 struct Driver {
     /// Keeps the driver's handle (and so its functions) alive.
     _library: Library,
+    vendor: Option<Vendor>,
     pointer_get_attribute: PointerGetAttribute,
 }
 
-/// The driver once found in the process (`None`: found, but unusable).
-static DRIVER: OnceCell<Option<Driver>> = OnceCell::new();
+/// The drivers once found in the process (`None`: found, but unusable).
+static CUDA_DRIVER: OnceCell<Option<Driver>> = OnceCell::new();
+static MUSA_DRIVER: OnceCell<Option<Driver>> = OnceCell::new();
+static HIP_RUNTIME: OnceCell<Option<HipRuntime>> = OnceCell::new();
 
-/// The CUDA driver, if the process has loaded it.
-fn driver() -> Option<&'static Driver> {
-    if let Some(found) = DRIVER.get() {
-        return found.as_ref();
-    }
-    // SAFETY: RTLD_NOLOAD only returns a handle to a library already
-    // loaded into the process, so no initialiser runs here.
-    let library = unsafe {
-        Library::open(
-            Some("libcuda.so.1"),
-            libc::RTLD_NOW | libc::RTLD_NOLOAD | libc::RTLD_LOCAL,
-        )
-    }
-    .ok()?;
-    DRIVER.get_or_init(|| open(library)).as_ref()
+/// The first of `names` the process has loaded, without loading any.
+fn loaded(names: &[&str]) -> Option<Library> {
+    names.iter().find_map(|name| {
+        // SAFETY: RTLD_NOLOAD only returns a handle to a library already
+        // loaded into the process, so no initialiser runs here.
+        unsafe {
+            Library::open(
+                Some(*name),
+                libc::RTLD_NOW | libc::RTLD_NOLOAD | libc::RTLD_LOCAL,
+            )
+        }
+        .ok()
+    })
 }
 
-/// Resolves the driver's entry points and initialises it (`cuInit` is
+/// The driver of `api` kept in `cell`, if the process has loaded it.
+fn driver(cell: &'static OnceCell<Option<Driver>>, api: &DriverApi) -> Option<&'static Driver> {
+    if let Some(found) = cell.get() {
+        return found.as_ref();
+    }
+    let library = loaded(api.libraries)?;
+    cell.get_or_init(|| open(library, api)).as_ref()
+}
+
+/// Resolves the driver's entry points and initialises it (`xxInit` is
 /// idempotent; the runtime that loaded the driver has called it already).
-fn open(library: Library) -> Option<Driver> {
+fn open(library: Library, api: &DriverApi) -> Option<Driver> {
+    let name = api.libraries[0];
     // SAFETY: the symbols have the CUDA driver API's documented
-    // signatures (cuda.h), which the types above spell out.
+    // signatures (cuda.h; MUSA's mirror them), which the types above
+    // spell out.
     let (init, pointer_get_attribute) = unsafe {
-        let init = library.get::<Init>(b"cuInit\0").map(|s| *s);
+        let init = library.get::<Init>(api.init).map(|s| *s);
         let attr = library
-            .get::<PointerGetAttribute>(b"cuPointerGetAttribute\0")
+            .get::<PointerGetAttribute>(api.pointer_get_attribute)
             .map(|s| *s);
         (init, attr)
     };
     let (Ok(init), Ok(pointer_get_attribute)) = (init, pointer_get_attribute) else {
         tracing::warn!(
-            "libcuda.so.1 is loaded but lacks cuInit or cuPointerGetAttribute: GPU memory \
+            "{name} is loaded but lacks its Init or PointerGetAttribute: GPU memory \
              cannot be told from host memory"
         );
         return None;
     };
-    // SAFETY: cuInit takes flags, which must be 0.
+    // SAFETY: xxInit takes flags, which must be 0.
     let rc = unsafe { init(0) };
     if rc != SUCCESS {
-        tracing::info!("CUDA driver loaded but cuInit failed ({rc}): no GPU memory to detect");
+        tracing::info!("{name} loaded but its Init failed ({rc}): no GPU memory to detect");
         return None;
     }
-    tracing::info!("CUDA driver found in the process: GPU buffers are detected");
+    tracing::info!("{name} found in the process: its GPU buffers are detected");
     Some(Driver {
         _library: library,
+        vendor: api.vendor,
         pointer_get_attribute,
     })
 }
@@ -128,19 +205,122 @@ impl Driver {
             return Residence::Host;
         }
         let ordinal = self.attribute::<c_int>(ATTRIBUTE_DEVICE_ORDINAL, addr);
-        Residence::Device(ordinal.and_then(|o| u32::try_from(o).ok()).unwrap_or(0))
+        let ordinal = ordinal.and_then(|o| u32::try_from(o).ok()).unwrap_or(0);
+        match self.vendor {
+            None => Residence::Device(ordinal),
+            Some(v) => Residence::Foreign(v, ordinal),
+        }
     }
+}
+
+/// `hipPointerAttribute_t` (ROCm 5 and 6 share its layout; ROCm 5 names
+/// the first field `memoryType`).
+#[repr(C)]
+struct HipPointerAttribute {
+    memory_type: c_int,
+    device: c_int,
+    device_pointer: *mut c_void,
+    host_pointer: *mut c_void,
+    is_managed: c_int,
+    allocation_flags: c_uint,
+}
+
+type HipPointerGetAttributes = unsafe extern "C" fn(*mut HipPointerAttribute, u64) -> c_int;
+type HipRuntimeGetVersion = unsafe extern "C" fn(*mut c_int) -> c_int;
+
+/// The HIP runtime's entry point this module calls, and the value its
+/// `hipMemoryType` gives device memory (`hipMemoryTypeDevice`: 1 before
+/// ROCm 6, 2 since).
+struct HipRuntime {
+    _library: Library,
+    pointer_get_attributes: HipPointerGetAttributes,
+    device_type: c_int,
+}
+
+/// The HIP runtime, if the process has loaded it.
+fn hip_runtime() -> Option<&'static HipRuntime> {
+    if let Some(found) = HIP_RUNTIME.get() {
+        return found.as_ref();
+    }
+    let library = loaded(&["libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"])?;
+    HIP_RUNTIME.get_or_init(|| open_hip(library)).as_ref()
+}
+
+/// Resolves the HIP runtime's entry points and reads its version.
+fn open_hip(library: Library) -> Option<HipRuntime> {
+    // SAFETY: the symbols have HIP's documented signatures
+    // (hip_runtime_api.h), which the types above spell out.
+    let (version, attributes) = unsafe {
+        (
+            library
+                .get::<HipRuntimeGetVersion>(b"hipRuntimeGetVersion\0")
+                .map(|s| *s),
+            library
+                .get::<HipPointerGetAttributes>(b"hipPointerGetAttributes\0")
+                .map(|s| *s),
+        )
+    };
+    let (Ok(version), Ok(pointer_get_attributes)) = (version, attributes) else {
+        tracing::warn!(
+            "libamdhip64 is loaded but lacks hipRuntimeGetVersion or hipPointerGetAttributes: \
+             its GPU memory cannot be told from host memory"
+        );
+        return None;
+    };
+    let mut v: c_int = 0;
+    // SAFETY: `v` is writable.
+    if unsafe { version(&mut v) } != SUCCESS {
+        tracing::warn!("libamdhip64 is loaded but hipRuntimeGetVersion failed");
+        return None;
+    }
+    tracing::info!("HIP runtime {v} found in the process: its GPU buffers are detected");
+    Some(HipRuntime {
+        _library: library,
+        pointer_get_attributes,
+        device_type: if v >= 60_000_000 { 2 } else { 1 },
+    })
+}
+
+impl HipRuntime {
+    /// Where the allocation holding `addr` lives.
+    fn residence(&self, addr: u64) -> Residence {
+        let mut a = HipPointerAttribute {
+            memory_type: 0,
+            device: 0,
+            device_pointer: std::ptr::null_mut(),
+            host_pointer: std::ptr::null_mut(),
+            is_managed: 0,
+            allocation_flags: 0,
+        };
+        // SAFETY: `a` is writable and has the runtime's layout; the
+        // runtime only reads its own tables for `addr`.
+        let rc = unsafe { (self.pointer_get_attributes)(&mut a, addr) };
+        if rc != SUCCESS || a.memory_type != self.device_type || a.is_managed != 0 {
+            return Residence::Host;
+        }
+        Residence::Foreign(Vendor::Hip, u32::try_from(a.device).unwrap_or(0))
+    }
+}
+
+/// Where the byte at `addr` lives, as the GPU libraries in the process
+/// say.
+fn residence_of(addr: u64) -> Residence {
+    let drivers = [driver(&CUDA_DRIVER, &CUDA), driver(&MUSA_DRIVER, &MUSA)];
+    for d in drivers.into_iter().flatten() {
+        let r = d.residence(addr);
+        if r != Residence::Host {
+            return r;
+        }
+    }
+    hip_runtime().map_or(Residence::Host, |h| h.residence(addr))
 }
 
 /// Where `[addr, addr + len)` lives: GPU memory if its first or last byte
 /// is (a range is one allocation or a caller's mistake; either way the
 /// CPU must not copy it).
 pub fn residence(addr: u64, len: u64) -> Residence {
-    let Some(driver) = driver() else {
-        return Residence::Host;
-    };
-    match driver.residence(addr) {
-        Residence::Host if len > 1 => driver.residence(addr.saturating_add(len - 1)),
+    match residence_of(addr) {
+        Residence::Host if len > 1 => residence_of(addr.saturating_add(len - 1)),
         r => r,
     }
 }

@@ -171,6 +171,13 @@ impl MemoryRegistry {
     pub fn check_insert(&self, regions: &[Region]) -> Result<()> {
         for r in regions {
             Self::check_new(r.addr, r.length)?;
+            let residence = device::residence(r.addr, r.length);
+            if let Residence::Foreign(..) = residence {
+                return Err(Error::InvalidArgument(format!(
+                    "buffer {:#x}+{} is {residence}, which no transport of this engine moves yet",
+                    r.addr, r.length
+                )));
+            }
         }
         let mut sorted: Vec<&Region> = regions.iter().collect();
         sorted.sort_by_key(|r| r.addr);
@@ -261,7 +268,7 @@ impl MemoryRegistry {
     /// transports that ask (TCP, shared memory) copy with the CPU.
     pub fn admit(&self, addr: u64, len: u64) -> Option<Arc<Fence>> {
         let e = self.entry(addr, len)?;
-        if let Residence::Device(n) = e.residence {
+        if let Residence::Device(n) | Residence::Foreign(_, n) = e.residence {
             crate::log_limit::warn_limited!(
                 "a peer's request to {addr:#x}+{len} is refused: that buffer is memory of GPU \
                  {n}, which this transport would have to copy with the CPU"

@@ -13,34 +13,60 @@ use libloading::Library;
 use std::path::PathBuf;
 use std::process::Command;
 use transfer_engine::{
-    Engine, LOCAL_SEGMENT_ID, Location, Region, Residence, TaskStatus, residence,
+    Engine, LOCAL_SEGMENT_ID, Location, Region, Residence, TaskStatus, Vendor, residence,
 };
 
-/// The driver double, built and loaded into this process (each test is a
+/// Which GPU library a double stands in for.
+#[derive(Clone, Copy)]
+enum Kind {
+    Cuda,
+    Musa,
+    Hip,
+}
+
+/// A driver double, built and loaded into this process (each test is a
 /// process of its own under nextest).
 struct DriverDouble {
     library: Library,
+    alloc: &'static [u8],
     _dir: PathBuf,
 }
 
 impl DriverDouble {
+    /// The CUDA driver's double.
     fn load() -> DriverDouble {
-        let dir = std::env::temp_dir().join(format!("te-cuda-double-{}", std::process::id()));
+        DriverDouble::load_kind(Kind::Cuda)
+    }
+
+    fn load_kind(kind: Kind) -> DriverDouble {
+        let (soname, source, define, alloc): (_, _, &[&str], &'static [u8]) = match kind {
+            Kind::Cuda => (
+                "libcuda.so.1",
+                "cuda_driver_double.c",
+                &[],
+                b"te_cuda_double_alloc\0",
+            ),
+            Kind::Musa => (
+                "libmusa.so.1",
+                "cuda_driver_double.c",
+                &["-DTE_DOUBLE_MUSA"],
+                b"te_cuda_double_alloc\0",
+            ),
+            Kind::Hip => (
+                "libamdhip64.so.6",
+                "hip_runtime_double.c",
+                &[],
+                b"te_hip_double_alloc\0",
+            ),
+        };
+        let dir = std::env::temp_dir().join(format!("te-gpu-double-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let so = dir.join("libcuda.so.1");
-        let source = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/support/cuda_driver_double.c"
-        );
+        let so = dir.join(soname);
+        let source = format!("{}/tests/support/{source}", env!("CARGO_MANIFEST_DIR"));
         let out = Command::new("cc")
-            .args([
-                "-shared",
-                "-fPIC",
-                "-O1",
-                "-Wall",
-                "-Werror",
-                "-Wl,-soname,libcuda.so.1",
-            ])
+            .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror"])
+            .args(define)
+            .arg(format!("-Wl,-soname,{soname}"))
             .arg("-o")
             .arg(&so)
             .arg(source)
@@ -53,8 +79,12 @@ impl DriverDouble {
         );
         // SAFETY: the double's initialisers are the C runtime's only.
         let library = unsafe { Library::new(&so) }.expect("load the driver double");
-        eprintln!("CUDA driver: the test double {} (not a GPU)", so.display());
-        DriverDouble { library, _dir: dir }
+        eprintln!("GPU library: the test double {} (not a GPU)", so.display());
+        DriverDouble {
+            library,
+            alloc,
+            _dir: dir,
+        }
     }
 
     /// `len` bytes of the double's "device memory" on GPU `ordinal`.
@@ -63,15 +93,15 @@ impl DriverDouble {
         let p = unsafe {
             let f = self
                 .library
-                .get::<unsafe extern "C" fn(usize, i32) -> *mut u8>(b"te_cuda_double_alloc\0")
-                .expect("te_cuda_double_alloc");
+                .get::<unsafe extern "C" fn(usize, i32) -> *mut u8>(self.alloc)
+                .expect("the double's allocation function");
             f(len, ordinal)
         };
         assert!(!p.is_null(), "the double's allocation failed");
         p as u64
     }
 
-    /// How many times the engine asked the double about a pointer.
+    /// How many times the engine asked the CUDA double about a pointer.
     fn queries(&self) -> i64 {
         // SAFETY: the double's function has this signature.
         unsafe {
@@ -197,4 +227,54 @@ fn copies_within_the_process_refuse_gpu_memory() {
     let why = failed(&e, read_req(dev, LOCAL_SEGMENT_ID, host.addr(), 4096));
     assert!(why.contains("GPU 2"), "{why}");
     assert_eq!(host.snapshot(), pattern(LEN as usize, 9), "no byte moved");
+}
+
+/// Another vendor's GPU memory: located, refused at registration and in
+/// every request (as source over TCP, in a copy within the process),
+/// before a byte moves; host buffers beside it still move.
+fn other_vendors_memory_is_refused(kind: Kind, vendor: Vendor) {
+    let double = DriverDouble::load_kind(kind);
+    let dev = double.alloc(LEN as usize, 1);
+    assert_eq!(residence(dev, LEN), Residence::Foreign(vendor, 1));
+    let host = Buf::new(LEN as usize, 3);
+    assert_eq!(residence(host.addr(), LEN), Residence::Host);
+    let name = format!("{vendor} GPU 1");
+
+    let target = engine();
+    let me = engine();
+    let err = me
+        .register(&[Region {
+            addr: dev,
+            length: LEN,
+            location: Location::parse("cpu:0").expect("location"),
+            remote_accessible: true,
+        }])
+        .expect_err("registering another vendor's GPU memory is refused");
+    assert!(err.to_string().contains(&name), "{err}");
+    let remote = Buf::zeroed(LEN as usize);
+    register(&target, &remote, true);
+    register(&me, &host, true);
+    let seg = me.open_segment(target.local_name()).expect("open");
+    let why = failed(&me, write_req(dev, seg, remote.addr(), LEN));
+    assert!(why.contains(&name), "{why}");
+    let why = failed(&me, read_req(dev + 8, seg, remote.addr(), 64));
+    assert!(why.contains(&name), "{why}");
+    let why = failed(&me, write_req(dev, LOCAL_SEGMENT_ID, host.addr(), 4096));
+    assert!(why.contains(&name), "{why}");
+    assert!(remote.snapshot().iter().all(|&b| b == 0), "no byte moved");
+    assert_eq!(
+        run(&me, &[write_req(host.addr(), seg, remote.addr(), LEN)]),
+        vec![TaskStatus::Completed]
+    );
+    assert_eq!(remote.snapshot(), pattern(LEN as usize, 3));
+}
+
+#[test]
+fn musa_memory_is_refused_before_a_byte_moves() {
+    other_vendors_memory_is_refused(Kind::Musa, Vendor::Musa);
+}
+
+#[test]
+fn hip_memory_is_refused_before_a_byte_moves() {
+    other_vendors_memory_is_refused(Kind::Hip, Vendor::Hip);
 }

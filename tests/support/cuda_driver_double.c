@@ -13,6 +13,8 @@
  * against the real driver (scripts/gpu-check.sh).
  *
  * Built by the tests with: cc -shared -fPIC -Wl,-soname,libcuda.so.1
+ * With -DTE_DOUBLE_MUSA it is a double of MUSA's driver (libmusa.so.1),
+ * whose API mirrors CUDA's: muInit and muPointerGetAttribute.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -24,6 +26,11 @@
 #define CU_POINTER_ATTRIBUTE_IS_MANAGED 8
 #define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
 #define CU_MEMORYTYPE_DEVICE 2
+
+#ifdef TE_DOUBLE_MUSA
+#define cuInit muInit
+#define cuPointerGetAttribute muPointerGetAttribute
+#endif
 
 #define MAX_ALLOCATIONS 64
 
