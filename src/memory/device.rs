@@ -24,6 +24,7 @@
 use libloading::os::unix::Library;
 use once_cell::sync::OnceCell;
 use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Where a range of memory lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,8 +120,66 @@ static CUDA_DRIVER: OnceCell<Option<Driver>> = OnceCell::new();
 static MUSA_DRIVER: OnceCell<Option<Driver>> = OnceCell::new();
 static HIP_RUNTIME: OnceCell<Option<HipRuntime>> = OnceCell::new();
 
+/// How many libraries the process has loaded so far (glibc's
+/// `dlpi_adds`, which only grows): a library found absent at one count is
+/// still absent while the count stays, so a search costs one call of
+/// `dl_iterate_phdr` until the process loads something.
+fn libraries_loaded() -> u64 {
+    unsafe extern "C" fn first(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        out: *mut c_void,
+    ) -> c_int {
+        // SAFETY: `info` is the loader's entry for this call, and `out`
+        // the `u64` passed below.
+        unsafe { *out.cast::<u64>() = (*info).dlpi_adds };
+        1
+    }
+    let mut adds = 0u64;
+    // SAFETY: `first` only reads the entry it is given and writes `adds`,
+    // which outlives the call; returning 1 stops after the first entry.
+    unsafe { libc::dl_iterate_phdr(Some(first), std::ptr::from_mut(&mut adds).cast()) };
+    adds
+}
+
+/// The count of loaded libraries at which a library was last found
+/// absent (`u64::MAX`: never looked for).
+struct Absent(AtomicU64);
+
+impl Absent {
+    const fn new() -> Absent {
+        Absent(AtomicU64::new(u64::MAX))
+    }
+
+    /// Whether the library was absent at this count already.
+    fn still(&self, adds: u64) -> bool {
+        self.0.load(Ordering::Relaxed) == adds
+    }
+
+    fn at(&self, adds: u64) {
+        self.0.store(adds, Ordering::Relaxed);
+    }
+}
+
+static CUDA_ABSENT: Absent = Absent::new();
+static MUSA_ABSENT: Absent = Absent::new();
+static HIP_ABSENT: Absent = Absent::new();
+
+/// The first of `names` the process has loaded, without loading any;
+/// `absent` remembers a miss at the count `adds`.
+fn loaded(names: &[&str], absent: &Absent, adds: u64) -> Option<Library> {
+    if absent.still(adds) {
+        return None;
+    }
+    let found = loaded_now(names);
+    if found.is_none() {
+        absent.at(adds);
+    }
+    found
+}
+
 /// The first of `names` the process has loaded, without loading any.
-fn loaded(names: &[&str]) -> Option<Library> {
+fn loaded_now(names: &[&str]) -> Option<Library> {
     names.iter().find_map(|name| {
         // SAFETY: RTLD_NOLOAD only returns a handle to a library already
         // loaded into the process, so no initialiser runs here.
@@ -134,12 +193,18 @@ fn loaded(names: &[&str]) -> Option<Library> {
     })
 }
 
-/// The driver of `api` kept in `cell`, if the process has loaded it.
-fn driver(cell: &'static OnceCell<Option<Driver>>, api: &DriverApi) -> Option<&'static Driver> {
+/// The driver of `api` kept in `cell`, if the process has loaded it
+/// (`adds`: [`libraries_loaded`]).
+fn driver(
+    cell: &'static OnceCell<Option<Driver>>,
+    api: &DriverApi,
+    absent: &Absent,
+    adds: u64,
+) -> Option<&'static Driver> {
     if let Some(found) = cell.get() {
         return found.as_ref();
     }
-    let library = loaded(api.libraries)?;
+    let library = loaded(api.libraries, absent, adds)?;
     cell.get_or_init(|| open(library, api)).as_ref()
 }
 
@@ -237,12 +302,14 @@ struct HipRuntime {
     device_type: c_int,
 }
 
-/// The HIP runtime, if the process has loaded it.
-fn hip_runtime() -> Option<&'static HipRuntime> {
+/// The HIP runtime, if the process has loaded it (`adds`:
+/// [`libraries_loaded`]).
+fn hip_runtime(adds: u64) -> Option<&'static HipRuntime> {
     if let Some(found) = HIP_RUNTIME.get() {
         return found.as_ref();
     }
-    let library = loaded(&["libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"])?;
+    let names = ["libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"];
+    let library = loaded(&names, &HIP_ABSENT, adds)?;
     HIP_RUNTIME.get_or_init(|| open_hip(library)).as_ref()
 }
 
@@ -305,14 +372,18 @@ impl HipRuntime {
 /// Where the byte at `addr` lives, as the GPU libraries in the process
 /// say.
 fn residence_of(addr: u64) -> Residence {
-    let drivers = [driver(&CUDA_DRIVER, &CUDA), driver(&MUSA_DRIVER, &MUSA)];
+    let adds = libraries_loaded();
+    let drivers = [
+        driver(&CUDA_DRIVER, &CUDA, &CUDA_ABSENT, adds),
+        driver(&MUSA_DRIVER, &MUSA, &MUSA_ABSENT, adds),
+    ];
     for d in drivers.into_iter().flatten() {
         let r = d.residence(addr);
         if r != Residence::Host {
             return r;
         }
     }
-    hip_runtime().map_or(Residence::Host, |h| h.residence(addr))
+    hip_runtime(adds).map_or(Residence::Host, |h| h.residence(addr))
 }
 
 /// Where `[addr, addr + len)` lives: GPU memory if its first or last byte

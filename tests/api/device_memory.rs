@@ -233,6 +233,9 @@ fn copies_within_the_process_refuse_gpu_memory() {
 /// every request (as source over TCP, in a copy within the process),
 /// before a byte moves; host buffers beside it still move.
 fn other_vendors_memory_is_refused(kind: Kind, vendor: Vendor) {
+    // Looked for before the library is loaded, and found once it is.
+    let early = Buf::new(4096, 1);
+    assert_eq!(residence(early.addr(), 4096), Residence::Host);
     let double = DriverDouble::load_kind(kind);
     let dev = double.alloc(LEN as usize, 1);
     assert_eq!(residence(dev, LEN), Residence::Foreign(vendor, 1));
