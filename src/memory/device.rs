@@ -24,6 +24,8 @@
 use libloading::os::unix::Library;
 use once_cell::sync::OnceCell;
 use std::ffi::{c_int, c_uint, c_void};
+#[cfg(feature = "rdma")]
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Where a range of memory lives.
@@ -107,12 +109,25 @@ const MUSA: DriverApi = DriverApi {
     pointer_get_attribute: b"muPointerGetAttribute\0",
 };
 
+#[cfg(feature = "rdma")]
+type GetAddressRange = unsafe extern "C" fn(*mut u64, *mut usize, u64) -> c_int;
+#[cfg(feature = "rdma")]
+type GetHandleForAddressRange = unsafe extern "C" fn(*mut c_void, u64, usize, c_int, u64) -> c_int;
+/// `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`.
+#[cfg(feature = "rdma")]
+const HANDLE_TYPE_DMA_BUF_FD: c_int = 1;
+
 /// A driver's entry points this module calls.
 struct Driver {
     /// Keeps the driver's handle (and so its functions) alive.
     _library: Library,
     vendor: Option<Vendor>,
     pointer_get_attribute: PointerGetAttribute,
+    /// The dma-buf export of GPU memory (CUDA 11.7 and later), for RDMA
+    /// without nvidia-peermem: `cuMemGetAddressRange_v2` and
+    /// `cuMemGetHandleForAddressRange`.
+    #[cfg(feature = "rdma")]
+    dmabuf: Option<(GetAddressRange, GetHandleForAddressRange)>,
 }
 
 /// The drivers once found in the process (`None`: found, but unusable).
@@ -235,11 +250,82 @@ fn open(library: Library, api: &DriverApi) -> Option<Driver> {
         tracing::info!("{name} loaded but its Init failed ({rc}): no GPU memory to detect");
         return None;
     }
+    // SAFETY: the symbols, where present, have the CUDA driver API's
+    // documented signatures, which the types above spell out.
+    #[cfg(feature = "rdma")]
+    let dmabuf = unsafe {
+        match (
+            library.get::<GetAddressRange>(b"cuMemGetAddressRange_v2\0"),
+            library.get::<GetHandleForAddressRange>(b"cuMemGetHandleForAddressRange\0"),
+        ) {
+            (Ok(range), Ok(handle)) if api.vendor.is_none() => Some((*range, *handle)),
+            _ => None,
+        }
+    };
     tracing::info!("{name} found in the process: its GPU buffers are detected");
     Some(Driver {
         _library: library,
         vendor: api.vendor,
         pointer_get_attribute,
+        #[cfg(feature = "rdma")]
+        dmabuf,
+    })
+}
+
+/// A dma-buf of CUDA GPU memory and where a range starts in it.
+#[cfg(feature = "rdma")]
+pub struct DmaBuf {
+    /// The dma-buf's descriptor (of the whole allocation).
+    pub fd: OwnedFd,
+    /// Byte offset of the range in the dma-buf.
+    pub offset: u64,
+}
+
+/// Exports the CUDA allocation holding `[addr, addr + len)` as a dma-buf
+/// (`cuMemGetHandleForAddressRange`), for registering it with RDMA
+/// devices without nvidia-peermem. `Err` says why it cannot be: no driver
+/// in the process, one without dma-buf export, a range that is not one
+/// allocation, or the driver's refusal.
+#[cfg(feature = "rdma")]
+pub fn dmabuf(addr: u64, len: u64) -> Result<DmaBuf, String> {
+    let adds = libraries_loaded();
+    let driver = driver(&CUDA_DRIVER, &CUDA, &CUDA_ABSENT, adds)
+        .ok_or("the CUDA driver is not loaded in this process")?;
+    let (range, handle) = driver.dmabuf.ok_or(
+        "this CUDA driver has no dma-buf export (cuMemGetHandleForAddressRange, CUDA 11.7)",
+    )?;
+    let (mut base, mut size) = (0u64, 0usize);
+    // SAFETY: both outputs are writable; the driver reads only its own
+    // tables for `addr`.
+    let rc = unsafe { range(&mut base, &mut size, addr) };
+    if rc != SUCCESS {
+        return Err(format!("cuMemGetAddressRange failed ({rc})"));
+    }
+    if addr.saturating_add(len) > base.saturating_add(size as u64) {
+        return Err(format!(
+            "{addr:#x}+{len} runs past its GPU allocation {base:#x}+{size}"
+        ));
+    }
+    let mut fd: c_int = -1;
+    // SAFETY: `fd` is writable and receives an int for this handle type;
+    // the range is one whole allocation, as the driver requires.
+    let rc = unsafe {
+        handle(
+            std::ptr::from_mut(&mut fd).cast(),
+            base,
+            size,
+            HANDLE_TYPE_DMA_BUF_FD,
+            0,
+        )
+    };
+    if rc != SUCCESS || fd < 0 {
+        return Err(format!("cuMemGetHandleForAddressRange failed ({rc})"));
+    }
+    // SAFETY: the driver handed us this new descriptor; we own it now.
+    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    Ok(DmaBuf {
+        fd,
+        offset: addr - base,
     })
 }
 

@@ -93,11 +93,23 @@ verbs_functions! {
     fn ibv_wc_status_str(status: ibv_wc_status::Type) -> *const c_char = std::ptr::null();
 }
 
+/// `ibv_reg_dmabuf_mr`, which libibverbs has since rdma-core 34.
+type RegDmabufMr = unsafe extern "C" fn(
+    pd: *mut ibv_pd,
+    offset: u64,
+    length: usize,
+    iova: u64,
+    fd: c_int,
+    access: c_int,
+) -> *mut ibv_mr;
+
 /// The loaded library and its functions.
 struct Loaded {
     /// Keeps the library (and so its functions) loaded.
     _library: Library,
     functions: Functions,
+    /// The optional ones, where this libibverbs has them.
+    reg_dmabuf_mr: Option<RegDmabufMr>,
 }
 
 /// The library once the first call tried to load it (`None`: it could not
@@ -109,6 +121,42 @@ const SONAME: &str = "libibverbs.so.1";
 
 /// The functions, loading the library at the first call.
 fn loaded() -> Option<&'static Functions> {
+    library().map(|l| &l.functions)
+}
+
+/// Whether the loaded libibverbs registers dma-buf memory
+/// (`ibv_reg_dmabuf_mr`).
+pub(crate) fn has_reg_dmabuf_mr() -> bool {
+    library().is_some_and(|l| l.reg_dmabuf_mr.is_some())
+}
+
+/// `ibv_reg_dmabuf_mr` of the loaded libibverbs: NULL with `errno` =
+/// `EOPNOTSUPP` where it has none.
+///
+/// # Safety
+///
+/// As for the libibverbs function.
+pub(super) unsafe fn ibv_reg_dmabuf_mr(
+    pd: *mut ibv_pd,
+    offset: u64,
+    length: usize,
+    iova: u64,
+    fd: c_int,
+    access: c_int,
+) -> *mut ibv_mr {
+    match library().and_then(|l| l.reg_dmabuf_mr) {
+        // SAFETY: the caller upholds the function's contract.
+        Some(f) => unsafe { f(pd, offset, length, iova, fd, access) },
+        None => {
+            // SAFETY: __errno_location returns this thread's errno slot.
+            unsafe { *libc::__errno_location() = libc::EOPNOTSUPP };
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// The library, loading it at the first call.
+fn library() -> Option<&'static Loaded> {
     LIBRARY
         .get_or_init(|| {
             // SAFETY: loading libibverbs runs its initialisers, which only
@@ -124,10 +172,17 @@ fn loaded() -> Option<&'static Functions> {
                     return None;
                 }
             };
+            // SAFETY: the symbol, where present, is libibverbs'
+            // `ibv_reg_dmabuf_mr`, whose C signature `RegDmabufMr` spells
+            // out.
+            let reg_dmabuf_mr = unsafe { library.get::<RegDmabufMr>(b"ibv_reg_dmabuf_mr\0") }
+                .ok()
+                .map(|f| *f);
             match Functions::resolve(&library) {
                 Ok(functions) => Some(Loaded {
                     _library: library,
                     functions,
+                    reg_dmabuf_mr,
                 }),
                 Err(e) => {
                     tracing::warn!("RDMA is unavailable: {SONAME} lacks a function ({e})");
@@ -136,7 +191,6 @@ fn loaded() -> Option<&'static Functions> {
             }
         })
         .as_ref()
-        .map(|l| &l.functions)
 }
 
 /// Sets `errno` as a failed call would, for callers that read it.

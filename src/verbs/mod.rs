@@ -16,6 +16,7 @@ mod qp;
 
 pub use context::{AsyncEventKind, Context, device_names};
 pub use cq::{CompletionChannel, CompletionQueue, WorkCompletion};
+pub(crate) use library::has_reg_dmabuf_mr;
 pub use pd::{MemoryRegion, ProtectionDomain};
 pub use qp::{ConnectParams, QueuePair, QueuePairCaps, WorkRequest};
 

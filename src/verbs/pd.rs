@@ -3,9 +3,12 @@
 
 use super::Context;
 use super::check;
-use super::library::{ibv_alloc_pd, ibv_dealloc_pd, ibv_dereg_mr, ibv_reg_mr_iova2};
+use super::library::{
+    ibv_alloc_pd, ibv_dealloc_pd, ibv_dereg_mr, ibv_reg_dmabuf_mr, ibv_reg_mr_iova2,
+};
 use rdma_sys::{ibv_access_flags, ibv_mr, ibv_pd};
 use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -79,15 +82,7 @@ impl MemoryRegion {
         remote: bool,
         relaxed: bool,
     ) -> io::Result<MemoryRegion> {
-        let mut access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE;
-        if remote {
-            access = access
-                | ibv_access_flags::IBV_ACCESS_REMOTE_READ
-                | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
-        }
-        if relaxed {
-            access |= ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING;
-        }
+        let access = access_flags(remote, relaxed);
         let len = usize::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         // SAFETY: the PD is alive (Arc); the caller guarantees the range is
         // mapped for the region's lifetime. `ibv_reg_mr_iova2` drops
@@ -101,6 +96,36 @@ impl MemoryRegion {
                 access.0,
             )
         };
+        let ptr = NonNull::new(raw).ok_or_else(io::Error::last_os_error)?;
+        Ok(MemoryRegion {
+            ptr,
+            pd: pd.clone(),
+        })
+    }
+
+    /// Registers `len` bytes from byte `offset` of the dma-buf `fd` (GPU
+    /// memory the driver exported), addressed by peers from `iova` (the
+    /// memory's virtual address here), with the access of
+    /// [`MemoryRegion::register`]. The region keeps the dma-buf; `fd` may
+    /// be closed afterwards.
+    pub fn register_dmabuf(
+        pd: &Arc<ProtectionDomain>,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: u64,
+        iova: u64,
+        remote: bool,
+        relaxed: bool,
+    ) -> io::Result<MemoryRegion> {
+        let access = access_flags(remote, relaxed);
+        let len = usize::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let access =
+            i32::try_from(access.0).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: the PD is alive (Arc) and `fd` is an open descriptor;
+        // the kernel checks the dma-buf's range, and the region holds the
+        // dma-buf (not our descriptor) for its lifetime.
+        let raw =
+            unsafe { ibv_reg_dmabuf_mr(pd.as_ptr(), offset, len, iova, fd.as_raw_fd(), access) };
         let ptr = NonNull::new(raw).ok_or_else(io::Error::last_os_error)?;
         Ok(MemoryRegion {
             ptr,
@@ -129,4 +154,19 @@ impl Drop for MemoryRegion {
             tracing::warn!("ibv_dereg_mr on {} failed: {e}", self.pd.context().name());
         }
     }
+}
+
+/// Local write access, plus remote read and write if `remote`, plus
+/// relaxed ordering if `relaxed` (optional: devices without it ignore it).
+fn access_flags(remote: bool, relaxed: bool) -> ibv_access_flags {
+    let mut access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE;
+    if remote {
+        access = access
+            | ibv_access_flags::IBV_ACCESS_REMOTE_READ
+            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
+    }
+    if relaxed {
+        access |= ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING;
+    }
+    access
 }

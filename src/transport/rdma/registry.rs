@@ -17,6 +17,48 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
+/// How a buffer of GPU memory is registered with the RDMA devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GpuPath {
+    /// `ibv_reg_mr` on its address, which the NIC driver resolves through
+    /// the nvidia-peermem kernel module.
+    PeerMem,
+    /// `ibv_reg_mr` on a dma-buf the CUDA driver exports
+    /// (`cuMemGetHandleForAddressRange`, `ibv_reg_dmabuf_mr`): no kernel
+    /// module needed.
+    DmaBuf,
+}
+
+impl std::fmt::Display for GpuPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            GpuPath::PeerMem => "nvidia-peermem (ibv_reg_mr)",
+            GpuPath::DmaBuf => "dma-buf (cuMemGetHandleForAddressRange, ibv_reg_dmabuf_mr)",
+        })
+    }
+}
+
+impl GpuPath {
+    /// nvidia-peermem where it is loaded (the path every NIC driver
+    /// knows), else dma-buf where libibverbs registers one, else
+    /// nvidia-peermem still (whose failure then names both).
+    fn choose(peermem_loaded: bool, dmabuf_verbs: bool) -> GpuPath {
+        if !peermem_loaded && dmabuf_verbs {
+            GpuPath::DmaBuf
+        } else {
+            GpuPath::PeerMem
+        }
+    }
+
+    /// The path for this host.
+    fn here() -> GpuPath {
+        GpuPath::choose(
+            std::path::Path::new("/sys/module/nvidia_peermem").exists(),
+            crate::verbs::has_reg_dmabuf_mr(),
+        )
+    }
+}
+
 /// Buffers at least this large are registered on the devices in parallel
 /// when `MC_ENABLE_PARALLEL_REG_MR` is left automatic (Mooncake's rule).
 const PARALLEL_REG_MIN: u64 = 4 << 30;
@@ -239,12 +281,43 @@ impl Registry {
             .threads(len, devices.len(), cpus)
             .min(jobs.len())
             .max(1);
+        let gpu = match crate::memory::device::residence(addr, len) {
+            crate::memory::Residence::Device(n) => Some((n, GpuPath::here())),
+            _ => None,
+        };
         let register_one = |&(p, d, pd): &(usize, usize, &Arc<ProtectionDomain>)| {
             let (a, n) = ranges[p];
+            let name = devices[d].name;
+            if let Some((_, GpuPath::DmaBuf)) = gpu {
+                let buf = crate::memory::device::dmabuf(a, n).map_err(|why| {
+                    Error::Context(format!(
+                        "registering GPU memory {a:#x}+{n} on {name} failed: no dma-buf of it \
+                         ({why}), and nvidia-peermem is not loaded"
+                    ))
+                })?;
+                return MemoryRegion::register_dmabuf(
+                    pd,
+                    std::os::fd::AsFd::as_fd(&buf.fd),
+                    buf.offset,
+                    n,
+                    a,
+                    opts.remote,
+                    opts.relaxed,
+                )
+                .map_err(|e| registration_error(name, a, n, e));
+            }
             // SAFETY: inside the caller's range, which the caller keeps
             // mapped as this method requires.
-            unsafe { MemoryRegion::register(pd, a, n, opts.remote, opts.relaxed) }
-                .map_err(|e| registration_error(devices[d].name, a, n, e))
+            unsafe { MemoryRegion::register(pd, a, n, opts.remote, opts.relaxed) }.map_err(|e| {
+                match gpu {
+                    Some(_) => Error::Context(format!(
+                        "registering GPU memory {a:#x}+{n} on {name} failed: {e}; load \
+                         nvidia-peermem, or use a CUDA driver and libibverbs with dma-buf \
+                         support (CUDA 11.7, rdma-core 34)"
+                    )),
+                    None => registration_error(name, a, n, e),
+                }
+            })
         };
         let results: Vec<Result<MemoryRegion>> = if threads <= 1 {
             let mut out = Vec::with_capacity(jobs.len());
@@ -320,6 +393,9 @@ impl Registry {
             idle: self.idle.clone(),
         });
         sync::write(&self.map).insert(addr, reg.clone());
+        if let Some((n, path)) = gpu {
+            info!("GPU buffer {addr:#x}+{len} (GPU {n}) registered for RDMA through {path}");
+        }
         Ok(reg)
     }
 
@@ -405,6 +481,15 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_memory_goes_through_peermem_where_loaded_else_dmabuf() {
+        assert_eq!(GpuPath::choose(true, true), GpuPath::PeerMem);
+        assert_eq!(GpuPath::choose(true, false), GpuPath::PeerMem);
+        assert_eq!(GpuPath::choose(false, true), GpuPath::DmaBuf);
+        // Neither: ibv_reg_mr is tried, and its failure names both ways.
+        assert_eq!(GpuPath::choose(false, false), GpuPath::PeerMem);
+    }
 
     fn opts(parallel: Option<bool>, max_concurrent: usize) -> RegisterOptions {
         RegisterOptions {
