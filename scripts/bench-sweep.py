@@ -13,7 +13,11 @@ buffers (te_allocate_buffer: memfds, copied with memcpy) and tcp over
 loopback, each between two processes through transfer_bench targets on
 127.0.0.1 (P2PHANDSHAKE). Anchors, measured between the points of the
 same run: memcpy of the same block by the same number of threads
-(local_bench's baseline) for local and shm; iperf3 on loopback with as
+(local_bench's baseline) for local and shm with engine buffers;
+cross-memory attach by one thread (c-examples/cma_bench: process_vm_readv
+from another process, in calls of at most 256 KiB as the transport
+makes them), the kernel's ceiling for caller memory, for shm; iperf3 on
+loopback with as
 many streams as threads and the block as its buffer length (at most 1
 MiB, iperf3's largest) for tcp; RDMA is swept by scripts/bench-rdma.sh in
 the soft-RoCE VM, beside ib_write_bw.
@@ -59,7 +63,7 @@ def ensure_matplotlib():
         pass
     venv = os.path.join(ROOT, "build", "bench-venv")
     py = os.path.join(venv, "bin", "python")
-    if os.path.realpath(sys.executable) == os.path.realpath(py):
+    if os.path.realpath(sys.prefix) == os.path.realpath(venv):
         sys.exit("bench-sweep: matplotlib is missing from %s" % venv)
     if not os.path.exists(py):
         print("bench-sweep: making %s with matplotlib" % venv, flush=True)
@@ -162,6 +166,16 @@ def run_local(args, block):
     return (float(m.group(1)), float(m.group(2))), float(m.group(3))
 
 
+def run_cma(args, block):
+    """cma_bench at one block -> process_vm_readv GB/s (one thread)."""
+    r = subprocess.run([os.path.join(BUILD, "cma_bench"), "--block", str(block), "--duration", str(args.duration)],
+                       capture_output=True, text=True, timeout=args.duration * 4 + 60)
+    m = re.search(r"process_vm_readv=([0-9.]+) GB/s", r.stdout)
+    if r.returncode != 0 or not m:
+        sys.exit("bench-sweep: cma_bench failed:\n%s%s" % (r.stdout[-2000:], r.stderr[-2000:]))
+    return float(m.group(1))
+
+
 def run_iperf(targets, args, block):
     """iperf3 on loopback, --threads streams, buffer length min(block, 1 MiB) -> GB/s."""
     r = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(targets.iperf_port), "-J",
@@ -191,8 +205,8 @@ def draw(rows, path, title):
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
     for label, pts in sorted(anchors.items()):
         xs = sorted(pts)
-        ax.plot(xs, [pts[x] for x in xs], linestyle="--", color="black" if label == "memcpy" else "grey",
-                label=label + " (anchor)")
+        ax.plot(xs, [pts[x] for x in xs], linestyle="--",
+                color={"memcpy": "black", "iperf3": "grey"}.get(label, "tab:brown"), label=label + " (anchor)")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({r["block_bytes"] for r in rows}))
     ax.set_xticklabels([human(b) for b in sorted({r["block_bytes"] for r in rows})])
@@ -225,14 +239,14 @@ def main():
     subprocess.run(["cmake", "-S", ROOT, "-B", BUILD, "-DCMAKE_BUILD_TYPE=Release"], check=True,
                    stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", BUILD, "-j", os.environ.get("JOBS", "2"), "--target", "transfer_bench",
-                    "local_bench"], check=True, stdout=subprocess.DEVNULL)
+                    "local_bench", "cma_bench"], check=True, stdout=subprocess.DEVNULL)
     bench = os.path.join(BUILD, "transfer_bench")
     os.makedirs(args.out, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="te-bench-sweep.")
     targets = Targets(tmp, bench)
     samples = {}
     cases = [(w, o) for w in ("shm", "shm-engine-buffers", "tcp") for o in args.ops]
-    total = len(args.blocks) * args.runs * (len(cases) + 2)
+    total = len(args.blocks) * args.runs * (len(cases) + 3)
     done = 0
     t0 = time.time()
 
@@ -248,6 +262,9 @@ def main():
                 samples.setdefault(("local", "write", block), []).append((gbs, rps))
                 samples.setdefault(("memcpy", block), []).append(mem)
                 progress("local WRITE %s (memcpy %.2f)" % (human(block), mem), gbs)
+                cma = run_cma(args, block)
+                samples.setdefault(("process_vm_readv", block), []).append(cma)
+                progress("process_vm_readv %s" % human(block), cma)
                 ip = run_iperf(targets, args, block)
                 samples.setdefault(("iperf3", block), []).append(ip)
                 progress("iperf3 -l %s" % human(min(block, IPERF_MAX_LEN)), ip)
@@ -264,7 +281,7 @@ def main():
         if len(key) != 3:
             continue
         who, op, block = key
-        anchor = "iperf3" if who == "tcp" else "memcpy"
+        anchor = {"tcp": "iperf3", "shm": "process_vm_readv"}.get(who, "memcpy")
         a = statistics.median(samples[(anchor, block)])
         g = statistics.median(v[0] for v in vals)
         rows.append({"transport": who, "op": op, "block_bytes": block, "gb_per_s": round(g, 4),
@@ -282,10 +299,10 @@ def main():
     draw(rows, svg_path, title)
     print()
     print("# " + title)
-    print("%-20s %-5s %9s %10s %12s %-7s %10s %6s" % ("transport", "op", "block", "GB/s", "requests/s",
-                                                     "anchor", "anchor", "ratio"))
+    print("%-20s %-5s %9s %10s %12s %-16s %10s %6s" % ("transport", "op", "block", "GB/s", "requests/s",
+                                                      "anchor", "anchor", "ratio"))
     for r in rows:
-        print("%-20s %-5s %9s %10.3f %12d %-7s %10.3f %6.2f" % (
+        print("%-20s %-5s %9s %10.3f %12d %-16s %10.3f %6.2f" % (
             r["transport"], r["op"], human(r["block_bytes"]), r["gb_per_s"], r["requests_per_s"],
             r["anchor"], r["anchor_gb_per_s"], r["ratio"]))
     print("\nwrote %s and %s" % (csv_path, svg_path))
