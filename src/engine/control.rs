@@ -7,6 +7,7 @@ use crate::rpc::FrameKind;
 use crate::rpc::server::RpcHandler;
 use crate::sync;
 use crate::transport::Handshake;
+use crate::transport::registry;
 use serde_json::{Value, json};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -202,30 +203,18 @@ impl RpcHandler for ControlState {
                     }
                 }
             }
-            FrameKind::Connection => {
-                let handlers = sync::read(&self.handshakes);
-                match handlers.iter().find(|h| h.kind == kind) {
-                    Some(h) => (h.answer)(&request, peer),
-                    None => json!({
-                        "local_nic_path": "",
-                        "local_lid": 0,
-                        "local_gid": "",
-                        "peer_nic_path": "",
-                        "qp_num": [],
-                        "reply_msg": "this engine has no RDMA transport installed",
-                    }),
-                }
-            }
-            FrameKind::ShmAttach => {
-                let handlers = sync::read(&self.handshakes);
-                match handlers.iter().find(|h| h.kind == kind) {
-                    Some(h) => (h.answer)(&request, peer),
-                    None => {
-                        json!({"error": "this engine has no shared-memory transport installed"})
-                    }
-                }
-            }
             FrameKind::Probe => json!({"status": "success"}),
+            // A transport's handshake: its answer if it is installed, else
+            // the answer the transport table gives for it.
+            _ => {
+                let handlers = sync::read(&self.handshakes);
+                match handlers.iter().find(|h| h.kind == kind) {
+                    Some(h) => (h.answer)(&request, peer),
+                    None => registry::not_installed(kind).unwrap_or_else(
+                        || json!({"error": format!("no transport serves {kind:?} requests")}),
+                    ),
+                }
+            }
         }
     }
 }

@@ -7,7 +7,7 @@ use crate::batch::PendingNotify;
 use crate::engine::config::Config;
 use crate::error::{Error, Result};
 use crate::metadata::conn::MetadataConn;
-use crate::metadata::descriptor::SegmentDesc;
+use crate::metadata::descriptor::{Layout, SegmentDesc};
 use crate::metadata::etcd::EtcdStore;
 use crate::metadata::http::HttpStore;
 use crate::metadata::keys::{RpcMeta, rpc_meta_key, segment_key};
@@ -18,11 +18,21 @@ use crate::rpc::{ClientOptions, FrameKind, canonical_name, parse_host_port};
 use crate::segment::{RemoteSegment, SegmentBuffer};
 use crate::sync;
 use crate::transport::PeerDirectory;
+use crate::transport::registry;
 use crate::transport::tcp::carrier::TCP_DEVICES_KEY;
 use serde_json::json;
 use std::sync::Weak;
 use std::sync::atomic::Ordering;
 use tracing::info;
+
+/// Whether `desc` names each buffer by its location (and lists devices),
+/// as the transport table lays out its protocol, rather than by its owner.
+fn located(desc: &SegmentDesc) -> bool {
+    matches!(
+        registry::layout(&desc.protocol),
+        Some(Layout::RdmaLike { .. })
+    )
+}
 
 /// The store behind a connection string (`None` in P2P mode); values
 /// larger than `MC_PEER_MAX_DESCRIPTOR_BYTES` are refused.
@@ -286,12 +296,13 @@ impl Engine {
                 carriers.join(", else ")
             },
             seg.desc.buffers.len(),
-            match seg.desc.protocol.as_str() {
-                "tcp" => format!("data port {}", seg.desc.tcp_data_port),
-                _ => format!(
+            if located(&seg.desc) {
+                format!(
                     "devices {:?}",
                     seg.desc.devices.iter().map(|d| &d.name).collect::<Vec<_>>()
-                ),
+                )
+            } else {
+                format!("data port {}", seg.desc.tcp_data_port)
             }
         );
         Ok(self.segments.insert(seg))
@@ -313,7 +324,7 @@ impl Engine {
         }
         self.segments
             .get(id)
-            .map(|seg| seg.buffers())
+            .map(|seg| seg.buffers(located(&seg.desc)))
             .ok_or_else(|| Error::InvalidArgument(format!("segment id {id} is not open")))
     }
 
