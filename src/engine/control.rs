@@ -1,7 +1,8 @@
 //! What the handshake listener serves: the engine's own segment descriptor
-//! (Metadata requests), received notifications (Notify), and RDMA
-//! connection requests (Connection), which go to the RDMA transport when
-//! one is installed and are refused otherwise.
+//! (Metadata requests), received notifications (Notify), probes, and the
+//! transports' handshakes (RDMA's Connection, shared memory's attach),
+//! which go to the installed transport that serves them, and otherwise get
+//! the answer the transport table gives for a transport not installed.
 
 use crate::rpc::FrameKind;
 use crate::rpc::server::RpcHandler;
@@ -317,5 +318,21 @@ mod tests {
         s.push_notify("a".into(), "x".repeat(100)).expect("queued");
         s.push_notify("b".into(), "x".repeat(2499)).expect("queued");
         assert_eq!(s.take_notifies().len(), 1);
+    }
+
+    #[test]
+    fn a_handshake_of_a_transport_not_installed_gets_the_tables_answer() {
+        let s = state(64, 4, 1024);
+        let reply = s.handle(FrameKind::Connection, json!({}), peer());
+        assert_eq!(
+            reply["reply_msg"],
+            "this engine has no RDMA transport installed"
+        );
+        assert_eq!(reply["qp_num"], json!([]), "Mooncake's reply shape");
+        let reply = s.handle(FrameKind::ShmAttach, json!({}), peer());
+        assert_eq!(
+            reply["error"],
+            "this engine has no shared-memory transport installed"
+        );
     }
 }

@@ -19,7 +19,6 @@ use crate::segment::{RemoteSegment, SegmentBuffer};
 use crate::sync;
 use crate::transport::PeerDirectory;
 use crate::transport::registry;
-use crate::transport::tcp::carrier::TCP_DEVICES_KEY;
 use serde_json::json;
 use std::sync::Weak;
 use std::sync::atomic::Ordering;
@@ -67,27 +66,17 @@ fn check_peer_bounds(name: &str, json: &serde_json::Value, cfg: &Config) -> Resu
             .and_then(serde_json::Value::as_array)
             .map_or(0, Vec::len)
     };
-    let bounds = [
-        (
-            "devices",
-            "RDMA devices",
-            cfg.peers.max_devices,
-            "MC_PEER_MAX_DEVICES",
-        ),
-        (
-            TCP_DEVICES_KEY,
-            "TCP devices",
-            cfg.peers.max_devices,
-            "MC_PEER_MAX_DEVICES",
-        ),
-        (
-            "buffers",
-            "buffers",
-            cfg.peers.max_buffers,
-            "MC_PEER_MAX_BUFFERS",
-        ),
-    ];
-    for (key, what, max, var) in bounds {
+    let devices = registry::TRANSPORTS
+        .iter()
+        .flat_map(|e| e.device_lists)
+        .map(|&(key, what)| (key, what, cfg.peers.max_devices, "MC_PEER_MAX_DEVICES"));
+    let buffers = (
+        "buffers",
+        "buffers",
+        cfg.peers.max_buffers,
+        "MC_PEER_MAX_BUFFERS",
+    );
+    for (key, what, max, var) in devices.chain([buffers]) {
         let n = count(key);
         if n > max {
             return Err(Error::Metadata(format!(

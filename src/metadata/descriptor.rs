@@ -23,8 +23,11 @@ const COMMON_KEYS: [&str; 7] = [
     "buffers",
 ];
 
+/// The key listing the devices (NICs) of an RDMA-like descriptor.
+pub const DEVICES_KEY: &str = "devices";
+
 /// Keys owned only by the RDMA-like protocols.
-const RDMA_KEYS: [&str; 2] = ["devices", "priority_matrix"];
+const RDMA_KEYS: [&str; 2] = [DEVICES_KEY, "priority_matrix"];
 
 /// How a protocol's descriptor is laid out on the wire. Which protocol has
 /// which layout is the transport table's to say
@@ -167,7 +170,7 @@ impl SegmentDesc {
                     Value::Object(m)
                 })
                 .collect::<Vec<_>>();
-            obj.insert("devices".into(), Value::Array(devices));
+            obj.insert(DEVICES_KEY.into(), Value::Array(devices));
             if let Some(matrix) = &self.priority_matrix {
                 obj.insert("priority_matrix".into(), matrix.clone());
             }
@@ -230,7 +233,7 @@ impl SegmentDesc {
         };
 
         if let Layout::RdmaLike { .. } = layout {
-            for (i, d) in opt_array(obj, "devices", &ctx)?.iter().enumerate() {
+            for (i, d) in opt_array(obj, DEVICES_KEY, &ctx)?.iter().enumerate() {
                 desc.devices
                     .push(decode_device(d, &format!("{ctx} device {i}"))?);
             }

@@ -4,19 +4,21 @@
 //! without naming it: its protocol name, the handle `installTransport`
 //! returns for it, its constructor, the handshake frames it serves (and
 //! the answer when it is not installed), the descriptor protocols it reads
-//! and their layout, and whether auto discovery installs it. The table is
-//! in order of preference: a request goes to the first installed transport
-//! that reaches its target, and an entry's place is also its slot in a
+//! and their layout, the descriptor keys listing a peer's devices for it,
+//! and whether auto discovery installs it. The table is in order of
+//! preference: a request goes to the first installed transport that
+//! reaches its target, and an entry's place is also its slot in a
 //! segment's route cache. The engine, the handshake listener's dispatch
 //! and the descriptor codec ([`SegmentDesc::from_json`]) read the table;
 //! each protocol string is a constant of its transport's module.
 //!
-//! Adding a transport is adding its folder under `transport/` and one
-//! entry here.
+//! Adding a transport is adding its folder under `transport/`, one entry
+//! here, and its `pub mod` (with its configuration part, if any) in
+//! `transport/mod.rs`.
 
 use super::{Discovery, InstallContext, Kind, Transport, Want, rdma, shm, tcp};
 use crate::error::{Error, Result};
-use crate::metadata::descriptor::{Layout, SegmentDesc};
+use crate::metadata::descriptor::{DEVICES_KEY, Layout, SegmentDesc};
 use crate::rpc::FrameKind;
 use crate::segment::ROUTE_SLOTS;
 use serde_json::Value;
@@ -41,6 +43,10 @@ pub struct Entry {
     /// The descriptor protocols it reads (its own first, then the variants
     /// peers may publish), with their layout.
     pub descriptor: &'static [(&'static str, Layout)],
+    /// The descriptor keys listing a peer's devices for it, and what
+    /// messages call them: a peer's descriptor is refused beyond
+    /// `MC_PEER_MAX_DEVICES` of each before it is decoded.
+    pub device_lists: &'static [(&'static str, &'static str)],
     /// Whether auto discovery installs it.
     pub auto: Auto,
 }
@@ -78,6 +84,7 @@ pub const TRANSPORTS: &[Entry] = &[
         // An engine with only the shared-memory transport publishes as
         // TCP does (only engines of this project read it).
         descriptor: &[(shm::PROTOCOL, Layout::Tcp)],
+        device_lists: &[],
         auto: Auto::Beside(shm::auto),
     },
     Entry {
@@ -95,6 +102,7 @@ pub const TRANSPORTS: &[Entry] = &[
             (rdma::CXI, rdma::LAYOUT),
             (rdma::BAREX, rdma::BAREX_LAYOUT),
         ],
+        device_lists: &[(DEVICES_KEY, "RDMA devices")],
         auto: Auto::Network(rdma::auto),
     },
     Entry {
@@ -104,6 +112,7 @@ pub const TRANSPORTS: &[Entry] = &[
         install: tcp::install,
         frames: &[],
         descriptor: &[(tcp::PROTOCOL, Layout::Tcp)],
+        device_lists: &[(tcp::carrier::TCP_DEVICES_KEY, "TCP devices")],
         auto: Auto::Network(tcp::auto),
     },
 ];
