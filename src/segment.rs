@@ -33,25 +33,30 @@ pub struct RemoteSegment {
     pub freshness: Freshness,
 }
 
+/// Slots of a [`RouteCache`]: one per transport of the transport table
+/// (which checks that it fits), and the last for the scheduler's test
+/// carrier.
+pub const ROUTE_SLOTS: usize = 8;
+
 /// What transports work out about a segment on first use (a
 /// scheduler's rails to it, the shared-memory peer), one slot per
-/// transport; a refetched descriptor is a new segment with an empty cache.
-/// The slots are opaque here: each transport fills its own and reads it
-/// back as its own type.
+/// transport, by its index in the transport table; a refetched descriptor
+/// is a new segment with an empty cache. The slots are opaque here: each
+/// transport fills its own and reads it back as its own type.
 #[derive(Default)]
 pub struct RouteCache {
-    /// The TCP scheduler's route.
-    pub tcp: RouteSlot,
-    /// The RDMA scheduler's route.
-    #[cfg(feature = "rdma")]
-    pub rdma: RouteSlot,
-    /// The route of a scheduler whose carrier needs no address per rail
-    /// (the per-slice benchmark's, tests'; not in the shipped library).
-    #[cfg(any(test, feature = "bench-internals"))]
-    pub plain: RouteSlot,
-    /// The shared-memory peer, if the segment is another process of this
-    /// host.
-    pub shm: RouteSlot,
+    slots: [RouteSlot; ROUTE_SLOTS],
+}
+
+impl RouteCache {
+    /// The slot of the transport at `index` of the transport table.
+    ///
+    /// # Panics
+    /// If `index` is not below [`ROUTE_SLOTS`] (the table has a
+    /// compile-time check against that).
+    pub fn slot(&self, index: usize) -> &RouteSlot {
+        &self.slots[index]
+    }
 }
 
 impl std::fmt::Debug for RouteCache {
@@ -164,16 +169,21 @@ pub struct SegmentBuffer {
 }
 
 impl RemoteSegment {
-    /// The buffers its descriptor publishes, in descriptor order.
-    pub fn buffers(&self) -> Vec<SegmentBuffer> {
-        let tcp = self.desc.protocol == "tcp";
+    /// The buffers its descriptor publishes, in descriptor order;
+    /// `located`: whether its layout names each buffer by its location
+    /// (RDMA's) rather than by its owner (TCP's).
+    pub fn buffers(&self, located: bool) -> Vec<SegmentBuffer> {
         self.desc
             .buffers
             .iter()
             .map(|b| SegmentBuffer {
                 addr: b.addr,
                 length: b.length,
-                location: if tcp { String::new() } else { b.name.clone() },
+                location: if located {
+                    b.name.clone()
+                } else {
+                    String::new()
+                },
             })
             .collect()
     }

@@ -1,12 +1,14 @@
 //! What the handshake listener serves: the engine's own segment descriptor
-//! (Metadata requests), received notifications (Notify), and RDMA
-//! connection requests (Connection), which go to the RDMA transport when
-//! one is installed and are refused otherwise.
+//! (Metadata requests), received notifications (Notify), probes, and the
+//! transports' handshakes (RDMA's Connection, shared memory's attach),
+//! which go to the installed transport that serves them, and otherwise get
+//! the answer the transport table gives for a transport not installed.
 
 use crate::rpc::FrameKind;
 use crate::rpc::server::RpcHandler;
 use crate::sync;
 use crate::transport::Handshake;
+use crate::transport::registry;
 use serde_json::{Value, json};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -202,30 +204,18 @@ impl RpcHandler for ControlState {
                     }
                 }
             }
-            FrameKind::Connection => {
-                let handlers = sync::read(&self.handshakes);
-                match handlers.iter().find(|h| h.kind == kind) {
-                    Some(h) => (h.answer)(&request, peer),
-                    None => json!({
-                        "local_nic_path": "",
-                        "local_lid": 0,
-                        "local_gid": "",
-                        "peer_nic_path": "",
-                        "qp_num": [],
-                        "reply_msg": "this engine has no RDMA transport installed",
-                    }),
-                }
-            }
-            FrameKind::ShmAttach => {
-                let handlers = sync::read(&self.handshakes);
-                match handlers.iter().find(|h| h.kind == kind) {
-                    Some(h) => (h.answer)(&request, peer),
-                    None => {
-                        json!({"error": "this engine has no shared-memory transport installed"})
-                    }
-                }
-            }
             FrameKind::Probe => json!({"status": "success"}),
+            // A transport's handshake: its answer if it is installed, else
+            // the answer the transport table gives for it.
+            _ => {
+                let handlers = sync::read(&self.handshakes);
+                match handlers.iter().find(|h| h.kind == kind) {
+                    Some(h) => (h.answer)(&request, peer),
+                    None => registry::not_installed(kind).unwrap_or_else(
+                        || json!({"error": format!("no transport serves {kind:?} requests")}),
+                    ),
+                }
+            }
         }
     }
 }
@@ -328,5 +318,21 @@ mod tests {
         s.push_notify("a".into(), "x".repeat(100)).expect("queued");
         s.push_notify("b".into(), "x".repeat(2499)).expect("queued");
         assert_eq!(s.take_notifies().len(), 1);
+    }
+
+    #[test]
+    fn a_handshake_of_a_transport_not_installed_gets_the_tables_answer() {
+        let s = state(64, 4, 1024);
+        let reply = s.handle(FrameKind::Connection, json!({}), peer());
+        assert_eq!(
+            reply["reply_msg"],
+            "this engine has no RDMA transport installed"
+        );
+        assert_eq!(reply["qp_num"], json!([]), "Mooncake's reply shape");
+        let reply = s.handle(FrameKind::ShmAttach, json!({}), peer());
+        assert_eq!(
+            reply["error"],
+            "this engine has no shared-memory transport installed"
+        );
     }
 }

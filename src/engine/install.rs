@@ -7,71 +7,77 @@ use crate::error::{Error, Result};
 use crate::memory::Region;
 use crate::sync;
 use crate::topology::{PriorityMatrix, Topology};
-use crate::transport::{InstallContext, handle_of};
+use crate::transport::registry::{self, Auto, TRANSPORTS};
+use crate::transport::{Discovery, InstallContext, Want};
 use std::path::Path;
 use std::sync::Arc;
-use tracing::{info, warn};
+use tracing::warn;
 
 /// Largest `MC_CUSTOM_TOPO_JSON` file read (a matrix is a few KiB).
 const MAX_TOPO_FILE: u64 = 1 << 20;
 
 impl Engine {
-    /// Installs the transports for an auto-discovered machine: as Mooncake,
-    /// RDMA when RDMA devices with an active port exist (and `MC_FORCE_TCP`
-    /// is not set), TCP otherwise (also when no RDMA device can be set up
-    /// after all, with a warning); and shared memory for peers on this host
-    /// (`MC_TE_SHM=0` leaves it out).
+    /// Installs the transports for an auto-discovered machine, as the
+    /// transport table says: the first network transport, in the table's
+    /// order, that wants to be installed on this machine and can be set up
+    /// (as Mooncake: RDMA when RDMA devices with an active port exist and
+    /// `MC_FORCE_TCP` is not set, else TCP); then those installed beside it
+    /// (shared memory for peers on this host, unless `MC_TE_SHM=0`), each
+    /// left out with a warning if it cannot run.
     ///
-    /// With `MC_FORCE_HCA` (as Mooncake) RDMA is installed whatever was
-    /// found and whatever `MC_FORCE_TCP` says, and an RDMA that cannot be
-    /// set up fails the engine instead of falling back to TCP.
+    /// A transport that must be installed (RDMA with `MC_FORCE_HCA`) and
+    /// cannot be set up fails the engine.
     pub(super) fn auto_install(&self) -> Result<()> {
-        let topo = self.discover_topology();
-        let usable = topo.rdma_devices.iter().filter(|d| d.ports_active).count();
-        if self.config.engine.force_hca {
-            if self.config.engine.force_tcp {
-                info!("MC_FORCE_HCA overrides MC_FORCE_TCP: installing rdma");
-            }
-            self.install_transport("rdma", None).map_err(|e| {
-                Error::DeviceNotFound(format!("MC_FORCE_HCA is set and rdma cannot be used: {e}"))
-            })?;
-            self.auto_install_shm();
-            return Ok(());
-        }
-        if usable > 0 && !self.config.engine.force_tcp {
-            if cfg!(feature = "rdma") {
-                match self.install_transport("rdma", None) {
-                    Ok(_) => {
-                        self.auto_install_shm();
-                        return Ok(());
-                    }
-                    Err(e) => {
-                        warn!("auto discovery: rdma could not be installed ({e}); installing tcp")
+        let topology = self.discover_topology();
+        let found = Discovery {
+            config: self.config.transports(),
+            topology: &topology,
+            force_hca: self.config.engine.force_hca,
+            force_tcp: self.config.engine.force_tcp,
+        };
+        let mut failed = None;
+        let network = TRANSPORTS.iter().filter_map(|e| match e.auto {
+            Auto::Network(want) => Some((e, want)),
+            Auto::Beside(_) => None,
+        });
+        for (entry, want) in network {
+            let protocol = entry.protocol;
+            match want(&found) {
+                Want::No => continue,
+                Want::Must(why) => {
+                    self.install_transport(protocol, None).map_err(|e| {
+                        Error::DeviceNotFound(format!("{why} and {protocol} cannot be used: {e}"))
+                    })?;
+                }
+                Want::Try => {
+                    if let Err(e) = self.install_transport(protocol, None) {
+                        warn!("auto discovery: {protocol} could not be installed ({e})");
+                        failed = Some(e);
+                        continue;
                     }
                 }
-            } else {
+            }
+            failed = None;
+            break;
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        for entry in TRANSPORTS {
+            let Auto::Beside(want) = entry.auto else {
+                continue;
+            };
+            if want(&found) == Want::No {
+                continue;
+            }
+            if let Err(e) = self.install_transport(entry.protocol, None) {
                 warn!(
-                    "{usable} RDMA device(s) found, but this build has no RDMA transport \
-                     (feature \"rdma\"); installing tcp"
+                    "auto discovery: {} could not be installed ({e}); the engine goes on without it",
+                    entry.protocol
                 );
             }
         }
-        self.install_transport("tcp", None)?;
-        self.auto_install_shm();
         Ok(())
-    }
-
-    /// Installs the shared-memory transport beside the network one, unless
-    /// `MC_TE_SHM=0`; an engine that cannot run it goes on without it.
-    fn auto_install_shm(&self) {
-        if !self.config.shm.auto_install {
-            return;
-        }
-        if let Err(e) = self.install_transport("shm", None) {
-            warn!(
-                "auto discovery: shm could not be installed ({e}); peers on this host use the network transport"
-            );
-        }
     }
 
     /// Scans the machine's topology and keeps it with its priority matrix
@@ -120,8 +126,8 @@ impl Engine {
         PriorityMatrix::parse(&json).map(Some)
     }
 
-    /// Installs a transport by protocol name (`tcp`, `rdma`, `shm`) and returns
-    /// its handle. `matrix` is a NIC priority matrix JSON (`{"cpu:0":
+    /// Installs a transport by protocol name (`tcp`, `rdma`, `shm`: the
+    /// transport table's) and returns its handle. `matrix` is a NIC priority matrix JSON (`{"cpu:0":
     /// [[preferred], [available]], ...}`), else `MC_CUSTOM_TOPO_JSON`'s,
     /// else the discovered one. For TCP its devices are network interfaces
     /// (without a matrix every interface that is up serves); for RDMA they
@@ -132,9 +138,10 @@ impl Engine {
     /// transport, and the descriptor is published again.
     pub fn install_transport(&self, proto: &str, matrix: Option<&str>) -> Result<u64> {
         let _change = self.begin_change("installTransport")?;
-        if self.transports().iter().any(|t| t.kind().protocol == proto) {
+        let (entry, kind) = registry::find(proto)?;
+        if self.transports().iter().any(|t| t.kind() == kind) {
             crate::warn_limited!("transport {proto} is already installed");
-            return Ok(handle_of(proto));
+            return Ok(entry.handle);
         }
         let given = match matrix {
             Some(json) => Some(PriorityMatrix::parse(json)?),
@@ -142,6 +149,7 @@ impl Engine {
         };
         let topology = || self.discover_topology();
         let ctx = InstallContext {
+            kind,
             config: self.config.transports(),
             memory: &self.memory,
             local_name: &self.local_name,
@@ -153,14 +161,14 @@ impl Engine {
             auth: self.auth.clone(),
             republish: self.republisher(),
         };
-        let transport = crate::transport::install(proto, &ctx)?;
+        let transport = (entry.install)(&ctx)?;
         if let Some(h) = transport.handshake() {
             self.control.set_handshake(h);
         }
         {
             let mut all = sync::write(&self.transports);
             all.push(transport);
-            all.sort_by_key(|t| t.kind().rank);
+            all.sort_by_key(|t| t.kind().index);
         }
         {
             // Buffers still "*" may be resident now: an RDMA install pins
@@ -170,7 +178,7 @@ impl Engine {
             memory.resolve_locations(addrs);
         }
         self.publish_local_desc()?;
-        Ok(handle_of(proto))
+        Ok(entry.handle)
     }
 
     /// Zeroed memory of `len` bytes from the installed transport that

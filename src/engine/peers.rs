@@ -7,7 +7,7 @@ use crate::batch::PendingNotify;
 use crate::engine::config::Config;
 use crate::error::{Error, Result};
 use crate::metadata::conn::MetadataConn;
-use crate::metadata::descriptor::SegmentDesc;
+use crate::metadata::descriptor::{Layout, SegmentDesc};
 use crate::metadata::etcd::EtcdStore;
 use crate::metadata::http::HttpStore;
 use crate::metadata::keys::{RpcMeta, rpc_meta_key, segment_key};
@@ -18,11 +18,20 @@ use crate::rpc::{ClientOptions, FrameKind, canonical_name, parse_host_port};
 use crate::segment::{RemoteSegment, SegmentBuffer};
 use crate::sync;
 use crate::transport::PeerDirectory;
-use crate::transport::tcp::carrier::TCP_DEVICES_KEY;
+use crate::transport::registry;
 use serde_json::json;
 use std::sync::Weak;
 use std::sync::atomic::Ordering;
 use tracing::info;
+
+/// Whether `desc` names each buffer by its location (and lists devices),
+/// as the transport table lays out its protocol, rather than by its owner.
+fn located(desc: &SegmentDesc) -> bool {
+    matches!(
+        registry::layout(&desc.protocol),
+        Some(Layout::RdmaLike { .. })
+    )
+}
 
 /// The store behind a connection string (`None` in P2P mode); values
 /// larger than `MC_PEER_MAX_DESCRIPTOR_BYTES` are refused.
@@ -57,27 +66,17 @@ fn check_peer_bounds(name: &str, json: &serde_json::Value, cfg: &Config) -> Resu
             .and_then(serde_json::Value::as_array)
             .map_or(0, Vec::len)
     };
-    let bounds = [
-        (
-            "devices",
-            "RDMA devices",
-            cfg.peers.max_devices,
-            "MC_PEER_MAX_DEVICES",
-        ),
-        (
-            TCP_DEVICES_KEY,
-            "TCP devices",
-            cfg.peers.max_devices,
-            "MC_PEER_MAX_DEVICES",
-        ),
-        (
-            "buffers",
-            "buffers",
-            cfg.peers.max_buffers,
-            "MC_PEER_MAX_BUFFERS",
-        ),
-    ];
-    for (key, what, max, var) in bounds {
+    let devices = registry::TRANSPORTS
+        .iter()
+        .flat_map(|e| e.device_lists)
+        .map(|&(key, what)| (key, what, cfg.peers.max_devices, "MC_PEER_MAX_DEVICES"));
+    let buffers = (
+        "buffers",
+        "buffers",
+        cfg.peers.max_buffers,
+        "MC_PEER_MAX_BUFFERS",
+    );
+    for (key, what, max, var) in devices.chain([buffers]) {
         let n = count(key);
         if n > max {
             return Err(Error::Metadata(format!(
@@ -286,12 +285,13 @@ impl Engine {
                 carriers.join(", else ")
             },
             seg.desc.buffers.len(),
-            match seg.desc.protocol.as_str() {
-                "tcp" => format!("data port {}", seg.desc.tcp_data_port),
-                _ => format!(
+            if located(&seg.desc) {
+                format!(
                     "devices {:?}",
                     seg.desc.devices.iter().map(|d| &d.name).collect::<Vec<_>>()
-                ),
+                )
+            } else {
+                format!("data port {}", seg.desc.tcp_data_port)
             }
         );
         Ok(self.segments.insert(seg))
@@ -313,7 +313,7 @@ impl Engine {
         }
         self.segments
             .get(id)
-            .map(|seg| seg.buffers())
+            .map(|seg| seg.buffers(located(&seg.desc)))
             .ok_or_else(|| Error::InvalidArgument(format!("segment id {id} is not open")))
     }
 

@@ -162,15 +162,14 @@ impl Engine {
     /// or its buffers change.
     fn local_desc(&self, revision: u64) -> Option<SegmentDesc> {
         let transports = self.transports();
-        // The protocol Mooncake peers choose their transport by: RDMA,
-        // else TCP, of those installed; what they do not know goes in
-        // extra keys they ignore.
+        // The protocol Mooncake peers choose their transport by: the most
+        // preferred installed one they speak (RDMA, else TCP); what they
+        // do not know goes in extra keys they ignore.
         let protocol = transports
             .iter()
-            .filter_map(|t| Some((t.kind().descriptor_rank?, t.kind().protocol)))
-            .min()
-            .map(|(_, p)| p)
-            .or_else(|| transports.first().map(|t| t.kind().protocol))?;
+            .find(|t| t.kind().names_descriptor)
+            .or_else(|| transports.first())
+            .map(|t| t.kind().protocol)?;
         let memory = sync::read(&self.memory);
         let mut desc = SegmentDesc {
             name: self.local_name.clone(),

@@ -23,35 +23,31 @@ const COMMON_KEYS: [&str; 7] = [
     "buffers",
 ];
 
-/// Keys owned only by the RDMA-like protocols.
-const RDMA_KEYS: [&str; 2] = ["devices", "priority_matrix"];
+/// The key listing the devices (NICs) of an RDMA-like descriptor.
+pub const DEVICES_KEY: &str = "devices";
 
-/// How a protocol's descriptor is laid out on the wire.
+/// Keys owned only by the RDMA-like protocols.
+const RDMA_KEYS: [&str; 2] = [DEVICES_KEY, "priority_matrix"];
+
+/// How a protocol's descriptor is laid out on the wire. Which protocol has
+/// which layout is the transport table's to say
+/// ([`crate::transport::registry`]); the codec here is handed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Layout {
-    /// `tcp`: buffers carry name, addr and length only.
+pub enum Layout {
+    /// Buffers carry name, addr and length only (Mooncake's `tcp`).
     Tcp,
-    /// `rdma`, `barex`, `efa`, `cxi`: devices, keyed buffers, priority matrix.
+    /// Devices, keyed buffers, priority matrix (Mooncake's `rdma` and its
+    /// vendor variants).
     RdmaLike {
-        /// Whether `rkey[i]` must exist for every device `i` (not for barex).
+        /// Whether `rkey[i]` must exist for every device `i` (not for
+        /// `barex`).
         keys_per_device: bool,
     },
 }
 
-fn layout(protocol: &str) -> Option<Layout> {
-    match protocol {
-        // "shm": an engine with only the shared-memory transport, which
-        // publishes as TCP does (only engines of this project read it).
-        "tcp" | "shm" => Some(Layout::Tcp),
-        "rdma" | "efa" | "cxi" => Some(Layout::RdmaLike {
-            keys_per_device: true,
-        }),
-        "barex" => Some(Layout::RdmaLike {
-            keys_per_device: false,
-        }),
-        _ => None,
-    }
-}
+/// The layout of a descriptor by its `protocol`; `None` for a protocol no
+/// transport of this build reads.
+pub type Layouts = fn(&str) -> Option<Layout>;
 
 /// One NIC of an RDMA-like segment (`devices[i]` in the JSON).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -121,15 +117,16 @@ pub struct SegmentDesc {
 }
 
 impl SegmentDesc {
-    /// Encodes the descriptor exactly as Mooncake does for its protocol.
+    /// Encodes the descriptor exactly as Mooncake does for its protocol,
+    /// whose layout `layouts` gives.
     ///
     /// `timestamp` is written as stored (set it with [`now_timestamp`] before
-    /// publishing). For `tcp`, `devices`, `priority_matrix` and the buffers'
-    /// keys are not written, as in Mooncake. `priority_matrix` is omitted
-    /// when `None`. Keys of `extra` are written unless a field above owns
-    /// the same key. An unknown protocol is encoded with the common keys and
-    /// buffers as for `tcp`; [`SegmentDesc::from_json`] will reject it.
-    pub fn to_json(&self) -> Value {
+    /// publishing). For the TCP layout, `devices`, `priority_matrix` and the
+    /// buffers' keys are not written, as in Mooncake. `priority_matrix` is
+    /// omitted when `None`. Keys of `extra` are written unless a field above
+    /// owns the same key. An unknown protocol is encoded with the common keys
+    /// and buffers as for TCP; [`SegmentDesc::decode`] will reject it.
+    pub fn encode(&self, layouts: Layouts) -> Value {
         let mut obj = self.extra.clone();
         obj.insert("name".into(), Value::from(self.name.as_str()));
         obj.insert("protocol".into(), Value::from(self.protocol.as_str()));
@@ -142,7 +139,7 @@ impl SegmentDesc {
         if let Some(rdma_name) = self.rdma_server_name.as_deref().filter(|s| !s.is_empty()) {
             obj.insert("rdma_server_name".into(), Value::from(rdma_name));
         }
-        let rdma_like = matches!(layout(&self.protocol), Some(Layout::RdmaLike { .. }));
+        let rdma_like = matches!(layouts(&self.protocol), Some(Layout::RdmaLike { .. }));
         let buffers = self
             .buffers
             .iter()
@@ -173,7 +170,7 @@ impl SegmentDesc {
                     Value::Object(m)
                 })
                 .collect::<Vec<_>>();
-            obj.insert("devices".into(), Value::Array(devices));
+            obj.insert(DEVICES_KEY.into(), Value::Array(devices));
             if let Some(matrix) = &self.priority_matrix {
                 obj.insert("priority_matrix".into(), matrix.clone());
             }
@@ -181,7 +178,8 @@ impl SegmentDesc {
         Value::Object(sorted(obj))
     }
 
-    /// Decodes a descriptor published by us or by a Mooncake peer.
+    /// Decodes a descriptor published by us or by a Mooncake peer, laid out
+    /// as `layouts` says for its protocol.
     ///
     /// Keys may come in any order; a missing `tcp_proto_version` means 1, a
     /// missing `tcp_data_port` 0. Fails with [`Error::MalformedJson`] on a
@@ -190,7 +188,7 @@ impl SegmentDesc {
     /// protocol, a device with an empty name or GID, a buffer with an empty
     /// name, address 0 or length 0, or an RDMA buffer whose non-empty `rkey`
     /// does not match `lkey` (and, except for `barex`, `devices`) in length.
-    pub fn from_json(v: &Value) -> Result<SegmentDesc> {
+    pub fn decode(v: &Value, layouts: Layouts) -> Result<SegmentDesc> {
         let obj = v
             .as_object()
             .ok_or_else(|| malformed("segment descriptor is not a JSON object".into()))?;
@@ -206,9 +204,9 @@ impl SegmentDesc {
             }
             Some(_) => return Err(malformed(format!("{ctx}: \"protocol\" is not a string"))),
         };
-        let Some(layout) = layout(&protocol) else {
+        let Some(layout) = layouts(&protocol) else {
             return Err(Error::Metadata(format!(
-                "{ctx}: unsupported protocol {protocol:?} (expected \"tcp\" or \"rdma\")"
+                "{ctx}: unsupported protocol {protocol:?} (no transport of this build reads it)"
             )));
         };
         let tcp_data_port = match opt_u64(obj, "tcp_data_port", &ctx)? {
@@ -235,7 +233,7 @@ impl SegmentDesc {
         };
 
         if let Layout::RdmaLike { .. } = layout {
-            for (i, d) in opt_array(obj, "devices", &ctx)?.iter().enumerate() {
+            for (i, d) in opt_array(obj, DEVICES_KEY, &ctx)?.iter().enumerate() {
                 desc.devices
                     .push(decode_device(d, &format!("{ctx} device {i}"))?);
             }

@@ -5,23 +5,25 @@
 //! it speaks, what it registers and fences, what it adds to this engine's
 //! descriptor and reads from a peer's, the handshake messages it serves,
 //! whether it reaches a peer's buffer, how it moves a request, its NIC
-//! loads, its shutdown. The engine installs them by protocol name through
-//! [`install`], holds the set, and sends each request to the best one that
-//! reaches the target; a part of a request one cannot move goes to the next
-//! one ([`Fallback`]). `local` serves the engine's own segment with memory
-//! copies, whatever else is installed; `scheduler` is the slice and rail
-//! scheduler that the rail-based transports (TCP, RDMA) share; `shm` copies
-//! between processes of one host.
+//! loads, its shutdown. The transports this build provides are listed in
+//! one table, [`registry::TRANSPORTS`]: the engine installs them by
+//! protocol name through it, holds the set, and sends each request to the
+//! best one that reaches the target; a part of a request one cannot move
+//! goes to the next one ([`Fallback`]). `local` serves the engine's own
+//! segment with memory copies, whatever else is installed; `scheduler` is
+//! the slice and rail scheduler that the rail-based transports (TCP, RDMA)
+//! share; `shm` copies between processes of one host.
 
 pub mod endpoint;
 pub mod local;
 pub mod rdma;
+pub mod registry;
 pub mod scheduler;
 pub mod shm;
 pub mod tcp;
 
 use crate::batch::Batch;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::memory::{MemoryRegistry, Region};
 use crate::metadata::descriptor::SegmentDesc;
 use crate::rpc::{ClientOptions, FrameKind, RpcConfig};
@@ -36,30 +38,29 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, RwLock};
 use tcp::TcpConfig;
 
-/// How the engine names a transport and orders it among the others.
+/// How the engine names a transport and orders it among the others: its
+/// entry of [`registry::TRANSPORTS`], as the registry hands it to the
+/// transport it installs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Kind {
     /// The protocol it speaks, as descriptors and `installTransport` name
-    /// it (`tcp`, `rdma`, `shm`).
+    /// it.
     pub protocol: &'static str,
-    /// Preference among the transports that reach a peer: the lowest
-    /// first (shared memory, then RDMA, then TCP).
-    pub rank: u8,
-    /// Preference for the `protocol` field of this engine's descriptor,
-    /// which Mooncake peers read to choose their transport: the lowest
-    /// installed one is written; `None` for a protocol Mooncake does not
-    /// speak.
-    pub descriptor_rank: Option<u8>,
+    /// Its place in the table: its preference among the transports that
+    /// reach a peer (the lowest first), and its slot in a segment's route
+    /// cache.
+    pub index: usize,
+    /// Whether its protocol may stand as the `protocol` field of this
+    /// engine's descriptor, which Mooncake peers read to choose their
+    /// transport (the most preferred such installed one is written).
+    pub names_descriptor: bool,
 }
 
 /// What every transport has, whether the engine drives it directly
 /// ([`Transport`]) or through the slice scheduler
-/// ([`scheduler::Carrier`]): its kind, its registration hooks, the
-/// handshake it answers, and which peers speak it.
+/// ([`scheduler::Carrier`]): its registration hooks, the handshake it
+/// answers, which peers speak it, and its shutdown.
 pub trait TransportBase: Send + Sync {
-    /// Its protocol and ranks.
-    fn kind(&self) -> Kind;
-
     /// Makes `region` reachable through this transport (RDMA: a memory
     /// region on every device).
     ///
@@ -93,10 +94,17 @@ pub trait TransportBase: Send + Sync {
     fn moves_device_memory(&self) -> bool {
         false
     }
+
+    /// Fails what is in flight and stops every thread it runs.
+    fn shutdown(&self);
 }
 
 /// A transport as the engine drives it.
 pub trait Transport: TransportBase {
+    /// Its protocol and place in the transport table (the [`Kind`] it was
+    /// installed with).
+    fn kind(&self) -> Kind;
+
     /// Adds what this transport publishes to this engine's descriptor:
     /// its keys, and what it attaches to each buffer (`desc.buffers` lists
     /// every registered region, in address order, as `memory` holds them).
@@ -140,9 +148,6 @@ pub trait Transport: TransportBase {
     fn counters(&self) -> Vec<(&'static str, u64)> {
         Vec::new()
     }
-
-    /// Fails what is in flight and stops every thread it runs.
-    fn shutdown(&self);
 }
 
 /// Answers one handshake request from the given address.
@@ -289,6 +294,9 @@ pub struct TransportConfig<'a> {
 /// What a transport is installed with.
 #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
 pub struct InstallContext<'a> {
+    /// Its entry of the transport table, which it reports as its
+    /// [`Transport::kind`].
+    pub kind: Kind,
     /// The engine's configuration.
     pub config: TransportConfig<'a>,
     /// The engine's registered memory.
@@ -318,47 +326,30 @@ pub struct InstallContext<'a> {
 /// How a transport asks the engine to publish its descriptor again.
 pub type Republish = Arc<dyn Fn() + Send + Sync>;
 
-/// Starts the transport named `protocol`; the transports this build
-/// provides are named here and nowhere else.
-pub fn install(protocol: &str, ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
-    match protocol {
-        "tcp" => tcp::install(ctx),
-        "shm" => shm::install(ctx),
-        #[cfg(feature = "rdma")]
-        "rdma" => rdma::install(ctx),
-        #[cfg(not(feature = "rdma"))]
-        "rdma" => Err(Error::DeviceNotFound(
-            "transport \"rdma\" is not available in this build (install \"tcp\", or \
-             build with the \"rdma\" feature)"
-                .into(),
-        )),
-        "efa" | "barex" => Err(Error::DeviceNotFound(format!(
-            "transport {protocol:?} (a vendor variant of RDMA) is not available; install \
-             \"rdma\" or \"tcp\""
-        ))),
-        other => Err(Error::InvalidArgument(format!(
-            "transport {other:?} is unknown; this build provides {}",
-            PROTOCOLS.join(", ")
-        ))),
-    }
+/// What auto discovery found, for each transport of the table to say
+/// whether it wants to be installed ([`registry::Auto`]).
+pub struct Discovery<'a> {
+    /// The engine's configuration for transports.
+    pub config: TransportConfig<'a>,
+    /// The machine's topology.
+    pub topology: &'a Topology,
+    /// `MC_FORCE_HCA`: install RDMA whatever was found, and fail the
+    /// engine if it cannot be set up.
+    pub force_hca: bool,
+    /// `MC_FORCE_TCP`: leave RDMA out.
+    pub force_tcp: bool,
 }
 
-/// The protocols [`install`] starts in this build.
-pub const PROTOCOLS: &[&str] = &[
-    "\"tcp\"",
-    "\"shm\"",
-    #[cfg(feature = "rdma")]
-    "\"rdma\"",
-];
-
-/// The handle `installTransport` returns for a protocol: stable per
-/// protocol and never 0 (NULL).
-pub fn handle_of(protocol: &str) -> u64 {
-    const ORDER: [&str; 3] = ["tcp", "rdma", "shm"];
-    ORDER
-        .iter()
-        .position(|p| *p == protocol)
-        .map_or(ORDER.len() as u64 + 1, |i| i as u64 + 1)
+/// Whether auto discovery installs a transport.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Want {
+    /// Not on this machine, or not with this configuration.
+    No,
+    /// Yes; if it cannot be set up, the engine goes on without it.
+    Try,
+    /// Yes, and the engine fails if it cannot be set up, for the reason
+    /// given (`MC_FORCE_HCA is set`).
+    Must(&'static str),
 }
 
 /// Load of one local device, for `getNicLoadStats`.

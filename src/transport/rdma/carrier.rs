@@ -13,12 +13,11 @@ use super::PeerRecord;
 use crate::error::{Error, Result};
 use crate::memory::{MemoryRegistry, Region};
 use crate::metadata::descriptor::{BufferDesc, DeviceDesc, SegmentDesc};
-use crate::rpc::FrameKind;
-use crate::segment::{RemoteSegment, RouteSlot};
+use crate::segment::RemoteSegment;
 use crate::topology::{PriorityMatrix, RailFilter};
-use crate::transport::rdma::{RdmaTarget, RdmaTransport, nic_path};
+use crate::transport::rdma::{HANDSHAKE, PROTOCOL, RdmaTarget, RdmaTransport, nic_path};
 use crate::transport::scheduler::{Carrier, Rail, Scheduler};
-use crate::transport::{Handshake, InstallContext, Kind, Slice, Transport, TransportBase};
+use crate::transport::{Handshake, InstallContext, Slice, Transport, TransportBase};
 use std::sync::Arc;
 use tracing::info;
 
@@ -176,22 +175,10 @@ pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
         rdma_server_name: (server != ctx.local_name).then_some(server),
         ..RdmaCarrier::new(rdma, ctx.config.rdma.dest_device_affinity)
     };
-    Ok(Scheduler::new(carrier, matrix, ctx.config.sched))
+    Ok(Scheduler::new(carrier, matrix, ctx.config.sched, ctx.kind))
 }
 
-/// RDMA: preferred after shared memory; the protocol Mooncake peers choose
-/// first.
-const KIND: Kind = Kind {
-    protocol: "rdma",
-    rank: 1,
-    descriptor_rank: Some(0),
-};
-
 impl TransportBase for RdmaCarrier {
-    fn kind(&self) -> Kind {
-        KIND
-    }
-
     unsafe fn register(&self, region: &Region) -> Result<()> {
         // SAFETY: the caller keeps the region mapped until it is
         // unregistered, as this method requires.
@@ -208,14 +195,14 @@ impl TransportBase for RdmaCarrier {
 
     fn handshake(&self) -> Option<Handshake> {
         Some(Handshake::served_by(
-            FrameKind::Connection,
+            HANDSHAKE,
             &self.rdma,
             RdmaTransport::accept,
         ))
     }
 
     fn speaks(&self, seg: &RemoteSegment) -> bool {
-        seg.desc.protocol == "rdma" && !seg.desc.devices.is_empty()
+        seg.desc.protocol == PROTOCOL && !seg.desc.devices.is_empty()
     }
 
     fn needs_registered_source(&self) -> bool {
@@ -224,6 +211,10 @@ impl TransportBase for RdmaCarrier {
 
     fn moves_device_memory(&self) -> bool {
         true
+    }
+
+    fn shutdown(&self) {
+        self.rdma.shutdown();
     }
 }
 
@@ -307,10 +298,6 @@ impl Carrier for RdmaCarrier {
             .collect()
     }
 
-    fn routes(seg: &RemoteSegment) -> &RouteSlot {
-        &seg.routes.rdma
-    }
-
     fn post(&self, rail: &Rail<RdmaTarget>, slice: Slice, remote_key: u32) {
         match rail.device {
             Some(i) => self.rdma.post(i, &rail.target, slice, remote_key),
@@ -348,10 +335,6 @@ impl Carrier for RdmaCarrier {
         // An error completion ends its endpoint; the next attempt on the
         // rail sets up a fresh one.
         true
-    }
-
-    fn shutdown(&self) {
-        self.rdma.shutdown();
     }
 }
 

@@ -62,3 +62,92 @@ pub use config::RdmaConfig;
 pub use handshake::nic_path;
 #[cfg(feature = "rdma")]
 pub use transport::*;
+
+use crate::metadata::descriptor::Layout;
+use crate::rpc::FrameKind;
+use crate::transport::{Discovery, Want};
+use serde_json::{Value, json};
+
+/// The protocol name of this transport, as `installTransport` and
+/// descriptors (Mooncake's `rdma`) write it.
+pub const PROTOCOL: &str = "rdma";
+
+/// Descriptor protocol of Mooncake's EFA transport, laid out as RDMA's.
+pub const EFA: &str = "efa";
+
+/// Descriptor protocol of Mooncake's CXI transport, laid out as RDMA's.
+pub const CXI: &str = "cxi";
+
+/// Descriptor protocol of Mooncake's Barex transport: RDMA's layout, with
+/// the whole key vector per buffer, not one key per device.
+pub const BAREX: &str = "barex";
+
+/// The layout of an RDMA descriptor.
+pub const LAYOUT: Layout = Layout::RdmaLike {
+    keys_per_device: true,
+};
+
+/// The layout of a Barex descriptor.
+pub const BAREX_LAYOUT: Layout = Layout::RdmaLike {
+    keys_per_device: false,
+};
+
+/// The handshake frame that connects queue pairs (Mooncake's Connection
+/// request, `HandShakeDesc`).
+pub const HANDSHAKE: FrameKind = FrameKind::Connection;
+
+/// The answer to a [`HANDSHAKE`] frame when this transport is not
+/// installed: Mooncake's reply shape, with the reason.
+pub fn not_installed() -> Value {
+    json!({
+        "local_nic_path": "",
+        "local_lid": 0,
+        "local_gid": "",
+        "peer_nic_path": "",
+        "qp_num": [],
+        "reply_msg": "this engine has no RDMA transport installed",
+    })
+}
+
+/// Whether auto discovery installs RDMA, as Mooncake: when RDMA devices
+/// with an active port exist and `MC_FORCE_TCP` is not set; with
+/// `MC_FORCE_HCA` whatever was found and whatever `MC_FORCE_TCP` says, and
+/// then an RDMA that cannot be set up fails the engine.
+pub fn auto(found: &Discovery<'_>) -> Want {
+    if found.force_hca {
+        if found.force_tcp {
+            tracing::info!("MC_FORCE_HCA overrides MC_FORCE_TCP: installing rdma");
+        }
+        return Want::Must("MC_FORCE_HCA is set");
+    }
+    let usable = found
+        .topology
+        .rdma_devices
+        .iter()
+        .filter(|d| d.ports_active)
+        .count();
+    if usable == 0 || found.force_tcp {
+        Want::No
+    } else if cfg!(feature = "rdma") {
+        Want::Try
+    } else {
+        tracing::warn!(
+            "{usable} RDMA device(s) found, but this build has no RDMA transport \
+             (feature \"rdma\"); using another transport"
+        );
+        Want::No
+    }
+}
+
+/// Without the `rdma` feature: RDMA cannot be installed, and the error
+/// says so.
+#[cfg(not(feature = "rdma"))]
+pub fn install(
+    _: &crate::transport::InstallContext<'_>,
+) -> crate::error::Result<std::sync::Arc<dyn crate::transport::Transport>> {
+    Err(crate::error::Error::DeviceNotFound(
+        "transport \"rdma\" is not available in this build (install \"tcp\", or \
+         build with the \"rdma\" feature)"
+            .into(),
+    ))
+}

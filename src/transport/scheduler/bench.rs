@@ -5,7 +5,7 @@
 //! `benches/slice_path.rs` (and its smoke run in `cargo test`); built only
 //! with feature `bench-internals`, not into the shipped library.
 
-use super::plain::{all_pairs, plain_carrier_base, plain_carrier_basics};
+use super::plain::{self, all_pairs, plain_carrier_base, plain_carrier_basics};
 use super::{Carrier, Rail, SchedConfig, Scheduler};
 use crate::batch::{Batch, TaskStatus};
 use crate::metadata::descriptor::{BufferDesc, DeviceDesc, SegmentDesc};
@@ -20,7 +20,7 @@ struct Null {
     devices: Vec<String>,
 }
 
-plain_carrier_base!(Null, "null");
+plain_carrier_base!(Null);
 
 impl Carrier for Null {
     type Target = ();
@@ -38,8 +38,6 @@ impl Carrier for Null {
     fn probe(&self, _rail: &Rail<()>, done: Box<dyn FnOnce(bool) + Send>) {
         done(true)
     }
-
-    fn shutdown(&self) {}
 }
 
 /// The matrix of a host with `nics` NICs on two NUMA nodes: each node's
@@ -100,6 +98,7 @@ pub fn slice_path(
         },
         matrix,
         &cfg,
+        plain::kind("null"),
     );
     let base = 0x7f00_0000_0000u64;
     let seg = Arc::new(RemoteSegment {

@@ -4,7 +4,7 @@
 
 use crate::memory::MemoryRegistry;
 use crate::metadata::descriptor::SegmentDesc;
-use crate::segment::{RemoteSegment, RouteSlot};
+use crate::segment::RemoteSegment;
 use crate::topology::PriorityMatrix;
 use crate::transport::{Slice, TransportBase};
 
@@ -42,10 +42,6 @@ pub trait Carrier: TransportBase + 'static {
 
     /// The rails to a segment (at least one if it can be reached at all).
     fn rails(&self, seg: &RemoteSegment) -> Vec<Rail<Self::Target>>;
-
-    /// Where a segment keeps this carrier's route to it (worked out on
-    /// first use; the scheduler reads it back as its [`Route`](super::route::Route)).
-    fn routes(seg: &RemoteSegment) -> &RouteSlot;
 
     /// The end of the carrier's own registration piece holding local
     /// address `addr`, when it registers smaller pieces than the caller's
@@ -96,7 +92,4 @@ pub trait Carrier: TransportBase + 'static {
     fn retries_failed_rails(&self) -> bool {
         false
     }
-
-    /// Fails in-flight work and stops.
-    fn shutdown(&self);
 }

@@ -134,6 +134,8 @@ const DEFAULT_DEVICE: &str = "default";
 /// Picks rails for slices and retries failed ones on other rails.
 pub struct Scheduler<C: Carrier> {
     carrier: C,
+    /// Its entry of the transport table (its route-cache slot).
+    kind: Kind,
     matrix: PriorityMatrix,
     /// One per device, and the unbound rails' last.
     loads: Vec<DeviceLoad>,
@@ -149,8 +151,13 @@ pub struct Scheduler<C: Carrier> {
 
 impl<C: Carrier> Scheduler<C> {
     /// A scheduler over `carrier` whose local devices are chosen by
-    /// `matrix`.
-    pub fn new(carrier: C, matrix: PriorityMatrix, cfg: &SchedConfig) -> Arc<Scheduler<C>> {
+    /// `matrix`, installed as `kind`.
+    pub fn new(
+        carrier: C,
+        matrix: PriorityMatrix,
+        cfg: &SchedConfig,
+        kind: Kind,
+    ) -> Arc<Scheduler<C>> {
         let pause = Duration::from_secs(cfg.rail_pause_secs);
         let mut loads: Vec<DeviceLoad> = carrier
             .devices()
@@ -161,6 +168,7 @@ impl<C: Carrier> Scheduler<C> {
         let slice_size = cfg.slice_size.min(carrier.max_slice());
         Arc::new_cyclic(|me| Scheduler {
             carrier,
+            kind,
             matrix,
             loads,
             health: RailHealth::new(pause),
@@ -194,10 +202,6 @@ impl<C: Carrier> Scheduler<C> {
 }
 
 impl<C: Carrier> TransportBase for Scheduler<C> {
-    fn kind(&self) -> Kind {
-        self.carrier.kind()
-    }
-
     unsafe fn register(&self, region: &Region) -> Result<()> {
         // SAFETY: the caller keeps the region mapped until it is
         // unregistered, as this trait method requires.
@@ -219,9 +223,17 @@ impl<C: Carrier> TransportBase for Scheduler<C> {
     fn needs_registered_source(&self) -> bool {
         self.carrier.needs_registered_source()
     }
+
+    fn shutdown(&self) {
+        Scheduler::shutdown(self)
+    }
 }
 
 impl<C: Carrier> Transport for Scheduler<C> {
+    fn kind(&self) -> Kind {
+        self.kind
+    }
+
     fn publish(&self, desc: &mut SegmentDesc, memory: &MemoryRegistry) {
         self.carrier.publish(desc, memory, &self.matrix)
     }
@@ -247,9 +259,5 @@ impl<C: Carrier> Transport for Scheduler<C> {
 
     fn nic_loads(&self) -> Vec<NicLoad> {
         Scheduler::nic_loads(self)
-    }
-
-    fn shutdown(&self) {
-        Scheduler::shutdown(self)
     }
 }

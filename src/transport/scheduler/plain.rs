@@ -1,30 +1,37 @@
 //! A carrier that needs no address per rail, for the scheduler's tests and
 //! the per-slice benchmark (`bench.rs`, feature `bench-internals`):
-//! its [`TransportBase`](crate::transport::TransportBase) and the
-//! [`Carrier`](super::Carrier) methods every such carrier shares (it keeps
-//! its routes in the segment's `plain` slot), and its rails. Not in the
-//! shipped library.
+//! its [`TransportBase`](crate::transport::TransportBase), the
+//! [`Carrier`](super::Carrier) methods every such carrier shares, the
+//! [`Kind`] its scheduler is made with (its routes go in the segment's
+//! route-cache slot after the transport table's), and its rails. Not in
+//! the shipped library.
 
 use super::Rail;
-use crate::segment::RemoteSegment;
+use crate::segment::{ROUTE_SLOTS, RemoteSegment};
+use crate::transport::Kind;
+
+/// The kind of a scheduler over a carrier for benches and tests, named
+/// `protocol`: the last slot of a segment's route cache, which no
+/// transport of the table takes.
+pub(super) fn kind(protocol: &'static str) -> Kind {
+    Kind {
+        protocol,
+        index: ROUTE_SLOTS - 1,
+        names_descriptor: false,
+    }
+}
 
 /// The [`TransportBase`](crate::transport::TransportBase) of a carrier
-/// `$carrier` for benches and tests: it names itself `$protocol` and
-/// every peer speaks it.
+/// `$carrier` for benches and tests: every peer speaks it, and it has
+/// nothing to stop.
 macro_rules! plain_carrier_base {
-    ($carrier:ty, $protocol:literal) => {
+    ($carrier:ty) => {
         impl crate::transport::TransportBase for $carrier {
-            fn kind(&self) -> crate::transport::Kind {
-                crate::transport::Kind {
-                    protocol: $protocol,
-                    rank: 0,
-                    descriptor_rank: None,
-                }
-            }
-
             fn speaks(&self, _: &crate::segment::RemoteSegment) -> bool {
                 true
             }
+
+            fn shutdown(&self) {}
         }
     };
 }
@@ -32,8 +39,8 @@ pub(super) use plain_carrier_base;
 
 /// The methods of a carrier for benches and tests beside its
 /// [`plain_carrier_base`]: every peer's buffers are reached over it, it
-/// publishes nothing, keeps its routes in the plain slot, and `$devices`
-/// is the field holding its device names.
+/// publishes nothing, and `$devices` is the field holding its device
+/// names.
 macro_rules! plain_carrier_basics {
     ($devices:ident) => {
         fn publish(
@@ -50,10 +57,6 @@ macro_rules! plain_carrier_basics {
 
         fn devices(&self) -> &[String] {
             &self.$devices
-        }
-
-        fn routes(seg: &crate::segment::RemoteSegment) -> &crate::segment::RouteSlot {
-            &seg.routes.plain
         }
     };
 }

@@ -1,7 +1,7 @@
 //! A peer's [`Route`]: its rails, their health cells and the preferences
 //! of both priority matrices for every pair of locations, worked out once
-//! per peer descriptor and kept in the segment's route cache (the
-//! carrier's slot, [`Carrier::routes`]).
+//! per peer descriptor and kept in the segment's route cache (in the slot
+//! of the scheduler's [`Kind`](crate::transport::Kind)).
 
 use super::rails::RailCell;
 use super::{Carrier, Rail, Scheduler};
@@ -128,10 +128,11 @@ impl<C: Carrier> Scheduler<C> {
     }
 
     /// The cached rails to `seg`, worked out on first use (uncached if
-    /// the carrier's slot holds another type: never, each carrier has its
-    /// own).
+    /// the scheduler's slot holds another type: never, each transport of
+    /// the table has its own).
     pub(super) fn route_of(&self, seg: &RemoteSegment) -> Arc<Route<C::Target>> {
-        C::routes(seg)
+        seg.routes
+            .slot(self.kind.index)
             .get_or_init_arc(|| self.route(seg))
             .unwrap_or_else(|| Arc::new(self.route(seg)))
     }

@@ -16,7 +16,7 @@ struct Rails {
     good: usize,
 }
 
-plain::plain_carrier_base!(Rails, "test");
+plain::plain_carrier_base!(Rails);
 
 impl Carrier for Rails {
     type Target = ();
@@ -45,8 +45,6 @@ impl Carrier for Rails {
     fn probe(&self, _rail: &Rail<()>, done: Box<dyn FnOnce(bool) + Send>) {
         done(false)
     }
-
-    fn shutdown(&self) {}
 }
 
 #[test]
@@ -62,7 +60,7 @@ fn a_retry_reaches_every_rail_beyond_64() {
         good,
     };
     let matrix = PriorityMatrix::parse("{}").unwrap();
-    let sched = Scheduler::new(carrier, matrix, &cfg);
+    let sched = Scheduler::new(carrier, matrix, &cfg, plain::kind("test"));
     let seg = peer(0, &[(0x1000, 4096, 0)]);
     let batch = Arc::new(Batch::new(1, None).unwrap());
     let memory = MemoryRegistry::default();
@@ -87,7 +85,12 @@ fn a_slice_out_of_rails_goes_to_the_fallback() {
         good: usize::MAX,
     };
     let matrix = PriorityMatrix::parse("{}").unwrap();
-    let sched = Scheduler::new(carrier, matrix, &SchedConfig::default());
+    let sched = Scheduler::new(
+        carrier,
+        matrix,
+        &SchedConfig::default(),
+        plain::kind("test"),
+    );
     let seg = peer(0, &[(0x1000, 1 << 20, 0)]);
     let batch = Arc::new(Batch::new(1, None).unwrap());
     let parts = Arc::new(Mutex::new(Vec::new()));
@@ -146,7 +149,7 @@ struct Recorder {
     held: Mutex<Vec<Slice>>,
 }
 
-plain::plain_carrier_base!(Arc<Recorder>, "test");
+plain::plain_carrier_base!(Arc<Recorder>);
 
 impl Carrier for Arc<Recorder> {
     type Target = ();
@@ -184,8 +187,6 @@ impl Carrier for Arc<Recorder> {
     fn probe(&self, _rail: &Rail<()>, done: Box<dyn FnOnce(bool) + Send>) {
         done(false)
     }
-
-    fn shutdown(&self) {}
 }
 
 /// A peer with `peer_devices` devices (any number, for carriers that
@@ -278,7 +279,12 @@ fn slices_are_cut_at_remote_buffer_edges_and_local_limits() {
         ..Default::default()
     });
     let matrix = PriorityMatrix::parse("{}").unwrap();
-    let sched = Scheduler::new(rec.clone(), matrix, &SchedConfig::default());
+    let sched = Scheduler::new(
+        rec.clone(),
+        matrix,
+        &SchedConfig::default(),
+        plain::kind("test"),
+    );
     let edge = 0x1_0000 + 100_000;
     let seg = peer(1, &[(0x1_0000, 100_000, 11), (edge, 200_000, 22)]);
     let (local, remote, len) = (0x90_0000, 0x1_0000 + 50, 200_000);
@@ -323,7 +329,12 @@ fn round_robin_takes_turns_where_least_loaded_would_not() {
             round_robin,
             ..SchedConfig::default()
         };
-        let sched = Scheduler::new(rec.clone(), PriorityMatrix::parse(matrix).unwrap(), &cfg);
+        let sched = Scheduler::new(
+            rec.clone(),
+            PriorityMatrix::parse(matrix).unwrap(),
+            &cfg,
+            plain::kind("test"),
+        );
         let seg = peer(1, &[(0x1_0000, 1 << 30, 7)]);
         // Loads d0 with 8 slices, then sends 4 that may use either.
         let busy = send(&sched, &seg, "cpu:1", 0x90_0000, 0x1_0000, 8 << 16, None);
@@ -354,7 +365,12 @@ fn a_device_failing_on_every_rail_leaves_selection() {
         ..Default::default()
     });
     let matrix = PriorityMatrix::parse("{}").unwrap();
-    let sched = Scheduler::new(rec.clone(), matrix, &SchedConfig::default());
+    let sched = Scheduler::new(
+        rec.clone(),
+        matrix,
+        &SchedConfig::default(),
+        plain::kind("test"),
+    );
     let seg = peer(10, &[(0x1_0000, 1 << 30, 7)]);
     for i in 0..200u64 {
         let b = send(
@@ -401,7 +417,12 @@ fn a_refused_key_is_retried_once_with_the_refetched_descriptor() {
             ..Default::default()
         });
         let matrix = PriorityMatrix::parse("{}").unwrap();
-        let sched = Scheduler::new(rec.clone(), matrix, &SchedConfig::default());
+        let sched = Scheduler::new(
+            rec.clone(),
+            matrix,
+            &SchedConfig::default(),
+            plain::kind("test"),
+        );
         let seg = peer(2, &[(0x1_0000, 1 << 20, 7)]);
         let fresh = peer(2, &[(0x1_0000, 1 << 20, refetched)]);
         let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));

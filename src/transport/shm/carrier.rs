@@ -1,6 +1,6 @@
 //! The shared-memory transport behind the engine's [`Transport`] seam:
 //! what it adds to the descriptor (key `"shm"`), the attach handshake it
-//! serves ([`FrameKind::ShmAttach`]), which peers it reaches (another
+//! serves ([`ATTACH`]), which peers it reaches (another
 //! process on this host), and requests cut into slices that go to the
 //! peer's ring or this process's threads. A slice this transport cannot
 //! move (the kernel refuses cross-memory attach, the peer detached, it
@@ -14,15 +14,39 @@ use crate::rpc::{ClientOptions, FrameKind};
 use crate::segment::RemoteSegment;
 use crate::transport::scheduler::planner;
 use crate::transport::{
-    Handshake, InstallContext, Kind, Outcome, Slice, Submission, Transfer, Transport, TransportBase,
+    Discovery, Handshake, InstallContext, Kind, Outcome, Slice, Submission, Transfer, Transport,
+    TransportBase, Want,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The protocol name of this transport, as `installTransport` names it
+/// (and the descriptor's `protocol` of an engine with no other transport).
+pub const PROTOCOL: &str = "shm";
 
 /// The descriptor key under which this transport publishes its
 /// [`ShmTransport::descriptor`]; Mooncake peers ignore it.
 pub const SHM_KEY: &str = "shm";
+
+/// The handshake frame a peer attaches with (ours; Mooncake has no such
+/// frame, and never sends one).
+pub const ATTACH: FrameKind = FrameKind::ShmAttach;
+
+/// The answer to an [`ATTACH`] frame when this transport is not installed.
+pub fn not_installed() -> Value {
+    json!({"error": "this engine has no shared-memory transport installed"})
+}
+
+/// Auto discovery installs shared memory beside the network transport
+/// unless `MC_TE_SHM=0`.
+pub fn auto(found: &Discovery<'_>) -> Want {
+    if found.config.shm.auto_install {
+        Want::Try
+    } else {
+        Want::No
+    }
+}
 
 /// Installs the shared-memory transport of an engine.
 pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
@@ -31,6 +55,7 @@ pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
     let mut rpc = ClientOptions::from_config(ctx.config.rpc);
     rpc.io_timeout = Duration::from_secs(ctx.config.rpc.io_timeout_secs);
     Ok(Arc::new(Shm {
+        kind: ctx.kind,
         core,
         rpc,
         auth: ctx.auth.clone(),
@@ -41,6 +66,8 @@ pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
 
 /// The transport of one engine.
 struct Shm {
+    /// Its entry of the transport table.
+    kind: Kind,
     core: Arc<ShmTransport>,
     /// How attach requests are sent, and the cluster keys they
     /// authenticate with.
@@ -56,7 +83,7 @@ impl Shm {
     /// gets the same peer (its attachment and ring), a new process a new
     /// one.
     fn route<'a>(&self, seg: &'a RemoteSegment) -> Option<&'a ShmPeer> {
-        let peer = seg.routes.shm.get_or_init(|| {
+        let peer = seg.routes.slot(self.kind.index).get_or_init(|| {
             let key = seg.desc.extra.get(SHM_KEY)?;
             let (host, port) = (seg.data_host.clone(), seg.rpc_port);
             let endpoint = format!("{host}:{port} {}", seg.identity);
@@ -66,7 +93,7 @@ impl Shm {
                 ..self.rpc.clone()
             };
             let attach: AttachFn = Arc::new(move |request: &Value| {
-                crate::rpc::call(&host, port, FrameKind::ShmAttach, request, &rpc)
+                crate::rpc::call(&host, port, ATTACH, request, &rpc)
             });
             self.core.shared_peer(key, endpoint, attach)
         });
@@ -74,19 +101,7 @@ impl Shm {
     }
 }
 
-/// Shared memory: preferred to every other transport that reaches a peer;
-/// Mooncake does not speak it.
-const KIND: Kind = Kind {
-    protocol: "shm",
-    rank: 0,
-    descriptor_rank: None,
-};
-
 impl TransportBase for Shm {
-    fn kind(&self) -> Kind {
-        KIND
-    }
-
     unsafe fn register(&self, region: &Region) -> Result<()> {
         self.core.register(region);
         Ok(())
@@ -98,7 +113,7 @@ impl TransportBase for Shm {
 
     fn handshake(&self) -> Option<Handshake> {
         Some(Handshake::served_by(
-            FrameKind::ShmAttach,
+            ATTACH,
             &self.core,
             ShmTransport::serve_attach,
         ))
@@ -107,9 +122,17 @@ impl TransportBase for Shm {
     fn speaks(&self, seg: &RemoteSegment) -> bool {
         self.core.is_peer(seg.desc.extra.get(SHM_KEY))
     }
+
+    fn shutdown(&self) {
+        self.core.shutdown();
+    }
 }
 
 impl Transport for Shm {
+    fn kind(&self) -> Kind {
+        self.kind
+    }
+
     fn publish(&self, desc: &mut SegmentDesc, _memory: &MemoryRegistry) {
         desc.extra
             .insert(SHM_KEY.to_string(), self.core.descriptor());
@@ -200,9 +223,5 @@ impl Transport for Shm {
             ("mapped", s.mapped),
             ("attached", s.attached),
         ]
-    }
-
-    fn shutdown(&self) {
-        self.core.shutdown();
     }
 }

@@ -62,7 +62,7 @@ use crate::error::{Error, Result};
 use crate::memory::{Region, RemoteMemory};
 use crate::transport::{Outcome, Slice};
 use alloc::Allocs;
-pub use carrier::install;
+pub use carrier::{ATTACH, PROTOCOL, auto, install, not_installed};
 pub use config::ShmConfig;
 use crossbeam_channel::{Receiver, Sender};
 use peer::{LinkEntry, PeerCore, ReadJob};

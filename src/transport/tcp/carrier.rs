@@ -8,11 +8,11 @@
 use crate::error::{Error, Result};
 use crate::memory::MemoryRegistry;
 use crate::metadata::descriptor::SegmentDesc;
-use crate::segment::{RemoteSegment, RouteSlot};
+use crate::segment::RemoteSegment;
 use crate::topology::{IfAddr, NetInterface, PriorityMatrix};
 use crate::transport::scheduler::{Carrier, Rail, Scheduler};
-use crate::transport::tcp::{LaneTarget, TcpTransport};
-use crate::transport::{InstallContext, Kind, Slice, Transport, TransportBase};
+use crate::transport::tcp::{LaneTarget, PROTOCOL, TcpTransport};
+use crate::transport::{InstallContext, Slice, Transport, TransportBase};
 use serde_json::{Value, json};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -152,7 +152,7 @@ pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
         &names,
     )?;
     let carrier = TcpCarrier::new(Arc::new(tcp), devices, ctx.config.tcp.force_v1);
-    Ok(Scheduler::new(carrier, matrix, ctx.config.sched))
+    Ok(Scheduler::new(carrier, matrix, ctx.config.sched, ctx.kind))
 }
 
 /// The TCP transport with its devices.
@@ -182,21 +182,13 @@ impl TcpCarrier {
     }
 }
 
-/// TCP: preferred after shared memory and RDMA; the protocol Mooncake
-/// peers choose after RDMA.
-const KIND: Kind = Kind {
-    protocol: "tcp",
-    rank: 2,
-    descriptor_rank: Some(1),
-};
-
 impl TransportBase for TcpCarrier {
-    fn kind(&self) -> Kind {
-        KIND
-    }
-
     fn speaks(&self, seg: &RemoteSegment) -> bool {
         seg.desc.tcp_data_port != 0
+    }
+
+    fn shutdown(&self) {
+        self.tcp.shutdown();
     }
 }
 
@@ -206,7 +198,7 @@ impl Carrier for TcpCarrier {
     fn publish(&self, desc: &mut SegmentDesc, memory: &MemoryRegistry, _: &PriorityMatrix) {
         desc.tcp_data_port = self.data_port();
         desc.tcp_proto_version = 2;
-        if desc.protocol == "tcp" {
+        if desc.protocol == PROTOCOL {
             // Mooncake's TCP descriptor lists only the buffers peers may
             // reach.
             desc.buffers.retain(|b| {
@@ -280,10 +272,6 @@ impl Carrier for TcpCarrier {
         rails
     }
 
-    fn routes(seg: &RemoteSegment) -> &RouteSlot {
-        &seg.routes.tcp
-    }
-
     fn post(&self, rail: &Rail<LaneTarget>, slice: Slice, _remote_key: u32) {
         let device = rail.device.map(|i| self.names[i].as_str());
         self.tcp.post(device, &rail.target, slice);
@@ -300,10 +288,6 @@ impl Carrier for TcpCarrier {
 
     fn unbound_rails(&self) -> bool {
         true
-    }
-
-    fn shutdown(&self) {
-        self.tcp.shutdown();
     }
 }
 

@@ -27,7 +27,17 @@ pub use carrier::install;
 pub use lane::{LaneTarget, LaneTimeouts};
 
 use super::endpoint::EndpointStore;
-use super::{Outcome, Slice, TransportConfig};
+use super::{Discovery, Outcome, Slice, TransportConfig, Want};
+
+/// The protocol name of this transport, as `installTransport` and
+/// descriptors (Mooncake's `tcp`) write it.
+pub const PROTOCOL: &str = "tcp";
+
+/// TCP reaches every peer: auto discovery installs it when no preferred
+/// network transport could be.
+pub fn auto(_: &Discovery<'_>) -> Want {
+    Want::Try
+}
 use crate::auth::{Keys, Listener, Port};
 use crate::error::{Error, Result};
 use crate::memory::RemoteMemory;

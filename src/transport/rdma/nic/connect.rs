@@ -5,9 +5,10 @@
 
 use super::{GidChoice, Nic};
 use crate::peer_jobs::{Finish, Run};
-use crate::rpc::{ClientOptions, FrameKind};
+use crate::rpc::ClientOptions;
 use crate::sync;
 use crate::transport::Outcome;
+use crate::transport::rdma::HANDSHAKE;
 use crate::transport::rdma::RdmaTarget;
 use crate::transport::rdma::endpoint::{Phase, RdmaEndpoint};
 use crate::transport::rdma::handshake::{HandshakeDesc, split_nic_path};
@@ -188,7 +189,7 @@ impl Nic {
         let reply = crate::rpc::call(
             &target.rpc_host,
             target.rpc_port,
-            FrameKind::Connection,
+            HANDSHAKE,
             &local.to_json(),
             &opts,
         )
@@ -222,7 +223,7 @@ impl Nic {
             let r = crate::rpc::call(
                 &target.rpc_host,
                 target.rpc_port,
-                FrameKind::Connection,
+                HANDSHAKE,
                 &ack.to_json(),
                 &opts,
             )
