@@ -16,9 +16,7 @@
  * With -DTE_DOUBLE_MUSA it is a double of MUSA's driver (libmusa.so.1),
  * whose API mirrors CUDA's: muInit and muPointerGetAttribute.
  */
-#include <stddef.h>
-#include <stdint.h>
-#include <sys/mman.h>
+#include "device_memory_double.h"
 
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1
@@ -32,14 +30,6 @@
 #define cuPointerGetAttribute muPointerGetAttribute
 #endif
 
-#define MAX_ALLOCATIONS 64
-
-static struct {
-  uintptr_t base;
-  size_t len;
-  int ordinal;
-} allocations[MAX_ALLOCATIONS];
-static int allocation_count;
 static int initialised;
 static long attribute_queries;
 
@@ -52,8 +42,8 @@ int cuInit(unsigned int flags) {
 int cuPointerGetAttribute(void *data, int attribute, uint64_t ptr) {
   __atomic_add_fetch(&attribute_queries, 1, __ATOMIC_RELAXED);
   if (!initialised) return 3; /* CUDA_ERROR_NOT_INITIALIZED */
-  for (int i = 0; i < allocation_count; i++) {
-    if (ptr < allocations[i].base || ptr - allocations[i].base >= allocations[i].len) continue;
+  int i = device_memory_find((uintptr_t)ptr);
+  if (i >= 0) {
     switch (attribute) {
       case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
         *(unsigned int *)data = CU_MEMORYTYPE_DEVICE;
@@ -72,16 +62,7 @@ int cuPointerGetAttribute(void *data, int attribute, uint64_t ptr) {
 }
 
 /* "Device memory" of GPU `ordinal`: `len` bytes no CPU access survives. */
-void *te_cuda_double_alloc(size_t len, int ordinal) {
-  if (allocation_count == MAX_ALLOCATIONS) return NULL;
-  void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return NULL;
-  allocations[allocation_count].base = (uintptr_t)p;
-  allocations[allocation_count].len = len;
-  allocations[allocation_count].ordinal = ordinal;
-  allocation_count++;
-  return p;
-}
+void *te_cuda_double_alloc(size_t len, int ordinal) { return device_memory_alloc(len, ordinal); }
 
 int cuDeviceGet(int *device, int ordinal) {
   if (ordinal < 0) return CUDA_ERROR_INVALID_VALUE;
@@ -109,13 +90,7 @@ int cuMemAlloc_v2(uint64_t *dptr, size_t len) {
 }
 
 int cuMemFree_v2(uint64_t dptr) {
-  for (int i = 0; i < allocation_count; i++) {
-    if (allocations[i].base != dptr) continue;
-    munmap((void *)allocations[i].base, allocations[i].len);
-    allocations[i] = allocations[--allocation_count];
-    return CUDA_SUCCESS;
-  }
-  return CUDA_ERROR_INVALID_VALUE;
+  return device_memory_free((uintptr_t)dptr) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* How many times cuPointerGetAttribute was asked. */

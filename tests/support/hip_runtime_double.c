@@ -10,9 +10,7 @@
  *
  * Built by the tests with: cc -shared -fPIC -Wl,-soname,libamdhip64.so.6
  */
-#include <stddef.h>
-#include <stdint.h>
-#include <sys/mman.h>
+#include "device_memory_double.h"
 
 #define HIP_SUCCESS 0
 #define HIP_ERROR_INVALID_VALUE 1
@@ -28,15 +26,6 @@ struct hip_pointer_attribute {
   unsigned allocation_flags;
 };
 
-#define MAX_ALLOCATIONS 64
-
-static struct {
-  uintptr_t base;
-  size_t len;
-  int ordinal;
-} allocations[MAX_ALLOCATIONS];
-static int allocation_count;
-
 int hipRuntimeGetVersion(int *version) {
   if (version == NULL) return HIP_ERROR_INVALID_VALUE;
   *version = 60200000;
@@ -45,12 +34,11 @@ int hipRuntimeGetVersion(int *version) {
 
 int hipPointerGetAttributes(struct hip_pointer_attribute *a, const void *ptr) {
   if (a == NULL) return HIP_ERROR_INVALID_VALUE;
-  uintptr_t p = (uintptr_t)ptr;
-  for (int i = 0; i < allocation_count; i++) {
-    if (p < allocations[i].base || p - allocations[i].base >= allocations[i].len) continue;
+  int i = device_memory_find((uintptr_t)ptr);
+  if (i >= 0) {
     a->type = HIP_MEMORY_TYPE_DEVICE;
     a->device = allocations[i].ordinal;
-    a->device_pointer = (void *)p;
+    a->device_pointer = (void *)ptr;
     a->host_pointer = NULL;
     a->is_managed = 0;
     a->allocation_flags = 0;
@@ -60,13 +48,4 @@ int hipPointerGetAttributes(struct hip_pointer_attribute *a, const void *ptr) {
 }
 
 /* "Device memory" of GPU `ordinal`: `len` bytes no CPU access survives. */
-void *te_hip_double_alloc(size_t len, int ordinal) {
-  if (allocation_count == MAX_ALLOCATIONS) return NULL;
-  void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return NULL;
-  allocations[allocation_count].base = (uintptr_t)p;
-  allocations[allocation_count].len = len;
-  allocations[allocation_count].ordinal = ordinal;
-  allocation_count++;
-  return p;
-}
+void *te_hip_double_alloc(size_t len, int ordinal) { return device_memory_alloc(len, ordinal); }
