@@ -96,11 +96,7 @@ impl MemoryRegion {
                 access.0,
             )
         };
-        let ptr = NonNull::new(raw).ok_or_else(io::Error::last_os_error)?;
-        Ok(MemoryRegion {
-            ptr,
-            pd: pd.clone(),
-        })
+        MemoryRegion::made(pd, raw)
     }
 
     /// Registers `len` bytes from byte `offset` of the dma-buf `fd` (GPU
@@ -126,6 +122,11 @@ impl MemoryRegion {
         // dma-buf (not our descriptor) for its lifetime.
         let raw =
             unsafe { ibv_reg_dmabuf_mr(pd.as_ptr(), offset, len, iova, fd.as_raw_fd(), access) };
+        MemoryRegion::made(pd, raw)
+    }
+
+    /// The region a registration call returned in `pd` (NULL: its error).
+    fn made(pd: &Arc<ProtectionDomain>, raw: *mut ibv_mr) -> io::Result<MemoryRegion> {
         let ptr = NonNull::new(raw).ok_or_else(io::Error::last_os_error)?;
         Ok(MemoryRegion {
             ptr,
