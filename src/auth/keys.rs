@@ -35,7 +35,7 @@ pub const MAX_KEYS: usize = 2;
 pub const MAX_KEY_FILE: u64 = 4096;
 
 /// Where an engine's keys come from. Parsed from the process environment
-/// by [`crate::engine::config::Config::from_env`]; the keys are read when
+/// by `Config::from_env`; the keys are read when
 /// an engine is created ([`AuthConfig::load`]). Without either variable
 /// there is no authentication, as in Mooncake.
 #[derive(Clone, Default, PartialEq)]

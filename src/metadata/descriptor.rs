@@ -31,7 +31,7 @@ const RDMA_KEYS: [&str; 2] = [DEVICES_KEY, "priority_matrix"];
 
 /// How a protocol's descriptor is laid out on the wire. Which protocol has
 /// which layout is the transport table's to say
-/// ([`crate::transport::registry`]); the codec here is handed it.
+/// (`transport/registry.rs`); the codec here is handed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
     /// Buffers carry name, addr and length only (Mooncake's `tcp`).

@@ -30,7 +30,7 @@ use crate::settings::{List, SetText, Text};
 
 crate::settings::settings! {
     /// Which devices are used, and the priority matrix. Parsed from `MC_*`
-    /// variables by [`crate::engine::config::Config::from_env`]; the defaults are
+    /// variables by `Config::from_env`; the defaults are
     /// Mooncake's.
     #[derive(Debug, Clone, PartialEq)]
     pub struct TopologyConfig("topology") {

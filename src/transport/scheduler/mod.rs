@@ -96,7 +96,7 @@ fn fragment_limit(sched: &mut SchedConfig, r: &Reader<'_>) {
 
 crate::settings::settings! {
     /// How the scheduler slices requests and retries slices. Parsed from `MC_*`
-    /// variables by [`crate::engine::config::Config::from_env`]; the defaults are
+    /// variables by `Config::from_env`; the defaults are
     /// Mooncake's.
     #[derive(Debug, Clone, PartialEq)]
     pub struct SchedConfig("sched") {

@@ -9,7 +9,7 @@ fn up_to_4_threads() -> usize {
 
 crate::settings::settings! {
     /// The shared-memory transport. Parsed from `MC_TE_SHM` and `MC_SHM_*` by
-    /// [`crate::engine::config::Config::from_env`].
+    /// `Config::from_env`.
     #[derive(Debug, Clone, PartialEq)]
     pub struct ShmConfig("shm") {
         /// `MC_TE_SHM`: whether auto discovery installs the transport beside
