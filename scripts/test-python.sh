@@ -37,6 +37,9 @@ mooncake_req="mooncake-transfer-engine-non-cuda==0.3.13.post1"
 
 export RUST_BACKTRACE=1
 echo "== python: binding crate checks"
+# The binding crate's builds share the main crate's target directory (and
+# with it the dependencies the other suites built) instead of its own.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
 cargo fmt --check --manifest-path python/Cargo.toml
 # --locked: python/Cargo.lock must follow the main crate (regenerate it with
 # `cargo update --manifest-path python/Cargo.toml -p transfer-engine`).

@@ -255,7 +255,12 @@ baseline=$(rdma resource show)
 rust_tests() {
   local module=$1 label=$2 exe t0 rc n name verdict
   shift 2
-  exe=$(ls -t "$repo"/target/debug/deps/rdma-* 2>/dev/null | grep -v '\.d$' | head -n 1 || true)
+  # test.sh names the binary it built; run by hand, the newest one.
+  if [ -s "$out/rdma-test-binary" ]; then
+    exe=$repo/$(cat "$out/rdma-test-binary")
+  else
+    exe=$(ls -t "$repo"/target/debug/deps/rdma-* 2>/dev/null | grep -v '\.d$' | head -n 1 || true)
+  fi
   if [ -z "$exe" ]; then
     record FAIL "$label (not built: cargo test --no-run --test rdma)" 0
     return

@@ -14,8 +14,11 @@ if ! cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release || ! cmake --build "$buil
   echo "0 1 0" >"$counts"
   exit 1
 fi
+# Several tests at once (CTEST_PARALLEL_LEVEL overrides): most of them wait
+# on their peers, on rate-limited veths and on timeouts, not on the CPU.
+jobs=${CTEST_PARALLEL_LEVEL:-$((2 * $(nproc)))}
 rc=0
-(cd "$build" && ctest --output-on-failure --timeout 600 --output-junit "$junit") || rc=$?
+(cd "$build" && ctest -j"$jobs" --output-on-failure --timeout 600 --output-junit "$junit") || rc=$?
 # The <testsuite> attributes (one per line in ctest's report).
 attr() { grep -oE "(^|[[:space:]])$1=\"[0-9]+\"" "$junit" | head -1 | grep -oE '[0-9]+'; }
 if [ ! -s "$junit" ]; then

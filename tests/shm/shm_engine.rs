@@ -928,8 +928,8 @@ fn engines_with_a_cluster_key_attach_by_shm_and_others_are_refused() {
 /// The pattern a caller writes into its buffer once its transfer FAILED.
 const SEED_REUSED: u8 = 11;
 
-/// Rounds per case of [`a_transfer_failed_against_a_stopped_peer_moves_no_byte_afterwards`]:
-/// 2 (`TE_SHM_LATE_ROUNDS` changes it).
+/// Rounds per opcode of each `a_transfer_failed_against_a_stopped_peer_*`
+/// test: 2 (`TE_SHM_LATE_ROUNDS` changes it).
 fn late_rounds() -> usize {
     std::env::var("TE_SHM_LATE_ROUNDS")
         .ok()
@@ -937,174 +937,211 @@ fn late_rounds() -> usize {
         .unwrap_or(2)
 }
 
+// A WRITE or READ of 64 MiB whose peer is stopped mid-copy: slices of
+// 64 KiB and of 1 MiB, from caller (heap) and engine (memfd) memory, each
+// case its own test (they wait on timeouts, and run side by side).
+
 #[test]
-fn a_transfer_failed_against_a_stopped_peer_moves_no_byte_afterwards() {
-    const TEST: &str = "a_transfer_failed_against_a_stopped_peer_moves_no_byte_afterwards";
-    if is_child(TEST) {
+fn a_transfer_failed_against_a_stopped_peer_moves_no_byte_afterwards_64k_caller() {
+    late_after_failure_case(
+        "a_transfer_failed_against_a_stopped_peer_moves_no_byte_afterwards_64k_caller",
+        "65536",
+        false,
+    );
+}
+
+#[test]
+fn a_transfer_failed_against_a_stopped_peer_moves_no_byte_afterwards_64k_engine() {
+    late_after_failure_case(
+        "a_transfer_failed_against_a_stopped_peer_moves_no_byte_afterwards_64k_engine",
+        "65536",
+        true,
+    );
+}
+
+#[test]
+fn a_transfer_failed_against_a_stopped_peer_moves_no_byte_afterwards_1m_caller() {
+    late_after_failure_case(
+        "a_transfer_failed_against_a_stopped_peer_moves_no_byte_afterwards_1m_caller",
+        "1048576",
+        false,
+    );
+}
+
+#[test]
+fn a_transfer_failed_against_a_stopped_peer_moves_no_byte_afterwards_1m_engine() {
+    late_after_failure_case(
+        "a_transfer_failed_against_a_stopped_peer_moves_no_byte_afterwards_1m_engine",
+        "1048576",
+        true,
+    );
+}
+
+/// One case of the tests above: `TEST` names the test (its child is the
+/// peer), `slice` is `MC_SLICE_SIZE`, and `engine_memory` picks the
+/// initiator's buffer: the engine's own (memfd) or the caller's heap.
+fn late_after_failure_case(test: &str, slice: &str, engine_memory: bool) {
+    if is_child(test) {
         return child_main();
     }
     const LEN: usize = 64 << 20;
-    let mut peer = Peer::start(TEST, LEN, &[]);
-    for slice in ["65536", "1048576"] {
-        let cfg = Config::from_lookup(|k| match k {
-            "MC_SHM_TIMEOUT_SEC" => Some("1".into()),
-            "MC_TCP_MIN_RATE_WINDOW_SEC" => Some("1".into()),
-            "MC_SLICE_SIZE" => Some(slice.into()),
-            _ => None,
-        });
-        let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
-            .auto_discover(true)
-            .config(cfg)
-            .build()
-            .expect("engine");
-        let seg = e.open_segment(&peer.name).expect("open");
-        for engine_memory in [false, true] {
-            let heap = Buf::zeroed(LEN);
-            let mine = if engine_memory {
-                e.allocate_buffer(LEN)
-                    .expect("the engine allocates memory")
-                    .expect("allocate")
+    let mut peer = Peer::start(test, LEN, &[]);
+    let cfg = Config::from_lookup(|k| match k {
+        "MC_SHM_TIMEOUT_SEC" => Some("1".into()),
+        "MC_TCP_MIN_RATE_WINDOW_SEC" => Some("1".into()),
+        "MC_SLICE_SIZE" => Some(slice.into()),
+        _ => None,
+    });
+    let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+        .auto_discover(true)
+        .config(cfg)
+        .build()
+        .expect("engine");
+    let seg = e.open_segment(&peer.name).expect("open");
+    let heap = Buf::zeroed(LEN);
+    let mine = if engine_memory {
+        e.allocate_buffer(LEN)
+            .expect("the engine allocates memory")
+            .expect("allocate")
+    } else {
+        heap.addr()
+    };
+    e.register(&[Region {
+        addr: mine,
+        length: LEN as u64,
+        location: Location::Any,
+        remote_accessible: true,
+    }])
+    .expect("register");
+    let fill = |seed: u8| {
+        // SAFETY: our registered buffer, which no transfer uses
+        // now (between rounds, or after its task ended).
+        let b = unsafe { std::slice::from_raw_parts_mut(mine as *mut u8, LEN) };
+        b.iter_mut()
+            .enumerate()
+            .for_each(|(i, x)| *x = pattern_byte(i, seed));
+    };
+    let holds = |seed: u8| {
+        // SAFETY: as above.
+        let b = unsafe { std::slice::from_raw_parts(mine as *const u8, LEN) };
+        b.iter()
+            .enumerate()
+            .filter(|&(i, x)| *x != pattern_byte(i, seed))
+            .count()
+    };
+    for opcode in [Opcode::Write, Opcode::Read] {
+        let mut seen = Vec::new();
+        for _ in 0..late_rounds() {
+            fill(if opcode == Opcode::Write {
+                SEED_WRITE
             } else {
-                heap.addr()
+                0
+            });
+            let written = |e: &Engine| {
+                let c = counters(e);
+                c["written"].as_u64().unwrap() + c["read"].as_u64().unwrap()
             };
-            e.register(&[Region {
-                addr: mine,
-                length: LEN as u64,
-                location: Location::Any,
-                remote_accessible: true,
-            }])
-            .expect("register");
-            let fill = |seed: u8| {
-                // SAFETY: our registered buffer, which no transfer uses
-                // now (between rounds, or after its task ended).
-                let b = unsafe { std::slice::from_raw_parts_mut(mine as *mut u8, LEN) };
-                b.iter_mut()
-                    .enumerate()
-                    .for_each(|(i, x)| *x = pattern_byte(i, seed));
-            };
-            let holds = |seed: u8| {
-                // SAFETY: as above.
-                let b = unsafe { std::slice::from_raw_parts(mine as *const u8, LEN) };
-                b.iter()
-                    .enumerate()
-                    .filter(|&(i, x)| *x != pattern_byte(i, seed))
-                    .count()
-            };
-            for opcode in [Opcode::Write, Opcode::Read] {
-                let mut seen = Vec::new();
-                for _ in 0..late_rounds() {
-                    fill(if opcode == Opcode::Write {
-                        SEED_WRITE
-                    } else {
-                        0
-                    });
-                    let written = |e: &Engine| {
-                        let c = counters(e);
-                        c["written"].as_u64().unwrap() + c["read"].as_u64().unwrap()
-                    };
-                    let before = written(&e);
-                    let b = e.allocate_batch(1).unwrap();
-                    e.submit(
-                        b,
-                        &[Request {
-                            opcode,
-                            source: mine,
-                            target_id: seg,
-                            target_offset: peer.addr,
-                            length: LEN as u64,
-                        }],
-                    )
-                    .unwrap();
-                    let start = Instant::now();
-                    while written(&e) == before {
-                        assert!(start.elapsed() < HANG, "nothing moves");
-                        std::hint::spin_loop();
-                    }
-                    peer.signal(libc::SIGSTOP);
-                    common::proc::wait_stopped(peer.pid);
-                    // A slice the peer is copying is waited for: the task
-                    // may end only once it resumes. The others fail after
-                    // MC_SHM_TIMEOUT_SEC, fall back to TCP and fail there
-                    // after MC_TCP_MIN_RATE_WINDOW_SEC.
-                    let mut stopped = true;
-                    let status = loop {
-                        let (s, _) = e.status(b, 0).unwrap();
-                        if matches!(s, TaskStatus::Completed | TaskStatus::Failed) {
-                            break s;
-                        }
-                        if stopped && start.elapsed() > Duration::from_secs(4) {
-                            peer.signal(libc::SIGCONT);
-                            stopped = false;
-                        }
-                        assert!(start.elapsed() < HANG, "the task never ends");
-                        std::thread::sleep(Duration::from_millis(1));
-                    };
-                    e.free_batch(b).unwrap();
-                    if status == TaskStatus::Failed {
-                        fill(SEED_REUSED);
-                    }
-                    if stopped {
-                        peer.signal(libc::SIGCONT);
-                    }
-                    // Whatever the peer still had to do, it has done it.
-                    let mut last = peer.call(json!({"op": "digest"}));
-                    loop {
-                        std::thread::sleep(Duration::from_millis(300));
-                        let now = peer.call(json!({"op": "digest"}));
-                        if now == last {
-                            break;
-                        }
-                        last = now;
-                    }
-                    seen.push((status, stopped));
-                    match (opcode, status) {
-                        (Opcode::Write, TaskStatus::Failed) => assert_eq!(
-                            peer.call(json!({"op": "late", "seed": SEED_REUSED}))["late"],
-                            0,
-                            "bytes written after FAILED reached the peer"
-                        ),
-                        (Opcode::Write, _) => assert_eq!(
-                            peer.call(json!({"op": "check", "ranges": [[0, LEN]]}))["bad"],
-                            0
-                        ),
-                        (Opcode::Read, TaskStatus::Failed) => {
-                            assert_eq!(holds(SEED_REUSED), 0, "a READ wrote after FAILED")
-                        }
-                        (Opcode::Read, _) => assert_eq!(holds(SEED_PEER), 0),
-                    }
-                    if opcode == Opcode::Write {
-                        // The peer's buffer back to its pattern, as the
-                        // next round expects.
-                        fill(SEED_PEER);
-                        let back = Request {
-                            opcode: Opcode::Write,
-                            source: mine,
-                            target_id: seg,
-                            target_offset: peer.addr,
-                            length: LEN as u64,
-                        };
-                        assert_eq!(run(&e, &[back]), vec![TaskStatus::Completed]);
-                    }
-                }
-                println!(
-                    "{opcode:?}, slices of {slice} B, {} memory: (status, the peer was still \
-                     stopped when it ended) {seen:?}",
-                    if engine_memory { "engine" } else { "caller" }
-                );
-                if opcode == Opcode::Write {
-                    assert!(
-                        seen.iter().any(|(s, _)| *s == TaskStatus::Failed),
-                        "no WRITE failed: the stop never came mid-copy"
-                    );
-                }
+            let before = written(&e);
+            let b = e.allocate_batch(1).unwrap();
+            e.submit(
+                b,
+                &[Request {
+                    opcode,
+                    source: mine,
+                    target_id: seg,
+                    target_offset: peer.addr,
+                    length: LEN as u64,
+                }],
+            )
+            .unwrap();
+            let start = Instant::now();
+            while written(&e) == before {
+                assert!(start.elapsed() < HANG, "nothing moves");
+                std::hint::spin_loop();
             }
-            e.unregister(&[mine]).expect("unregister");
-            if engine_memory {
-                e.free_buffer(mine).expect("free");
+            peer.signal(libc::SIGSTOP);
+            common::proc::wait_stopped(peer.pid);
+            // A slice the peer is copying is waited for: the task
+            // may end only once it resumes. The others fail after
+            // MC_SHM_TIMEOUT_SEC, fall back to TCP and fail there
+            // after MC_TCP_MIN_RATE_WINDOW_SEC.
+            let mut stopped = true;
+            let status = loop {
+                let (s, _) = e.status(b, 0).unwrap();
+                if matches!(s, TaskStatus::Completed | TaskStatus::Failed) {
+                    break s;
+                }
+                if stopped && start.elapsed() > Duration::from_secs(4) {
+                    peer.signal(libc::SIGCONT);
+                    stopped = false;
+                }
+                assert!(start.elapsed() < HANG, "the task never ends");
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            e.free_batch(b).unwrap();
+            if status == TaskStatus::Failed {
+                fill(SEED_REUSED);
+            }
+            if stopped {
+                peer.signal(libc::SIGCONT);
+            }
+            // Whatever the peer still had to do, it has done it.
+            let mut last = peer.call(json!({"op": "digest"}));
+            loop {
+                std::thread::sleep(Duration::from_millis(300));
+                let now = peer.call(json!({"op": "digest"}));
+                if now == last {
+                    break;
+                }
+                last = now;
+            }
+            seen.push((status, stopped));
+            match (opcode, status) {
+                (Opcode::Write, TaskStatus::Failed) => assert_eq!(
+                    peer.call(json!({"op": "late", "seed": SEED_REUSED}))["late"],
+                    0,
+                    "bytes written after FAILED reached the peer"
+                ),
+                (Opcode::Write, _) => assert_eq!(
+                    peer.call(json!({"op": "check", "ranges": [[0, LEN]]}))["bad"],
+                    0
+                ),
+                (Opcode::Read, TaskStatus::Failed) => {
+                    assert_eq!(holds(SEED_REUSED), 0, "a READ wrote after FAILED")
+                }
+                (Opcode::Read, _) => assert_eq!(holds(SEED_PEER), 0),
+            }
+            if opcode == Opcode::Write {
+                // The peer's buffer back to its pattern, as the
+                // next round expects.
+                fill(SEED_PEER);
+                let back = Request {
+                    opcode: Opcode::Write,
+                    source: mine,
+                    target_id: seg,
+                    target_offset: peer.addr,
+                    length: LEN as u64,
+                };
+                assert_eq!(run(&e, &[back]), vec![TaskStatus::Completed]);
             }
         }
-        e.shutdown();
+        println!(
+            "{opcode:?}, slices of {slice} B, {} memory: (status, the peer was still \
+             stopped when it ended) {seen:?}",
+            if engine_memory { "engine" } else { "caller" }
+        );
+        if opcode == Opcode::Write {
+            assert!(
+                seen.iter().any(|(s, _)| *s == TaskStatus::Failed),
+                "no WRITE failed: the stop never came mid-copy"
+            );
+        }
     }
+    e.unregister(&[mine]).expect("unregister");
+    if engine_memory {
+        e.free_buffer(mine).expect("free");
+    }
+    e.shutdown();
 }
 
 /// An engine of this process with `tcp` and `shm`, on `conn` as `name`.
