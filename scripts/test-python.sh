@@ -44,9 +44,10 @@ cargo fmt --check --manifest-path python/Cargo.toml
 # --locked: python/Cargo.lock must follow the main crate (regenerate it with
 # `cargo update --manifest-path python/Cargo.toml -p transfer-engine`).
 cargo clippy --locked --manifest-path python/Cargo.toml --all-targets -- -D warnings
-# The HTTP metadata server the tests start.
-cargo build --locked --bin transfer-engine-metadata-server
-export TE_METADATA_SERVER_BIN=$root/target/debug/transfer-engine-metadata-server
+# The HTTP metadata server the tests start: the release build, which the
+# C build (scripts/suites/ctest.sh) has made already in a full run.
+cargo build --release --locked --bin transfer-engine-metadata-server
+export TE_METADATA_SERVER_BIN=$root/target/release/transfer-engine-metadata-server
 
 echo "== python: the manylinux wheel (scripts/build-wheel.sh)"
 wheels=$root/build/wheels

@@ -81,19 +81,15 @@ fi
 
 # The order keeps both cores busy. RDMA on real verbs runs in a qemu guest
 # (soft-RoCE, scripts/rdma-vm/) that keeps about one core busy for minutes:
-# it runs beside the suites that mostly compile (lint, python, asan), and
-# its Python interop case, which needs python's virtualenv, beside cargo.
-# The C programs it runs are those ctest built.
+# it runs beside lint, asan and cargo. It needs the C programs ctest builds
+# and, for its Python interop case, python's virtualenv.
 suite ctest scripts/suites/ctest.sh
-suite_start rdma-vm scripts/rdma-vm/test.sh rust rust-busy-poll two_process_one_rail \
-  two_process_two_rails kill_target memlock_limit mooncake_target mooncake_initiator
-suite lint scripts/suites/lint.sh
 suite python scripts/test-python.sh
+suite_start rdma-vm scripts/rdma-vm/test.sh
+suite lint scripts/suites/lint.sh
 suite asan scripts/suites/asan.sh
-suite_wait rdma-vm
-suite_start rdma-vm-python scripts/rdma-vm/test.sh python_interop
 suite cargo scripts/suites/cargo.sh
-suite_wait rdma-vm-python
+suite_wait rdma-vm
 suite cargo-no-default-features scripts/suites/cargo.sh --no-default-features
 
 scripts/suites/summary.sh "$TE_RESULTS_DIR"

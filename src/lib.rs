@@ -76,8 +76,6 @@ pub(crate) mod transport;
 #[cfg(feature = "rdma")]
 pub(crate) mod verbs;
 
-pub(crate) use log_limit::warn_limited;
-
 pub use batch::TaskStatus;
 pub use engine::config::{Config, ConfigError, ConfigResult, LogLevel, config};
 pub use engine::{Engine, EngineBuilder, LOCAL_SEGMENT_ID, Opcode, Request};

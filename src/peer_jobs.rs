@@ -169,7 +169,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Lanes<K> {
                 st.handles.push(h);
             }
             // The running threads take the job in turn.
-            Err(e) => crate::warn_limited!("a background thread could not start: {e}"),
+            Err(e) => crate::log_limit::warn_limited!("a background thread could not start: {e}"),
         }
     }
 

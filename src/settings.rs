@@ -10,9 +10,6 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use crate::metadata::client_tls::TlsFiles;
-use crate::metadata::secret::Secret;
-
 /// Declares one part of the configuration, each setting once:
 ///
 /// ```text
@@ -510,21 +507,6 @@ impl Parse<Option<PathBuf>> for FilePath {
     }
 }
 
-/// A password; empty is the same as unset.
-pub(crate) struct Password;
-
-impl Parse<Option<Secret>> for Password {
-    fn parse(&self, raw: &str) -> Option<Option<Secret>> {
-        Some((!raw.is_empty()).then(|| Secret::new(raw.to_string())))
-    }
-    fn allowed(&self) -> String {
-        "text".to_string()
-    }
-    fn show(&self, _v: &Option<Secret>) -> String {
-        "unset".to_string()
-    }
-}
-
 /// A comma list; blanks around items and empty items are dropped.
 pub(crate) struct List;
 
@@ -545,83 +527,6 @@ impl Parse<Vec<String>> for List {
             "unset".to_string()
         } else {
             v.join(",")
-        }
-    }
-}
-
-/// The TLS files `<PREFIX>_CACERT`, `<PREFIX>_CERT` and `<PREFIX>_KEY`
-/// (the row's three variables, in that order); a certificate without its
-/// key (or the reverse) warns and sends none.
-pub(crate) struct Tls;
-
-impl Parse<TlsFiles> for Tls {
-    fn parse(&self, _raw: &str) -> Option<TlsFiles> {
-        None
-    }
-    fn allowed(&self) -> String {
-        "paths (a certificate with its key)".to_string()
-    }
-    fn show(&self, _v: &TlsFiles) -> String {
-        "unset".to_string()
-    }
-    fn read(&self, r: &Reader<'_>, vars: &[&'static str], _default: TlsFiles) -> TlsFiles {
-        let path = |v: &str| FilePath.parse(&r.raw(v)?).flatten();
-        let [cacert_var, cert_var, key_var] = vars else {
-            unreachable!("a TLS row names its CACERT, CERT and KEY variables")
-        };
-        let (cert, key) = match (path(cert_var), path(key_var)) {
-            (Some(c), Some(k)) => (Some(c), Some(k)),
-            (None, None) => (None, None),
-            (Some(_), None) | (None, Some(_)) => {
-                r.warn(format!(
-                    "only one of {cert_var} and {key_var} is set; sending no client \
-                     certificate (set both)"
-                ));
-                (None, None)
-            }
-        };
-        TlsFiles {
-            cacert: path(cacert_var),
-            cert,
-            key,
-        }
-    }
-}
-
-/// A user name and password (the row's two variables, in that order):
-/// one without the other warns and authenticates not.
-pub(crate) struct Credentials;
-
-impl Parse<Option<(String, Secret)>> for Credentials {
-    fn parse(&self, _raw: &str) -> Option<Option<(String, Secret)>> {
-        None
-    }
-    fn allowed(&self) -> String {
-        "text (both or neither)".to_string()
-    }
-    fn show(&self, _v: &Option<(String, Secret)>) -> String {
-        "unset".to_string()
-    }
-    fn read(
-        &self,
-        r: &Reader<'_>,
-        vars: &[&'static str],
-        _default: Option<(String, Secret)>,
-    ) -> Option<(String, Secret)> {
-        let text = |v: &str| Text.parse(&r.raw(v)?).flatten();
-        let [user_var, pass_var] = vars else {
-            unreachable!("a credentials row names its USERNAME and PASSWORD variables")
-        };
-        match (text(user_var), text(pass_var)) {
-            (Some(user), Some(pass)) => Some((user, Secret::new(pass))),
-            (None, None) => None,
-            (Some(_), None) | (None, Some(_)) => {
-                r.warn(format!(
-                    "only one of {user_var} and {pass_var} is set; not authenticating \
-                     (set both)"
-                ));
-                None
-            }
         }
     }
 }

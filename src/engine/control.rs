@@ -128,7 +128,7 @@ impl ControlState {
         let mut q = sync::lock(&self.notifies);
         if size > max {
             q.refused += 1;
-            crate::warn_limited!(
+            crate::log_limit::warn_limited!(
                 "notification of {size} bytes from {name:.64?} refused: the limit is {max} \
                  (MC_NOTIFY_MAX_SIZE); {} refused so far",
                 q.refused
@@ -148,7 +148,7 @@ impl ControlState {
         q.bytes += size;
         if dropped > 0 {
             q.dropped += dropped;
-            crate::warn_limited!(
+            crate::log_limit::warn_limited!(
                 "notification queue full ({} notifications, {} bytes; limits \
                  MC_NOTIFY_QUEUE_MAX_COUNT={}, MC_NOTIFY_QUEUE_MAX_BYTES={}): dropped the \
                  oldest; {} dropped so far",
@@ -196,7 +196,7 @@ impl RpcHandler for ControlState {
                         }
                     }
                     _ => {
-                        crate::warn_limited!(
+                        crate::log_limit::warn_limited!(
                             "malformed notification ({} bytes of JSON) refused",
                             request.to_string().len()
                         );

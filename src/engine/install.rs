@@ -140,7 +140,7 @@ impl Engine {
         let _change = self.begin_change("installTransport")?;
         let (entry, kind) = registry::find(proto)?;
         if self.transports().iter().any(|t| t.kind() == kind) {
-            crate::warn_limited!("transport {proto} is already installed");
+            crate::log_limit::warn_limited!("transport {proto} is already installed");
             return Ok(entry.handle);
         }
         let given = match matrix {
@@ -293,7 +293,7 @@ impl Engine {
                 match memory.remove(addr) {
                     Ok(_) => removed.push(addr),
                     Err(e) => {
-                        crate::warn_limited!("unregister: {e}");
+                        crate::log_limit::warn_limited!("unregister: {e}");
                         first_err.get_or_insert(e);
                     }
                 }
@@ -301,7 +301,9 @@ impl Engine {
         }
         self.unregister_on_transports(&removed);
         if let Err(e) = self.publish_local_desc() {
-            crate::warn_limited!("unregister: the descriptor could not be republished: {e}");
+            crate::log_limit::warn_limited!(
+                "unregister: the descriptor could not be republished: {e}"
+            );
         }
         first_err.map_or(Ok(()), Err)
     }

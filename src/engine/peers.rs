@@ -351,7 +351,7 @@ impl Engine {
                 if let (Error::Unreachable(_), Some(seg)) = (&e, self.segments.get(id)) {
                     seg.freshness.peer_down();
                 }
-                crate::warn_limited!("refreshing segment {name:?}: {e}");
+                crate::log_limit::warn_limited!("refreshing segment {name:?}: {e}");
                 false
             }
         }
@@ -418,7 +418,7 @@ impl Engine {
         let segment = match self.segment_name(n.target_id as u64) {
             Ok(s) => s,
             Err(e) => {
-                return crate::warn_limited!(
+                return crate::log_limit::warn_limited!(
                     "notification after batch {batch_id:#x} could not be sent: {e}"
                 );
             }
@@ -426,13 +426,13 @@ impl Engine {
         let to = segment.clone();
         let sent = self.background(&segment, Finish::Flush, move |e| {
             if let Err(err) = e.notify_segment(&to, &n.name, &n.msg) {
-                crate::warn_limited!(
+                crate::log_limit::warn_limited!(
                     "notification after batch {batch_id:#x} to {to:?} could not be sent: {err}"
                 );
             }
         });
         if let Err(why) = sent {
-            crate::warn_limited!(
+            crate::log_limit::warn_limited!(
                 "notification after batch {batch_id:#x} to {segment:?} dropped: {}",
                 refused(why)
             );

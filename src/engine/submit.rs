@@ -353,7 +353,7 @@ impl Engine {
         // Refused, the job is dropped: its callers get `None`.
         let queued = self.background(name, Finish::Refuse, move |e| e.run_fetch(job));
         if let Err(why) = queued {
-            crate::warn_limited!(
+            crate::log_limit::warn_limited!(
                 "the descriptor of segment {name:?} cannot be refetched: {}",
                 refused(why)
             );
@@ -405,7 +405,7 @@ impl Engine {
 
     /// Fails a task that never reached a transport.
     fn fail_task(batch: &Batch, id: usize, why: std::fmt::Arguments<'_>) {
-        crate::warn_limited!("task {id}: {why}");
+        crate::log_limit::warn_limited!("task {id}: {why}");
         batch.note_failure(id, &why.to_string());
         if let Some(task) = batch.slot(id) {
             task.add_slices(1);

@@ -9,6 +9,7 @@
 //! curl and etcd's Go clients do.
 
 use crate::error::{Error, Result};
+use crate::settings::{FilePath, Parse, Reader};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::path::{Path, PathBuf};
@@ -359,6 +360,45 @@ pub(crate) fn find_rustls_error<'a>(
         cur = err.source();
     }
     None
+}
+
+/// The TLS files `<PREFIX>_CACERT`, `<PREFIX>_CERT` and `<PREFIX>_KEY`
+/// (the row's three variables, in that order); a certificate without its
+/// key (or the reverse) warns and sends none.
+pub(crate) struct Tls;
+
+impl Parse<TlsFiles> for Tls {
+    fn parse(&self, _raw: &str) -> Option<TlsFiles> {
+        None
+    }
+    fn allowed(&self) -> String {
+        "paths (a certificate with its key)".to_string()
+    }
+    fn show(&self, _v: &TlsFiles) -> String {
+        "unset".to_string()
+    }
+    fn read(&self, r: &Reader<'_>, vars: &[&'static str], _default: TlsFiles) -> TlsFiles {
+        let path = |v: &str| FilePath.parse(&r.raw(v)?).flatten();
+        let [cacert_var, cert_var, key_var] = vars else {
+            unreachable!("a TLS row names its CACERT, CERT and KEY variables")
+        };
+        let (cert, key) = match (path(cert_var), path(key_var)) {
+            (Some(c), Some(k)) => (Some(c), Some(k)),
+            (None, None) => (None, None),
+            (Some(_), None) | (None, Some(_)) => {
+                r.warn(format!(
+                    "only one of {cert_var} and {key_var} is set; sending no client \
+                     certificate (set both)"
+                ));
+                (None, None)
+            }
+        };
+        TlsFiles {
+            cacert: path(cacert_var),
+            cert,
+            key,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -289,7 +289,7 @@ impl EtcdStore {
                     return Ok(v);
                 }
                 Err(Failure::Refused(msg)) => {
-                    crate::warn_limited!(
+                    crate::log_limit::warn_limited!(
                         "etcd refused the request: endpoint={} what={what} error={msg}",
                         ep.addr
                     );
@@ -299,7 +299,7 @@ impl EtcdStore {
                     )));
                 }
                 Err(Failure::Unreachable(msg)) => {
-                    crate::warn_limited!(
+                    crate::log_limit::warn_limited!(
                         "etcd endpoint failed: endpoint={} what={what} error={msg}",
                         ep.addr
                     );

@@ -169,7 +169,7 @@ impl HttpStore {
             .read_to_vec()
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .unwrap_or_default();
-        crate::warn_limited!(
+        crate::log_limit::warn_limited!(
             "metadata server refused the request: method={method} url={url} status={status} \
              body={body}"
         );

@@ -25,11 +25,11 @@ pub mod secret;
 pub mod server;
 pub mod store;
 
-use client_tls::TlsFiles;
-use secret::Secret;
+use client_tls::{Tls, TlsFiles};
+use secret::{Credentials, Password, Secret};
 use std::path::PathBuf;
 
-use crate::settings::{Credentials, FilePath, Password, Range, Set, Text, Tls};
+use crate::settings::{FilePath, Range, Set, Text};
 
 crate::settings::settings! {
     /// The metadata store and the descriptor cache. Each setting (variables, Mooncake's

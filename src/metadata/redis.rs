@@ -268,7 +268,7 @@ impl RedisStore {
     /// with a hint about what to check.
     fn error(&self, what: &str, stage: &str, e: &RedisError) -> Error {
         let addr = &self.addr;
-        crate::warn_limited!(
+        crate::log_limit::warn_limited!(
             "redis request failed: addr={addr} what={what} stage={stage} error={e}"
         );
         // The crate keeps the TLS error of a failed connection as text

@@ -7,6 +7,8 @@ use std::fmt;
 use std::path::Path;
 use subtle::ConstantTimeEq;
 
+use crate::settings::{Parse, Reader, Text};
+
 /// Fewest characters of a bearer token.
 pub const MIN_TOKEN_LEN: usize = 16;
 /// Most characters of a bearer token (it travels in a request head).
@@ -89,6 +91,61 @@ pub fn read_token_file(path: &Path, what: &str) -> Result<Secret, String> {
     }
     let text = String::from_utf8_lossy(token).into_owned();
     Ok(Secret(text))
+}
+
+// The parsers of the configuration rows that hold secrets.
+
+/// A password; empty is the same as unset.
+pub(crate) struct Password;
+
+impl Parse<Option<Secret>> for Password {
+    fn parse(&self, raw: &str) -> Option<Option<Secret>> {
+        Some((!raw.is_empty()).then(|| Secret::new(raw.to_string())))
+    }
+    fn allowed(&self) -> String {
+        "text".to_string()
+    }
+    fn show(&self, _v: &Option<Secret>) -> String {
+        "unset".to_string()
+    }
+}
+
+/// A user name and password (the row's two variables, in that order):
+/// one without the other warns and authenticates not.
+pub(crate) struct Credentials;
+
+impl Parse<Option<(String, Secret)>> for Credentials {
+    fn parse(&self, _raw: &str) -> Option<Option<(String, Secret)>> {
+        None
+    }
+    fn allowed(&self) -> String {
+        "text (both or neither)".to_string()
+    }
+    fn show(&self, _v: &Option<(String, Secret)>) -> String {
+        "unset".to_string()
+    }
+    fn read(
+        &self,
+        r: &Reader<'_>,
+        vars: &[&'static str],
+        _default: Option<(String, Secret)>,
+    ) -> Option<(String, Secret)> {
+        let text = |v: &str| Text.parse(&r.raw(v)?).flatten();
+        let [user_var, pass_var] = vars else {
+            unreachable!("a credentials row names its USERNAME and PASSWORD variables")
+        };
+        match (text(user_var), text(pass_var)) {
+            (Some(user), Some(pass)) => Some((user, Secret::new(pass))),
+            (None, None) => None,
+            (Some(_), None) | (None, Some(_)) => {
+                r.warn(format!(
+                    "only one of {user_var} and {pass_var} is set; not authenticating \
+                     (set both)"
+                ));
+                None
+            }
+        }
+    }
 }
 
 #[cfg(test)]

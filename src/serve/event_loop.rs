@@ -214,7 +214,7 @@ impl<S: Service> EventLoop<S> {
             let timeout = self.poll_timeout();
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != io::ErrorKind::Interrupted {
-                    crate::warn_limited!("{} poll failed: {e}", S::NAME);
+                    crate::log_limit::warn_limited!("{} poll failed: {e}", S::NAME);
                     std::thread::sleep(ACCEPT_BACKOFF);
                 }
                 continue;
@@ -282,7 +282,7 @@ impl<S: Service> EventLoop<S> {
             if self.conns.len() >= self.opts.max_connections && !self.evict_one() {
                 // Every connection has a request in a handler: new ones
                 // wait in the listen backlog until one finishes.
-                crate::warn_limited!(
+                crate::log_limit::warn_limited!(
                     "{}: {} connections open, each with a request in progress (the limit, \
                      {}); new connections wait in the listen backlog",
                     S::NAME,
@@ -303,7 +303,7 @@ impl<S: Service> EventLoop<S> {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     // E.g. EMFILE: the connection stays in the backlog.
-                    crate::warn_limited!("{} listener accept failed: {e}", S::NAME);
+                    crate::log_limit::warn_limited!("{} listener accept failed: {e}", S::NAME);
                     self.accept_retry = Some(Instant::now() + ACCEPT_BACKOFF);
                     return;
                 }
@@ -326,7 +326,7 @@ impl<S: Service> EventLoop<S> {
             return false;
         };
         if let Some(c) = self.conns.get(&t) {
-            crate::warn_limited!(
+            crate::log_limit::warn_limited!(
                 "{}: {} connections open (the limit, {}); closed the one stalled longest \
                  waiting for its client, from {} ({:?})",
                 S::NAME,
@@ -349,7 +349,10 @@ impl<S: Service> EventLoop<S> {
             Some(config) => match Stream::tls(tcp, config) {
                 Ok(s) => s,
                 Err(e) => {
-                    crate::warn_limited!("{} connection from {peer} dropped: TLS: {e}", S::NAME);
+                    crate::log_limit::warn_limited!(
+                        "{} connection from {peer} dropped: TLS: {e}",
+                        S::NAME
+                    );
                     return;
                 }
             },
@@ -359,7 +362,7 @@ impl<S: Service> EventLoop<S> {
             token,
             Interest::READABLE | Interest::WRITABLE,
         ) {
-            crate::warn_limited!("{} connection from {peer} dropped: {e}", S::NAME);
+            crate::log_limit::warn_limited!("{} connection from {peer} dropped: {e}", S::NAME);
             return;
         }
         self.conns.insert(
@@ -533,7 +536,7 @@ impl<S: Service> EventLoop<S> {
                     State::Lingering => "a connection after its reply",
                     State::Reading | State::Busy => "an incomplete request",
                 };
-                crate::warn_limited!(
+                crate::log_limit::warn_limited!(
                     "{}: {} bytes buffered across connections (the limit, {}); closed {what} \
                      (stalled {:?}), from {}",
                     S::NAME,
@@ -577,7 +580,10 @@ impl<S: Service> EventLoop<S> {
                 Parse::Invalid { reason, reply } => {
                     let peer = c.peer;
                     self.account(token);
-                    crate::warn_limited!("{} connection from {peer} closed: {reason}", S::NAME);
+                    crate::log_limit::warn_limited!(
+                        "{} connection from {peer} closed: {reason}",
+                        S::NAME
+                    );
                     match reply {
                         Some(bytes) => self.send(token, Reply::owned(bytes, Then::Linger)),
                         None => self.close(token),
@@ -617,7 +623,7 @@ impl<S: Service> EventLoop<S> {
             };
             if target > cap && !self.make_room(token, target - cap) {
                 let peer = self.conns.get(&token).map(|c| c.peer);
-                crate::warn_limited!(
+                crate::log_limit::warn_limited!(
                     "{}: {} bytes buffered across connections (the limit, {}); connection \
                      from {peer:?} closed",
                     S::NAME,
@@ -642,7 +648,11 @@ impl<S: Service> EventLoop<S> {
             Dispatch::Reply(reply) => self.send(token, reply),
             Dispatch::Close(reason) => {
                 if let Some(c) = self.conns.get(&token) {
-                    crate::warn_limited!("{} connection from {} closed: {reason}", S::NAME, c.peer);
+                    crate::log_limit::warn_limited!(
+                        "{} connection from {} closed: {reason}",
+                        S::NAME,
+                        c.peer
+                    );
                 }
                 self.close(token);
             }
@@ -689,7 +699,11 @@ impl<S: Service> EventLoop<S> {
                     self.send(token, reply);
                 }
                 Err(reason) => {
-                    crate::warn_limited!("{} connection from {} closed: {reason}", S::NAME, c.peer);
+                    crate::log_limit::warn_limited!(
+                        "{} connection from {} closed: {reason}",
+                        S::NAME,
+                        c.peer
+                    );
                     self.close(token);
                 }
             }
@@ -705,7 +719,7 @@ impl<S: Service> EventLoop<S> {
             let Some(c) = self.conns.get(&token) else {
                 return;
             };
-            crate::warn_limited!(
+            crate::log_limit::warn_limited!(
                 "{}: {} bytes buffered across connections (the limit, {}); the reply of \
                  {len} bytes to {} does not fit beside the requests with the workers: refused",
                 S::NAME,
@@ -849,7 +863,7 @@ impl<S: Service> EventLoop<S> {
             };
             c.deadline = None;
             match c.state {
-                State::Reading => crate::warn_limited!(
+                State::Reading => crate::log_limit::warn_limited!(
                     "{} connection from {} closed: no complete request within {:?} ({}; \
                      {} bytes received)",
                     S::NAME,
@@ -858,7 +872,7 @@ impl<S: Service> EventLoop<S> {
                     S::SETTINGS.timeout,
                     c.buf.len()
                 ),
-                State::Writing => crate::warn_limited!(
+                State::Writing => crate::log_limit::warn_limited!(
                     "{} connection from {} closed: the reply was not taken within {:?} ({})",
                     S::NAME,
                     c.peer,

@@ -33,7 +33,7 @@
 //!   the number of clients.
 //!
 //! Hitting a bound is logged at most once per interval per kind, with a
-//! count ([`crate::warn_limited!`]).
+//! count ([`crate::log_limit::warn_limited!`]).
 
 mod event_loop;
 mod stream;

@@ -234,7 +234,7 @@ fn sync_dir(path: &Path) {
         _ => Path::new("."),
     };
     if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
-        crate::warn_limited!("cannot fsync the data directory {}: {e}", dir.display());
+        crate::log_limit::warn_limited!("cannot fsync the data directory {}: {e}", dir.display());
     }
 }
 

@@ -389,7 +389,7 @@ impl Http {
     /// The answer to a PUT refused at the store's bounds.
     fn full(&self, key: &str, what: &str) -> (u16, Body) {
         let (keys, bytes) = self.store.usage();
-        crate::warn_limited!(
+        crate::log_limit::warn_limited!(
             "metadata store full ({keys} keys, the limit --max-keys is {}; {bytes} bytes, the \
              limit --max-total-bytes is {}): PUT of {key:.128?} needing {what} refused (507)",
             self.opts.max_keys,

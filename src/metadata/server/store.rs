@@ -138,7 +138,7 @@ impl Store {
                 // The change is on disk in the log; the log stays until a
                 // later change compacts it.
                 if let Err(e) = self.compact(j) {
-                    crate::warn_limited!("cannot compact the metadata log: {e}");
+                    crate::log_limit::warn_limited!("cannot compact the metadata log: {e}");
                 }
             }
         }

@@ -668,7 +668,7 @@ impl RdmaEndpoint {
             self.cq.release(unposted);
             self.load
                 .sub(unposted, failed.iter().map(|p| p.job.slice.len).sum());
-            crate::warn_limited!(
+            crate::log_limit::warn_limited!(
                 "posting to QP {} ({}) failed: {}",
                 slot.qp_num,
                 self.peer_nic_path,
@@ -788,7 +788,7 @@ impl Endpoint for RdmaEndpoint {
     fn close(&self) {
         let ended = self.destroy(Outcome::Failed { hard: true });
         if !ended.is_empty() {
-            crate::warn_limited!(
+            crate::log_limit::warn_limited!(
                 "endpoint to {} closed with {} request(s) outstanding; they failed",
                 self.peer_nic_path,
                 ended.len()

@@ -331,14 +331,14 @@ impl RdmaTransport {
             return slice.finish(Outcome::Failed { hard: true });
         };
         if slice.len > u64::from(u32::MAX >> 1) {
-            crate::warn_limited!(
+            crate::log_limit::warn_limited!(
                 "a slice of {} bytes is too large for one RDMA work request",
                 slice.len
             );
             return slice.finish(Outcome::Rejected);
         }
         let Some((lkey, guard)) = self.registry.hold(slice.local, slice.len, device) else {
-            crate::warn_limited!(
+            crate::log_limit::warn_limited!(
                 "{} bytes at {:#x} are not inside a registered buffer (unregistered \
                  while in flight?); the slice fails",
                 slice.len,
@@ -447,7 +447,7 @@ impl RdmaTransport {
             .admission
             .check(server, peer_device, gid.as_ref(), from.ip())
         {
-            crate::warn_limited!("refused an RDMA handshake from {from}: {why}");
+            crate::log_limit::warn_limited!("refused an RDMA handshake from {from}: {why}");
             return HandshakeDesc::rejection(why);
         }
         nic.accept(req)

@@ -111,7 +111,11 @@ impl<C: Carrier> Scheduler<C> {
                     .map_or_else(String::new, |w| format!(": {w}"))
             );
             if !closed {
-                crate::warn_limited!("slice of {} bytes at {:#x}: {why}", job.len, job.remote);
+                crate::log_limit::warn_limited!(
+                    "slice of {} bytes at {:#x}: {why}",
+                    job.len,
+                    job.remote
+                );
             }
             req.batch.note_failure(req.task, &why);
             if let Some(t) = task {
@@ -200,7 +204,7 @@ impl<C: Carrier> Scheduler<C> {
             "segment {:?} refused a slice (not inside a buffer it registered)",
             req.seg.name
         );
-        crate::warn_limited!("slice of {} bytes at {:#x}: {why}", job.len, job.remote);
+        crate::log_limit::warn_limited!("slice of {} bytes at {:#x}: {why}", job.len, job.remote);
         req.batch.note_failure(req.task, &why);
         if let Some(t) = req.batch.slot(req.task) {
             t.finish_slice(job.len, false);

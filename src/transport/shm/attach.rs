@@ -65,7 +65,7 @@ pub(crate) fn serve(shared: &Shared, request: &Value, source: SocketAddr) -> Val
     match try_serve(shared, request, source) {
         Ok(v) => v,
         Err(e) => {
-            crate::warn_limited!("shm: attach request from {source} refused: {e}");
+            crate::log_limit::warn_limited!("shm: attach request from {source} refused: {e}");
             json!({ "error": e })
         }
     }

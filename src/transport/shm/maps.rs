@@ -54,7 +54,7 @@ impl PeerMaps {
                     let oldest = entries.iter().min_by_key(|(_, e)| e.used).map(|(&k, _)| k);
                     if let Some(k) = oldest {
                         entries.remove(&k);
-                        crate::warn_limited!(
+                        crate::log_limit::warn_limited!(
                             "shm: MC_SHM_MAX_MAPPINGS={} buffers of one peer are mapped; \
                              the least recently used mapping gives way",
                             self.max

@@ -469,7 +469,7 @@ impl ShmTransport {
             region.remote_accessible,
             backing,
         ) {
-            crate::warn_limited!(
+            crate::log_limit::warn_limited!(
                 "shm: MC_SHM_TABLE_SLOTS={} buffers are published already; \
                  peers read buffer {:#x} over another transport",
                 self.shared.table.slots(),

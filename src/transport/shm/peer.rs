@@ -448,7 +448,7 @@ impl PeerCore {
     /// The target cannot be reached by shared memory (for a while): one
     /// log line per interval, and every slice goes to another transport.
     fn unreachable(self: &Arc<Self>, shared: &Shared, why: &str) {
-        crate::warn_limited!(
+        crate::log_limit::warn_limited!(
             "shm: process {} cannot be reached by shared memory ({why}); \
              using another transport",
             self.target_pid
@@ -596,7 +596,7 @@ impl PeerCore {
         if denied {
             self.unreachable(shared, "the kernel does not let it read our memory");
         } else if closed {
-            crate::warn_limited!(
+            crate::log_limit::warn_limited!(
                 "shm: process {} closed our ring (it serves too many peers, or shut down); \
                  what was in it goes to another transport, and the next slice attaches again",
                 self.target_pid
@@ -630,7 +630,7 @@ impl PeerCore {
         }
         drop(st);
         if !stalled.is_empty() {
-            crate::warn_limited!(
+            crate::log_limit::warn_limited!(
                 "shm: process {} completed no request for {:?} (MC_SHM_TIMEOUT_SEC); \
                  {} WRITE slice(s) to it were withdrawn and go to another transport (or \
                  fail); {copying} it is copying are waited for",
@@ -754,7 +754,7 @@ fn read_group(shared: &Shared, group: Vec<ReadJob>) {
         checked.push((job.slice, view));
     }
     if unknown {
-        crate::warn_limited!(
+        crate::log_limit::warn_limited!(
             "shm: a READ from process {} is outside the buffers its table shows \
              (the table is full, MC_SHM_TABLE_SLOTS); using another transport",
             core.target_pid

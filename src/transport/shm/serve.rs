@@ -189,7 +189,7 @@ pub(crate) fn add_ring(shared: &Shared, new: Arc<Served>) -> std::io::Result<()>
                     .min_by_key(|r| r.last_active.load(Ordering::Relaxed))
             });
         if let Some(old) = victim {
-            crate::warn_limited!(
+            crate::log_limit::warn_limited!(
                 "shm: MC_SHM_MAX_PEERS={} rings are served; the least recently \
                  active one (process {}) gives way",
                 shared.opts.max_peers,
@@ -379,7 +379,7 @@ fn verify(shared: &Shared, s: &Arc<Served>) -> bool {
             true
         }
         Err(e) => {
-            crate::warn_limited!("shm: an attached initiator is refused: {e}");
+            crate::log_limit::warn_limited!("shm: an attached initiator is refused: {e}");
             s.ring.refuse();
             drop_ring(shared, s);
             false

@@ -281,7 +281,7 @@ impl Io {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // E.g. EMFILE: the connection waits in the backlog.
-                    crate::warn_limited!("tcp: accept failed: {e}");
+                    crate::log_limit::warn_limited!("tcp: accept failed: {e}");
                     self.accept_blocked = true;
                     return;
                 }
@@ -297,7 +297,7 @@ impl Io {
             Some(a) => match ServerAuth::new(a.listener.clone()) {
                 Ok(side) => Some(side),
                 Err(e) => {
-                    crate::warn_limited!("tcp: connection from {peer} closed: {e}");
+                    crate::log_limit::warn_limited!("tcp: connection from {peer} closed: {e}");
                     return;
                 }
             },
@@ -310,7 +310,7 @@ impl Io {
             self.registry()
                 .register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)
         {
-            crate::warn_limited!("tcp: could not watch the connection from {peer}: {e}");
+            crate::log_limit::warn_limited!("tcp: could not watch the connection from {peer}: {e}");
             return;
         }
         self.server.open.fetch_add(1, Ordering::AcqRel);
@@ -394,7 +394,7 @@ impl Io {
         } else {
             Turn::Abort
         };
-        crate::warn_limited!(
+        crate::log_limit::warn_limited!(
             "tcp: {} data connections are open (MC_TCP_MAX_DATA_CONNECTIONS): closed the one whose peer took the fewest bytes lately ({} B/s, {}) for a new connection",
             self.server.max_sessions,
             bound::rate_of(s),

@@ -519,7 +519,7 @@ impl Lane {
                     );
                 } else if let Some(slow) = self.too_slow(now, held_up) {
                     let t = &self.shared.target;
-                    crate::warn_limited!(
+                    crate::log_limit::warn_limited!(
                         "tcp: reset the connection to {}:{} with {} request(s) in flight: {slow}",
                         t.host,
                         t.port,
@@ -964,7 +964,7 @@ impl Lane {
             match outcome {
                 Some(o) => {
                     if matches!(o, Outcome::Failed { .. }) {
-                        crate::warn_limited!(
+                        crate::log_limit::warn_limited!(
                             "tcp: {} of {} bytes at {:#x} to {}:{} failed: {}",
                             if r.slice.write { "WRITE" } else { "READ" },
                             r.slice.len,

@@ -265,7 +265,7 @@ impl TcpTransport {
         let addrs = match target.resolve() {
             Ok(a) => a,
             Err(e) => {
-                crate::warn_limited!("tcp: {}:{}: {e}", target.host, target.port);
+                crate::log_limit::warn_limited!("tcp: {}:{}: {e}", target.host, target.port);
                 return None;
             }
         };

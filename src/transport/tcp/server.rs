@@ -280,7 +280,7 @@ impl Session {
         let Err(slow) = self.progress.sweep(now, seen, shared.min_rate) else {
             return None;
         };
-        crate::warn_limited!("tcp: dropped a request from {}: {slow}", self.peer);
+        crate::log_limit::warn_limited!("tcp: dropped a request from {}: {slow}", self.peer);
         Some(Turn::Abort)
     }
 
@@ -293,7 +293,7 @@ impl Session {
             if age < auth.deadline {
                 return None;
             }
-            crate::warn_limited!(
+            crate::log_limit::warn_limited!(
                 "tcp: refused the data connection from {}: no authentication within {:?} \
                  (MC_HANDSHAKE_IO_TIMEOUT)",
                 self.peer,
@@ -379,14 +379,17 @@ impl Session {
                 Ok(None)
             }
             Standing::Refused(reason) => {
-                crate::warn_limited!(
+                crate::log_limit::warn_limited!(
                     "tcp: refused the data connection from {}: {reason}",
                     self.peer
                 );
                 Ok(Some(Turn::Close))
             }
             Standing::Failed(e) => {
-                crate::warn_limited!("tcp: refused the data connection from {}: {e}", self.peer);
+                crate::log_limit::warn_limited!(
+                    "tcp: refused the data connection from {}: {e}",
+                    self.peer
+                );
                 Ok(Some(Turn::Abort))
             }
         }
@@ -439,7 +442,7 @@ impl Session {
             raw.copy_from_slice(&rbuf.bytes()[..HEADER_LEN]);
             let h = Header::decode(&raw);
             let Some(fence) = shared.memory.admit(h.addr, h.size) else {
-                crate::warn_limited!(
+                crate::log_limit::warn_limited!(
                     "tcp: rejected {} of {} bytes at {:#x} from {}: not inside one remotely accessible registered buffer",
                     if h.is_write() { "WRITE" } else { "READ" },
                     h.size,
@@ -548,7 +551,7 @@ impl Session {
 
     /// A buffer of the request in progress was unregistered.
     fn cut_off(&self) -> Turn {
-        crate::warn_limited!(
+        crate::log_limit::warn_limited!(
             "tcp: a request from {} was cut off: its buffer was unregistered",
             self.peer
         );

@@ -84,10 +84,13 @@ impl Nic {
         let made_room = pool
             .make_room_for_passive(peer_nic_path, self.passive)
             .inspect_err(|why| {
-                crate::warn_limited!("RDMA device {}: refused a handshake: {why}", self.name);
+                crate::log_limit::warn_limited!(
+                    "RDMA device {}: refused a handshake: {why}",
+                    self.name
+                );
             })?;
         if !made_room.is_empty() {
-            crate::warn_limited!(
+            crate::log_limit::warn_limited!(
                 "RDMA device {}: the endpoints that peers' handshakes created are at the bound \
                  (MC_RDMA_MAX_PASSIVE_EP={}); the least recently active ({}) gave way to {}",
                 self.name,

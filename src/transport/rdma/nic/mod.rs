@@ -458,7 +458,7 @@ impl Nic {
         if ep.phase() == Phase::Failed && ep.retired() {
             return;
         }
-        crate::warn_limited!(
+        crate::log_limit::warn_limited!(
             "RDMA device {}: endpoint to {} failed: {why}",
             self.name,
             ep.peer_nic_path

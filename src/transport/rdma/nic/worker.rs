@@ -62,7 +62,7 @@ impl Nic {
         let ep = match self.endpoint(&target.peer_nic_path) {
             Ok(ep) => ep,
             Err(e) => {
-                crate::warn_limited!("{e}");
+                crate::log_limit::warn_limited!("{e}");
                 return report(vec![(job.slice, Outcome::Failed { hard: true })]);
             }
         };
