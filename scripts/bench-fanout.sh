@@ -4,26 +4,28 @@
 # measured in the same run.
 #
 #   scripts/bench-fanout.sh [--runs N] [--duration S] [--peers "1 4 16 64"]
-#                           [--block BYTES] [--batch N] [--op write|read]
-#                           [--protocols "tcp tcp,shm"]
+#                           [--threads "1 2 4"] [--block BYTES] [--batch N]
+#                           [--op write|read] [--protocols "tcp tcp,shm"]
 #
 # Builds release with CMake (build/, or $BUILD_DIR). For each protocol
 # (tcp; tcp,shm, where shared memory carries the data) and each peer count
 # it starts that many transfer_bench targets on 127.0.0.1 (P2PHANDSHAKE,
-# caller memory), and runs one initiator thread with --targets_file, so
-# that each batch is spread over every target; then, at one peer, batches
-# of one request (latency). Each run is repeated --runs times, interleaved
+# caller memory), and runs the initiator with --targets_file, so that each
+# batch is spread over every target, with each of --threads initiator
+# threads (each thread its own batches); then, at one peer and one thread,
+# batches of one request (latency). Each run is repeated --runs times, interleaved
 # with memcpy of the same block size (local_bench, one thread) and with the
 # wakeup floor at that peer count (wakeup_bench: one poster, N sleeping
 # processes, one eventfd wakeup per request, the most any transport that
 # wakes its target can serve). The table
-# shows, per protocol and peer count, the median and the worst run of
+# shows, per protocol, peer count and thread count, the median and the worst run of
 # requests/s, the median p50 and p99 request latency, and the initiator's
 # memory and descriptors; then the ratios the goals are stated in:
 # requests/s at the largest peer count over one peer, shm over TCP, and
 # each protocol over the wakeup floor.
 #
-# Defaults: 3 runs of 3 s, peers 1 4 16 64, 4 KiB WRITEs in batches of 64.
+# Defaults: 3 runs of 3 s, peers 1 4 16 64, one initiator thread, 4 KiB
+# WRITEs in batches of 64.
 # A benchmark, not a test: its verdict is the table, not the exit code
 # (non-zero only when something failed to run).
 set -euo pipefail
@@ -31,6 +33,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 runs=3
 duration=3
 peers="1 4 16 64"
+threads_list=1
 block=4096
 batch=64
 op=write
@@ -40,11 +43,12 @@ while [ $# -gt 0 ]; do
     --runs) runs=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
     --peers) peers=$2; shift 2 ;;
+    --threads) threads_list=$2; shift 2 ;;
     --block) block=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
     --op) op=$2; shift 2 ;;
     --protocols) protocols=$2; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "bench-fanout.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -102,14 +106,14 @@ start_targets() {
   done
 }
 
-# run PROTOCOL BATCH -> "req/s p50_us p99_us rss_mib fds"
+# run PROTOCOL BATCH THREADS -> "req/s p50_us p99_us rss_mib fds"
 run() {
-  local protocol=$1 b=$2 out="$tmp/initiator.out"
+  local protocol=$1 b=$2 t=$3 out="$tmp/initiator.out"
   if ! timeout -k 5 $((duration + 120)) "$bench" --mode initiator --protocol "$protocol" \
     --metadata_server P2PHANDSHAKE --local_server_name 127.0.0.1 --targets_file "$tmp/targets" \
-    --operation "$op" --block_size "$block" --batch_size "$b" --threads 1 \
+    --operation "$op" --block_size "$block" --batch_size "$b" --threads "$t" \
     --duration "$duration" --buffer_size $((4 << 20)) >"$out" 2>"$tmp/initiator.err"; then
-    echo "initiator ($protocol, batch $b) failed:" >&2
+    echo "initiator ($protocol, batch $b, $t threads) failed:" >&2
     tail -n 20 "$out" "$tmp/initiator.err" >&2
     return 1
   fi
@@ -135,19 +139,21 @@ floor() {
 
 results=$tmp/results
 : >"$results"
-echo "# one host ($(nproc) CPUs), $runs runs x ${duration} s; ${op^^} of $block B, batch $batch, one initiator thread"
+echo "# one host ($(nproc) CPUs), $runs runs x ${duration} s; ${op^^} of $block B, batch $batch, initiator threads: $threads_list"
 for protocol in $protocols; do
   for n in $peers; do
     start_targets "$n" "$protocol"
     for r in $(seq "$runs"); do
-      echo "$r memcpy $n $(memcpy) 0 0 0 0" >>"$results"
-      echo "$r floor $n $(floor "$n") 0 0 0 0" >>"$results"
-      v=$(run "$protocol" "$batch")
-      echo "$r $protocol $n $v" >>"$results"
-      echo "run $r: $protocol, $n peer(s): $v (req/s p50_us p99_us rss_MiB fds)"
+      echo "$r memcpy $n 1 $(memcpy) 0 0 0 0" >>"$results"
+      echo "$r floor $n 1 $(floor "$n") 0 0 0 0" >>"$results"
+      for t in $threads_list; do
+        v=$(run "$protocol" "$batch" "$t")
+        echo "$r $protocol $n $t $v" >>"$results"
+        echo "run $r: $protocol, $n peer(s), $t thread(s): $v (req/s p50_us p99_us rss_MiB fds)"
+      done
       if [ "$n" = 1 ]; then
-        v=$(run "$protocol" 1)
-        echo "$r $protocol-batch1 $n $v" >>"$results"
+        v=$(run "$protocol" 1 1)
+        echo "$r $protocol-batch1 $n 1 $v" >>"$results"
         echo "run $r: $protocol, batch 1: $v"
       fi
     done
@@ -159,40 +165,47 @@ python3 - "$results" "$block" <<'EOF'
 import statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
-    _, who, n, *v = line.split()
-    rows.setdefault((who, int(n)), []).append([float(x) for x in v])
+    _, who, n, t, *v = line.split()
+    rows.setdefault((who, int(n), int(t)), []).append([float(x) for x in v])
+# Keyed by (who, peers, threads); the peer-count ratios below are at one thread.
 med = lambda k, i: statistics.median(v[i] for v in rows[k])
 worst = lambda k: min(v[0] for v in rows[k])
-peers = sorted({n for (_, n) in rows})
+peers = sorted({n for (_, n, _) in rows})
+threads = sorted({t for (w, _, t) in rows if w in ("tcp", "tcp,shm")})
 print()
-print("%-8s %5s %11s %11s %8s %8s %8s %5s" % ("protocol", "peers", "req/s", "worst run", "p50 us",
-      "p99 us", "rss MiB", "fds"))
+print("%-8s %5s %7s %11s %11s %8s %8s %8s %5s" % ("protocol", "peers", "threads", "req/s", "worst run",
+      "p50 us", "p99 us", "rss MiB", "fds"))
 for who, name in (("tcp", "tcp"), ("tcp,shm", "shm")):
     for n in peers:
-        k = (who, n)
-        if k in rows:
-            print("%-8s %5d %11.0f %11.0f %8.1f %8.1f %8.1f %5.0f" % (name, n, med(k, 0), worst(k), med(k, 1),
-                  med(k, 2), med(k, 3), med(k, 4)))
-    k = (who + "-batch1", 1)
+        for t in threads:
+            k = (who, n, t)
+            if k in rows:
+                print("%-8s %5d %7d %11.0f %11.0f %8.1f %8.1f %8.1f %5.0f" % (name, n, t, med(k, 0), worst(k),
+                      med(k, 1), med(k, 2), med(k, 3), med(k, 4)))
+    k = (who + "-batch1", 1, 1)
     if k in rows:
-        print("%-8s %5s %11.0f %11.0f %8.1f %8.1f   (batches of 1 request)" % (name, "1", med(k, 0), worst(k),
-              med(k, 1), med(k, 2)))
-m = statistics.median(v[0] for (w, _), vs in rows.items() if w == "memcpy" for v in vs)
+        print("%-8s %5s %7s %11.0f %11.0f %8.1f %8.1f   (batches of 1 request)" % (name, "1", "1", med(k, 0),
+              worst(k), med(k, 1), med(k, 2)))
+m = statistics.median(v[0] for (w, _, _), vs in rows.items() if w == "memcpy" for v in vs)
 print("memcpy of %s B blocks, one thread: %.2f GB/s (%.0f copies/s)" % (sys.argv[2], m, m * 1e9 / int(sys.argv[2])))
 for n in peers:
-    if ("floor", n) in rows:
-        print("wakeup floor, %d process(es): %.0f requests/s (median), each request woken by an eventfd" % (n, med(("floor", n), 0)))
+    if ("floor", n, 1) in rows:
+        print("wakeup floor, %d process(es): %.0f requests/s (median), each request woken by an eventfd" % (n, med(("floor", n, 1), 0)))
 lo, hi = peers[0], peers[-1]
 for who, name in (("tcp", "tcp"), ("tcp,shm", "shm")):
-    if (who, lo) in rows and (who, hi) in rows:
+    if (who, lo, 1) in rows and (who, hi, 1) in rows:
         print("%s: %d peers / %d peer(s): %.2f (median), %.2f (worst runs)" % (name, hi, lo,
-              med((who, hi), 0) / med((who, lo), 0), worst((who, hi)) / worst((who, lo))))
+              med((who, hi, 1), 0) / med((who, lo, 1), 0), worst((who, hi, 1)) / worst((who, lo, 1))))
+    for n in peers:
+        if len(threads) > 1 and (who, n, threads[0]) in rows and (who, n, threads[-1]) in rows:
+            print("%s, %d peer(s): %d threads / %d: %.2f (median)" % (name, n, threads[-1], threads[0],
+                  med((who, n, threads[-1]), 0) / med((who, n, threads[0]), 0)))
 for n in peers:
-    if ("tcp", n) in rows and ("tcp,shm", n) in rows:
-        print("shm / tcp at %d peer(s): %.2f" % (n, med(("tcp,shm", n), 0) / med(("tcp", n), 0)))
+    if ("tcp", n, 1) in rows and ("tcp,shm", n, 1) in rows:
+        print("shm / tcp at %d peer(s): %.2f" % (n, med(("tcp,shm", n, 1), 0) / med(("tcp", n, 1), 0)))
 for who, name in (("tcp", "tcp"), ("tcp,shm", "shm")):
-    ratios = ["%d: %.2f" % (n, med((who, n), 0) / med(("floor", n), 0)) for n in peers
-              if (who, n) in rows and ("floor", n) in rows]
+    ratios = ["%d: %.2f" % (n, med((who, n, 1), 0) / med(("floor", n, 1), 0)) for n in peers
+              if (who, n, 1) in rows and ("floor", n, 1) in rows]
     if ratios:
-        print("%s / wakeup floor at each peer count: %s" % (name, ", ".join(ratios)))
+        print("%s / wakeup floor at each peer count (one thread): %s" % (name, ", ".join(ratios)))
 EOF

@@ -81,16 +81,16 @@ fi
 
 # The order keeps both cores busy. RDMA on real verbs runs in a qemu guest
 # (soft-RoCE, scripts/rdma-vm/) that keeps about one core busy for minutes:
-# it runs beside lint, asan and cargo. It needs the C programs ctest builds
-# and, for its Python interop case, python's virtualenv.
+# it runs beside lint, asan and both cargo suites. It needs the C programs
+# ctest builds and, for its Python interop case, python's virtualenv.
 suite ctest scripts/suites/ctest.sh
 suite python scripts/test-python.sh
 suite_start rdma-vm scripts/rdma-vm/test.sh
 suite lint scripts/suites/lint.sh
 suite asan scripts/suites/asan.sh
 suite cargo scripts/suites/cargo.sh
-suite_wait rdma-vm
 suite cargo-no-default-features scripts/suites/cargo.sh --no-default-features
+suite_wait rdma-vm
 
 scripts/suites/summary.sh "$TE_RESULTS_DIR"
 summary_rc=$?

@@ -11,14 +11,15 @@
 
 use crate::common::servers::{Etcd, Redis};
 use crate::common::{Buf, config_with, read_req, register, run, wait_for, write_req};
+use once_cell::sync::OnceCell;
 use serde_json::Value;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use transfer_engine::TaskStatus;
 use transfer_engine::{Config, Engine};
 
 /// The settings [`init_env`] recorded.
-static SETTINGS: OnceLock<Vec<(String, String)>> = OnceLock::new();
+static SETTINGS: OnceCell<Vec<(String, String)>> = OnceCell::new();
 
 /// Sets the configuration of the engines this process makes with
 /// [`engine`] and [`config`]: `MC_TCP_BIND_ADDRESS=127.0.0.1` (store mode
