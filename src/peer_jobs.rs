@@ -405,8 +405,18 @@ mod tests {
                 finish,
             );
         }
-        drop(release);
-        work.drain(Duration::from_secs(10));
+        // The first job ends only once the drain has sorted the queue (it
+        // is closed then), so the other two cannot run before it.
+        std::thread::scope(|scope| {
+            let work = &work;
+            scope.spawn(move || {
+                while !sync::lock(&work.shared.state).closed {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                drop(release);
+            });
+            work.drain(Duration::from_secs(10));
+        });
         let mut got: Vec<_> = seen.try_iter().collect();
         got.sort_by_key(|(n, _)| *n);
         assert_eq!(got, [("flush", Run::Now), ("refuse", Run::Refused)]);
