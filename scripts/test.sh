@@ -27,11 +27,20 @@ export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 # The store tests must fail, not skip, when etcd or redis is missing.
 export TE_REQUIRE_SERVERS=1
 
+# disk_note WHEN: free space where the run writes (a full run needs about
+# 8 GB: target/ and build/), so a suite that fails for want of disk says so.
+disk_note() {
+  df -Pk . "${TMPDIR:-/tmp}" | awk -v when="$1" 'NR > 1 && !seen[$1]++ {
+    printf "disk %s: %.1f GB free on %s\n", when, $4 / 1048576, $6 }'
+}
+disk_note "at the start"
+
 failed_suites=()
 # suite_done NAME RC SECONDS: the suite's verdict.
 suite_done() {
   local name=$1 rc=$2
   echo "===== suite $name took $3 s"
+  [ "$rc" -eq 0 ] || disk_note "after $name failed"
   if [ ! -s "$TE_RESULTS_DIR/$name.counts" ]; then
     echo "suite $name wrote no $TE_RESULTS_DIR/$name.counts (exit $rc): counted as one failure"
     echo "0 1 0" >"$TE_RESULTS_DIR/$name.counts"
@@ -94,6 +103,8 @@ suite_wait rdma-vm
 
 scripts/suites/summary.sh "$TE_RESULTS_DIR"
 summary_rc=$?
+disk_note "at the end"
+du -sh target build 2>/dev/null | sed 's/^/disk used: /'
 if ((${#failed_suites[@]})); then
   echo "failed suites: ${failed_suites[*]}"
   exit 1
