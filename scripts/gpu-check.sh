@@ -3,8 +3,10 @@
 # a device, builds ctests/gpu_memory.c (the program ctest runs against the
 # CUDA driver test double) and runs it against the machine's real
 # libcuda.so.1 and GPU 0: device memory from cuMemAlloc, registered with
-# two engines over TCP, is refused on every path and never copied with the
-# CPU (a CPU copy of device memory would crash the process). Elsewhere it
+# two engines, moves over TCP (staged through host buffers) and in copies
+# within the process through the driver's copies, every byte checked, and
+# is never copied with the CPU (a CPU copy of device memory would crash the
+# process). Elsewhere it
 # says that it was skipped and exits 0: nothing is claimed for a GPU then.
 #
 #   scripts/gpu-check.sh [DIR]

@@ -1,8 +1,9 @@
 """GPU addresses (a tensor's ``data_ptr()``) never reach a CPU copy: with a
 test double of the CUDA driver (tests/support/cuda_driver_double.c, NOT a
-GPU) loaded into a child interpreter, the byte helpers raise and transfers
-from and to its "device memory" fail, and the process lives (the double's
-memory is mapped PROT_NONE: a CPU touch would kill it)."""
+GPU) loaded into a child interpreter, the byte helpers raise, and
+transfers from and to its "device memory" move every byte through the
+driver's copy calls; the process lives (the double's memory is mapped
+PROT_NONE: a CPU touch would kill it)."""
 
 import pathlib
 import shutil
@@ -35,15 +36,21 @@ for call in (lambda: e.write_bytes_to_buffer(dev, b"abc", 3),
 assert e.register_memory(dev, 1 << 20, "cpu:0") == 0
 assert e.register_memory(ctypes.addressof(host), 1 << 20) == 0
 me = e.local_name
-assert e.transfer_sync_write(me, dev, ctypes.addressof(host), 4096) < 0
-assert e.transfer_sync_read(me, dev, ctypes.addressof(host), 4096) < 0
-assert e.transfer_sync_write(me, ctypes.addressof(host), dev, 4096) < 0
-assert host.raw == bytes(1 << 20), "no byte moved"
+h = ctypes.addressof(host)
+ctypes.memmove(h, bytes(range(256)) * 16, 4096)
+copies = double.te_cuda_double_copies()
+assert e.transfer_sync_write(me, h, dev + 8, 4096) == 0
+assert e.transfer_sync_read(me, h + 8192, dev + 8, 4096) == 0
+assert host.raw[8192:8192 + 4096] == host.raw[:4096], "the bytes came back"
+seen = ctypes.create_string_buffer(4096)
+assert double.te_cuda_double_read(seen, ctypes.c_uint64(dev + 8), 4096) == 0
+assert seen.raw == host.raw[:4096], "the double's GPU memory holds them"
+assert double.te_cuda_double_copies() > copies, "the driver double copied"
 print("ok")
 """
 
 
-def test_gpu_addresses_are_refused_not_copied(tmp_path):
+def test_gpu_addresses_are_copied_by_the_driver_not_the_cpu(tmp_path):
     cc = shutil.which("cc") or shutil.which("gcc")
     need(cc is not None, "no C compiler to build the CUDA driver double")
     so = tmp_path / "libcuda.so.1"

@@ -6,11 +6,12 @@
 use super::{Engine, LOCAL_SEGMENT_ID, Opcode, Request, refused};
 use crate::batch::{Batch, PendingNotify, TaskStatus};
 use crate::error::{Error, Result};
+use crate::memory::staging;
 use crate::memory::{MemoryRegistry, Residence};
 use crate::peer_jobs::Finish;
 use crate::segment::RemoteSegment;
 use crate::sync;
-use crate::transport::local::{CopyJob, copy_bytes};
+use crate::transport::local::{CopyJob, copy_any};
 use crate::transport::scheduler::planner;
 use crate::transport::{
     Fallback, LocalSide, NicLoad, Refresh, Refreshed, Submission, Transfer, Transport,
@@ -413,6 +414,16 @@ impl Engine {
         }
     }
 
+    /// A slice of a copy within the process failed: the driver refused
+    /// to copy GPU memory.
+    fn copy_failed(batch: &Batch, id: usize, why: &str) {
+        crate::log_limit::warn_limited!("task {id}: {why}");
+        batch.note_failure(id, why);
+        if let Some(task) = batch.slot(id) {
+            task.finish_slice(0, false);
+        }
+    }
+
     /// Why a request's local `source` range cannot be used: NULL, wrapping
     /// the address space, or (with `MC_TE_STRICT_LOCAL`) not inside one
     /// registered buffer.
@@ -447,18 +458,25 @@ impl Engine {
         if let Some(why) = self.source_problem(r, memory) {
             return Self::fail_task(batch, id, format_args!("{why}"));
         }
+        // GPU memory on either side is copied by the CUDA driver.
+        let mut gpu = None;
         for (side, addr) in [("source", r.source), ("target", r.target_offset)] {
-            let residence = memory.residence(addr, r.length);
-            if residence != Residence::Host {
-                return Self::fail_task(
-                    batch,
-                    id,
-                    format_args!(
-                        "the {side} {addr:#x}+{} is {residence}, which a copy within \
-                         this process would touch with the CPU",
-                        r.length
-                    ),
-                );
+            match memory.residence(addr, r.length) {
+                Residence::Host => {}
+                Residence::Device(n) if staging::available() => {
+                    gpu.get_or_insert(n);
+                }
+                residence => {
+                    return Self::fail_task(
+                        batch,
+                        id,
+                        format_args!(
+                            "the {side} {addr:#x}+{} is {residence}, which a copy within \
+                             this process cannot move without its driver's copy calls",
+                            r.length
+                        ),
+                    );
+                }
             }
         }
         let (src, dst) = match r.opcode {
@@ -472,8 +490,10 @@ impl Engine {
             // SAFETY: the target range was checked against the registry
             // above; the source is the caller's memory, which the C API
             // requires to be valid for `length` bytes.
-            unsafe { copy_bytes(src, dst, r.length) };
-            task.finish_slice(r.length, true);
+            match unsafe { copy_any(src, dst, r.length, gpu) } {
+                Ok(()) => task.finish_slice(r.length, true),
+                Err(why) => Self::copy_failed(batch, id, &why),
+            }
             return;
         }
         for (off, len) in planner::slices(r.length, cfg.sched.slice_size, cfg.sched.fragment_limit)
@@ -483,10 +503,14 @@ impl Engine {
                 dst: (dst + off) as usize,
                 src: (src + off) as usize,
                 len: len as usize,
-                done: Box::new(move || {
-                    if let Some(task) = batch.slot(id) {
-                        task.finish_slice(len, true);
+                gpu,
+                done: Box::new(move |copied| match copied {
+                    Ok(()) => {
+                        if let Some(task) = batch.slot(id) {
+                            task.finish_slice(len, true);
+                        }
                     }
+                    Err(why) => Self::copy_failed(&batch, id, &why),
                 }),
             });
         }
@@ -561,8 +585,8 @@ impl Engine {
                 id,
                 format_args!(
                     "the source {:#x}+{} is memory of GPU {n}, and the transports that reach \
-                     segment {:?} ({}) copy with the CPU; only RDMA, with the buffer registered, \
-                     moves GPU memory",
+                     segment {:?} ({}) cannot move it: RDMA moves registered GPU memory, and \
+                     TCP stages it through host buffers where the CUDA driver can copy it",
                     r.source,
                     r.length,
                     seg.name,
@@ -587,7 +611,11 @@ impl Engine {
             len: r.length,
             write: r.opcode == Opcode::Write,
         };
-        let local = LocalSide::of(memory, r.source);
+        let gpu = match residence {
+            Residence::Device(n) => Some(n),
+            _ => None,
+        };
+        let local = LocalSide::of(memory, r.source, gpu);
         let refresh = self.refresher();
         dispatch(
             chain.into(),

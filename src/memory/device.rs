@@ -119,8 +119,8 @@ const HANDLE_TYPE_DMA_BUF_FD: c_int = 1;
 
 /// A driver's entry points this module calls.
 struct Driver {
-    /// Keeps the driver's handle (and so its functions) alive.
-    _library: Library,
+    /// The driver's handle (it keeps its functions alive).
+    library: Library,
     vendor: Option<Vendor>,
     pointer_get_attribute: PointerGetAttribute,
     /// The dma-buf export of GPU memory (CUDA 11.7 and later), for RDMA
@@ -264,12 +264,18 @@ fn open(library: Library, api: &DriverApi) -> Option<Driver> {
     };
     tracing::info!("{name} found in the process: its GPU buffers are detected");
     Some(Driver {
-        _library: library,
+        library,
         vendor: api.vendor,
         pointer_get_attribute,
         #[cfg(feature = "rdma")]
         dmabuf,
     })
+}
+
+/// The CUDA driver, if the process has loaded it and it answers (its
+/// copy calls are resolved by [`super::staging`]).
+pub(super) fn cuda_library() -> Option<&'static Library> {
+    driver(&CUDA_DRIVER, &CUDA, &CUDA_ABSENT, libraries_loaded()).map(|d| &d.library)
 }
 
 /// A dma-buf of CUDA GPU memory and where a range starts in it.

@@ -11,6 +11,7 @@ use std::sync::{Arc, RwLock};
 pub mod device;
 pub mod fence;
 pub mod numa;
+pub mod staging;
 
 pub use device::Residence;
 pub use fence::Fence;
@@ -22,6 +23,11 @@ pub trait RemoteMemory: Send + Sync {
     /// The fence of the remotely accessible registered buffer that holds
     /// all of `[addr, addr + len)`, or `None` (also for `len == 0`).
     fn admit(&self, addr: u64, len: u64) -> Option<Arc<Fence>>;
+
+    /// [`RemoteMemory::admit`] for a transport that stages GPU memory
+    /// through host buffers ([`staging`]): a CUDA GPU buffer is admitted
+    /// too where its memory can be copied here, with its GPU.
+    fn admit_staged(&self, addr: u64, len: u64) -> Option<(Arc<Fence>, Option<u32>)>;
 }
 
 /// Where a buffer's memory lives, as named in Mooncake's location strings.
@@ -265,17 +271,36 @@ impl MemoryRegistry {
     /// The fence of the remotely accessible region that holds all of
     /// `[addr, addr + len)` (`len > 0`), if one does and the CPU may copy
     /// it: a peer's request to a buffer in GPU memory is refused, since the
-    /// transports that ask (TCP, shared memory) copy with the CPU.
+    /// transports that ask copy with the CPU.
     pub fn admit(&self, addr: u64, len: u64) -> Option<Arc<Fence>> {
+        self.admit_where(addr, len, false).map(|(fence, _)| fence)
+    }
+
+    /// [`RemoteMemory::admit_staged`].
+    pub fn admit_staged(&self, addr: u64, len: u64) -> Option<(Arc<Fence>, Option<u32>)> {
+        self.admit_where(addr, len, staging::available())
+    }
+
+    /// The fence of the remotely accessible region holding `[addr, addr +
+    /// len)`, with its GPU where it is CUDA GPU memory and `staged` (the
+    /// transport copies it with the driver); other GPU memory is refused.
+    fn admit_where(&self, addr: u64, len: u64, staged: bool) -> Option<(Arc<Fence>, Option<u32>)> {
         let e = self.entry(addr, len)?;
-        if let Residence::Device(n) | Residence::Foreign(_, n) = e.residence {
-            crate::log_limit::warn_limited!(
-                "a peer's request to {addr:#x}+{len} is refused: that buffer is memory of GPU \
-                 {n}, which this transport would have to copy with the CPU"
-            );
+        if !(len > 0 && e.region.remote_accessible) {
             return None;
         }
-        (len > 0 && e.region.remote_accessible).then(|| e.fence.clone())
+        let gpu = match e.residence {
+            Residence::Host => None,
+            Residence::Device(n) if staged => Some(n),
+            r => {
+                crate::log_limit::warn_limited!(
+                    "a peer's request to {addr:#x}+{len} is refused: that buffer is {r}, which \
+                     this transport would have to copy with the CPU"
+                );
+                return None;
+            }
+        };
+        Some((e.fence.clone(), gpu))
     }
 
     /// Resolves the `*` location of the regions at `addrs` to the NUMA
@@ -297,6 +322,10 @@ impl MemoryRegistry {
 impl RemoteMemory for RwLock<MemoryRegistry> {
     fn admit(&self, addr: u64, len: u64) -> Option<Arc<Fence>> {
         sync::read(self).admit(addr, len)
+    }
+
+    fn admit_staged(&self, addr: u64, len: u64) -> Option<(Arc<Fence>, Option<u32>)> {
+        sync::read(self).admit_staged(addr, len)
     }
 }
 

@@ -1,8 +1,11 @@
 //! The local path: copies between buffers of this process. Small requests
 //! are copied by the submitting thread; larger ones are cut into slices that
 //! a pool of copy threads (one per core) and the threads polling for status
-//! share, so a large request runs on more than one core.
+//! share, so a large request runs on more than one core. Where either
+//! side is GPU memory the CUDA driver copies instead of the CPU
+//! ([`crate::memory::staging::copy`]).
 
+use crate::memory::staging;
 use crate::sync;
 use crossbeam_channel::{Receiver, Sender};
 use once_cell::sync::OnceCell;
@@ -18,8 +21,11 @@ pub struct CopyJob {
     pub src: usize,
     /// Bytes to copy.
     pub len: usize,
-    /// Called once, after the copy.
-    pub done: Box<dyn FnOnce() + Send>,
+    /// The GPU in whose context the driver copies, when either side is
+    /// GPU memory (`None`: both are host memory, copied by the CPU).
+    pub gpu: Option<u32>,
+    /// Called once, after the copy, with why it failed if it did.
+    pub done: Box<dyn FnOnce(Result<(), String>) + Send>,
 }
 
 /// Copies `len` bytes from `src` to `dst` (the ranges may overlap).
@@ -38,6 +44,23 @@ pub unsafe fn copy_bytes(src: u64, dst: u64, len: u64) {
     };
 }
 
+/// Copies `len` bytes from `src` to `dst`: by the CPU when `gpu` is
+/// `None`, else by the CUDA driver in GPU `gpu`'s context (either side
+/// may be GPU memory then; the ranges must not overlap).
+///
+/// # Safety
+/// As [`copy_bytes`], for host or GPU memory.
+pub unsafe fn copy_any(src: u64, dst: u64, len: u64, gpu: Option<u32>) -> Result<(), String> {
+    match gpu {
+        // SAFETY: guaranteed by the caller.
+        None => unsafe { copy_bytes(src, dst, len) },
+        // SAFETY: guaranteed by the caller; the driver tells host from GPU
+        // memory by the addresses.
+        Some(gpu) => unsafe { staging::copy(dst, src, len as usize, gpu) }?,
+    }
+    Ok(())
+}
+
 impl CopyJob {
     /// Copies the bytes and reports the slice done.
     pub fn run(self) {
@@ -45,8 +68,9 @@ impl CopyJob {
         // range it checked against the registry, and from the caller's
         // source pointer, which the C API requires to stay valid until the
         // task is terminal.
-        unsafe { copy_bytes(self.src as u64, self.dst as u64, self.len as u64) };
-        (self.done)();
+        let copied =
+            unsafe { copy_any(self.src as u64, self.dst as u64, self.len as u64, self.gpu) };
+        (self.done)(copied);
     }
 }
 

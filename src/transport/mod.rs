@@ -197,15 +197,19 @@ pub struct LocalSide {
     pub location: String,
     /// End of that buffer: slices are not cut across it.
     pub end: Option<u64>,
+    /// The CUDA GPU whose memory it is (`None`: host memory).
+    pub gpu: Option<u32>,
 }
 
 impl LocalSide {
-    /// The local side of a request from `local`, as `memory` holds it.
-    pub fn of(memory: &MemoryRegistry, local: u64) -> LocalSide {
+    /// The local side of a request from `local`, as `memory` holds it, in
+    /// the memory of GPU `gpu` (or host memory).
+    pub fn of(memory: &MemoryRegistry, local: u64, gpu: Option<u32>) -> LocalSide {
         let region = memory.find(local, 1);
         LocalSide {
             location: region.map_or_else(|| "*".to_string(), |r| r.location.to_string()),
             end: region.map(Region::end),
+            gpu,
         }
     }
 }
@@ -396,6 +400,9 @@ pub struct Slice {
     pub len: u64,
     /// WRITE (true) or READ.
     pub write: bool,
+    /// The CUDA GPU whose memory `local` is (`None`: host memory); a
+    /// transport copying with the CPU stages it.
+    pub local_gpu: Option<u32>,
     /// Called once with the outcome.
     pub done: Box<dyn FnOnce(Outcome) + Send>,
 }

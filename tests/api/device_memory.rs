@@ -1,118 +1,19 @@
 //! GPU memory is detected and never copied with the CPU, tested with a
 //! test double of the CUDA driver (tests/support/cuda_driver_double.c):
 //! NOT a GPU. The double's "device memory" is mapped PROT_NONE, so a CPU
-//! copy of it would kill the test process; the tests check that every
-//! request to or from it over TCP or within the process fails before a
-//! byte moves, with the reason, and that the engine's host buffers still
-//! move bytes beside it. Real GPUs: scripts/gpu-check.sh.
+//! copy of it would kill the test process; its bytes live where only the
+//! double's copy calls reach them. The tests check that requests to and
+//! from it over TCP and within the process move every byte through the
+//! driver's copies, and that other vendors' GPU memory is refused before
+//! a byte moves, with the reason. Real GPUs: scripts/gpu-check.sh.
 
 use crate::common;
 
-use common::{Buf, engine, pattern, read_req, register, run, write_req};
-use libloading::Library;
-use std::path::PathBuf;
-use std::process::Command;
+use common::gpu_double::{DriverDouble, Kind};
+use common::{Buf, engine, engine_with, pattern, read_req, register, run, write_req};
 use transfer_engine::{
     Engine, LOCAL_SEGMENT_ID, Location, Region, Residence, TaskStatus, Vendor, residence,
 };
-
-/// Which GPU library a double stands in for.
-#[derive(Clone, Copy)]
-enum Kind {
-    Cuda,
-    Musa,
-    Hip,
-}
-
-/// A driver double, built and loaded into this process (each test is a
-/// process of its own under nextest).
-struct DriverDouble {
-    library: Library,
-    alloc: &'static [u8],
-    _dir: PathBuf,
-}
-
-impl DriverDouble {
-    /// The CUDA driver's double.
-    fn load() -> DriverDouble {
-        DriverDouble::load_kind(Kind::Cuda)
-    }
-
-    fn load_kind(kind: Kind) -> DriverDouble {
-        let (soname, source, define, alloc): (_, _, &[&str], &'static [u8]) = match kind {
-            Kind::Cuda => (
-                "libcuda.so.1",
-                "cuda_driver_double.c",
-                &[],
-                b"te_cuda_double_alloc\0",
-            ),
-            Kind::Musa => (
-                "libmusa.so.1",
-                "cuda_driver_double.c",
-                &["-DTE_DOUBLE_MUSA"],
-                b"te_cuda_double_alloc\0",
-            ),
-            Kind::Hip => (
-                "libamdhip64.so.6",
-                "hip_runtime_double.c",
-                &[],
-                b"te_hip_double_alloc\0",
-            ),
-        };
-        let dir = std::env::temp_dir().join(format!("te-gpu-double-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let so = dir.join(soname);
-        let source = format!("{}/tests/support/{source}", env!("CARGO_MANIFEST_DIR"));
-        let out = Command::new("cc")
-            .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror"])
-            .args(define)
-            .arg(format!("-Wl,-soname,{soname}"))
-            .arg("-o")
-            .arg(&so)
-            .arg(source)
-            .output()
-            .expect("run cc");
-        assert!(
-            out.status.success(),
-            "cc: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // SAFETY: the double's initialisers are the C runtime's only.
-        let library = unsafe { Library::new(&so) }.expect("load the driver double");
-        eprintln!("GPU library: the test double {} (not a GPU)", so.display());
-        DriverDouble {
-            library,
-            alloc,
-            _dir: dir,
-        }
-    }
-
-    /// `len` bytes of the double's "device memory" on GPU `ordinal`.
-    fn alloc(&self, len: usize, ordinal: i32) -> u64 {
-        // SAFETY: the double's function has this signature.
-        let p = unsafe {
-            let f = self
-                .library
-                .get::<unsafe extern "C" fn(usize, i32) -> *mut u8>(self.alloc)
-                .expect("the double's allocation function");
-            f(len, ordinal)
-        };
-        assert!(!p.is_null(), "the double's allocation failed");
-        p as u64
-    }
-
-    /// How many times the engine asked the CUDA double about a pointer.
-    fn queries(&self) -> i64 {
-        // SAFETY: the double's function has this signature.
-        unsafe {
-            let f = self
-                .library
-                .get::<unsafe extern "C" fn() -> i64>(b"te_cuda_double_queries\0")
-                .expect("te_cuda_double_queries");
-            f()
-        }
-    }
-}
 
 const LEN: u64 = 1 << 20;
 
@@ -174,7 +75,7 @@ fn gpu_buffers_are_located_at_their_gpu() {
 }
 
 #[test]
-fn tcp_refuses_gpu_memory_on_either_side_before_a_byte_moves() {
+fn tcp_stages_gpu_memory_on_either_side() {
     let cuda = DriverDouble::load();
     let dev_remote = cuda.alloc(LEN as usize, 0);
     let dev_local = cuda.alloc(LEN as usize, 1);
@@ -184,49 +85,114 @@ fn tcp_refuses_gpu_memory_on_either_side_before_a_byte_moves() {
     register_at(&target, dev_remote, "cuda:0");
     register(&target, &remote_host, true);
     let src = Buf::new(LEN as usize, 7);
+    let dst = Buf::zeroed(LEN as usize);
     register(&me, &src, false);
+    register(&me, &dst, false);
     register_at(&me, dev_local, "cuda:1");
+    cuda.fill(dev_local, LEN as usize, 11);
     let seg = me.open_segment(target.local_name()).expect("open");
+    let done = |reqs: &[transfer_engine::Request]| {
+        assert!(
+            run(&me, reqs).iter().all(|s| *s == TaskStatus::Completed),
+            "every request completed"
+        );
+    };
 
-    // Into and out of the peer's GPU buffer: its data server refuses.
-    failed(&me, write_req(src.addr(), seg, dev_remote, LEN));
-    failed(&me, read_req(src.addr(), seg, dev_remote + 4096, 4096));
-    // From and into a local GPU buffer (registered or not): refused here.
-    let why = failed(&me, write_req(dev_local, seg, remote_host.addr(), LEN));
-    assert!(why.contains("GPU 1") && why.contains("tcp"), "{why}");
-    let why = failed(&me, read_req(dev_local + 8, seg, remote_host.addr(), 64));
-    assert!(why.contains("GPU 1"), "{why}");
-    let unregistered = cuda.alloc(4096, 3);
-    let why = failed(&me, write_req(unregistered, seg, remote_host.addr(), 4096));
-    assert!(why.contains("GPU 3"), "{why}");
-    assert!(
-        remote_host.snapshot().iter().all(|&b| b == 0),
-        "no byte moved"
-    );
-
-    // Host buffers beside them still move every byte.
+    // Host memory into the peer's GPU buffer, and back out of it.
+    done(&[write_req(src.addr(), seg, dev_remote, LEN)]);
     assert_eq!(
-        run(&me, &[write_req(src.addr(), seg, remote_host.addr(), LEN)]),
-        vec![TaskStatus::Completed]
+        cuda.contents(dev_remote, LEN as usize),
+        pattern(LEN as usize, 7)
     );
-    assert_eq!(remote_host.snapshot(), pattern(LEN as usize, 7));
+    done(&[read_req(dst.addr() + 3, seg, dev_remote + 4096, 4093)]);
+    assert_eq!(
+        dst.snapshot()[3..4096],
+        pattern(LEN as usize, 7)[4096..4096 + 4093]
+    );
+    // From this process's GPU buffer to the peer's host memory, and a READ
+    // into it at an unaligned offset.
+    done(&[write_req(dev_local, seg, remote_host.addr(), LEN)]);
+    assert_eq!(remote_host.snapshot(), pattern(LEN as usize, 11));
+    done(&[read_req(dev_local + 8, seg, remote_host.addr() + 100, 64)]);
+    let mut want = pattern(LEN as usize, 11);
+    want.copy_within(100..164, 8);
+    assert_eq!(cuda.contents(dev_local, LEN as usize), want);
+    // GPU to GPU, and a GPU source nobody registered.
+    done(&[write_req(dev_local, seg, dev_remote, LEN)]);
+    assert_eq!(cuda.contents(dev_remote, LEN as usize), want);
+    let unregistered = cuda.alloc(4096, 3);
+    cuda.fill(unregistered, 4096, 5);
+    done(&[write_req(unregistered, seg, remote_host.addr(), 4096)]);
+    assert_eq!(remote_host.snapshot()[..4096], pattern(4096, 5));
+    assert!(cuda.copies() > 0, "the driver double copied");
+
+    // A range past the end of the peer's GPU buffer is still refused.
+    failed(&me, write_req(src.addr(), seg, dev_remote + 8, LEN));
 }
 
 #[test]
-fn copies_within_the_process_refuse_gpu_memory() {
+fn slices_longer_than_a_staging_buffer_are_staged_in_pieces() {
+    const BIG: u64 = 3 * (1 << 20) + 5;
+    let cuda = DriverDouble::load();
+    let dev_remote = cuda.alloc(BIG as usize, 0);
+    let dev_local = cuda.alloc(BIG as usize, 1);
+    // One slice per request: 3 MiB + 5 cut into four staging pieces.
+    let slices = [("MC_SLICE_SIZE", "8388608")];
+    let target = engine_with(&slices);
+    let me = engine_with(&slices);
+    for (e, dev, loc) in [(&target, dev_remote, "cuda:0"), (&me, dev_local, "cuda:1")] {
+        e.register(&[Region {
+            addr: dev,
+            length: BIG,
+            location: Location::parse(loc).expect("location"),
+            remote_accessible: true,
+        }])
+        .expect("register");
+    }
+    cuda.fill(dev_local, BIG as usize, 21);
+    let seg = me.open_segment(target.local_name()).expect("open");
+    assert_eq!(
+        run(&me, &[write_req(dev_local, seg, dev_remote, BIG)]),
+        vec![TaskStatus::Completed]
+    );
+    assert_eq!(
+        cuda.contents(dev_remote, BIG as usize),
+        pattern(BIG as usize, 21)
+    );
+    cuda.fill(dev_remote, BIG as usize, 22);
+    assert_eq!(
+        run(&me, &[read_req(dev_local, seg, dev_remote, BIG)]),
+        vec![TaskStatus::Completed]
+    );
+    assert_eq!(
+        cuda.contents(dev_local, BIG as usize),
+        pattern(BIG as usize, 22)
+    );
+}
+
+#[test]
+fn copies_within_the_process_move_gpu_memory_with_the_driver() {
     let cuda = DriverDouble::load();
     let dev = cuda.alloc(LEN as usize, 2);
+    let other = cuda.alloc(LEN as usize, 3);
     let e = engine();
     let host = Buf::new(LEN as usize, 9);
     register(&e, &host, true);
     register_at(&e, dev, "cuda:2");
-    let why = failed(&e, write_req(host.addr(), LOCAL_SEGMENT_ID, dev, LEN));
-    assert!(why.contains("target") && why.contains("GPU 2"), "{why}");
-    let why = failed(&e, write_req(dev, LOCAL_SEGMENT_ID, host.addr(), 4096));
-    assert!(why.contains("source") && why.contains("GPU 2"), "{why}");
-    let why = failed(&e, read_req(dev, LOCAL_SEGMENT_ID, host.addr(), 4096));
-    assert!(why.contains("GPU 2"), "{why}");
-    assert_eq!(host.snapshot(), pattern(LEN as usize, 9), "no byte moved");
+    register_at(&e, other, "cuda:3");
+    let ok = |req| assert_eq!(run(&e, &[req]), vec![TaskStatus::Completed]);
+    let copies = cuda.copies();
+    // Host to GPU (sliced over the copy threads), GPU to GPU, GPU to host.
+    ok(write_req(host.addr(), LOCAL_SEGMENT_ID, dev, LEN));
+    assert_eq!(cuda.contents(dev, LEN as usize), pattern(LEN as usize, 9));
+    ok(write_req(dev, LOCAL_SEGMENT_ID, other, LEN));
+    assert_eq!(cuda.contents(other, LEN as usize), pattern(LEN as usize, 9));
+    cuda.fill(other, LEN as usize, 4);
+    ok(read_req(host.addr() + 1, LOCAL_SEGMENT_ID, other + 1, 4095));
+    let mut want = pattern(LEN as usize, 9);
+    want[1..4096].copy_from_slice(&pattern(LEN as usize, 4)[1..4096]);
+    assert_eq!(host.snapshot(), want);
+    assert!(cuda.copies() > copies, "the driver double copied");
 }
 
 /// Another vendor's GPU memory: located, refused at registration and in

@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 pub mod fresh;
+pub mod gpu_double;
 pub mod handshake;
 pub mod proc;
 pub mod readers;

@@ -23,10 +23,14 @@
 //!   stays as refilled.
 //! * Opening a peer on this host logs that shared memory carries its data
 //!   (TCP if it cannot).
+//! * The peer's buffer in GPU memory (of the CUDA driver's test double,
+//!   NOT a GPU) is reached over TCP, which stages it, beside shared memory
+//!   for its host buffer.
 
 use crate::common;
 
-use common::{Buf, pattern_byte};
+use common::gpu_double::DriverDouble;
+use common::{Buf, pattern, pattern_byte};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -52,7 +56,12 @@ const HANG: Duration = Duration::from_secs(120);
 
 /// A hash of bytes (FNV-1a), to compare a buffer over time.
 fn digest(b: &Buf) -> u64 {
-    b.snapshot().iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| {
+    digest_of(&b.snapshot())
+}
+
+/// [`digest`] of `bytes`.
+fn digest_of(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| {
         (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
     })
 }
@@ -94,6 +103,8 @@ fn child_main() {
     // still be writing any of them however late the host lets it run.
     const FRESH_KEPT: usize = 4;
     let mut fresh: Vec<Buf> = Vec::new();
+    // The CUDA driver's double and its GPU buffer, once "gpu" asked.
+    let mut gpu: Option<(DriverDouble, u64, usize)> = None;
     let add_fresh = |fresh: &mut Vec<Buf>, len: usize, unregister_old: bool| {
         let b = Buf::new(len, SEED_PEER);
         register(&e, &b);
@@ -176,6 +187,27 @@ fn child_main() {
                     .count()})
             }
             "counters" => json!({"shm": counters(&e)}),
+            // Loads the CUDA driver's double and registers `len` bytes of
+            // its GPU 0 memory, filled with the peer pattern.
+            "gpu" => {
+                let len = cmd["len"].as_u64().unwrap() as usize;
+                let double = DriverDouble::load();
+                let dev = double.alloc(len, 0);
+                double.fill(dev, len, SEED_PEER);
+                e.register(&[Region {
+                    addr: dev,
+                    length: len as u64,
+                    location: Location::Any,
+                    remote_accessible: true,
+                }])
+                .expect("register the GPU buffer");
+                gpu = Some((double, dev, len));
+                json!({"addr": dev})
+            }
+            "gpu_digest" => {
+                let (double, dev, len) = gpu.as_ref().expect("a GPU buffer");
+                json!({"digest": digest_of(&double.contents(*dev, *len))})
+            }
             other => panic!("unknown command {other}"),
         };
         say(answer);
@@ -668,6 +700,61 @@ fn a_peer_of_another_user_is_reached_over_tcp() {
         (Some(0), Some(0)),
         "{c}"
     );
+    assert!(
+        tcp_connections_on(data_port) > 0,
+        "no connection reached the peer's data port"
+    );
+    e.shutdown();
+}
+
+#[test]
+fn gpu_memory_goes_over_tcp_beside_shared_memory() {
+    const TEST: &str = "gpu_memory_goes_over_tcp_beside_shared_memory";
+    const GPU_LEN: usize = (2 << 20) + 3;
+    if is_child(TEST) {
+        return child_main();
+    }
+    let e = engine();
+    let src = Buf::new(GPU_LEN, SEED_WRITE);
+    let dst = Buf::zeroed(GPU_LEN);
+    register(&e, &src);
+    register(&e, &dst);
+    let mut peer = Peer::start(TEST, 1 << 20, &[]);
+    let dev = peer.call(json!({"op": "gpu", "len": GPU_LEN}))["addr"]
+        .as_u64()
+        .unwrap();
+    let seg = e.open_segment(&peer.name).expect("open");
+    let data_port = peer.data_port();
+    let req = |opcode, source, target_offset, length| Request {
+        opcode,
+        source,
+        target_id: seg,
+        target_offset,
+        length,
+    };
+    // Out of the peer's GPU buffer, then into it; its host buffer beside.
+    let reqs = [
+        req(Opcode::Read, dst.addr(), dev, GPU_LEN as u64),
+        req(Opcode::Write, src.addr(), peer.addr, 4096),
+    ];
+    assert_eq!(run(&e, &reqs), vec![TaskStatus::Completed; 2]);
+    assert_eq!(dst.snapshot(), pattern(GPU_LEN, SEED_PEER));
+    assert_eq!(
+        run(&e, &[req(Opcode::Write, src.addr(), dev, GPU_LEN as u64)]),
+        vec![TaskStatus::Completed]
+    );
+    assert_eq!(
+        peer.call(json!({"op": "gpu_digest"}))["digest"],
+        digest_of(&pattern(GPU_LEN, SEED_WRITE))
+    );
+    assert_eq!(
+        peer.call(json!({"op": "check", "ranges": [[0, 4096]]}))["bad"],
+        0
+    );
+    // The host buffer went by shared memory, the GPU buffer by TCP.
+    let c = counters(&e);
+    assert_eq!(c["written"].as_u64(), Some(4096), "{c}");
+    assert_eq!(c["read"].as_u64(), Some(0), "{c}");
     assert!(
         tcp_connections_on(data_port) > 0,
         "no connection reached the peer's data port"

@@ -34,10 +34,10 @@ int hipRuntimeGetVersion(int *version) {
 
 int hipPointerGetAttributes(struct hip_pointer_attribute *a, const void *ptr) {
   if (a == NULL) return HIP_ERROR_INVALID_VALUE;
-  int i = device_memory_find((uintptr_t)ptr);
-  if (i >= 0) {
+  int ordinal = device_memory_ordinal((uintptr_t)ptr);
+  if (ordinal >= 0) {
     a->type = HIP_MEMORY_TYPE_DEVICE;
-    a->device = allocations[i].ordinal;
+    a->device = ordinal;
     a->device_pointer = (void *)ptr;
     a->host_pointer = NULL;
     a->is_managed = 0;

@@ -366,6 +366,7 @@ impl RdmaTransport {
             remote: 0,
             len: 0,
             write: true,
+            local_gpu: None,
             done: Box::new(move |o| done(o == Outcome::Done)),
         };
         match self.nic(device) {

@@ -153,6 +153,7 @@ pub fn slice_path(
                                     local: LocalSide {
                                         location: "cpu:0".into(),
                                         end: None,
+                                        gpu: None,
                                     },
                                     fallback: None,
                                     refresh: None,

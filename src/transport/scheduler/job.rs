@@ -15,6 +15,8 @@ pub(super) struct Request<C: Carrier> {
     pub(super) batch: Arc<Batch>,
     pub(super) task: usize,
     pub(super) write: bool,
+    /// The GPU whose memory the local side is.
+    pub(super) gpu: Option<u32>,
     /// Slot of the local buffer's location in the route.
     pub(super) local_slot: usize,
     pub(super) seg: Arc<RemoteSegment>,

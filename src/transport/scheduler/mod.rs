@@ -224,6 +224,10 @@ impl<C: Carrier> TransportBase for Scheduler<C> {
         self.carrier.needs_registered_source()
     }
 
+    fn moves_device_memory(&self) -> bool {
+        self.carrier.moves_device_memory()
+    }
+
     fn shutdown(&self) {
         Scheduler::shutdown(self)
     }

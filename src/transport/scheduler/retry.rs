@@ -161,6 +161,7 @@ impl<C: Carrier> Scheduler<C> {
                     batch: req.batch.clone(),
                     task: req.task,
                     write: req.write,
+                    gpu: req.gpu,
                     local_slot: req.local_slot,
                     route: me.route_of(&seg),
                     seg,

@@ -24,7 +24,7 @@ impl<C: Carrier> Scheduler<C> {
             task,
             seg,
             xfer,
-            local: LocalSide { location, end },
+            local: LocalSide { location, end, gpu },
             fallback,
             refresh,
         } = sub;
@@ -46,6 +46,7 @@ impl<C: Carrier> Scheduler<C> {
             batch: batch.clone(),
             task,
             write,
+            gpu,
             local_slot,
             seg,
             route,
@@ -149,6 +150,7 @@ impl<C: Carrier> Scheduler<C> {
             remote: job.remote,
             len: job.len,
             write: req.write,
+            local_gpu: req.gpu,
             done: Box::new(move |o| Scheduler::finished(job, o)),
         };
         self.carrier.post(rail, slice, remote_key);

@@ -70,7 +70,7 @@ fn a_retry_reaches_every_rail_beyond_64() {
         len: 4096,
         write: true,
     };
-    let local = LocalSide::of(&memory, 0x9000);
+    let local = LocalSide::of(&memory, 0x9000, None);
     submit_to(&sched, &batch, &seg, xfer, local, None, None);
     // Rail 64 is the one rail that works: a retry must not take it for
     // rail 0, which failed first.
@@ -109,7 +109,7 @@ fn a_slice_out_of_rails_goes_to_the_fallback() {
         len,
         write: true,
     };
-    let local = LocalSide::of(&MemoryRegistry::default(), 0x9000);
+    let local = LocalSide::of(&MemoryRegistry::default(), 0x9000, None);
     submit_to(&sched, &batch, &seg, xfer, local, Some(fallback), None);
     // Every rail fails: each slice goes to the fallback, whole, and the
     // task completes with the bytes the fallback moved.
@@ -240,6 +240,7 @@ fn send<C: Carrier>(
     let side = LocalSide {
         location: location.into(),
         end: None,
+        gpu: None,
     };
     submit_to(sched, &batch, seg, xfer, side, None, refresh);
     batch

@@ -5,10 +5,13 @@
 //! peer's ring or this process's threads. A slice this transport cannot
 //! move (the kernel refuses cross-memory attach, the peer detached, it
 //! stalled) goes to the next transport; one the target rejects fails.
+//! GPU memory is not shared memory: the descriptor lists the buffers in
+//! GPU memory (`gpu_buffers`), and requests to them, like requests from
+//! this process's GPU memory, go to the next transport (TCP stages them).
 
 use super::{AttachFn, ShmOptions, ShmPeer, ShmTransport};
 use crate::error::Result;
-use crate::memory::{MemoryRegistry, Region, RemoteMemory};
+use crate::memory::{MemoryRegistry, Region, RemoteMemory, Residence};
 use crate::metadata::descriptor::SegmentDesc;
 use crate::rpc::{ClientOptions, FrameKind};
 use crate::segment::RemoteSegment;
@@ -28,6 +31,29 @@ pub const PROTOCOL: &str = "shm";
 /// The descriptor key under which this transport publishes its
 /// [`ShmTransport::descriptor`]; Mooncake peers ignore it.
 pub const SHM_KEY: &str = "shm";
+
+/// The key, in the `"shm"` entry, of the buffers in GPU memory (`[[addr,
+/// len], ...]`), which shared memory does not reach.
+const GPU_BUFFERS_KEY: &str = "gpu_buffers";
+
+/// Whether `[remote, remote + len)` overlaps a buffer the peer's `"shm"`
+/// entry lists in GPU memory.
+fn in_gpu_memory(shm: Option<&Value>, remote: u64, len: u64) -> bool {
+    let Some(list) = shm
+        .and_then(|v| v.get(GPU_BUFFERS_KEY))
+        .and_then(Value::as_array)
+    else {
+        return false;
+    };
+    let end = remote.saturating_add(len.max(1));
+    list.iter().any(|b| {
+        let at = |i: usize| b.get(i).and_then(Value::as_u64);
+        match (at(0), at(1)) {
+            (Some(addr), Some(n)) => addr < end && remote < addr.saturating_add(n),
+            _ => false,
+        }
+    })
+}
 
 /// The handshake frame a peer attaches with (ours; Mooncake has no such
 /// frame, and never sends one).
@@ -133,13 +159,21 @@ impl Transport for Shm {
         self.kind
     }
 
-    fn publish(&self, desc: &mut SegmentDesc, _memory: &MemoryRegistry) {
-        desc.extra
-            .insert(SHM_KEY.to_string(), self.core.descriptor());
+    fn publish(&self, desc: &mut SegmentDesc, memory: &MemoryRegistry) {
+        let mut entry = self.core.descriptor();
+        let gpu: Vec<Value> = memory
+            .regions()
+            .filter(|r| memory.residence(r.addr, r.length) != Residence::Host)
+            .map(|r| json!([r.addr, r.length]))
+            .collect();
+        if !gpu.is_empty() {
+            entry[GPU_BUFFERS_KEY] = Value::Array(gpu);
+        }
+        desc.extra.insert(SHM_KEY.to_string(), entry);
     }
 
-    fn reaches(&self, seg: &RemoteSegment, _remote: u64, _len: u64) -> bool {
-        self.speaks(seg)
+    fn reaches(&self, seg: &RemoteSegment, remote: u64, len: u64) -> bool {
+        self.speaks(seg) && !in_gpu_memory(seg.desc.extra.get(SHM_KEY), remote, len)
     }
 
     fn submit(&self, sub: Submission) {
@@ -196,6 +230,7 @@ impl Transport for Shm {
                     remote: part.remote,
                     len,
                     write: part.write,
+                    local_gpu: None,
                     done,
                 },
             );
@@ -223,5 +258,27 @@ impl Transport for Shm {
             ("mapped", s.mapped),
             ("attached", s.attached),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_overlapping_a_listed_gpu_buffer_are_not_reached() {
+        let entry = json!({"pid": 1, GPU_BUFFERS_KEY: [[0x1000, 0x1000], "bad", [0x8000]]});
+        let e = Some(&entry);
+        assert!(in_gpu_memory(e, 0x1000, 1));
+        assert!(in_gpu_memory(e, 0xff0, 0x20), "a range running into it");
+        assert!(in_gpu_memory(e, 0x1fff, 8), "a range running out of it");
+        assert!(!in_gpu_memory(e, 0x2000, 64), "right after it");
+        assert!(!in_gpu_memory(e, 0x800, 0x800), "right before it");
+        assert!(
+            !in_gpu_memory(e, 0x8000, 8),
+            "a malformed entry lists nothing"
+        );
+        assert!(!in_gpu_memory(Some(&json!({"pid": 1})), 0x1000, 8));
+        assert!(!in_gpu_memory(None, 0x1000, 8));
     }
 }

@@ -3,14 +3,17 @@
 //! with a peer interface on the same subnet; a peer that publishes no
 //! devices, a Mooncake peer, is reached over one unbound rail to its data
 //! host), its descriptor keys (`tcp_data_port`, `tcp_proto_version`,
-//! `tcp_devices`), and its installation.
+//! `tcp_devices`), and its installation. Slices of GPU memory are staged
+//! through host buffers ([`super::staged`]).
 
 use crate::error::{Error, Result};
 use crate::memory::MemoryRegistry;
+use crate::memory::staging::{self, StagingPool};
 use crate::metadata::descriptor::SegmentDesc;
 use crate::segment::RemoteSegment;
 use crate::topology::{IfAddr, NetInterface, PriorityMatrix};
 use crate::transport::scheduler::{Carrier, Rail, Scheduler};
+use crate::transport::tcp::staged::{self, STAGING_BUFFERS, STAGING_CHUNK};
 use crate::transport::tcp::{LaneTarget, PROTOCOL, TcpTransport};
 use crate::transport::{InstallContext, Slice, Transport, TransportBase};
 use serde_json::{Value, json};
@@ -161,6 +164,8 @@ pub struct TcpCarrier {
     devices: Vec<TcpDevice>,
     names: Vec<String>,
     force_v1: bool,
+    /// The host buffers GPU memory is staged through.
+    staging: StagingPool,
 }
 
 impl TcpCarrier {
@@ -173,6 +178,7 @@ impl TcpCarrier {
             devices,
             names,
             force_v1,
+            staging: StagingPool::new(STAGING_CHUNK, STAGING_BUFFERS),
         }
     }
 
@@ -187,7 +193,12 @@ impl TransportBase for TcpCarrier {
         seg.desc.tcp_data_port != 0
     }
 
+    fn moves_device_memory(&self) -> bool {
+        staging::available()
+    }
+
     fn shutdown(&self) {
+        self.staging.close();
         self.tcp.shutdown();
     }
 }
@@ -274,7 +285,10 @@ impl Carrier for TcpCarrier {
 
     fn post(&self, rail: &Rail<LaneTarget>, slice: Slice, _remote_key: u32) {
         let device = rail.device.map(|i| self.names[i].as_str());
-        self.tcp.post(device, &rail.target, slice);
+        match slice.local_gpu {
+            None => self.tcp.post(device, &rail.target, slice),
+            Some(gpu) => staged::post(&self.tcp, &self.staging, device, &rail.target, slice, gpu),
+        }
     }
 
     fn probe(&self, rail: &Rail<LaneTarget>, done: Box<dyn FnOnce(bool) + Send>) {

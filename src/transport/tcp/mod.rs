@@ -21,6 +21,7 @@ mod io;
 mod lane;
 mod progress;
 mod server;
+mod staged;
 pub mod wire;
 
 pub use carrier::install;

@@ -12,6 +12,11 @@
 //! takes fewer than `MC_TCP_MIN_RATE_BYTES_PER_SEC` (see
 //! [`super::progress`]).
 //!
+//! A CUDA GPU buffer is staged: a WRITE's payload is received into the
+//! session's host buffer and copied to the GPU with the driver, a READ's
+//! data copied from the GPU into it before each send
+//! ([`crate::memory::staging`]); the CPU never touches GPU memory.
+//!
 //! With a cluster key, a session first runs the server's side of the
 //! authentication ([`crate::auth`]) and reads no request header before the
 //! peer has proved it holds the key; a peer that has not within
@@ -26,6 +31,7 @@ use super::wire::{
 use crate::auth::{Gate, Listener, ServerAuth, Standing};
 use crate::memory::RemoteMemory;
 use crate::memory::fence::{Fence, Inside};
+use crate::memory::staging::{self, HostBuffer};
 use mio::net::TcpStream;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
@@ -43,6 +49,9 @@ const MAX_REPLY_BYTES: usize = 4 << 20;
 const HEADER_DEADLINE: Duration = Duration::from_secs(10);
 /// An idle session releases its receive buffer after this long.
 const TRIM_AFTER: Duration = Duration::from_secs(1);
+/// The host buffer a session stages GPU memory through, while it moves
+/// some.
+const STAGE_LEN: usize = 256 * 1024;
 /// Bytes one session may move per turn before others get theirs.
 pub const TURN_BYTES: usize = 4 << 20;
 
@@ -94,12 +103,16 @@ struct Incoming {
     addr: u64,
     left: u64,
     v2: bool,
+    /// The GPU whose memory it goes to (staged).
+    gpu: Option<u32>,
 }
 
 enum Reply {
     Word([u8; 8]),
     /// READ data straight from registered memory.
     Data(Arc<Fence>, u64, usize),
+    /// READ data from the memory of a GPU, staged piece by piece.
+    Device(Arc<Fence>, u32, u64, usize),
 }
 
 /// Replies queued on one connection, sent together.
@@ -117,8 +130,11 @@ impl Replies {
         self.bytes += 8;
     }
 
-    fn data(&mut self, fence: Arc<Fence>, addr: u64, len: usize) {
-        self.items.push_back(Reply::Data(fence, addr, len));
+    fn data(&mut self, fence: Arc<Fence>, gpu: Option<u32>, addr: u64, len: usize) {
+        self.items.push_back(match gpu {
+            None => Reply::Data(fence, addr, len),
+            Some(gpu) => Reply::Device(fence, gpu, addr, len),
+        });
         self.bytes += len;
     }
 
@@ -127,7 +143,9 @@ impl Replies {
     }
 
     fn has_data(&self) -> bool {
-        self.items.iter().any(|r| matches!(r, Reply::Data(..)))
+        self.items
+            .iter()
+            .any(|r| matches!(r, Reply::Data(..) | Reply::Device(..)))
     }
 
     fn full(&self) -> bool {
@@ -135,8 +153,9 @@ impl Replies {
     }
 
     /// Sends what the socket takes; `Ok(None)` if a buffer to read from was
-    /// unregistered, else the bytes sent.
-    fn send(&mut self, fd: i32) -> std::io::Result<Option<usize>> {
+    /// unregistered, else the bytes sent. GPU data goes through `stage`,
+    /// one piece per call.
+    fn send(&mut self, fd: i32, stage: &mut Option<HostBuffer>) -> std::io::Result<Option<usize>> {
         let mut iov = Vec::with_capacity(self.items.len().min(1024));
         let mut inside: Vec<Inside<'_>> = Vec::new();
         for (i, r) in self.items.iter().enumerate().take(1024) {
@@ -150,6 +169,22 @@ impl Replies {
                     inside.push(guard);
                     iov.push(iovec((*addr as usize + skip) as *const u8, len - skip));
                 }
+                Reply::Device(fence, gpu, addr, len) => {
+                    let Some(_inside) = fence.enter() else {
+                        return Ok(None);
+                    };
+                    let st = stage.get_or_insert_with(|| HostBuffer::new(STAGE_LEN, *gpu));
+                    let piece = (len - skip).min(st.len());
+                    // SAFETY: inside the fence of the registered GPU buffer
+                    // that holds [addr, addr + len), checked when the
+                    // request was admitted; the stage is ours.
+                    unsafe { staging::copy(st.addr(), addr + skip as u64, piece, *gpu) }
+                        .map_err(|e| std::io::Error::other(format!("staging a READ: {e}")))?;
+                    iov.push(iovec(st.addr() as *const u8, piece));
+                    // The stage holds one piece: what follows waits for
+                    // the next call.
+                    break;
+                }
             }
         }
         // Inside every fence: the READ data is copied to the kernel now.
@@ -159,7 +194,7 @@ impl Replies {
         while let Some(front) = self.items.front() {
             let full = match front {
                 Reply::Word(_) => 8,
-                Reply::Data(_, _, len) => *len,
+                Reply::Data(_, _, len) | Reply::Device(_, _, _, len) => *len,
             };
             if left < full - self.sent {
                 self.sent += left;
@@ -182,6 +217,9 @@ pub struct Session {
     /// over.
     gate: Option<Box<Gate<ServerAuth>>>,
     rbuf: Option<RecvBuf>,
+    /// GPU memory is staged through it (made on first need, released
+    /// with the receive buffer).
+    stage: Option<HostBuffer>,
     incoming: Option<Incoming>,
     replies: Replies,
     /// A request was rejected: close once the replies are out.
@@ -217,6 +255,7 @@ impl Session {
             peer,
             gate: auth.map(|a| Box::new(Gate::new(a, Vec::new()))),
             rbuf: None,
+            stage: None,
             incoming: None,
             replies: Replies::default(),
             closing: false,
@@ -362,6 +401,7 @@ impl Session {
     fn trim(&mut self, now: Instant) {
         if self.idle() && now.duration_since(self.last_active) >= TRIM_AFTER {
             self.rbuf = None;
+            self.stage = None;
         }
     }
 
@@ -441,7 +481,7 @@ impl Session {
             let mut raw = [0u8; HEADER_LEN];
             raw.copy_from_slice(&rbuf.bytes()[..HEADER_LEN]);
             let h = Header::decode(&raw);
-            let Some(fence) = shared.memory.admit(h.addr, h.size) else {
+            let Some((fence, gpu)) = shared.memory.admit_staged(h.addr, h.size) else {
                 crate::log_limit::warn_limited!(
                     "tcp: rejected {} of {} bytes at {:#x} from {}: not inside one remotely accessible registered buffer",
                     if h.is_write() { "WRITE" } else { "READ" },
@@ -471,12 +511,13 @@ impl Session {
                     addr: h.addr,
                     left: h.size,
                     v2: h.v2(),
+                    gpu,
                 });
             } else {
                 if h.v2() {
                     self.replies.word(STATUS_OK);
                 }
-                self.replies.data(fence, h.addr, h.size as usize);
+                self.replies.data(fence, gpu, h.addr, h.size as usize);
                 self.completed = true;
             }
         }
@@ -488,8 +529,18 @@ impl Session {
             return Ok(None);
         };
         let rbuf = self.rbuf.get_or_insert_with(|| RecvBuf::new(RECV_BUF));
-        let want = (inc.left as usize).min(*budget);
-        let dst = (inc.addr as usize) as *mut u8;
+        let mut want = (inc.left as usize).min(*budget);
+        // GPU memory is received into the stage, then copied over.
+        let dst = match inc.gpu {
+            None => (inc.addr as usize) as *mut u8,
+            Some(gpu) => {
+                let st = self
+                    .stage
+                    .get_or_insert_with(|| HostBuffer::new(STAGE_LEN, gpu));
+                want = want.min(st.len());
+                st.addr() as *mut u8
+            }
+        };
         let moved = if !rbuf.is_empty() {
             let Some(_inside) = inc.fence.enter() else {
                 return Ok(Some(self.cut_off()));
@@ -520,6 +571,21 @@ impl Session {
                 Recv::WouldBlock => return Ok(Some(Turn::Wait)),
             }
         };
+        if let (Some(gpu), Some(st), true) = (inc.gpu, &self.stage, moved > 0) {
+            let Some(_inside) = inc.fence.enter() else {
+                return Ok(Some(self.cut_off()));
+            };
+            // SAFETY: inside the fence of the registered GPU buffer that
+            // holds [addr, addr + left), checked when the request was
+            // admitted; the stage holds the `moved` bytes just received.
+            if let Err(e) = unsafe { staging::copy(inc.addr, st.addr(), moved, gpu) } {
+                crate::log_limit::warn_limited!(
+                    "tcp: a WRITE from {} to GPU {gpu} failed: {e}",
+                    self.peer
+                );
+                return Ok(Some(Turn::Abort));
+            }
+        }
         self.moved = true;
         *budget = budget.saturating_sub(moved.max(1));
         inc.left -= moved as u64;
@@ -537,7 +603,7 @@ impl Session {
 
     /// Sends queued replies. `Some` ends the turn.
     fn flush(&mut self, fd: i32, budget: &mut usize) -> std::io::Result<Option<Turn>> {
-        match self.replies.send(fd)? {
+        match self.replies.send(fd, &mut self.stage)? {
             None => Ok(Some(self.cut_off())),
             Some(0) => Ok(Some(Turn::Wait)),
             Some(n) => {

@@ -146,6 +146,7 @@ impl Local {
                 remote,
                 len,
                 write,
+                local_gpu: None,
                 done: Box::new(done),
             },
         );
@@ -729,6 +730,7 @@ fn stream(
                 remote: spec.remote,
                 len: spec.len,
                 write: spec.write,
+                local_gpu: None,
                 done: Box::new(move |o| {
                     let _ = tx.send((j, o));
                 }),
