@@ -12,6 +12,7 @@ use crate::peer_jobs::Finish;
 use crate::segment::RemoteSegment;
 use crate::sync;
 use crate::transport::local::{CopyJob, copy_any};
+use crate::transport::plug::Plug;
 use crate::transport::scheduler::planner;
 use crate::transport::{
     Fallback, LocalSide, NicLoad, Refresh, Refreshed, Submission, Transfer, Transport,
@@ -182,6 +183,7 @@ impl Engine {
     /// submits or fails in the background.
     pub fn submit(&self, batch_id: u64, requests: &[Request]) -> Result<()> {
         let batch = self.batch(batch_id)?;
+        let transports = self.transports();
         let mut targets: Vec<Target> = Vec::with_capacity(requests.len());
         let mut refetching: Vec<i32> = Vec::new();
         for r in requests {
@@ -196,7 +198,7 @@ impl Engine {
             if need.is_some() && !refetching.contains(&r.target_id) {
                 refetching.push(r.target_id);
             }
-            let speaking = self.speaking(&seg)?;
+            let speaking = Self::speaking(&transports, &seg)?;
             if r.length > 0 && speaking.iter().all(|t| t.needs_registered_source()) {
                 // RDMA moves bytes from and to registered memory only.
                 let memory = sync::read(&self.memory);
@@ -224,12 +226,15 @@ impl Engine {
                 (None, false) => Target::Remote(seg),
             });
         }
+        let _plug = Plug::begin(&transports);
         batch.append(requests.len(), |first, _| {
             let memory = sync::read(&self.memory);
             for (i, (r, target)) in requests.iter().zip(&targets).enumerate() {
                 match target {
                     Target::Local => self.submit_local(&batch, first + i, r, &memory),
-                    Target::Remote(seg) => self.submit_remote(&batch, first + i, r, seg, &memory),
+                    Target::Remote(seg) => {
+                        self.submit_remote(&transports, &batch, first + i, r, seg, &memory)
+                    }
                     Target::AfterFetch(seg, need) => self.defer(&batch, first + i, r, seg, *need),
                 }
             }
@@ -261,13 +266,11 @@ impl Engine {
 
     /// The installed transports that speak a protocol `seg` publishes,
     /// most preferred first; none is [`Error::NotSupportedTransport`].
-    fn speaking(&self, seg: &RemoteSegment) -> Result<Vec<Arc<dyn Transport>>> {
-        let installed = self.transports();
-        let speaking: Vec<_> = installed
-            .iter()
-            .filter(|t| t.speaks(seg))
-            .cloned()
-            .collect();
+    fn speaking<'a>(
+        installed: &'a [Arc<dyn Transport>],
+        seg: &RemoteSegment,
+    ) -> Result<Vec<&'a Arc<dyn Transport>>> {
+        let speaking: Vec<_> = installed.iter().filter(|t| t.speaks(seg)).collect();
         if speaking.is_empty() {
             return Err(Error::NotSupportedTransport(format!(
                 "segment {:?} publishes {:?}, which no installed transport speaks (installed: \
@@ -309,16 +312,17 @@ impl Engine {
         fetched: Option<Arc<RemoteSegment>>,
     ) {
         let seg = fetched.and_then(|_| self.segments.get(r.target_id));
+        let installed = self.transports();
         let problem = match &seg {
             None => Some(format!(
                 "segment id {} was closed, or its descriptor could not be refetched",
                 r.target_id
             )),
-            Some(seg) => self.speaking(seg).err().map(|e| e.to_string()),
+            Some(seg) => Self::speaking(&installed, seg).err().map(|e| e.to_string()),
         };
         match (problem, seg) {
             (None, Some(seg)) => {
-                self.submit_remote(batch, task, r, &seg, &sync::read(&self.memory))
+                self.submit_remote(&installed, batch, task, r, &seg, &sync::read(&self.memory))
             }
             (problem, _) => {
                 Self::fail_task(batch, task, format_args!("{}", problem.unwrap_or_default()))
@@ -519,6 +523,7 @@ impl Engine {
     /// Sends one request to a remote segment over the installed transport.
     fn submit_remote(
         &self,
+        installed: &[Arc<dyn Transport>],
         batch: &Arc<Batch>,
         id: usize,
         r: &Request,
@@ -553,11 +558,11 @@ impl Engine {
             return Self::fail_task(batch, id, format_args!("{why}"));
         }
         let registered = memory.find(r.source, r.length).is_some();
-        let reaching: Vec<Arc<dyn Transport>> = self
-            .transports()
-            .into_iter()
+        let reaching: Vec<Arc<dyn Transport>> = installed
+            .iter()
             .filter(|t| t.speaks(seg) && t.reaches(seg, r.target_offset, r.length))
             .filter(|t| registered || !t.needs_registered_source())
+            .cloned()
             .collect();
         let residence = memory.residence(r.source, r.length);
         if let Residence::Foreign(..) = residence {

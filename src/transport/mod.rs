@@ -16,6 +16,7 @@
 
 pub mod endpoint;
 pub mod local;
+pub mod plug;
 pub mod rdma;
 pub mod registry;
 pub mod scheduler;
@@ -143,6 +144,10 @@ pub trait Transport: TransportBase {
     fn help(&self) -> bool {
         false
     }
+
+    /// Gives the wake-ups this transport deferred on the calling thread
+    /// while it held a [`plug::Plug`] (the caller's batch is submitted).
+    fn flush(&self) {}
 
     /// The transport's own counters (name, value), for tests and tools.
     fn counters(&self) -> Vec<(&'static str, u64)> {

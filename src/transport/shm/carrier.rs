@@ -36,23 +36,40 @@ pub const SHM_KEY: &str = "shm";
 /// len], ...]`), which shared memory does not reach.
 const GPU_BUFFERS_KEY: &str = "gpu_buffers";
 
-/// Whether `[remote, remote + len)` overlaps a buffer the peer's `"shm"`
-/// entry lists in GPU memory.
-fn in_gpu_memory(shm: Option<&Value>, remote: u64, len: u64) -> bool {
+/// The buffers a peer's `"shm"` entry lists in GPU memory, as `(addr,
+/// len)`; malformed items list nothing.
+fn gpu_buffers(shm: Option<&Value>) -> Vec<(u64, u64)> {
     let Some(list) = shm
         .and_then(|v| v.get(GPU_BUFFERS_KEY))
         .and_then(Value::as_array)
     else {
-        return false;
+        return Vec::new();
     };
-    let end = remote.saturating_add(len.max(1));
-    list.iter().any(|b| {
-        let at = |i: usize| b.get(i).and_then(Value::as_u64);
-        match (at(0), at(1)) {
-            (Some(addr), Some(n)) => addr < end && remote < addr.saturating_add(n),
-            _ => false,
-        }
-    })
+    list.iter()
+        .filter_map(|b| {
+            let at = |i: usize| b.get(i).and_then(Value::as_u64);
+            Some((at(0)?, at(1)?))
+        })
+        .collect()
+}
+
+/// What this transport works out about a segment on first use, kept with
+/// it (a refetched descriptor is a new segment).
+struct Route {
+    /// The peer behind it, if it is another process of this host.
+    peer: Option<ShmPeer>,
+    /// The buffers it lists in GPU memory.
+    gpu: Vec<(u64, u64)>,
+}
+
+impl Route {
+    /// Whether `[remote, remote + len)` overlaps a buffer in GPU memory.
+    fn in_gpu_memory(&self, remote: u64, len: u64) -> bool {
+        let end = remote.saturating_add(len.max(1));
+        self.gpu
+            .iter()
+            .any(|&(addr, n)| addr < end && remote < addr.saturating_add(n))
+    }
 }
 
 /// The handshake frame a peer attaches with (ours; Mooncake has no such
@@ -104,26 +121,36 @@ struct Shm {
 }
 
 impl Shm {
-    /// The peer behind `seg`, if it is another process of this host,
-    /// cached with the segment; a refetched descriptor of the same process
-    /// gets the same peer (its attachment and ring), a new process a new
-    /// one.
-    fn route<'a>(&self, seg: &'a RemoteSegment) -> Option<&'a ShmPeer> {
-        let peer = seg.routes.slot(self.kind.index).get_or_init(|| {
-            let key = seg.desc.extra.get(SHM_KEY)?;
-            let (host, port) = (seg.data_host.clone(), seg.rpc_port);
-            let endpoint = format!("{host}:{port} {}", seg.identity);
-            let rpc = ClientOptions {
-                // The proof is bound to the name the segment was opened by.
-                auth: self.auth.clone().map(|k| (k, seg.identity.clone())),
-                ..self.rpc.clone()
-            };
-            let attach: AttachFn = Arc::new(move |request: &Value| {
-                crate::rpc::call(&host, port, ATTACH, request, &rpc)
+    /// What is known of `seg`, cached with the segment: the peer behind
+    /// it, if it is another process of this host (a refetched descriptor
+    /// of the same process gets the same peer, its attachment and ring; a
+    /// new process a new one), and its buffers in GPU memory.
+    fn route<'a>(&self, seg: &'a RemoteSegment) -> Option<&'a Route> {
+        seg.routes.slot(self.kind.index).get_or_init(|| {
+            let key = seg.desc.extra.get(SHM_KEY);
+            let peer = key.and_then(|key| {
+                let (host, port) = (seg.data_host.clone(), seg.rpc_port);
+                let endpoint = format!("{host}:{port} {}", seg.identity);
+                let rpc = ClientOptions {
+                    // The proof is bound to the name the segment was opened by.
+                    auth: self.auth.clone().map(|k| (k, seg.identity.clone())),
+                    ..self.rpc.clone()
+                };
+                let attach: AttachFn = Arc::new(move |request: &Value| {
+                    crate::rpc::call(&host, port, ATTACH, request, &rpc)
+                });
+                self.core.shared_peer(key, endpoint, attach)
             });
-            self.core.shared_peer(key, endpoint, attach)
-        });
-        peer.and_then(Option::as_ref)
+            Route {
+                peer,
+                gpu: gpu_buffers(key),
+            }
+        })
+    }
+
+    /// The peer behind `seg`, if it is another process of this host.
+    fn peer<'a>(&self, seg: &'a RemoteSegment) -> Option<&'a ShmPeer> {
+        self.route(seg)?.peer.as_ref()
     }
 }
 
@@ -146,7 +173,7 @@ impl TransportBase for Shm {
     }
 
     fn speaks(&self, seg: &RemoteSegment) -> bool {
-        self.core.is_peer(seg.desc.extra.get(SHM_KEY))
+        self.peer(seg).is_some()
     }
 
     fn shutdown(&self) {
@@ -173,7 +200,8 @@ impl Transport for Shm {
     }
 
     fn reaches(&self, seg: &RemoteSegment, remote: u64, len: u64) -> bool {
-        self.speaks(seg) && !in_gpu_memory(seg.desc.extra.get(SHM_KEY), remote, len)
+        self.route(seg)
+            .is_some_and(|r| r.peer.is_some() && !r.in_gpu_memory(remote, len))
     }
 
     fn submit(&self, sub: Submission) {
@@ -188,8 +216,7 @@ impl Transport for Shm {
         let Some(t) = batch.slot(task) else {
             return;
         };
-        let route = self.route(&seg);
-        let Some(peer) = route else {
+        let Some(peer) = self.peer(&seg) else {
             // Not a peer of this host after all: the next transport.
             t.add_slices(1);
             let handed = Submission::fall_back(&fallback, xfer);
@@ -249,6 +276,10 @@ impl Transport for Shm {
         self.core.help()
     }
 
+    fn flush(&self) {
+        self.core.flush()
+    }
+
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.core.stats();
         vec![
@@ -268,17 +299,22 @@ mod tests {
     #[test]
     fn ranges_overlapping_a_listed_gpu_buffer_are_not_reached() {
         let entry = json!({"pid": 1, GPU_BUFFERS_KEY: [[0x1000, 0x1000], "bad", [0x8000]]});
-        let e = Some(&entry);
-        assert!(in_gpu_memory(e, 0x1000, 1));
-        assert!(in_gpu_memory(e, 0xff0, 0x20), "a range running into it");
-        assert!(in_gpu_memory(e, 0x1fff, 8), "a range running out of it");
-        assert!(!in_gpu_memory(e, 0x2000, 64), "right after it");
-        assert!(!in_gpu_memory(e, 0x800, 0x800), "right before it");
-        assert!(
-            !in_gpu_memory(e, 0x8000, 8),
-            "a malformed entry lists nothing"
+        let route = Route {
+            peer: None,
+            gpu: gpu_buffers(Some(&entry)),
+        };
+        assert_eq!(
+            route.gpu,
+            vec![(0x1000, 0x1000)],
+            "malformed items list nothing"
         );
-        assert!(!in_gpu_memory(Some(&json!({"pid": 1})), 0x1000, 8));
-        assert!(!in_gpu_memory(None, 0x1000, 8));
+        assert!(route.in_gpu_memory(0x1000, 1));
+        assert!(route.in_gpu_memory(0xff0, 0x20), "a range running into it");
+        assert!(route.in_gpu_memory(0x1fff, 8), "a range running out of it");
+        assert!(!route.in_gpu_memory(0x2000, 64), "right after it");
+        assert!(!route.in_gpu_memory(0x800, 0x800), "right before it");
+        assert!(!route.in_gpu_memory(0x8000, 8));
+        assert!(gpu_buffers(Some(&json!({"pid": 1}))).is_empty());
+        assert!(gpu_buffers(None).is_empty());
     }
 }

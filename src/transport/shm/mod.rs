@@ -174,6 +174,8 @@ pub(crate) struct Shared {
     sleepers: AtomicUsize,
     /// The kick eventfd was signalled and not yet drained.
     kicked: AtomicBool,
+    /// A submitting thread deferred a kick (see [`Shared::kick`]).
+    kick_owed: AtomicBool,
     /// A thread is polling for work.
     spinning: AtomicBool,
     /// When a caller last did a round of the threads' work (µs since
@@ -223,8 +225,18 @@ impl Shared {
     }
 
     /// Wakes the sleeping threads for local work (one signal until a
-    /// thread takes it).
+    /// thread takes it); while the calling thread submits a batch
+    /// ([`plug`](crate::transport::plug)), once for the batch, when
+    /// [`ShmTransport::flush`] runs.
     fn kick(&self) {
+        if crate::transport::plug::plugged() {
+            self.kick_owed.store(true, Ordering::SeqCst);
+            return;
+        }
+        self.kick_now();
+    }
+
+    fn kick_now(&self) {
         std::sync::atomic::fence(Ordering::SeqCst);
         if self.sleepers.load(Ordering::SeqCst) > 0 && !self.kicked.swap(true, Ordering::SeqCst) {
             sys::signal(&self.kick);
@@ -355,6 +367,7 @@ impl ShmTransport {
             reads_rx,
             sleepers: AtomicUsize::new(0),
             kicked: AtomicBool::new(false),
+            kick_owed: AtomicBool::new(false),
             spinning: AtomicBool::new(false),
             helped_at_us: AtomicU64::new(0),
             writes_in_flight: AtomicUsize::new(0),
@@ -434,12 +447,6 @@ impl ShmTransport {
         let peer = ShmPeer::new(PeerCore::new(&self.shared, pid, attach));
         peers.insert(key, peer.clone());
         Some(peer)
-    }
-
-    /// Whether a descriptor's `"shm"` value names another process of this
-    /// host that speaks this version.
-    pub fn is_peer(&self, shm_key: Option<&Value>) -> bool {
-        shm_key.and_then(|k| self.peer_pid(k)).is_some()
     }
 
     fn peer_pid(&self, shm_key: &Value) -> Option<i32> {
@@ -536,6 +543,24 @@ impl ShmTransport {
         s.helped_at_us
             .store(s.started.elapsed().as_micros() as u64, Ordering::Relaxed);
         !s.closing() && worker::pass(s, true)
+    }
+
+    /// Gives the wake-up the calling thread deferred while it submitted a
+    /// batch for the READs it queued: a caller that polls for its tasks
+    /// (it did in the last millisecond) does the first round of them
+    /// itself at once, as its next poll would (at most [`BATCH`] READs or
+    /// [`BATCH_BYTES`]; the round kicks our threads for the rest), instead
+    /// of waking a thread and then waiting for it; otherwise one kick
+    /// wakes a thread. (Posts to a target's ring ring it at once: its
+    /// threads copy while the caller still posts.)
+    pub fn flush(&self) {
+        if self.shared.kick_owed.swap(false, Ordering::SeqCst) {
+            if self.shared.caller_helps() {
+                self.help();
+            } else {
+                self.shared.kick_now();
+            }
+        }
     }
 
     /// Bytes moved so far.

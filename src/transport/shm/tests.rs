@@ -441,3 +441,88 @@ fn a_mapping_is_refused_unless_the_descriptor_is_the_named_memfd() {
     assert!(a.shm.free(addr).is_err());
     a.shm.shutdown();
 }
+
+/// Waits until every thread of `e` sleeps with no deadline.
+fn threads_asleep(e: &Local) {
+    let s = &e.shm.shared;
+    let start = Instant::now();
+    while s.untimed_sleepers.load(Ordering::SeqCst) < s.opts.threads {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "threads never slept"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Posts READs of `remote` into `local`, 4 KiB each, under a plug held on
+/// this thread; returns where each ends.
+fn post_reads_plugged(
+    a: &Local,
+    peer: &ShmPeer,
+    local: &[u8],
+    remote: &[u8],
+) -> std::sync::mpsc::Receiver<Outcome> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _plug = crate::transport::plug::Plug::begin(&[]);
+    for (l, r, len, write) in slices(addr(local), addr(remote), remote.len() as u64, 4096, false) {
+        let tx = tx.clone();
+        a.post(peer, (l, r, len, write), move |o| {
+            let _ = tx.send(o);
+        });
+    }
+    rx
+}
+
+#[test]
+fn reads_submitted_under_a_plug_wake_one_thread_at_the_flush() {
+    let (a, b, mut remote, peer) = pair(64 * 4096);
+    remote.copy_from_slice(&pattern(64 * 4096, 3));
+    // The first post attaches; afterwards every thread sleeps.
+    assert_eq!(
+        a.run(&peer, &[(addr(&remote), addr(&remote), 1, false)]),
+        [Outcome::Done]
+    );
+    let local = vec![0u8; remote.len()];
+    threads_asleep(&a);
+    let done = post_reads_plugged(&a, &peer, &local, &remote);
+    // Owed, not given: no thread woke for the 64 READs.
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(done.try_recv().is_err(), "a READ ran before the flush");
+    assert!(a.shm.shared.kick_owed.load(Ordering::SeqCst));
+    a.shm.flush();
+    for _ in 0..64 {
+        let o = done
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a READ never ended");
+        assert_eq!(o, Outcome::Done);
+    }
+    assert!(local == remote, "every byte read");
+    shut_down(&[&a, &b]);
+}
+
+#[test]
+fn a_polling_caller_does_its_reads_in_the_flush() {
+    let (a, b, mut remote, peer) = pair(64 * 4096);
+    remote.copy_from_slice(&pattern(64 * 4096, 5));
+    assert_eq!(
+        a.run(&peer, &[(addr(&remote), addr(&remote), 1, false)]),
+        [Outcome::Done]
+    );
+    let local = vec![0u8; remote.len()];
+    threads_asleep(&a);
+    let done = post_reads_plugged(&a, &peer, &local, &remote);
+    // A caller that polled just now: its flush copies.
+    let s = &a.shm.shared;
+    s.helped_at_us
+        .store(s.started.elapsed().as_micros() as u64, Ordering::Relaxed);
+    a.shm.flush();
+    let ended: Vec<Outcome> = done.try_iter().collect();
+    assert_eq!(
+        ended,
+        vec![Outcome::Done; 64],
+        "every READ ended in the flush"
+    );
+    assert!(local == remote, "every byte read");
+    shut_down(&[&a, &b]);
+}

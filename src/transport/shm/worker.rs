@@ -35,6 +35,9 @@
 //! to serve it meanwhile ([`serve::serve_one`]). While a caller polls for
 //! its tasks ([`super::ShmTransport::help`]), the threads leave the
 //! results of our WRITEs to it and the targets do not ring us for them.
+//! The READs a caller queues in one submission kick the threads once, at
+//! its end ([`super::ShmTransport::flush`]), or not at all when that
+//! caller polls: it does the first round itself there.
 
 use super::poll::Token;
 use super::ring::Side;
