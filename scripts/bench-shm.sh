@@ -23,21 +23,32 @@
 # Defaults: 3 runs of 3 s, 2 threads (about 3 minutes). --quick: 3 runs of
 # 1 s. A benchmark, not a test: its verdict is the table, not the exit code
 # (non-zero only when something failed to run).
+#
+# --sweep: shared memory only, both kinds of buffers, READ and WRITE of
+# 4 KiB, 64 KiB, 1 MiB, 16 MiB and 64 MiB blocks (batches of 64, 64, 16,
+# 4 and 1), with 1, 2 and all-cores initiator threads; beside each, in the
+# same run and with the same thread count: memcpy of the same blocks
+# (local_bench's baseline) and cross-memory attach by itself (that many
+# cma_bench processes at once, each reading another process's 256 MiB
+# with process_vm_readv: the kernel's copy that caller memory goes
+# through). About 3 minutes per run of 1 s (--duration) on 2 cores.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 runs=3
 duration=3
 threads=2
+sweep=0
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) duration=1; shift ;;
+    --sweep) sweep=1; shift ;;
     --runs) runs=$2; shift 2 ;;
     --runs=*) runs=${1#*=}; shift ;;
     --duration) duration=$2; shift 2 ;;
     --duration=*) duration=${1#*=}; shift ;;
     --threads) threads=$2; shift 2 ;;
     --threads=*) threads=${1#*=}; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "bench-shm.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -45,10 +56,11 @@ command -v python3 >/dev/null || { echo "python3 is required" >&2; exit 1; }
 
 build=${BUILD_DIR:-"$root/build"}
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j"${JOBS:-2}" --target transfer_bench local_bench >/dev/null
+cmake --build "$build" -j"${JOBS:-2}" --target transfer_bench local_bench cma_bench >/dev/null
 bench=$build/transfer_bench
 
 mooncake=${MOONCAKE_BENCH:-}
+[ "$sweep" = 1 ] && mooncake=none
 if [ -z "$mooncake" ] && [ -x "$build/pyvenv/bin/transfer_engine_bench" ]; then
   mooncake=$build/pyvenv/bin/transfer_engine_bench
 fi
@@ -61,6 +73,7 @@ if [ -z "$mooncake" ]; then
   fi
   [ -x "$venv/bin/transfer_engine_bench" ] && mooncake=$venv/bin/transfer_engine_bench
 fi
+[ "$mooncake" = none ] && mooncake=
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/te-bench-shm.XXXXXX")
 pids=()
@@ -99,7 +112,9 @@ target_size=$((256 << 20))
 declare -A seg base
 # who -> transfer_bench flags
 declare -A flags=([shm]="--protocol shm" [shmbuf]="--protocol shm --engine_buffers" [tcp]="--protocol tcp")
-for who in shm shmbuf tcp; do
+kinds=(shm shmbuf tcp)
+[ "$sweep" = 1 ] && kinds=(shm shmbuf)
+for who in "${kinds[@]}"; do
   # shellcheck disable=SC2086
   "$bench" --mode target ${flags[$who]} --metadata_server P2PHANDSHAKE --local_server_name 127.0.0.1 \
     --buffer_size "$target_size" >"$tmp/target-$who.out" 2>"$tmp/target-$who.err" &
@@ -145,6 +160,63 @@ d, n, r = float(m.group(1)), int(m.group(2)), float(m.group(3))
 print("%.4f %.0f" % (r, n * int(sys.argv[2]) / d))
 EOF
 }
+
+# cma BLOCK -> GB/s of $threads cma_bench processes at once (summed).
+cma() {
+  local i
+  for i in $(seq "$threads"); do
+    "$build/cma_bench" --block "$1" --duration "$duration" >"$tmp/cma.$i" 2>&1 &
+  done
+  wait
+  cat "$tmp"/cma.* | python3 -c 'import re,sys; print("%.2f" % sum(float(v) for v in re.findall(r"process_vm_readv=([0-9.]+) GB/s", sys.stdin.read())))'
+  rm -f "$tmp"/cma.*
+}
+
+if [ "$sweep" = 1 ]; then
+  counts=$(printf '%s\n' 1 2 "$(nproc)" | sort -nu | tr '\n' ' ')
+  blocks=("4096 64" "65536 64" "1048576 16" "16777216 4" "67108864 1")
+  results=$tmp/results
+  : >"$results"
+  echo "# one host, $runs runs x ${duration} s, initiator threads: $counts; targets: shm ${seg[shm]}, shm with engine buffers ${seg[shmbuf]}"
+  for r in $(seq "$runs"); do
+    for threads in $counts; do
+      for b in "${blocks[@]}"; do
+        read -r block batch <<<"$b"
+        line="$r $threads $block memcpy $(memcpy $((block >> 10))) 0 cma $(cma "$block") 0"
+        for who in shm shmbuf; do
+          for op in write read; do
+            line+=" $who-$op $(run "$who" "$op" "$block" "$batch")"
+          done
+        done
+        echo "$line" >>"$results"
+        echo "run $r: $line"
+      done
+    done
+  done
+  python3 - "$results" <<'EOF'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    f = line.split()
+    cols = {f[i]: (float(f[i + 1]), float(f[i + 2])) for i in range(3, len(f), 3)}
+    rows.setdefault((int(f[1]), int(f[2])), []).append(cols)
+size = lambda b: "%d MiB" % (b >> 20) if b >= 1 << 20 else "%d KiB" % (b >> 10)
+print()
+print("%-7s %-6s %6s %6s | %-33s | %-22s" % ("threads", "block", "memcpy", "cma", "caller memory (cross-memory attach)", "engine buffers (memfd)"))
+print("%-7s %-6s %6s %6s | %-33s | %-22s" % ("", "", "GB/s", "GB/s", "WRITE  READ   /memcpy     /cma", "WRITE  READ   /memcpy"))
+for (threads, block), runs in sorted(rows.items()):
+    med = lambda col, i=0: statistics.median(r[col][i] for r in runs)
+    m, c = med("memcpy"), med("cma")
+    w, rd, bw, br = med("shm-write"), med("shm-read"), med("shmbuf-write"), med("shmbuf-read")
+    print("%-7d %-6s %6.2f %6.2f | %5.2f %5.2f  %4.2f %4.2f  %4.2f %4.2f | %5.2f %5.2f  %4.2f %4.2f" % (
+        threads, size(block), m, c, w, rd, w / m, rd / m, w / c, rd / c, bw, br, bw / m, br / m))
+    if block == 4096:
+        print("%-7s %-6s %6s %6s |   requests/s: WRITE %.0f, READ %.0f" % ("", "", "", "", med("shm-write", 1), med("shm-read", 1)))
+print("medians of %d runs; /memcpy: over memcpy of the same blocks by as many threads; /cma: over as" % len(next(iter(rows.values()))))
+print("many processes reading another process's memory with process_vm_readv alone (256 MiB, cold)")
+EOF
+  exit 0
+fi
 
 whos=(shm shmbuf tcp)
 [ -n "$mooncake" ] && whos+=(mooncake)
