@@ -11,7 +11,7 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 thread_local! {
-    /// Plugs held on this thread (submissions nest through fallbacks).
+    /// Plugs held on this thread (a count, so that a nested one is safe).
     static DEPTH: Cell<u32> = const { Cell::new(0) };
 }
 

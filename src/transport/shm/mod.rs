@@ -236,6 +236,7 @@ impl Shared {
         self.kick_now();
     }
 
+    /// Wakes the sleeping threads now, plugged or not.
     fn kick_now(&self) {
         std::sync::atomic::fence(Ordering::SeqCst);
         if self.sleepers.load(Ordering::SeqCst) > 0 && !self.kicked.swap(true, Ordering::SeqCst) {

@@ -455,29 +455,22 @@ fn threads_asleep(e: &Local) {
     }
 }
 
-/// Posts READs of `remote` into `local`, 4 KiB each, under a plug held on
-/// this thread; returns where each ends.
-fn post_reads_plugged(
-    a: &Local,
-    peer: &ShmPeer,
-    local: &[u8],
-    remote: &[u8],
-) -> std::sync::mpsc::Receiver<Outcome> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let _plug = crate::transport::plug::Plug::begin(&[]);
-    for (l, r, len, write) in slices(addr(local), addr(remote), remote.len() as u64, 4096, false) {
-        let tx = tx.clone();
-        a.post(peer, (l, r, len, write), move |o| {
-            let _ = tx.send(o);
-        });
-    }
-    rx
+/// 64 READs of 4 KiB from a buffer of `b` (pattern `seed`) into `local`,
+/// posted by a caller of `a` under a plug while every thread of `a` slept,
+/// and not flushed yet; `done` says how each ends.
+struct PluggedReads {
+    a: Local,
+    b: Local,
+    remote: Vec<u8>,
+    local: Vec<u8>,
+    /// Kept attached while the READs run.
+    _peer: ShmPeer,
+    done: std::sync::mpsc::Receiver<Outcome>,
 }
 
-#[test]
-fn reads_submitted_under_a_plug_wake_one_thread_at_the_flush() {
+fn plugged_reads(seed: u8) -> PluggedReads {
     let (a, b, mut remote, peer) = pair(64 * 4096);
-    remote.copy_from_slice(&pattern(64 * 4096, 3));
+    remote.copy_from_slice(&pattern(64 * 4096, seed));
     // The first post attaches; afterwards every thread sleeps.
     assert_eq!(
         a.run(&peer, &[(addr(&remote), addr(&remote), 1, false)]),
@@ -485,44 +478,65 @@ fn reads_submitted_under_a_plug_wake_one_thread_at_the_flush() {
     );
     let local = vec![0u8; remote.len()];
     threads_asleep(&a);
-    let done = post_reads_plugged(&a, &peer, &local, &remote);
+    let (tx, done) = std::sync::mpsc::channel();
+    {
+        let _plug = crate::transport::plug::Plug::begin(&[]);
+        for s in slices(
+            addr(&local),
+            addr(&remote),
+            remote.len() as u64,
+            4096,
+            false,
+        ) {
+            let tx = tx.clone();
+            a.post(&peer, s, move |o| {
+                let _ = tx.send(o);
+            });
+        }
+    }
+    PluggedReads {
+        a,
+        b,
+        remote,
+        local,
+        _peer: peer,
+        done,
+    }
+}
+
+#[test]
+fn reads_submitted_under_a_plug_wake_one_thread_at_the_flush() {
+    let r = plugged_reads(3);
     // Owed, not given: no thread woke for the 64 READs.
     std::thread::sleep(Duration::from_millis(100));
-    assert!(done.try_recv().is_err(), "a READ ran before the flush");
-    assert!(a.shm.shared.kick_owed.load(Ordering::SeqCst));
-    a.shm.flush();
+    assert!(r.done.try_recv().is_err(), "a READ ran before the flush");
+    assert!(r.a.shm.shared.kick_owed.load(Ordering::SeqCst));
+    r.a.shm.flush();
     for _ in 0..64 {
-        let o = done
+        let o = r
+            .done
             .recv_timeout(Duration::from_secs(10))
             .expect("a READ never ended");
         assert_eq!(o, Outcome::Done);
     }
-    assert!(local == remote, "every byte read");
-    shut_down(&[&a, &b]);
+    assert!(r.local == r.remote, "every byte read");
+    shut_down(&[&r.a, &r.b]);
 }
 
 #[test]
 fn a_polling_caller_does_its_reads_in_the_flush() {
-    let (a, b, mut remote, peer) = pair(64 * 4096);
-    remote.copy_from_slice(&pattern(64 * 4096, 5));
-    assert_eq!(
-        a.run(&peer, &[(addr(&remote), addr(&remote), 1, false)]),
-        [Outcome::Done]
-    );
-    let local = vec![0u8; remote.len()];
-    threads_asleep(&a);
-    let done = post_reads_plugged(&a, &peer, &local, &remote);
+    let r = plugged_reads(5);
     // A caller that polled just now: its flush copies.
-    let s = &a.shm.shared;
+    let s = &r.a.shm.shared;
     s.helped_at_us
         .store(s.started.elapsed().as_micros() as u64, Ordering::Relaxed);
-    a.shm.flush();
-    let ended: Vec<Outcome> = done.try_iter().collect();
+    r.a.shm.flush();
+    let ended: Vec<Outcome> = r.done.try_iter().collect();
     assert_eq!(
         ended,
         vec![Outcome::Done; 64],
         "every READ ended in the flush"
     );
-    assert!(local == remote, "every byte read");
-    shut_down(&[&a, &b]);
+    assert!(r.local == r.remote, "every byte read");
+    shut_down(&[&r.a, &r.b]);
 }
