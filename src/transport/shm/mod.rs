@@ -52,6 +52,7 @@ mod config;
 mod maps;
 mod peer;
 mod poll;
+mod reads;
 pub mod ring;
 mod serve;
 pub mod sys;
@@ -64,8 +65,7 @@ use crate::transport::{Outcome, Slice};
 use alloc::Allocs;
 pub use carrier::{ATTACH, PROTOCOL, auto, install, not_installed};
 pub use config::ShmConfig;
-use crossbeam_channel::{Receiver, Sender};
-use peer::{LinkEntry, PeerCore, ReadJob};
+use peer::{LinkEntry, PeerCore};
 use poll::Poller;
 use serde_json::{Value, json};
 use serve::Served;
@@ -168,8 +168,8 @@ pub(crate) struct Shared {
     served: RwLock<Arc<Vec<Arc<Served>>>>,
     /// Targets we are attached to, as initiator, with their links.
     links: RwLock<Arc<Vec<LinkEntry>>>,
-    reads_tx: Sender<ReadJob>,
-    reads_rx: Receiver<ReadJob>,
+    /// READs for the threads (or a polling caller) to execute.
+    reads: reads::ReadQueue,
     /// Threads asleep or about to be.
     sleepers: AtomicUsize,
     /// The kick eventfd was signalled and not yet drained.
@@ -352,7 +352,6 @@ impl ShmTransport {
                 .map_err(|e| err("epoll", e))?;
             polls.push(p);
         }
-        let (reads_tx, reads_rx) = crossbeam_channel::unbounded();
         let shared = Arc::new(Shared {
             memory,
             opts,
@@ -364,8 +363,7 @@ impl ShmTransport {
             polls,
             served: RwLock::default(),
             links: RwLock::default(),
-            reads_tx,
-            reads_rx,
+            reads: reads::ReadQueue::default(),
             sleepers: AtomicUsize::new(0),
             kicked: AtomicBool::new(false),
             kick_owed: AtomicBool::new(false),
@@ -541,8 +539,12 @@ impl ShmTransport {
     /// there was any.
     pub fn help(&self) -> bool {
         let s = &self.shared;
-        s.helped_at_us
-            .store(s.started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        // Stamped at most every 100 µs: callers polling on several cores
+        // would otherwise write this shared word on every poll.
+        let now = s.started.elapsed().as_micros() as u64;
+        if now.saturating_sub(s.helped_at_us.load(Ordering::Relaxed)) >= 100 {
+            s.helped_at_us.store(now, Ordering::Relaxed);
+        }
         !s.closing() && worker::pass(s, true)
     }
 
@@ -555,7 +557,17 @@ impl ShmTransport {
     /// wakes a thread. (Posts to a target's ring ring it at once: its
     /// threads copy while the caller still posts.)
     pub fn flush(&self) {
-        if self.shared.kick_owed.swap(false, Ordering::SeqCst) {
+        let mut owed = false;
+        for (core, slices) in reads::take_staged() {
+            match core.post_staged(slices) {
+                Some(s) if Arc::ptr_eq(&s, &self.shared) => owed = true,
+                // Another engine's READs, staged on this thread: its own
+                // threads take them.
+                Some(s) => s.kick_now(),
+                None => {}
+            }
+        }
+        if self.shared.kick_owed.swap(false, Ordering::SeqCst) || owed {
             if self.shared.caller_helps() {
                 self.help();
             } else {
@@ -604,8 +616,10 @@ impl ShmTransport {
         }
         // Dropped, the kept peers detach (failing what they still hold).
         drop(std::mem::take(&mut *crate::sync::lock(&self.peers)));
-        while let Ok(job) = self.shared.reads_rx.try_recv() {
-            job.slice.finish(Outcome::Interrupted);
+        for job in self.shared.reads.take_all() {
+            job.slices
+                .into_iter()
+                .for_each(|s| s.finish(Outcome::Interrupted));
         }
         peer::drain(&self.shared, Some(self.shared.opts.timeout));
         peer::join_attaches(&self.shared);

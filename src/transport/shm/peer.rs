@@ -6,6 +6,7 @@
 use super::attach::{self, Link};
 use super::cma::{self, Piece};
 use super::poll::Token;
+use super::reads::{self, ReadJob};
 use super::ring::{Ring, Side, Status, Withdrawal};
 use super::table::{Backing, Lookup, SlotView};
 use super::{AttachFn, Shared, outcome_of, sys};
@@ -196,20 +197,14 @@ impl Drop for Locked<'_> {
     fn drop(&mut self) {
         drop(self.guard.take());
         std::sync::atomic::fence(Ordering::SeqCst);
-        if self.core.reap_again.swap(false, Ordering::SeqCst) {
+        if self.core.reap_again.load(Ordering::SeqCst)
+            && self.core.reap_again.swap(false, Ordering::SeqCst)
+        {
             if let Some(shared) = self.core.shared.upgrade() {
                 shared.kick();
             }
         }
     }
-}
-
-/// A READ waiting for a thread.
-pub(crate) struct ReadJob {
-    core: Arc<PeerCore>,
-    link: Arc<Link>,
-    /// The slice.
-    pub slice: Slice,
 }
 
 /// Ends a slice, keeping the counts.
@@ -273,8 +268,13 @@ impl PeerCore {
         }
     }
 
-    /// Takes one slice (see [`super::ShmTransport::post`]).
+    /// Takes one slice (see [`super::ShmTransport::post`]). A READ posted
+    /// under a plug waits on the calling thread until the flush
+    /// ([`reads::stage`]).
     pub fn post(self: &Arc<Self>, slice: Slice) {
+        if !slice.write && crate::transport::plug::plugged() {
+            return reads::stage(self, slice);
+        }
         let Some(shared) = self.shared.upgrade() else {
             return slice.finish(Outcome::Failed { hard: true });
         };
@@ -286,58 +286,82 @@ impl PeerCore {
         {
             shared.kick();
         }
+        if self.admit(&shared, vec![slice]) {
+            shared.kick();
+        }
+    }
+
+    /// Takes READs staged under a plug (all to this target), at the flush;
+    /// the transport they were queued in, if they were: its threads owe a
+    /// wake-up for them.
+    pub fn post_staged(self: &Arc<Self>, slices: Vec<Slice>) -> Option<Arc<Shared>> {
+        let Some(shared) = self.shared.upgrade() else {
+            slices
+                .into_iter()
+                .for_each(|s| s.finish(Outcome::Failed { hard: true }));
+            return None;
+        };
+        self.admit(&shared, slices).then_some(shared)
+    }
+
+    /// Hands slices of one kind (all READs or all WRITEs) to the link, or
+    /// to the attach, or ends them as the target's phase says; whether
+    /// READs were queued for a thread (the caller owes it a kick).
+    fn admit(self: &Arc<Self>, shared: &Arc<Shared>, slices: Vec<Slice>) -> bool {
+        let Some(write) = slices.first().map(|s| s.write) else {
+            return false;
+        };
         let mut st = self.lock();
         if matches!(&st.phase, Phase::Attached(link) if link.ring.closed()) {
             // The target closed our ring: what is in it is interrupted,
-            // and this slice attaches again.
+            // and these slices attach again.
             drop(st);
-            self.end_link(&shared, Phase::Idle, Outcome::Interrupted, false);
+            self.end_link(shared, Phase::Idle, Outcome::Interrupted, false);
             st = self.lock();
         }
         let refuse = match &st.phase {
-            Phase::Dead => Some(Outcome::Failed { hard: true }),
-            Phase::Detached => Some(Outcome::Interrupted),
-            Phase::Unreachable(until) if Instant::now() < *until => Some(Outcome::Unreachable),
+            Phase::Dead => Outcome::Failed { hard: true },
+            Phase::Detached => Outcome::Interrupted,
+            Phase::Unreachable(until) if Instant::now() < *until => Outcome::Unreachable,
             Phase::Unreachable(_) | Phase::Idle => {
                 st.phase = Phase::Attaching;
-                st.waiting.push(slice);
+                st.waiting.extend(slices);
                 drop(st);
-                return self.start_attach(&shared);
+                self.start_attach(shared);
+                return false;
             }
             Phase::Attaching => {
-                st.waiting.push(slice);
-                return;
+                st.waiting.extend(slices);
+                return false;
             }
-            Phase::Attached(link) if !slice.write => {
+            Phase::Attached(link) if !write => {
                 let link = link.clone();
                 drop(st);
-                let job = ReadJob {
+                shared.reads.push(ReadJob {
                     core: self.clone(),
                     link,
-                    slice,
-                };
-                if let Err(e) = shared.reads_tx.send(job) {
-                    finish(&shared, e.into_inner().slice, Outcome::Interrupted);
-                }
-                return shared.kick();
+                    slices,
+                });
+                return true;
             }
             Phase::Attached(link) => {
                 let link = link.clone();
-                let backing = shared.table.backing_of(slice.local, slice.len);
                 let q = st.queue.as_mut().expect("an attached peer has a queue");
-                q.backlog.push_back((slice, backing));
+                for s in slices {
+                    let backing = shared.table.backing_of(s.local, s.len);
+                    q.backlog.push_back((s, backing));
+                }
                 let posted = q.pump(&link.ring);
                 drop(st);
                 if posted && link.ring.wake(Side::Target) {
                     sys::signal(&link.to_target);
                 }
-                return;
+                return false;
             }
         };
         drop(st);
-        if let Some(outcome) = refuse {
-            finish(&shared, slice, outcome);
-        }
+        slices.into_iter().for_each(|s| finish(shared, s, refuse));
+        false
     }
 
     fn start_attach(self: &Arc<Self>, shared: &Arc<Shared>) {
@@ -432,15 +456,12 @@ impl PeerCore {
         if posted && link.ring.wake(Side::Target) {
             sys::signal(&link.to_target);
         }
-        for slice in reads {
-            let job = ReadJob {
+        if !reads.is_empty() {
+            shared.reads.push(ReadJob {
                 core: self.clone(),
                 link: link.clone(),
-                slice,
-            };
-            if let Err(e) = shared.reads_tx.send(job) {
-                finish(shared, e.into_inner().slice, Outcome::Interrupted);
-            }
+                slices: reads,
+            });
         }
         sys::signal(&shared.kick);
     }
@@ -712,46 +733,42 @@ pub(crate) fn drain(shared: &Shared, wait: Option<Duration>) {
 /// after.
 pub(crate) fn run_reads(shared: &Shared, jobs: Vec<ReadJob>) {
     let mut jobs = jobs.into_iter().peekable();
-    while let Some(first) = jobs.next() {
-        let mut group = vec![first];
-        while let Some(j) = jobs.next_if(|j| Arc::ptr_eq(&j.link, &group[0].link)) {
-            group.push(j);
+    while let Some(mut first) = jobs.next() {
+        while let Some(j) = jobs.next_if(|j| Arc::ptr_eq(&j.link, &first.link)) {
+            first.slices.extend(j.slices);
         }
-        read_group(shared, group);
+        read_group(shared, &first.core, &first.link, first.slices);
     }
 }
 
-fn read_group(shared: &Shared, group: Vec<ReadJob>) {
-    let link = group[0].link.clone();
-    let core = group[0].core.clone();
+fn read_group(shared: &Shared, core: &Arc<PeerCore>, link: &Link, slices: Vec<Slice>) {
     link.maps.prune(&link.table);
-    let mut pieces = Vec::with_capacity(group.len());
-    let mut checked = Vec::with_capacity(group.len());
+    let mut pieces = Vec::with_capacity(slices.len());
+    let mut checked = Vec::with_capacity(slices.len());
     let mut unknown = false;
-    for job in group {
-        let s = &job.slice;
-        let view = match link.table.lookup(s.remote, s.len) {
+    for slice in slices {
+        let view = match link.table.lookup(slice.remote, slice.len) {
             Lookup::Found(v) if v.accessible() => v,
             Lookup::Found(_) | Lookup::Missing => {
-                finish(shared, job.slice, Outcome::Rejected);
+                finish(shared, slice, Outcome::Rejected);
                 continue;
             }
             Lookup::Unknown => {
                 unknown = true;
-                finish(shared, job.slice, Outcome::Unreachable);
+                finish(shared, slice, Outcome::Unreachable);
                 continue;
             }
         };
-        if let Some(outcome) = read_mapped(shared, &link, &view, s) {
-            finish(shared, job.slice, outcome);
+        if let Some(outcome) = read_mapped(shared, link, &view, &slice) {
+            finish(shared, slice, outcome);
             continue;
         }
         pieces.push(Piece {
-            local: s.local,
-            remote: s.remote,
-            len: s.len,
+            local: slice.local,
+            remote: slice.remote,
+            len: slice.len,
         });
-        checked.push((job.slice, view));
+        checked.push((slice, view));
     }
     if unknown {
         crate::log_limit::warn_limited!(
@@ -768,17 +785,23 @@ fn read_group(shared: &Shared, group: Vec<ReadJob>) {
     // touches until the slice ends, which happens after this call.
     let results = unsafe { cma::read_from(link.pid, &pieces) };
     let mut last_error = None;
+    let mut read = 0;
     for ((slice, view), r) in checked.into_iter().zip(results) {
         let outcome = match r {
-            Ok(()) if link.table.unchanged(&view) => Outcome::Done,
+            Ok(()) if link.table.unchanged(&view) => {
+                read += slice.len;
+                Outcome::Done
+            }
             Ok(()) => Outcome::Failed { hard: false },
             Err(e) => {
                 last_error = Some(e);
                 outcome_of(e)
             }
         };
-        finish(shared, slice, outcome);
+        slice.finish(outcome);
     }
+    // Counted once for the group: the counter is shared by every thread.
+    shared.counters.read.fetch_add(read, Ordering::Relaxed);
     match last_error {
         Some(cma::CopyError::Denied) => {
             core.unreachable(shared, "the kernel does not let us read its memory")

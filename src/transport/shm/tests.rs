@@ -510,7 +510,10 @@ fn reads_submitted_under_a_plug_wake_one_thread_at_the_flush() {
     // Owed, not given: no thread woke for the 64 READs.
     std::thread::sleep(Duration::from_millis(100));
     assert!(r.done.try_recv().is_err(), "a READ ran before the flush");
-    assert!(r.a.shm.shared.kick_owed.load(Ordering::SeqCst));
+    assert!(
+        r.a.shm.shared.reads.is_empty(),
+        "the READs wait on the caller's thread until the flush"
+    );
     r.a.shm.flush();
     for _ in 0..64 {
         let o = r
@@ -584,4 +587,55 @@ fn two_callers_flushing_at_once_leave_no_read_behind() {
         assert!(local == remote, "round {round}: every byte read");
     }
     shut_down(&[&a, &b]);
+}
+
+#[test]
+fn reads_to_two_targets_staged_under_one_plug_all_end_at_the_flush() {
+    let (a, b, mut remote_b, peer_b) = pair(200 * 4096);
+    let c = Local::with(options());
+    let remote_c = pattern(200 * 4096, 4);
+    register(&c, &remote_c, true);
+    let peer_c = peer_of(&a, &c);
+    remote_b.copy_from_slice(&pattern(200 * 4096, 8));
+    let (local_b, local_c) = (vec![0u8; remote_b.len()], vec![0u8; remote_c.len()]);
+    let reads = |local: &[u8], remote: u64, len: usize| {
+        slices(addr(local), remote, len as u64, 4096, false)
+    };
+    let (tx, done) = std::sync::mpsc::channel();
+    let post = |peer: &ShmPeer, s: (u64, u64, u64, bool)| {
+        let tx = tx.clone();
+        a.post(peer, s, move |o| {
+            let _ = tx.send(o);
+        });
+    };
+    {
+        let _plug = crate::transport::plug::Plug::begin(&[]);
+        // More READs than one round takes (64, or 256 KiB), alternating
+        // between the targets, and one outside every buffer of c.
+        let to_b = reads(&local_b, addr(&remote_b), remote_b.len());
+        let to_c = reads(&local_c, addr(&remote_c), remote_c.len());
+        for (sb, sc) in to_b.into_iter().zip(to_c) {
+            post(&peer_b, sb);
+            post(&peer_c, sc);
+        }
+        let end_of_c = addr(&remote_c) + remote_c.len() as u64;
+        for s in reads(&local_c, end_of_c, 4096) {
+            post(&peer_c, s);
+        }
+    }
+    assert!(done.try_recv().is_err(), "a READ ran before the flush");
+    a.shm.flush();
+    let mut ended = Vec::new();
+    for _ in 0..401 {
+        ended.push(
+            done.recv_timeout(Duration::from_secs(10))
+                .expect("a READ never ended"),
+        );
+    }
+    assert_eq!(ended.iter().filter(|o| **o == Outcome::Done).count(), 400);
+    assert_eq!(ended.iter().filter(|o| **o == Outcome::Rejected).count(), 1);
+    assert!(local_b == remote_b, "every byte read from b");
+    // The refused READ wrote nothing: c's range is read once, intact.
+    assert!(local_c == remote_c, "every byte read from c");
+    shut_down(&[&a, &b, &c]);
 }

@@ -187,20 +187,10 @@ fn spin(shared: &Shared, gaps: &Gaps) -> bool {
 /// that polls for its tasks, see [`Shared::caller_helps`]).
 pub(crate) fn pass(shared: &Shared, results: bool) -> bool {
     let mut found = false;
-    let mut jobs = Vec::new();
-    let mut bytes = 0u64;
-    while jobs.len() < BATCH && bytes < BATCH_BYTES {
-        match shared.reads_rx.try_recv() {
-            Ok(j) => {
-                bytes = bytes.saturating_add(j.slice.len);
-                jobs.push(j);
-            }
-            Err(_) => break,
-        }
-    }
+    let jobs = shared.reads.take(BATCH, BATCH_BYTES);
     if !jobs.is_empty() {
         found = true;
-        if !shared.reads_rx.is_empty() {
+        if !shared.reads.is_empty() {
             shared.kick();
         }
         peer::run_reads(shared, jobs);
