@@ -186,14 +186,24 @@ impl Engine {
         let transports = self.transports();
         let mut targets: Vec<Target> = Vec::with_capacity(requests.len());
         let mut refetching: Vec<i32> = Vec::new();
+        // The segment of the request before: a batch mostly goes to one
+        // peer, and the cache's lock is shared by every submitting thread.
+        let mut last: Option<(i32, Arc<RemoteSegment>)> = None;
         for r in requests {
             if r.target_id == LOCAL_SEGMENT_ID {
                 targets.push(Target::Local);
                 continue;
             }
-            let seg = self.segments.get(r.target_id).ok_or_else(|| {
-                Error::InvalidArgument(format!("segment id {} is not open", r.target_id))
-            })?;
+            let seg = match &last {
+                Some((id, seg)) if *id == r.target_id => seg.clone(),
+                _ => {
+                    let seg = self.segments.get(r.target_id).ok_or_else(|| {
+                        Error::InvalidArgument(format!("segment id {} is not open", r.target_id))
+                    })?;
+                    last = Some((r.target_id, seg.clone()));
+                    seg
+                }
+            };
             let need = self.fetch_need(&seg, r);
             if need.is_some() && !refetching.contains(&r.target_id) {
                 refetching.push(r.target_id);
@@ -638,8 +648,9 @@ impl Engine {
     /// background lane of the peer, one refetch for every caller waiting
     /// for it, and hands each the segment as cached afterwards.
     fn refresher(&self) -> Option<Refresh> {
-        let me = self.me.get()?.clone();
+        let me = self.me.get()?;
         let refresh = self.refresher.get_or_init(|| {
+            let me = me.clone();
             Arc::new(move |name: &str, done: Refreshed| {
                 let Some(engine) = me.upgrade() else {
                     return done(None);
