@@ -36,7 +36,7 @@
 use super::progress::{MinRate, Progress, Requests, Seen, Slow, Traffic};
 use super::wire::{
     DIRECT_RECV_MIN, HEADER_LEN, Header, OP_READ, OP_WRITE, Recv, RecvBuf, STATUS_OK, V2_FLAG,
-    iovec, recv_some, send_some, status_valid,
+    iovec, send_some, status_valid,
 };
 use crate::auth::{ClientAuth, Gate, Keys, Port, Standing};
 use crate::log_limit::{LogLimit, Suppressed};
@@ -897,15 +897,19 @@ impl Lane {
                 // SAFETY: the caller's READ destination is valid for `len`
                 // bytes until its task is terminal, which this lane decides.
                 unsafe { conn.rbuf.take_into(dst, want) }
-            } else if want >= DIRECT_RECV_MIN {
+            } else if r.slice.len >= DIRECT_RECV_MIN as u64 {
+                // What the buffer does not hold of a large payload comes
+                // straight into its destination, to its end, and the next
+                // answer's status word behind it in the same receive.
+                let tail = if r.v2 { 8 } else { 0 };
                 // SAFETY: as above.
-                match unsafe { recv_some(fd, dst, want) } {
-                    Ok(Recv::Bytes(n)) => {
+                match unsafe { conn.rbuf.recv_behind(fd, dst, want, tail) } {
+                    Ok((Recv::Bytes(n), to_dst)) => {
                         conn.traffic.add_received(n);
-                        n
+                        to_dst
                     }
-                    Ok(Recv::WouldBlock) => return Ok(total),
-                    Ok(Recv::Eof) => {
+                    Ok((Recv::WouldBlock, _)) => return Ok(total),
+                    Ok((Recv::Eof, _)) => {
                         return Err(Failure::Closed("peer closed the connection".into()));
                     }
                     Err(e) => return Err(Failure::Closed(e.to_string())),

@@ -26,7 +26,7 @@ use super::bound::{self, Board};
 use super::progress::{MinRate, Progress, Seen, Traffic};
 use super::wire::{
     DIRECT_RECV_MIN, HEADER_LEN, Header, Recv, RecvBuf, STATUS_ADDR_REJECTED, STATUS_OK, iovec,
-    recv_some, send_some,
+    send_some,
 };
 use crate::auth::{Gate, Listener, ServerAuth, Standing};
 use crate::memory::RemoteMemory;
@@ -102,6 +102,9 @@ struct Incoming {
     fence: Arc<Fence>,
     addr: u64,
     left: u64,
+    /// A payload of at least [`DIRECT_RECV_MIN`]: what the buffer does not
+    /// hold of it is received straight into its destination, to its end.
+    large: bool,
     v2: bool,
     /// The GPU whose memory it goes to (staged).
     gpu: Option<u32>,
@@ -510,6 +513,7 @@ impl Session {
                     fence,
                     addr: h.addr,
                     left: h.size,
+                    large: h.size >= DIRECT_RECV_MIN as u64,
                     v2: h.v2(),
                     gpu,
                 });
@@ -548,18 +552,26 @@ impl Session {
             // SAFETY: inside the fence of the registered buffer that holds
             // [addr, addr + left), checked when the request was admitted.
             unsafe { rbuf.take_into(dst, want) }
-        } else if want >= DIRECT_RECV_MIN {
+        } else if inc.large {
             let Some(_inside) = inc.fence.enter() else {
                 return Ok(Some(self.cut_off()));
             };
+            // At the end of the payload, the next header comes in the same
+            // receive, behind it: large pipelined WRITEs then take one
+            // receive each, and their payloads never pass the buffer.
+            let tail = if want as u64 == inc.left {
+                HEADER_LEN
+            } else {
+                0
+            };
             // SAFETY: as above; the receive does not block.
-            match unsafe { recv_some(fd, dst, want)? } {
-                Recv::Bytes(n) => {
+            match unsafe { rbuf.recv_behind(fd, dst, want, tail)? } {
+                (Recv::Bytes(n), to_dst) => {
                     self.traffic.add_received(n);
-                    n
+                    to_dst
                 }
-                Recv::Eof => return Ok(Some(Turn::Abort)),
-                Recv::WouldBlock => return Ok(Some(Turn::Wait)),
+                (Recv::Eof, _) => return Ok(Some(Turn::Abort)),
+                (Recv::WouldBlock, _) => return Ok(Some(Turn::Wait)),
             }
         } else {
             match rbuf.fill(fd)? {

@@ -221,6 +221,64 @@ impl RecvBuf {
         Ok(r)
     }
 
+    /// Receives what is available into `dst` (up to `len` bytes) and, in
+    /// the same call, up to `tail` more bytes into this buffer, which must
+    /// be empty: the end of a payload straight into its destination, and
+    /// the small item behind it (the next header, or status word) here,
+    /// without a second receive or a copy through the buffer. Returns what
+    /// the receive said and how many bytes went to `dst`.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writing `len` bytes.
+    pub unsafe fn recv_behind(
+        &mut self,
+        fd: RawFd,
+        dst: *mut u8,
+        len: usize,
+        tail: usize,
+    ) -> io::Result<(Recv, usize)> {
+        debug_assert!(self.is_empty());
+        self.start = 0;
+        self.end = 0;
+        let mut iov = [
+            iovec(dst, len),
+            iovec(self.buf.as_mut_ptr(), tail.min(self.buf.len())),
+        ];
+        let mut msg = libc::msghdr {
+            msg_name: std::ptr::null_mut(),
+            msg_namelen: 0,
+            msg_iov: iov.as_mut_ptr(),
+            msg_iovlen: iov.len(),
+            msg_control: std::ptr::null_mut(),
+            msg_controllen: 0,
+            msg_flags: 0,
+        };
+        loop {
+            // SAFETY: the first iovec is `dst`, valid for `len` bytes (the
+            // caller's contract), the second the head of our own buffer.
+            let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) };
+            match n {
+                0 => return Ok((Recv::Eof, 0)),
+                n if n > 0 => {
+                    let n = n as usize;
+                    self.end = n.saturating_sub(len);
+                    return Ok((Recv::Bytes(n), n.min(len)));
+                }
+                _ => {
+                    let e = io::Error::last_os_error();
+                    if e.kind() == io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    return if would_block(&e) {
+                        Ok((Recv::WouldBlock, 0))
+                    } else {
+                        Err(e)
+                    };
+                }
+            }
+        }
+    }
+
     /// Copies up to `len` buffered bytes to `dst`; returns how many.
     ///
     /// # Safety
@@ -275,5 +333,53 @@ mod tests {
         assert!(status_valid(STATUS_ADDR_REJECTED));
         assert!(!status_valid(0x1234));
         assert_eq!(STATUS_OK.to_le_bytes()[4..], *b"VTCM");
+    }
+
+    #[test]
+    fn a_payload_end_goes_to_its_destination_and_the_next_header_to_the_buffer() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let (mut tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
+        rx.set_nonblocking(true).unwrap();
+        let payload: Vec<u8> = (0..20_000u32).map(|i| (i * 7) as u8).collect();
+        let next = Header {
+            size: 5,
+            addr: 0x1000,
+            opcode: OP_WRITE,
+        }
+        .encode();
+        tx.write_all(&payload).unwrap();
+        tx.write_all(&next).unwrap();
+        tx.write_all(b"after").unwrap();
+        let mut rbuf = RecvBuf::new(1024);
+        let mut dst = vec![0u8; payload.len()];
+        let mut got = 0;
+        while got < dst.len() {
+            // SAFETY: `dst` holds the `len` bytes from `got` on.
+            let (r, n) = unsafe {
+                rbuf.recv_behind(
+                    rx.as_raw_fd(),
+                    dst.as_mut_ptr().add(got),
+                    dst.len() - got,
+                    HEADER_LEN,
+                )
+            }
+            .unwrap();
+            assert!(matches!(r, Recv::Bytes(_)), "the bytes were sent");
+            got += n;
+        }
+        assert!(dst == payload, "every payload byte in its destination");
+        assert_eq!(rbuf.bytes(), &next[..], "the header, and nothing behind it");
+        // What follows the header stays in the socket.
+        rbuf.consume(HEADER_LEN);
+        assert!(matches!(rbuf.fill(rx.as_raw_fd()).unwrap(), Recv::Bytes(5)));
+        assert_eq!(rbuf.bytes(), b"after");
+        // Nothing more: the receive says so instead of waiting.
+        rbuf.consume(5);
+        let mut one = [0u8; 1];
+        // SAFETY: `one` holds one byte.
+        let (r, n) =
+            unsafe { rbuf.recv_behind(rx.as_raw_fd(), one.as_mut_ptr(), 1, HEADER_LEN) }.unwrap();
+        assert!(matches!(r, Recv::WouldBlock) && n == 0);
     }
 }
