@@ -80,7 +80,9 @@ pids=()
 cleanup() {
   local rc=$?
   set +e
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  # Mooncake's transfer_engine_bench is a Python wrapper around a child
+  # process: its children go too.
+  for p in "${pids[@]}"; do pkill -TERM -P "$p" 2>/dev/null; kill -TERM "$p" 2>/dev/null; done
   for p in "${pids[@]}"; do
     for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$p" 2>/dev/null
