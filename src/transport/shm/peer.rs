@@ -286,7 +286,8 @@ impl PeerCore {
         {
             shared.kick();
         }
-        if self.admit(&shared, vec![slice]) {
+        let write = slice.write;
+        if self.admit(&shared, write, std::iter::once(slice)) {
             shared.kick();
         }
     }
@@ -301,16 +302,18 @@ impl PeerCore {
                 .for_each(|s| s.finish(Outcome::Failed { hard: true }));
             return None;
         };
-        self.admit(&shared, slices).then_some(shared)
+        self.admit(&shared, false, slices).then_some(shared)
     }
 
-    /// Hands slices of one kind (all READs or all WRITEs) to the link, or
-    /// to the attach, or ends them as the target's phase says; whether
-    /// READs were queued for a thread (the caller owes it a kick).
-    fn admit(self: &Arc<Self>, shared: &Arc<Shared>, slices: Vec<Slice>) -> bool {
-        let Some(write) = slices.first().map(|s| s.write) else {
-            return false;
-        };
+    /// Hands slices of one kind (`write`: all WRITEs, else all READs) to
+    /// the link, or to the attach, or ends them as the target's phase says;
+    /// whether READs were queued for a thread (the caller owes it a kick).
+    fn admit(
+        self: &Arc<Self>,
+        shared: &Arc<Shared>,
+        write: bool,
+        slices: impl IntoIterator<Item = Slice>,
+    ) -> bool {
         let mut st = self.lock();
         if matches!(&st.phase, Phase::Attached(link) if link.ring.closed()) {
             // The target closed our ring: what is in it is interrupted,
@@ -340,7 +343,7 @@ impl PeerCore {
                 shared.reads.push(ReadJob {
                     core: self.clone(),
                     link,
-                    slices,
+                    slices: slices.into_iter().collect(),
                 });
                 return true;
             }
