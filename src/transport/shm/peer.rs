@@ -789,9 +789,11 @@ fn read_group(shared: &Shared, core: &Arc<PeerCore>, link: &Link, slices: Vec<Sl
     let results = unsafe { cma::read_from(link.pid, &pieces) };
     let mut last_error = None;
     let mut read = 0;
-    for ((slice, view), r) in checked.into_iter().zip(results) {
-        let outcome = match r {
-            Ok(()) if link.table.unchanged(&view) => {
+    let outcomes: Vec<Outcome> = checked
+        .iter()
+        .zip(results)
+        .map(|((slice, view), r)| match r {
+            Ok(()) if link.table.unchanged(view) => {
                 read += slice.len;
                 Outcome::Done
             }
@@ -800,11 +802,15 @@ fn read_group(shared: &Shared, core: &Arc<PeerCore>, link: &Link, slices: Vec<Sl
                 last_error = Some(e);
                 outcome_of(e)
             }
-        };
+        })
+        .collect();
+    // Counted once for the group (the counter is shared by every thread),
+    // and before any slice ends, so a caller that sees its batch done sees
+    // its bytes counted.
+    shared.counters.read.fetch_add(read, Ordering::Relaxed);
+    for ((slice, _), outcome) in checked.into_iter().zip(outcomes) {
         slice.finish(outcome);
     }
-    // Counted once for the group: the counter is shared by every thread.
-    shared.counters.read.fetch_add(read, Ordering::Relaxed);
     match last_error {
         Some(cma::CopyError::Denied) => {
             core.unreachable(shared, "the kernel does not let us read its memory")

@@ -464,10 +464,9 @@ fn execute(shared: &Shared, s: &Served, batch: &[Request]) -> bool {
             .and_then(|b| Some((b.offset, s.maps.get(&s.pidfd, &b, r.len)?)));
         if let Some((offset, map)) = mapped {
             copy_mapped(&s.ring, job, fence, &map, offset);
-            shared
-                .counters
-                .mapped
-                .fetch_add(job.copied, Ordering::Relaxed);
+            let counters = &shared.counters;
+            counters.mapped.fetch_add(job.copied, Ordering::Relaxed);
+            counters.served.fetch_add(job.copied, Ordering::Relaxed);
             job.complete(&s.ring);
             continue;
         }
@@ -534,9 +533,13 @@ fn execute(shared: &Shared, s: &Served, batch: &[Request]) -> bool {
         // write it by the engine's contract, as over TCP.
         let results = unsafe { cma::read_from(s.initiator, &pieces) };
         drop(inside);
+        let mut copied = 0;
         for ((i, p), r) in owners.into_iter().zip(&pieces).zip(results) {
             match r {
-                Ok(()) => jobs[i].copied += p.len,
+                Ok(()) => {
+                    jobs[i].copied += p.len;
+                    copied += p.len;
+                }
                 Err(e) => {
                     gone |= e == CopyError::Gone;
                     jobs[i].cut_short(match e {
@@ -546,6 +549,9 @@ fn execute(shared: &Shared, s: &Served, batch: &[Request]) -> bool {
                 }
             }
         }
+        // Counted before anything completes, so an initiator that sees its
+        // request done sees its bytes counted here.
+        shared.counters.served.fetch_add(copied, Ordering::Relaxed);
         // Complete what ended in this group; the others may be withdrawn
         // until their next piece begins.
         let mut seen: Option<usize> = None;
@@ -563,8 +569,6 @@ fn execute(shared: &Shared, s: &Served, batch: &[Request]) -> bool {
         }
         start = end;
     }
-    let served: u64 = jobs.iter().map(|j| j.copied).sum();
-    shared.counters.served.fetch_add(served, Ordering::Relaxed);
     for job in &mut jobs {
         job.complete(&s.ring);
     }
