@@ -10,7 +10,10 @@
 # a READ for 2.5 s without --target_base and --target_size (the bench finds
 # the target's first buffer with te_segment_buffers) that must read what the
 # WRITE put there (its blocks are among the WRITE's) and print progress
-# lines once a second.
+# lines once a second. Last, both sides over shared memory with
+# --hugepages (their buffers in transparent huge pages where the kernel
+# allows, as its smaps shows): a READ and a WRITE, every byte of the
+# last batch checked.
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: $0 BUILD_DIR" >&2; exit 2; }
 build=$(cd "$1" && pwd)
@@ -68,4 +71,28 @@ n=$(grep -Ec "$progress" "$NET_TMP/nobase.out" || true)
 
 net_stop target 10
 [ "$NET_RC" -eq 0 ] || net_fail "target exited with $NET_RC after SIGTERM"
+
+net_start huge "$bench" --mode target --protocol shm --hugepages --metadata_server P2PHANDSHAKE \
+  --local_server_name 127.0.0.1 --buffer_size $((64 << 20)) --verify
+read -r _ seg _ base _ size <<<"$(net_wait_line huge '^segment ' 60)"
+# Where the kernel gives transparent huge pages on request, the target's
+# buffer is in them.
+if grep -Eq '\[(madvise|always)\]' /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null; then
+  # shellcheck disable=SC2154 # set by net_start
+  kib=$(awk '/^AnonHugePages:/ {print $2}' "/proc/$NET_PID_huge/smaps_rollup")
+  [ "${kib:-0}" -ge $((32 << 10)) ] || net_fail "--hugepages: $kib KiB of the target in huge pages, want 32 MiB of 64"
+  echo "target with --hugepages: $kib KiB in transparent huge pages"
+fi
+for op in read write; do
+  rc=0
+  timeout -k 5 120 "$bench" --mode initiator --operation "$op" --protocol shm --hugepages \
+    --metadata_server P2PHANDSHAKE --segment_id "$seg" --target_base "$base" --target_size "$size" \
+    --block_size $((1 << 20)) --batch_size 16 --threads 2 --duration 1 --verify \
+    >"$NET_TMP/huge-$op.out" 2>"$NET_TMP/huge-$op.err" || rc=$?
+  cat "$NET_TMP/huge-$op.out"
+  [ "$rc" -eq 0 ] || net_fail "shm --hugepages $op exited with $rc: $(tail -5 "$NET_TMP/huge-$op.err")"
+  grep -q '^verify: OK' "$NET_TMP/huge-$op.out" || net_fail "shm --hugepages $op: no verify line"
+done
+net_stop huge 10
+[ "$NET_RC" -eq 0 ] || net_fail "huge-page target exited with $NET_RC after SIGTERM"
 echo "transfer_bench_verify: OK"

@@ -5,22 +5,24 @@
 #
 #   scripts/bench-shm.sh [--quick] [--runs N] [--duration S] [--threads N]
 #
-# Builds release with CMake (build/, or $BUILD_DIR), starts four
+# Builds release with CMake (build/, or $BUILD_DIR), starts five
 # transfer_bench-style targets on 127.0.0.1 (P2PHANDSHAKE): ours with
-# --protocol shm on mmap'd buffers (copied with cross-memory attach), ours
-# with --protocol shm on --engine_buffers (te_allocate_buffer: memfds,
+# --protocol shm on mmap'd buffers (copied with cross-memory attach), the
+# same with --hugepages on both sides (the buffers in transparent huge
+# pages where the kernel's mode allows), ours with --protocol shm on
+# --engine_buffers (te_allocate_buffer: memfds,
 # copied with memcpy), ours with --protocol tcp, and Mooncake's
 # transfer_engine_bench with --protocol tcp (from $MOONCAKE_BENCH, else
 # build/pyvenv/bin/transfer_engine_bench as scripts/test-python.sh leaves
 # it, else a virtualenv build/mooncake-venv made here with pip; Mooncake's
 # column is left out if none can be had). Then, for each run, interleaved:
 # memcpy of the same block sizes by the same number of threads
-# (local_bench's baseline), and WRITE and READ of 1 MiB blocks (batch 8)
-# and 4 KiB blocks (batch 64) through each of the three. The table shows
-# medians, for both kinds of buffers: GB/s, requests/s, and the ratios of
+# (local_bench's baseline), and WRITE and READ of 1 MiB blocks (batch 16)
+# and 4 KiB blocks (batch 64) through each of them. The table shows
+# medians, for the three kinds of buffers: GB/s, requests/s, and the ratios of
 # shm to memcpy, to our TCP and to Mooncake's TCP. GB = 1e9 bytes.
 #
-# Defaults: 3 runs of 3 s, 2 threads (about 3 minutes). --quick: 3 runs of
+# Defaults: 3 runs of 3 s, 2 threads (about 4 minutes). --quick: 3 runs of
 # 1 s. A benchmark, not a test: its verdict is the table, not the exit code
 # (non-zero only when something failed to run).
 #
@@ -111,10 +113,14 @@ wait_line() {
 }
 
 target_size=$((256 << 20))
+# The kernel's transparent huge page mode (the bracketed word), which
+# decides whether --hugepages takes effect.
+thp=$(grep -o '\[[a-z]*\]' /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null | tr -d '[]' || true)
+thp=${thp:-unknown}
 declare -A seg base
 # who -> transfer_bench flags
-declare -A flags=([shm]="--protocol shm" [shmbuf]="--protocol shm --engine_buffers" [tcp]="--protocol tcp")
-kinds=(shm shmbuf tcp)
+declare -A flags=([shm]="--protocol shm" [shmhuge]="--protocol shm --hugepages" [shmbuf]="--protocol shm --engine_buffers" [tcp]="--protocol tcp")
+kinds=(shm shmhuge shmbuf tcp)
 [ "$sweep" = 1 ] && kinds=(shm shmbuf)
 for who in "${kinds[@]}"; do
   # shellcheck disable=SC2086
@@ -143,7 +149,7 @@ run() {
   local cmd
   case $who in
     # shellcheck disable=SC2206
-    shm|shmbuf|tcp) cmd=("$bench" ${flags[$who]} --target_base "${base[$who]}" --target_size "$target_size") ;;
+    shm|shmhuge|shmbuf|tcp) cmd=("$bench" ${flags[$who]} --target_base "${base[$who]}" --target_size "$target_size") ;;
     mooncake) cmd=("$mooncake" --protocol tcp) ;;
   esac
   if ! timeout -k 5 $((duration + 60)) "${cmd[@]}" --mode initiator --metadata_server P2PHANDSHAKE \
@@ -220,12 +226,12 @@ EOF
   exit 0
 fi
 
-whos=(shm shmbuf tcp)
+whos=(shm shmhuge shmbuf tcp)
 [ -n "$mooncake" ] && whos+=(mooncake)
-cases=("write 1048576 8 1MiB" "read 1048576 8 1MiB" "write 4096 64 4KiB" "read 4096 64 4KiB")
+cases=("write 1048576 16 1MiB" "read 1048576 16 1MiB" "write 4096 64 4KiB" "read 4096 64 4KiB")
 results=$tmp/results
 : >"$results"
-echo "# one host, $runs runs x ${duration} s, $threads threads; targets: shm ${seg[shm]}, shm with engine buffers ${seg[shmbuf]}, tcp ${seg[tcp]}${seg[mooncake]:+, mooncake ${seg[mooncake]}}"
+echo "# one host, $runs runs x ${duration} s, $threads threads; transparent huge pages: $thp; targets: shm ${seg[shm]}, shm in huge pages ${seg[shmhuge]}, shm with engine buffers ${seg[shmbuf]}, tcp ${seg[tcp]}${seg[mooncake]:+, mooncake ${seg[mooncake]}}"
 for r in $(seq "$runs"); do
   for kib in 1024 4; do
     v=$(memcpy "$kib")
@@ -242,7 +248,7 @@ for r in $(seq "$runs"); do
   done
 done
 
-python3 - "$results" "$threads" <<'EOF'
+python3 - "$results" "$threads" "$thp" <<'EOF'
 import statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
@@ -252,7 +258,7 @@ med = lambda key, i: statistics.median(v[i] for v in rows[key]) if key in rows e
 print()
 print("%-18s %8s %11s %8s %6s %8s %6s %9s %7s" % ("case", "shm GB/s", "requests/s", "memcpy", "ratio",
       "our tcp", "ratio", "mooncake", "ratio"))
-for who, label in (("shm", "mmap"), ("shmbuf", "engine")):
+for who, label in (("shm", "mmap"), ("shmhuge", "huge"), ("shmbuf", "engine")):
     for case in ["WRITE-1MiB", "READ-1MiB", "WRITE-4KiB", "READ-4KiB"]:
         g, r = med((who, case), 0), med((who, case), 1)
         m = med(("memcpy", "1024" if case.endswith("1MiB") else "4"), 0)
@@ -261,7 +267,8 @@ for who, label in (("shm", "mmap"), ("shmbuf", "engine")):
         ratio = lambda x: "%6.2f" % (g / x) if x else "%6s" % "-"
         print("%-18s %8.2f %11.0f %s %s %s %s %9s %7s" % (case + " " + label, g, r, fmt(m), ratio(m), fmt(t),
               ratio(t), ("%.3f" % mc) if mc is not None else "-", ("%.1f" % (g / mc)) if mc else "-"))
-print("mmap: buffers from mmap (cross-memory attach); engine: from te_allocate_buffer (memfds, memcpy)")
+print("mmap: buffers from mmap (cross-memory attach); huge: the same with madvise(MADV_HUGEPAGE) on")
+print("both sides (transparent huge pages: %s); engine: from te_allocate_buffer (memfds, memcpy)" % sys.argv[3])
 print("medians of %d runs, %s threads; memcpy: the same block sizes copied by local_bench's baseline" %
       (len(rows[("memcpy", "1024")]), sys.argv[2]))
 EOF
