@@ -26,11 +26,13 @@
 //! * The peer's buffer in GPU memory (of the CUDA driver's test double,
 //!   NOT a GPU) is reached over TCP, which stages it, beside shared memory
 //!   for its host buffer.
+//! * A large buffer in 4 KiB pages is logged once per engine with the way
+//!   to huge pages; one in transparent huge pages is not.
 
 use crate::common;
 
 use common::gpu_double::DriverDouble;
-use common::{Buf, pattern, pattern_byte};
+use common::{Buf, Mapping, pattern, pattern_byte};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -1444,19 +1446,82 @@ fn opening_a_peer_here_says_shared_memory_carries_its_data() {
     }
     let peer = Peer::start(TEST, 4096, &[]);
     let e = engine();
+    let log = logged(|| {
+        e.open_segment(&peer.name).expect("open");
+    });
+    assert!(
+        log.contains("its data goes by shm, else tcp"),
+        "the log does not say how the data goes: {log}"
+    );
+    e.shutdown();
+}
+
+/// `len` bytes of anonymous memory, advised into huge pages or kept out
+/// of them before they are touched, then touched.
+fn advised(len: usize, huge: bool) -> Mapping {
+    let m = Mapping::new(len);
+    let advice = if huge {
+        libc::MADV_HUGEPAGE
+    } else {
+        libc::MADV_NOHUGEPAGE
+    };
+    // SAFETY: the range is the mapping just made, which nothing uses yet.
+    let rc = unsafe { libc::madvise(m.addr.cast(), len, advice) };
+    assert_eq!(rc, 0, "madvise");
+    m.fill(1);
+    m
+}
+
+fn region_of(m: &Mapping) -> Region {
+    Region {
+        addr: m.addr as u64,
+        length: m.len as u64,
+        location: Location::Any,
+        remote_accessible: true,
+    }
+}
+
+/// What the engine logged on this thread while `f` ran.
+fn logged(f: impl FnOnce()) -> String {
     let sink = LogSink::default();
     let writer = sink.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
-    tracing::subscriber::with_default(subscriber, || {
-        e.open_segment(&peer.name).expect("open");
+    tracing::subscriber::with_default(subscriber, f);
+    String::from_utf8(sink.0.lock().unwrap().clone()).unwrap()
+}
+
+#[test]
+fn a_large_buffer_in_small_pages_is_reported_once_and_one_in_huge_pages_not() {
+    const SAID: &str = "is in 4 KiB pages";
+    let e = engine();
+    let small = [advised(64 << 20, false), advised(64 << 20, false)];
+    let log = logged(|| {
+        for b in &small {
+            e.register(&[region_of(b)]).expect("register");
+        }
     });
-    let log = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    assert_eq!(log.matches(SAID).count(), 1, "once per engine: {log}");
+    assert!(log.contains("MADV_HUGEPAGE"), "the way out is named: {log}");
+    for b in &small {
+        e.unregister(&[b.addr as u64]).expect("unregister");
+    }
+    e.shutdown();
+
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
+    if !thp.is_ok_and(|m| m.contains("[madvise]") || m.contains("[always]")) {
+        eprintln!("no transparent huge pages on request here: the huge half is not run");
+        return;
+    }
+    let e = engine();
+    let huge = advised(64 << 20, true);
+    let log = logged(|| e.register(&[region_of(&huge)]).expect("register"));
     assert!(
-        log.contains("its data goes by shm, else tcp"),
-        "the log does not say how the data goes: {log}"
+        !log.contains(SAID),
+        "memory in huge pages is not reported: {log}"
     );
+    e.unregister(&[huge.addr as u64]).expect("unregister");
     e.shutdown();
 }

@@ -50,6 +50,7 @@ mod carrier;
 pub mod cma;
 mod config;
 mod maps;
+mod pages;
 mod peer;
 mod poll;
 mod reads;
@@ -198,6 +199,9 @@ pub(crate) struct Shared {
     serving: Mutex<()>,
     /// Ended links whose targets are still copying some of our WRITEs.
     draining: Mutex<Vec<peer::Draining>>,
+    /// Large caller buffers whose pages were looked at (at most
+    /// [`pages::CHECKS`]; all of them once one in 4 KiB pages was logged).
+    page_checks: AtomicUsize,
     /// How many there are (read without the lock).
     draining_links: AtomicUsize,
 }
@@ -380,6 +384,7 @@ impl ShmTransport {
             serving: Mutex::new(()),
             draining: Mutex::new(Vec::new()),
             draining_links: AtomicUsize::new(0),
+            page_checks: AtomicUsize::new(0),
         });
         let me = Arc::new(ShmTransport {
             shared: shared.clone(),
@@ -466,9 +471,14 @@ impl ShmTransport {
     /// and, if it lies in a buffer of [`ShmTransport::allocate`], its
     /// memfd, which they map to copy with memcpy. A buffer that does not
     /// fit in the table (`MC_SHM_TABLE_SLOTS`) is read over another
-    /// transport (logged once per interval).
+    /// transport (logged once per interval). The first large caller
+    /// buffer found mostly in 4 KiB pages is logged once, with the way to
+    /// huge pages, which peers copy about twice as fast.
     pub fn register(&self, region: &Region) {
         let backing = self.shared.allocs.backing_of(region.addr, region.length);
+        if backing.is_none() && region.remote_accessible {
+            self.say_if_small_pages(region);
+        }
         if !self.shared.table.register(
             region.addr,
             region.length,
@@ -480,6 +490,36 @@ impl ShmTransport {
                  peers read buffer {:#x} over another transport",
                 self.shared.table.slots(),
                 region.addr
+            );
+        }
+    }
+
+    /// Logs, once per engine, a large host buffer peers reach with
+    /// cross-memory attach whose resident memory is mostly in 4 KiB pages.
+    /// Only the first [`pages::CHECKS`] large buffers are looked at: each
+    /// look reads the process's whole memory map.
+    fn say_if_small_pages(&self, region: &Region) {
+        let checks = &self.shared.page_checks;
+        if region.length < pages::LARGE
+            || matches!(region.location, crate::memory::Location::Cuda(_))
+            || checks.fetch_add(1, Ordering::Relaxed) >= pages::CHECKS
+        {
+            return;
+        }
+        let Some(p) = pages::of_range(region.addr, region.length) else {
+            return;
+        };
+        if p.mostly_small() && checks.swap(pages::CHECKS, Ordering::Relaxed) < pages::CHECKS {
+            tracing::info!(
+                "shm: buffer {:#x} ({} MiB) is in 4 KiB pages ({} of {} MiB resident in huge \
+                 pages): peers on this host copy it about half as fast as memory in huge \
+                 pages; put it in huge pages (madvise MADV_HUGEPAGE before it is first \
+                 touched, or hugetlbfs) or take buffers from te_allocate_buffer \
+                 (docs/shm.md, \"Huge pages\")",
+                region.addr,
+                region.length >> 20,
+                p.huge_kib >> 10,
+                p.resident_kib >> 10
             );
         }
     }
