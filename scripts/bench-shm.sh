@@ -26,14 +26,14 @@
 # 1 s. A benchmark, not a test: its verdict is the table, not the exit code
 # (non-zero only when something failed to run).
 #
-# --sweep: shared memory only, both kinds of buffers, READ and WRITE of
+# --sweep: shared memory only, the three kinds of buffers, READ and WRITE of
 # 4 KiB, 64 KiB, 1 MiB, 16 MiB and 64 MiB blocks (batches of 64, 64, 16,
 # 4 and 1), with 1, 2 and all-cores initiator threads; beside each, in the
 # same run and with the same thread count: memcpy of the same blocks
 # (local_bench's baseline) and cross-memory attach by itself (that many
 # cma_bench processes at once, each reading another process's 256 MiB
 # with process_vm_readv: the kernel's copy that caller memory goes
-# through). About 3 minutes per run of 1 s (--duration) on 2 cores.
+# through). About 4 minutes per run of 1 s (--duration) on 2 cores.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 runs=3
@@ -121,7 +121,7 @@ declare -A seg base
 # who -> transfer_bench flags
 declare -A flags=([shm]="--protocol shm" [shmhuge]="--protocol shm --hugepages" [shmbuf]="--protocol shm --engine_buffers" [tcp]="--protocol tcp")
 kinds=(shm shmhuge shmbuf tcp)
-[ "$sweep" = 1 ] && kinds=(shm shmbuf)
+[ "$sweep" = 1 ] && kinds=(shm shmhuge shmbuf)
 for who in "${kinds[@]}"; do
   # shellcheck disable=SC2086
   "$bench" --mode target ${flags[$who]} --metadata_server P2PHANDSHAKE --local_server_name 127.0.0.1 \
@@ -185,13 +185,13 @@ if [ "$sweep" = 1 ]; then
   blocks=("4096 64" "65536 64" "1048576 16" "16777216 4" "67108864 1")
   results=$tmp/results
   : >"$results"
-  echo "# one host, $runs runs x ${duration} s, initiator threads: $counts; targets: shm ${seg[shm]}, shm with engine buffers ${seg[shmbuf]}"
+  echo "# one host, $runs runs x ${duration} s, initiator threads: $counts; transparent huge pages: $thp; targets: shm ${seg[shm]}, shm in huge pages ${seg[shmhuge]}, shm with engine buffers ${seg[shmbuf]}"
   for r in $(seq "$runs"); do
     for threads in $counts; do
       for b in "${blocks[@]}"; do
         read -r block batch <<<"$b"
         line="$r $threads $block memcpy $(memcpy $((block >> 10))) 0 cma $(cma "$block") 0"
-        for who in shm shmbuf; do
+        for who in shm shmhuge shmbuf; do
           for op in write read; do
             line+=" $who-$op $(run "$who" "$op" "$block" "$batch")"
           done
@@ -210,14 +210,18 @@ for line in open(sys.argv[1]):
     rows.setdefault((int(f[1]), int(f[2])), []).append(cols)
 size = lambda b: "%d MiB" % (b >> 20) if b >= 1 << 20 else "%d KiB" % (b >> 10)
 print()
-print("%-7s %-6s %6s %6s | %-33s | %-22s" % ("threads", "block", "memcpy", "cma", "caller memory (cross-memory attach)", "engine buffers (memfd)"))
-print("%-7s %-6s %6s %6s | %-33s | %-22s" % ("", "", "GB/s", "GB/s", "WRITE  READ   /memcpy     /cma", "WRITE  READ   /memcpy"))
+print("%-7s %-6s %6s %6s | %-33s | %-22s | %-22s" % ("threads", "block", "memcpy", "cma",
+      "caller memory (cross-memory attach)", "in huge pages", "engine buffers (memfd)"))
+print("%-7s %-6s %6s %6s | %-33s | %-22s | %-22s" % ("", "", "GB/s", "GB/s", "WRITE  READ   /memcpy     /cma",
+      "WRITE  READ   /memcpy", "WRITE  READ   /memcpy"))
 for (threads, block), runs in sorted(rows.items()):
     med = lambda col, i=0: statistics.median(r[col][i] for r in runs)
     m, c = med("memcpy"), med("cma")
-    w, rd, bw, br = med("shm-write"), med("shm-read"), med("shmbuf-write"), med("shmbuf-read")
-    print("%-7d %-6s %6.2f %6.2f | %5.2f %5.2f  %4.2f %4.2f  %4.2f %4.2f | %5.2f %5.2f  %4.2f %4.2f" % (
-        threads, size(block), m, c, w, rd, w / m, rd / m, w / c, rd / c, bw, br, bw / m, br / m))
+    w, rd = med("shm-write"), med("shm-read")
+    pair = lambda who: "%5.2f %5.2f  %4.2f %4.2f" % (med(who + "-write"), med(who + "-read"),
+                                                    med(who + "-write") / m, med(who + "-read") / m)
+    print("%-7d %-6s %6.2f %6.2f | %5.2f %5.2f  %4.2f %4.2f  %4.2f %4.2f | %s | %s" % (
+        threads, size(block), m, c, w, rd, w / m, rd / m, w / c, rd / c, pair("shmhuge"), pair("shmbuf")))
     if block == 4096:
         print("%-7s %-6s %6s %6s |   requests/s: WRITE %.0f, READ %.0f" % ("", "", "", "", med("shm-write", 1), med("shm-read", 1)))
 print("medians of %d runs; /memcpy: over memcpy of the same blocks by as many threads; /cma: over as" % len(next(iter(rows.values()))))
