@@ -32,8 +32,13 @@ fn rounds() -> u64 {
 }
 
 fn local() -> Local {
+    local_with(TIMEOUT)
+}
+
+/// An initiator whose stall timeout is `timeout`.
+fn local_with(timeout: Duration) -> Local {
     Local::with(ShmOptions {
-        timeout: TIMEOUT,
+        timeout,
         ..ShmOptions::from_config(&Config::from_env().expect("the MC_* settings").shm)
     })
 }
@@ -262,7 +267,11 @@ fn a_claimed_write_held_past_the_timeout_is_never_copied_after_it_failed() {
     let test =
         two_process_test!("a_claimed_write_held_past_the_timeout_is_never_copied_after_it_failed");
     const N: u64 = 256 << 10;
-    let local = local();
+    // The held WRITE's entry stays busy until its thread is released, so
+    // the stall window of the newer WRITE runs from the withdrawal: a
+    // whole second, not to take a loaded machine (the test suite on two
+    // cores) for a stalled target.
+    let local = local_with(Duration::from_secs(1));
     // Two threads in the target: one is held, the other serves the rest.
     let child = Child::spawn(test, &[("MC_SHM_THREADS", "2")], &[]);
     let dst = child.alloc(N, None, true);
