@@ -1068,7 +1068,9 @@ fn a_transfer_failed_against_a_stopped_peer_moves_no_byte_afterwards_1m_engine()
 }
 
 /// One case of the tests above: `TEST` names the test (its child is the
-/// peer), `slice` is `MC_SLICE_SIZE`, and `engine_memory` picks the
+/// peer), `slice` is the slice size (`MC_SHM_SLICE_SIZE`, and
+/// `MC_SLICE_SIZE` for the network transport a WRITE withdrawn from a
+/// stopped peer goes to), and `engine_memory` picks the
 /// initiator's buffer: the engine's own (memfd) or the caller's heap.
 fn late_after_failure_case(test: &str, slice: &str, engine_memory: bool) {
     if is_child(test) {
@@ -1079,7 +1081,7 @@ fn late_after_failure_case(test: &str, slice: &str, engine_memory: bool) {
     let cfg = Config::from_lookup(|k| match k {
         "MC_SHM_TIMEOUT_SEC" => Some("1".into()),
         "MC_TCP_MIN_RATE_WINDOW_SEC" => Some("1".into()),
-        "MC_SLICE_SIZE" => Some(slice.into()),
+        "MC_SHM_SLICE_SIZE" | "MC_SLICE_SIZE" => Some(slice.into()),
         _ => None,
     });
     let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")

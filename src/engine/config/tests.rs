@@ -652,9 +652,10 @@ fn shared_memory_variables() {
             d.shm.table_slots,
             d.shm.timeout_secs,
             d.shm.spin_us,
-            d.shm.max_mappings
+            d.shm.max_mappings,
+            d.shm.slice_size
         ),
-        (256, 1024, 65536, 10, 50, 256)
+        (256, 1024, 65536, 10, 50, 256, 1 << 20)
     );
     assert!((1..=4).contains(&d.shm.threads));
     assert!(!parse(&[("MC_TE_SHM", "0")]).shm.auto_install);
@@ -667,6 +668,7 @@ fn shared_memory_variables() {
         ("MC_SHM_TIMEOUT_SEC", "1"),
         ("MC_SHM_SPIN_US", "0"),
         ("MC_SHM_MAX_MAPPINGS", "16"),
+        ("MC_SHM_SLICE_SIZE", "65536"),
     ]);
     assert_eq!(
         (
@@ -676,9 +678,10 @@ fn shared_memory_variables() {
             c.shm.table_slots,
             c.shm.timeout_secs,
             c.shm.spin_us,
-            c.shm.max_mappings
+            c.shm.max_mappings,
+            c.shm.slice_size
         ),
-        (2, 8, 64, 100, 1, 0, 16)
+        (2, 8, 64, 100, 1, 0, 16, 65536)
     );
     assert!(c.warnings.is_empty());
     let bad = refused(&[
@@ -689,8 +692,9 @@ fn shared_memory_variables() {
         ("MC_SHM_TIMEOUT_SEC", "0"),
         ("MC_SHM_SPIN_US", "10001"),
         ("MC_SHM_MAX_MAPPINGS", "0"),
+        ("MC_SHM_SLICE_SIZE", "0"),
     ]);
-    assert_eq!(bad.len(), 7);
+    assert_eq!(bad.len(), 8);
     assert!(bad.contains(&"MC_SHM_RING_ENTRIES=8 is not a number in 16..=65536".to_string()));
 }
 

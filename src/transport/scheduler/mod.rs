@@ -102,7 +102,7 @@ crate::settings::settings! {
     pub struct SchedConfig("sched") {
         /// `MC_SLICE_SIZE`: bytes per slice of a large request.
         slice_size: u64 = 65536, ["MC_SLICE_SIZE"], Range(1u64, 1 << 40),
-            "bytes per slice of a large request, on every transport (local copies and shm too)",
+            "bytes per slice of a large request, on every transport but shm (`MC_SHM_SLICE_SIZE`)",
             mooncake "slices RDMA requests only; TCP sends each request whole";
         /// Derived from `MC_FRAGMENT_RATIO`: a tail up to this size joins the
         /// previous slice (`slice_size / ratio` when the ratio is set).

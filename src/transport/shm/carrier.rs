@@ -102,7 +102,7 @@ pub fn install(ctx: &InstallContext<'_>) -> Result<Arc<dyn Transport>> {
         core,
         rpc,
         auth: ctx.auth.clone(),
-        slice_size: ctx.config.sched.slice_size,
+        slice_size: ctx.config.shm.slice_size,
         fragment_limit: ctx.config.sched.fragment_limit,
     }))
 }
@@ -116,7 +116,9 @@ struct Shm {
     /// authenticate with.
     rpc: ClientOptions,
     auth: Option<Arc<crate::auth::Keys>>,
+    /// `MC_SHM_SLICE_SIZE`: requests are cut into slices of this size.
     slice_size: u64,
+    /// A tail up to this size joins the previous slice (`MC_FRAGMENT_RATIO`).
     fragment_limit: u64,
 }
 

@@ -42,6 +42,13 @@ crate::settings::settings! {
         /// sleeps (only while work keeps coming within that long).
         spin_us: u64 = 50, ["MC_SHM_SPIN_US"], Range(0u64, 10_000),
             "microseconds an idle thread polls before sleeping, while work keeps coming";
+        /// `MC_SHM_SLICE_SIZE`: bytes per slice of a large request over shared
+        /// memory. Larger than the network's `MC_SLICE_SIZE`: slices here only
+        /// share a request among threads, and each costs a round of checks;
+        /// two threads copying 64 KiB slices of one request side by side
+        /// also walk the same page tables at once.
+        slice_size: u64 = 1 << 20, ["MC_SHM_SLICE_SIZE"], Range(1u64, 1 << 40),
+            "bytes per slice of a large request over shared memory";
         /// `MC_SHM_MAX_MAPPINGS`: memfd-backed buffers of one peer mapped at
         /// once; the least recently used mapping gives way.
         max_mappings: usize = 256, ["MC_SHM_MAX_MAPPINGS"], Range(1usize, 65536),
