@@ -1,23 +1,26 @@
 /*
- * cma_bench: how fast one thread copies another process's memory with
- * cross-memory attach (process_vm_readv), beside memcpy of the same blocks
- * in the same run: the ceiling of the shared-memory transport for caller
- * memory (malloc'd or mmap'd buffers, which no other process can map),
- * whose bytes the kernel copies this way in calls of at most 256 KiB
- * (several small requests in one call).
+ * cma_bench: how fast the threads of one process copy another process's
+ * memory with cross-memory attach (process_vm_readv), beside memcpy of the
+ * same blocks by as many threads in the same run: the ceiling of the
+ * shared-memory transport for caller memory (malloc'd or mmap'd buffers,
+ * which no other process can map), whose bytes the kernel copies this way
+ * in calls of at most 256 KiB (several small requests in one call).
  *
- * The parent forks a child that holds a 256 MiB source buffer (touched,
- * so every page exists) and waits; the parent copies --block bytes at a
- * time from consecutive offsets of it (wrapping) into its own 256 MiB
- * destination, for --duration seconds with process_vm_readv, then the
- * same with memcpy (whole blocks) from its own copy of the source.
- * Prints one line:
+ * The parent forks a child that holds a source buffer of 256 MiB (or
+ * --block x --threads bytes, if more), every page written, and waits.
+ * Then --threads threads of the parent copy --block bytes at a time from
+ * it into the parent's own buffer, for --duration seconds: thread t copies
+ * block i*threads+t of the ring (wrapping), as transfer_bench's threads
+ * take their requests, so that they walk the same page tables at once as
+ * an engine's threads do; then the same with memcpy (whole blocks) from
+ * the parent's own copy of the source. Prints one line:
  *
- *   cma: block=1048576 process_vm_readv=3.71 GB/s memcpy=8.52 GB/s ratio=0.44
+ *   cma: block=1048576 threads=2 process_vm_readv=9.71 GB/s memcpy=14.52 GB/s ratio=0.67
  *
- * GB/s is 1e9 bytes per second. Usage:
- *   cma_bench [--block BYTES] [--duration S] [--piece BYTES]
+ * GB/s is 1e9 bytes per second, summed over the threads. Usage:
+ *   cma_bench [--block BYTES] [--duration S] [--piece BYTES] [--threads N]
  */
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,7 +32,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define RING (256u << 20)
+#define MIN_RING (256ul << 20)
+#define MAX_THREADS 1024
 
 static double now(void) {
     struct timespec t;
@@ -37,82 +41,122 @@ static double now(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* GB/s of copying `block` bytes at a time for `duration` s: from the
- * child's `src` with process_vm_readv if `child` > 0, in calls of at most
- * `piece` bytes (several blocks per call when they fit, up to IOV_MAX, as
- * the transport groups small requests), else with memcpy of each block
- * from our own `src`. */
-static double run(pid_t child, char *src, char *dst, size_t block, size_t piece, double duration) {
+/* What every thread of one timed run shares. */
+struct plan {
+    pid_t child; /* > 0: process_vm_readv from it; else memcpy */
+    char *src, *dst;
+    size_t ring, block, piece;
+    int threads;
+    double duration;
+};
+
+struct worker {
+    const struct plan *plan;
+    int index;
+    pthread_t tid;
+    uint64_t bytes;
+};
+
+/* Copies blocks index, index+threads, ... (wrapping in the ring) for the
+ * plan's duration: with process_vm_readv in calls of at most `piece`
+ * bytes (several blocks per call when they fit, up to IOV_MAX, as the
+ * transport groups small requests), else with memcpy of each block. */
+static void *copy_blocks(void *arg) {
     enum { MAX_IOV = 1024 };
+    struct worker *w = arg;
+    const struct plan *p = w->plan;
     struct iovec local[MAX_IOV], remote[MAX_IOV];
-    size_t per_call = block >= piece ? 1 : piece / block;
+    size_t per_call = p->block >= p->piece ? 1 : p->piece / p->block;
     if (per_call > MAX_IOV) per_call = MAX_IOV;
-    size_t off = 0;
-    uint64_t bytes = 0;
-    double t0 = now(), t;
+    size_t slots = p->ring / p->block;
+    uint64_t i = 0;
+    double t0 = now();
     do {
-        for (int i = 0; i < 16; i++) {
-            if (child <= 0) {
-                memcpy(dst + off, src + off, block);
-                bytes += block;
-                off = (off + block) % (RING - block + 1);
-                continue;
-            }
-            if (per_call == 1) {
-                for (size_t p = 0; p < block; p += piece) {
-                    size_t n = block - p < piece ? block - p : piece;
-                    local[0] = (struct iovec){dst + off + p, n};
-                    remote[0] = (struct iovec){src + off + p, n};
-                    if (process_vm_readv(child, local, 1, remote, 1, 0) != (ssize_t)n) {
-                        perror("cma_bench: process_vm_readv");
-                        exit(1);
+        for (int round = 0; round < 16; round++) {
+            if (p->child <= 0 || per_call == 1) {
+                size_t off = (size_t)((i++ * (uint64_t)p->threads + (uint64_t)w->index) % slots) * p->block;
+                if (p->child <= 0) {
+                    memcpy(p->dst + off, p->src + off, p->block);
+                } else {
+                    for (size_t q = 0; q < p->block; q += p->piece) {
+                        size_t n = p->block - q < p->piece ? p->block - q : p->piece;
+                        local[0] = (struct iovec){p->dst + off + q, n};
+                        remote[0] = (struct iovec){p->src + off + q, n};
+                        if (process_vm_readv(p->child, local, 1, remote, 1, 0) != (ssize_t)n) {
+                            perror("cma_bench: process_vm_readv");
+                            exit(1);
+                        }
                     }
                 }
-                bytes += block;
-                off = (off + block) % (RING - block + 1);
+                w->bytes += p->block;
                 continue;
             }
             for (size_t k = 0; k < per_call; k++) {
-                local[k] = (struct iovec){dst + off, block};
-                remote[k] = (struct iovec){src + off, block};
-                off = (off + block) % (RING - block + 1);
+                size_t off = (size_t)((i++ * (uint64_t)p->threads + (uint64_t)w->index) % slots) * p->block;
+                local[k] = (struct iovec){p->dst + off, p->block};
+                remote[k] = (struct iovec){p->src + off, p->block};
             }
-            ssize_t want = (ssize_t)(per_call * block);
-            if (process_vm_readv(child, local, per_call, remote, per_call, 0) != want) {
+            ssize_t want = (ssize_t)(per_call * p->block);
+            if (process_vm_readv(p->child, local, per_call, remote, per_call, 0) != want) {
                 perror("cma_bench: process_vm_readv");
                 exit(1);
             }
-            bytes += (uint64_t)want;
+            w->bytes += (uint64_t)want;
         }
-        t = now() - t0;
-    } while (t < duration);
-    return (double)bytes / t / 1e9;
+    } while (now() - t0 < p->duration);
+    return NULL;
+}
+
+/* GB/s of the plan's threads together. */
+static double run(const struct plan *p) {
+    static struct worker workers[MAX_THREADS];
+    double t0 = now();
+    for (int t = 0; t < p->threads; t++) {
+        workers[t] = (struct worker){.plan = p, .index = t};
+        if (pthread_create(&workers[t].tid, NULL, copy_blocks, &workers[t]) != 0) {
+            fprintf(stderr, "cma_bench: cannot start thread %d\n", t);
+            exit(1);
+        }
+    }
+    uint64_t bytes = 0;
+    for (int t = 0; t < p->threads; t++) {
+        pthread_join(workers[t].tid, NULL);
+        bytes += workers[t].bytes;
+    }
+    return (double)bytes / (now() - t0) / 1e9;
 }
 
 int main(int argc, char **argv) {
     size_t block = 1u << 20, piece = 256u << 10;
     double duration = 1;
+    long threads = 1;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--block")) block = (size_t)atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--duration")) duration = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--piece")) piece = (size_t)atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--threads")) threads = atol(argv[i + 1]);
         else {
-            fprintf(stderr, "usage: cma_bench [--block BYTES] [--duration S] [--piece BYTES]\n");
+            fprintf(stderr, "usage: cma_bench [--block BYTES] [--duration S] [--piece BYTES] [--threads N]\n");
             return 2;
         }
     }
-    if (block < 1 || block > RING || piece < 1 || duration <= 0) {
-        fprintf(stderr, "cma_bench: block 1..256 MiB, piece >= 1, duration > 0\n");
+    if (argc % 2 == 0) {
+        fprintf(stderr, "usage: cma_bench [--block BYTES] [--duration S] [--piece BYTES] [--threads N]\n");
         return 2;
     }
-    char *src = mmap(NULL, RING, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    char *dst = mmap(NULL, RING, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (block < 1 || block > (1ul << 30) || piece < 1 || duration <= 0 || threads < 1 ||
+        threads > MAX_THREADS) {
+        fprintf(stderr, "cma_bench: block 1..1 GiB, piece >= 1, duration > 0, threads 1..%d\n", MAX_THREADS);
+        return 2;
+    }
+    size_t ring = block * (size_t)threads > MIN_RING ? block * (size_t)threads : MIN_RING;
+    char *src = mmap(NULL, ring, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char *dst = mmap(NULL, ring, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (src == MAP_FAILED || dst == MAP_FAILED) {
         perror("cma_bench: mmap");
         return 1;
     }
-    memset(src, 0x5a, RING);
-    memset(dst, 0, RING);
+    memset(src, 0x5a, ring);
     int ready[2];
     if (pipe(ready) != 0) {
         perror("cma_bench: pipe");
@@ -125,7 +169,7 @@ int main(int argc, char **argv) {
     }
     if (child == 0) {
         /* Its own copy of the source, every page of it written. */
-        memset(src, 0xa5, RING);
+        memset(src, 0xa5, ring);
         if (write(ready[1], "", 1) != 1) _exit(1);
         for (;;) pause();
     }
@@ -134,15 +178,18 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cma_bench: the child died\n");
         return 1;
     }
-    /* One pass over the whole ring first, so that every page is in
-     * memory and mapped on both sides before the timing. */
-    run(child, src, dst, RING / 4, piece, 0);
-    double cma = run(child, src, dst, block, piece, duration);
+    /* Written after the fork, so that no page of it is shared with the
+     * child (copy on write) when the copies land in it. */
+    memset(dst, 0, ring);
+    struct plan p = {.child = child, .src = src, .dst = dst, .ring = ring, .block = block, .piece = piece,
+                     .threads = (int)threads, .duration = duration};
+    double cma = run(&p);
     /* memcpy copies each block whole, as local_bench's baseline does. */
-    double mem = run(0, src, dst, block, piece, duration);
+    p.child = 0;
+    double mem = run(&p);
     kill(child, SIGKILL);
     waitpid(child, NULL, 0);
-    printf("cma: block=%zu process_vm_readv=%.2f GB/s memcpy=%.2f GB/s ratio=%.2f\n", block, cma, mem,
-           cma / mem);
+    printf("cma: block=%zu threads=%ld process_vm_readv=%.2f GB/s memcpy=%.2f GB/s ratio=%.2f\n", block, threads,
+           cma, mem, cma / mem);
     return 0;
 }

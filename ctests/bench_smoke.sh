@@ -13,7 +13,7 @@
 # lines once a second. Last, both sides over shared memory with
 # --hugepages (their buffers in transparent huge pages where the kernel
 # allows, as its smaps shows): a READ and a WRITE, every byte of the
-# last batch checked.
+# last batch checked. And cma_bench with two threads runs.
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: $0 BUILD_DIR" >&2; exit 2; }
 build=$(cd "$1" && pwd)
@@ -95,4 +95,15 @@ for op in read write; do
 done
 net_stop huge 10
 [ "$NET_RC" -eq 0 ] || net_fail "huge-page target exited with $NET_RC after SIGTERM"
+
+# cma_bench, scripts/bench-shm.sh's anchor for caller memory: two threads
+# copy from its child and print both figures; a bad count is refused.
+cma=$build/cma_bench
+out=$(timeout -k 5 60 "$cma" --threads 2 --duration 0.2) || net_fail "cma_bench --threads 2 failed: $out"
+echo "$out"
+grep -Eq '^cma: block=1048576 threads=2 process_vm_readv=[0-9.]+ GB/s memcpy=[0-9.]+ GB/s ratio=[0-9.]+$' <<<"$out" ||
+  net_fail "cma_bench: unexpected line"
+rc=0
+"$cma" --threads 0 >/dev/null 2>&1 || rc=$?
+[ "$rc" -eq 2 ] || net_fail "cma_bench --threads 0 exited with $rc, want 2"
 echo "transfer_bench_verify: OK"

@@ -30,10 +30,11 @@
 # 4 KiB, 64 KiB, 1 MiB, 16 MiB and 64 MiB blocks (batches of 64, 64, 16,
 # 4 and 1), with 1, 2 and all-cores initiator threads; beside each, in the
 # same run and with the same thread count: memcpy of the same blocks
-# (local_bench's baseline) and cross-memory attach by itself (that many
-# cma_bench processes at once, each reading another process's 256 MiB
-# with process_vm_readv: the kernel's copy that caller memory goes
-# through). About 4 minutes per run of 1 s (--duration) on 2 cores.
+# (local_bench's baseline) and cross-memory attach by itself (cma_bench:
+# that many threads of one process reading another process's memory with
+# process_vm_readv, block by block as transfer_bench's threads take them:
+# the kernel's copy that caller memory goes through). About 4 minutes per
+# run of 1 s (--duration) on 2 cores.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 runs=3
@@ -169,15 +170,10 @@ print("%.4f %.0f" % (r, n * int(sys.argv[2]) / d))
 EOF
 }
 
-# cma BLOCK -> GB/s of $threads cma_bench processes at once (summed).
+# cma BLOCK -> GB/s of cma_bench's $threads threads reading another process.
 cma() {
-  local i
-  for i in $(seq "$threads"); do
-    "$build/cma_bench" --block "$1" --duration "$duration" >"$tmp/cma.$i" 2>&1 &
-  done
-  wait
-  cat "$tmp"/cma.* | python3 -c 'import re,sys; print("%.2f" % sum(float(v) for v in re.findall(r"process_vm_readv=([0-9.]+) GB/s", sys.stdin.read())))'
-  rm -f "$tmp"/cma.*
+  "$build/cma_bench" --block "$1" --duration "$duration" --threads "$threads" 2>"$tmp/cma.err" |
+    python3 -c 'import re,sys; print(re.search(r"process_vm_readv=([0-9.]+) GB/s", sys.stdin.read()).group(1))'
 }
 
 if [ "$sweep" = 1 ]; then
@@ -225,7 +221,7 @@ for (threads, block), runs in sorted(rows.items()):
     if block == 4096:
         print("%-7s %-6s %6s %6s |   requests/s: WRITE %.0f, READ %.0f" % ("", "", "", "", med("shm-write", 1), med("shm-read", 1)))
 print("medians of %d runs; /memcpy: over memcpy of the same blocks by as many threads; /cma: over as" % len(next(iter(rows.values()))))
-print("many processes reading another process's memory with process_vm_readv alone (256 MiB, cold)")
+print("many threads of one process reading another process's memory with process_vm_readv alone")
 EOF
   exit 0
 fi
@@ -242,6 +238,9 @@ for r in $(seq "$runs"); do
     echo "$r memcpy $kib $v 0" >>"$results"
     echo "run $r: memcpy ${kib} KiB x $threads threads: $v GB/s"
   done
+  v=$(cma 1048576)
+  echo "$r cma 1024 $v 0" >>"$results"
+  echo "run $r: process_vm_readv alone, 1 MiB x $threads threads: $v GB/s"
   for c in "${cases[@]}"; do
     read -r op block batch label <<<"$c"
     for who in "${whos[@]}"; do
@@ -260,19 +259,28 @@ for line in open(sys.argv[1]):
     rows.setdefault((who, case), []).append((float(gbs), float(rps)))
 med = lambda key, i: statistics.median(v[i] for v in rows[key]) if key in rows else None
 print()
-print("%-18s %8s %11s %8s %6s %8s %6s %9s %7s" % ("case", "shm GB/s", "requests/s", "memcpy", "ratio",
-      "our tcp", "ratio", "mooncake", "ratio"))
+print("%-18s %8s %11s %8s %6s %11s %8s %6s %9s %7s" % ("case", "shm GB/s", "requests/s", "memcpy", "ratio",
+      "runs", "our tcp", "ratio", "mooncake", "ratio"))
 for who, label in (("shm", "mmap"), ("shmhuge", "huge"), ("shmbuf", "engine")):
     for case in ["WRITE-1MiB", "READ-1MiB", "WRITE-4KiB", "READ-4KiB"]:
         g, r = med((who, case), 0), med((who, case), 1)
-        m = med(("memcpy", "1024" if case.endswith("1MiB") else "4"), 0)
+        base = ("memcpy", "1024" if case.endswith("1MiB") else "4")
+        m = med(base, 0)
         t, mc = med(("tcp", case), 0), med(("mooncake", case), 0)
         fmt = lambda x: "%8.2f" % x if x is not None else "%8s" % "-"
         ratio = lambda x: "%6.2f" % (g / x) if x else "%6s" % "-"
-        print("%-18s %8.2f %11.0f %s %s %s %s %9s %7s" % (case + " " + label, g, r, fmt(m), ratio(m), fmt(t),
-              ratio(t), ("%.3f" % mc) if mc is not None else "-", ("%.1f" % (g / mc)) if mc else "-"))
+        # The worst and best run's ratio to the memcpy of the same run.
+        each = [v[0] / c[0] for v, c in zip(rows[(who, case)], rows[base])]
+        spread = "%.2f-%.2f" % (min(each), max(each))
+        print("%-18s %8.2f %11.0f %s %s %11s %s %s %9s %7s" % (case + " " + label, g, r, fmt(m), ratio(m), spread,
+              fmt(t), ratio(t), ("%.3f" % mc) if mc is not None else "-", ("%.1f" % (g / mc)) if mc else "-"))
 print("mmap: buffers from mmap (cross-memory attach); huge: the same with madvise(MADV_HUGEPAGE) on")
 print("both sides (transparent huge pages: %s); engine: from te_allocate_buffer (memfds, memcpy)" % sys.argv[3])
-print("medians of %d runs, %s threads; memcpy: the same block sizes copied by local_bench's baseline" %
+print("medians of %d runs (runs: the worst and best run's ratio to memcpy in that run), %s threads;" %
       (len(rows[("memcpy", "1024")]), sys.argv[2]))
+print("memcpy: the same block sizes copied by local_bench's baseline")
+c, m = med(("cma", "1024"), 0), med(("memcpy", "1024"), 0)
+print("process_vm_readv alone (cma_bench, as many threads of one process reading another's memory in")
+print("4 KiB pages, 1 MiB blocks): %.2f GB/s, %.2fx memcpy; mmap 1 MiB reaches WRITE %.2fx, READ %.2fx of it" %
+      (c, c / m, med(("shm", "WRITE-1MiB"), 0) / c, med(("shm", "READ-1MiB"), 0) / c))
 EOF
