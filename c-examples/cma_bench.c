@@ -126,6 +126,12 @@ static double run(const struct plan *p) {
     return (double)bytes / (now() - t0) / 1e9;
 }
 
+/* The usage line, on stderr; the exit code of a bad command line. */
+static int usage(void) {
+    fprintf(stderr, "usage: cma_bench [--block BYTES] [--duration S] [--piece BYTES] [--threads N]\n");
+    return 2;
+}
+
 int main(int argc, char **argv) {
     size_t block = 1u << 20, piece = 256u << 10;
     double duration = 1;
@@ -135,15 +141,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--duration")) duration = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--piece")) piece = (size_t)atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atol(argv[i + 1]);
-        else {
-            fprintf(stderr, "usage: cma_bench [--block BYTES] [--duration S] [--piece BYTES] [--threads N]\n");
-            return 2;
-        }
+        else return usage();
     }
-    if (argc % 2 == 0) {
-        fprintf(stderr, "usage: cma_bench [--block BYTES] [--duration S] [--piece BYTES] [--threads N]\n");
-        return 2;
-    }
+    if (argc % 2 == 0) return usage();
     if (block < 1 || block > (1ul << 30) || piece < 1 || duration <= 0 || threads < 1 ||
         threads > MAX_THREADS) {
         fprintf(stderr, "cma_bench: block 1..1 GiB, piece >= 1, duration > 0, threads 1..%d\n", MAX_THREADS);
