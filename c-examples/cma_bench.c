@@ -13,12 +13,17 @@
  * block i*threads+t of the ring (wrapping), as transfer_bench's threads
  * take their requests, so that they walk the same page tables at once as
  * an engine's threads do; then the same with memcpy (whole blocks) from
- * the parent's own copy of the source. Prints one line:
+ * the parent's own copy of the source. With --layout apart, thread t
+ * instead walks its own part of the ring (block t*slots/threads, then
+ * the next, ...), so that no two threads copy within the same page-table
+ * page at once: whether they slow each other down there shows as the
+ * difference between the two layouts. Prints one line:
  *
- *   cma: block=1048576 threads=2 process_vm_readv=9.71 GB/s memcpy=14.52 GB/s ratio=0.67
+ *   cma: block=1048576 threads=2 layout=interleaved process_vm_readv=9.71 GB/s memcpy=14.52 GB/s ratio=0.67
  *
  * GB/s is 1e9 bytes per second, summed over the threads. Usage:
  *   cma_bench [--block BYTES] [--duration S] [--piece BYTES] [--threads N]
+ *             [--layout interleaved|apart]
  */
 #include <pthread.h>
 #include <signal.h>
@@ -47,6 +52,7 @@ struct plan {
     char *src, *dst;
     size_t ring, block, piece;
     int threads;
+    int apart; /* each thread its own part of the ring */
     double duration;
 };
 
@@ -57,10 +63,21 @@ struct worker {
     uint64_t bytes;
 };
 
-/* Copies blocks index, index+threads, ... (wrapping in the ring) for the
- * plan's duration: with process_vm_readv in calls of at most `piece`
- * bytes (several blocks per call when they fit, up to IOV_MAX, as the
- * transport groups small requests), else with memcpy of each block. */
+/* Where the i-th block thread t copies lies in the ring: block i*threads+t
+ * (wrapping), or with --layout apart, block i of the thread's own part. */
+static size_t block_offset(const struct plan *p, int t, uint64_t i) {
+    uint64_t slots = p->ring / p->block;
+    if (p->apart) {
+        uint64_t part = slots / (uint64_t)p->threads;
+        return (size_t)((uint64_t)t * part + i % part) * p->block;
+    }
+    return (size_t)((i * (uint64_t)p->threads + (uint64_t)t) % slots) * p->block;
+}
+
+/* Copies the thread's blocks (block_offset) for the plan's duration: with
+ * process_vm_readv in calls of at most `piece` bytes (several blocks per
+ * call when they fit, up to IOV_MAX, as the transport groups small
+ * requests), else with memcpy of each block. */
 static void *copy_blocks(void *arg) {
     enum { MAX_IOV = 1024 };
     struct worker *w = arg;
@@ -68,13 +85,12 @@ static void *copy_blocks(void *arg) {
     struct iovec local[MAX_IOV], remote[MAX_IOV];
     size_t per_call = p->block >= p->piece ? 1 : p->piece / p->block;
     if (per_call > MAX_IOV) per_call = MAX_IOV;
-    size_t slots = p->ring / p->block;
     uint64_t i = 0;
     double t0 = now();
     do {
         for (int round = 0; round < 16; round++) {
             if (p->child <= 0 || per_call == 1) {
-                size_t off = (size_t)((i++ * (uint64_t)p->threads + (uint64_t)w->index) % slots) * p->block;
+                size_t off = block_offset(p, w->index, i++);
                 if (p->child <= 0) {
                     memcpy(p->dst + off, p->src + off, p->block);
                 } else {
@@ -92,7 +108,7 @@ static void *copy_blocks(void *arg) {
                 continue;
             }
             for (size_t k = 0; k < per_call; k++) {
-                size_t off = (size_t)((i++ * (uint64_t)p->threads + (uint64_t)w->index) % slots) * p->block;
+                size_t off = block_offset(p, w->index, i++);
                 local[k] = (struct iovec){p->dst + off, p->block};
                 remote[k] = (struct iovec){p->src + off, p->block};
             }
@@ -128,7 +144,8 @@ static double run(const struct plan *p) {
 
 /* The usage line, on stderr; the exit code of a bad command line. */
 static int usage(void) {
-    fprintf(stderr, "usage: cma_bench [--block BYTES] [--duration S] [--piece BYTES] [--threads N]\n");
+    fprintf(stderr, "usage: cma_bench [--block BYTES] [--duration S] [--piece BYTES] [--threads N]"
+                    " [--layout interleaved|apart]\n");
     return 2;
 }
 
@@ -136,11 +153,14 @@ int main(int argc, char **argv) {
     size_t block = 1u << 20, piece = 256u << 10;
     double duration = 1;
     long threads = 1;
+    int apart = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--block")) block = (size_t)atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--duration")) duration = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--piece")) piece = (size_t)atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--layout") && !strcmp(argv[i + 1], "interleaved")) apart = 0;
+        else if (!strcmp(argv[i], "--layout") && !strcmp(argv[i + 1], "apart")) apart = 1;
         else return usage();
     }
     if (argc % 2 == 0) return usage();
@@ -182,14 +202,14 @@ int main(int argc, char **argv) {
      * child (copy on write) when the copies land in it. */
     memset(dst, 0, ring);
     struct plan p = {.child = child, .src = src, .dst = dst, .ring = ring, .block = block, .piece = piece,
-                     .threads = (int)threads, .duration = duration};
+                     .threads = (int)threads, .apart = apart, .duration = duration};
     double cma = run(&p);
     /* memcpy copies each block whole, as local_bench's baseline does. */
     p.child = 0;
     double mem = run(&p);
     kill(child, SIGKILL);
     waitpid(child, NULL, 0);
-    printf("cma: block=%zu threads=%ld process_vm_readv=%.2f GB/s memcpy=%.2f GB/s ratio=%.2f\n", block, threads,
-           cma, mem, cma / mem);
+    printf("cma: block=%zu threads=%ld layout=%s process_vm_readv=%.2f GB/s memcpy=%.2f GB/s ratio=%.2f\n", block,
+           threads, apart ? "apart" : "interleaved", cma, mem, cma / mem);
     return 0;
 }

@@ -97,13 +97,20 @@ net_stop huge 10
 [ "$NET_RC" -eq 0 ] || net_fail "huge-page target exited with $NET_RC after SIGTERM"
 
 # cma_bench, scripts/bench-shm.sh's anchor for caller memory: two threads
-# copy from its child and print both figures; a bad count is refused.
+# copy from its child (blocks interleaved, then apart) and print both
+# figures; a bad count or layout is refused.
 cma=$build/cma_bench
-out=$(timeout -k 5 60 "$cma" --threads 2 --duration 0.2) || net_fail "cma_bench --threads 2 failed: $out"
-echo "$out"
-grep -Eq '^cma: block=1048576 threads=2 process_vm_readv=[0-9.]+ GB/s memcpy=[0-9.]+ GB/s ratio=[0-9.]+$' <<<"$out" ||
-  net_fail "cma_bench: unexpected line"
-rc=0
-"$cma" --threads 0 >/dev/null 2>&1 || rc=$?
-[ "$rc" -eq 2 ] || net_fail "cma_bench --threads 0 exited with $rc, want 2"
+for layout in interleaved apart; do
+  out=$(timeout -k 5 60 "$cma" --threads 2 --duration 0.2 --layout $layout) ||
+    net_fail "cma_bench --threads 2 --layout $layout failed: $out"
+  echo "$out"
+  grep -Eq "^cma: block=1048576 threads=2 layout=$layout process_vm_readv=[0-9.]+ GB/s memcpy=[0-9.]+ GB/s ratio=[0-9.]+\$" <<<"$out" ||
+    net_fail "cma_bench --layout $layout: unexpected line"
+done
+for bad in "--threads 0" "--layout sideways"; do
+  rc=0
+  # shellcheck disable=SC2086 # an option and its value, two words
+  "$cma" $bad >/dev/null 2>&1 || rc=$?
+  [ "$rc" -eq 2 ] || net_fail "cma_bench $bad exited with $rc, want 2"
+done
 echo "transfer_bench_verify: OK"

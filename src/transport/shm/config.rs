@@ -44,9 +44,8 @@ crate::settings::settings! {
             "microseconds an idle thread polls before sleeping, while work keeps coming";
         /// `MC_SHM_SLICE_SIZE`: bytes per slice of a large request over shared
         /// memory. Larger than the network's `MC_SLICE_SIZE`: slices here only
-        /// share a request among threads, and each costs a round of checks;
-        /// two threads copying 64 KiB slices of one request side by side
-        /// also walk the same page tables at once.
+        /// share a request among threads, and each costs a round of checks,
+        /// hand-over and completion.
         slice_size: u64 = 1 << 20, ["MC_SHM_SLICE_SIZE"], Range(1u64, 1 << 40),
             "bytes per slice of a large request over shared memory";
         /// `MC_SHM_MAX_MAPPINGS`: memfd-backed buffers of one peer mapped at
