@@ -4,15 +4,20 @@
 #
 #   scripts/bench-tcp.sh [--quick] [--runs N] [--duration S] [--streams N] [--auth]
 #
-# Builds release with CMake (build/, or $BUILD_DIR), starts an iperf3
-# server and a transfer_bench target (P2PHANDSHAKE, 127.0.0.1), then for
-# each run: iperf3 -P <streams> and -P 1 (-J, received bits/s), and
+# Builds release with CMake (build/, or $BUILD_DIR), starts <streams>
+# iperf3 servers and a transfer_bench target (P2PHANDSHAKE, 127.0.0.1),
+# then for each run: iperf3 -P <streams> and -P 1 (-J, received bits/s);
+# <streams> iperf3 clients at once, one stream each, to their own
+# servers, summed ("iperf3 xN": iperf3 before 3.16, Debian 12's 3.12
+# among them, runs all the streams of one -P in one thread per side, so
+# -P N is held to one core each side, and N processes are not); and
 # transfer_bench initiators with --threads <streams> (the engine opens 4
 # lanes = connections per peer by default, MC_TCP_LANES_PER_PEER) for
 # READ and WRITE of 1 MiB, 64 KiB and 4 KiB blocks, batch 128. Runs are
 # interleaved so every case sees the same machine state; the table shows
 # medians: ours GB/s, iperf3 GB/s with the same stream count, the ratio,
-# and requests/s. GB = 1e9 bytes.
+# requests/s, the ratio of every run to its iperf3 -P N; then iperf3 xN
+# and the ratios to it. GB = 1e9 bytes.
 #
 # --auth: a second target with a cluster key (MC_TE_AUTH_KEY_FILE, a
 # fresh random key in the temporary directory), and every case runs
@@ -41,7 +46,7 @@ while [ $# -gt 0 ]; do
     --streams) streams=$2; shift 2 ;;
     --streams=*) streams=${1#*=}; shift ;;
     --auth) auth=1; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "bench-tcp.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -92,20 +97,26 @@ free_port() {
 
 # iperf3 server on a free port (retried: the port could be taken between
 # the probe and the bind).
-iperf_port=""
-for _ in 1 2 3 4 5; do
-  port=$(free_port)
-  iperf3 -s -B 127.0.0.1 -p "$port" --forceflush >"$tmp/iperf3-server.out" 2>"$tmp/iperf3-server.err" &
-  ipid=$!
-  if wait_line "$tmp/iperf3-server.out" 'Server listening' 10 "$ipid" >/dev/null 2>&1; then
-    pids+=("$ipid")
-    iperf_port=$port
-    break
-  fi
-  kill "$ipid" 2>/dev/null || true
-  wait "$ipid" 2>/dev/null || true
-done
-[ -n "$iperf_port" ] || { echo "could not start iperf3 -s" >&2; exit 1; }
+start_iperf() { # start_iperf INDEX: one more iperf3 server, its port in iperf_ports
+  local port ipid
+  for _ in 1 2 3 4 5; do
+    port=$(free_port)
+    iperf3 -s -B 127.0.0.1 -p "$port" --forceflush >"$tmp/iperf3-server$1.out" 2>"$tmp/iperf3-server$1.err" &
+    ipid=$!
+    if wait_line "$tmp/iperf3-server$1.out" 'Server listening' 10 "$ipid" >/dev/null 2>&1; then
+      pids+=("$ipid")
+      iperf_ports+=("$port")
+      return 0
+    fi
+    kill "$ipid" 2>/dev/null || true
+    wait "$ipid" 2>/dev/null || true
+  done
+  echo "could not start iperf3 -s" >&2
+  return 1
+}
+iperf_ports=()
+for i in $(seq "$streams"); do start_iperf "$i"; done
+iperf_port=${iperf_ports[0]}
 
 # Targets: 0 without a key, 1 (--auth) with one; their segment, base and size.
 seg_of=() base_of=() size_of=()
@@ -135,6 +146,18 @@ iperf() { # iperf() STREAMS -> GB/s received
   local out="$tmp/iperf3-client.json"
   timeout -k 5 $((duration + 30)) iperf3 -c 127.0.0.1 -p "$iperf_port" -P "$1" -t "$duration" -J >"$out" 2>"$tmp/iperf3-client.err"
   python3 -c 'import json,sys; print("%.4f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"] / 8e9))' "$out"
+}
+
+iperf_apart() { # iperf_apart -> GB/s received by one single-stream client per server, at once
+  local i cpids=()
+  for i in "${!iperf_ports[@]}"; do
+    timeout -k 5 $((duration + 30)) iperf3 -c 127.0.0.1 -p "${iperf_ports[$i]}" -P 1 -t "$duration" -J \
+      >"$tmp/iperf3-apart$i.json" 2>"$tmp/iperf3-apart$i.err" &
+    cpids+=($!)
+  done
+  for i in "${cpids[@]}"; do wait "$i"; done
+  python3 -c 'import json,sys; print("%.4f" % (sum(json.load(open(f))["end"]["sum_received"]["bits_per_second"] for f in sys.argv[1:]) / 8e9))' \
+    "$tmp"/iperf3-apart*.json
 }
 
 ours() { # ours OP BLOCK [TARGET] -> "GB/s req/s" (TARGET 1: the keyed one)
@@ -170,6 +193,9 @@ for r in $(seq "$runs"); do
     v=$(iperf 1)
     echo "$r iperf3 P1 $v 0" >>"$results"
     echo "run $r: iperf3 -P 1: $v GB/s"
+    v=$(iperf_apart)
+    echo "$r iperf3 X$streams $v 0" >>"$results"
+    echo "run $r: iperf3 x$streams: $v GB/s"
   fi
   for c in "${cases[@]}"; do
     read -r op block label <<<"$c"
@@ -221,6 +247,16 @@ for key in [("WRITE", "1MiB"), ("READ", "1MiB"), ("WRITE", "64KiB"), ("READ", "6
           " ".join("%.2f" % x for x in ratios)))
 print("iperf3 -P %s: %.2f GB/s, -P 1: %.2f GB/s (medians of %d runs)" % (streams, ip, ip1, len(rows[("iperf3", "P" + streams)])))
 print("ratio = median ours / median iperf3 -P %s; per-run ratios divide by the same run's iperf3" % streams)
+if ("iperf3", "X" + streams) in rows:
+    ipx = med([g for g, _ in rows[("iperf3", "X" + streams)]])
+    print()
+    print("%-12s %10s %12s %7s %16s" % ("case", "ours GB/s", "iperf3 x" + streams, "ratio", "per-run ratios"))
+    for key in [("WRITE", "1MiB"), ("READ", "1MiB"), ("WRITE", "64KiB"), ("READ", "64KiB")]:
+        g = med([x for x, _ in rows[key]])
+        ratios = [d[key] / d[("iperf3", "X" + streams)] for d in per_run.values()]
+        print("%-12s %10.2f %12.2f %7.2f %16s" % (" ".join(key), g, ipx, g / ipx, " ".join("%.2f" % x for x in ratios)))
+    print("iperf3 x%s: %s clients at once, one stream each, to their own servers, summed: %.2f GB/s (median)"
+          % (streams, streams, ipx))
 if sys.argv[3] == "1":
     print()
     print("%-12s %10s %10s %7s %12s %12s %7s" % ("case", "GB/s", "auth GB/s", "ratio", "requests/s", "auth req/s", "ratio"))
