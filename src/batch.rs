@@ -147,8 +147,8 @@ pub struct Batch {
 }
 
 impl Batch {
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    /// How many tasks have been submitted so far.
+    pub fn submitted(&self) -> usize {
         self.len.load(Ordering::Acquire)
     }
 
@@ -443,7 +443,7 @@ mod tests {
             Err(Error::InvalidArgument("x".into()))
         });
         assert!(r.is_err());
-        assert_eq!(b.len(), 2);
+        assert_eq!(b.submitted(), 2);
         assert!(Batch::new(MAX_BATCH_SIZE + 1, None).is_err());
     }
 }

@@ -78,6 +78,7 @@ pub(crate) mod verbs;
 
 pub use batch::TaskStatus;
 pub use engine::config::{Config, ConfigError, ConfigResult, LogLevel, config};
+pub use engine::wait::{Backoff, BatchState, WaitOutcome};
 pub use engine::{Engine, EngineBuilder, LOCAL_SEGMENT_ID, Opcode, Request};
 pub use error::{Error, Result};
 pub use ffi::init_logging;

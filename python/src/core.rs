@@ -8,12 +8,13 @@
 
 use crate::local::{self, Local};
 use crate::managed::Managed;
-use crate::wait::{self, Backoff, BatchState, Outcome};
+use crate::wait;
 use std::collections::HashMap;
 use std::mem;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use transfer_engine::Error;
+use transfer_engine::{Backoff, BatchState, WaitOutcome};
 use transfer_engine::{Engine, Opcode, Request};
 
 /// A failed operation: Mooncake's return code and what went wrong.
@@ -128,7 +129,7 @@ impl Core {
         let mut i = 0;
         while i < list.len() {
             let a = &list[i];
-            let over = match wait::batch_state(&self.engine, a.batch, a.tasks) {
+            let over = match self.engine.batch_state(a.batch, a.tasks) {
                 Ok(BatchState::Waiting | BatchState::TimedOut) => false,
                 Ok(_) => self.engine.free_batch(a.batch).is_ok(),
                 // The engine no longer knows the batch: it was shut down,
@@ -255,7 +256,7 @@ impl Core {
         let (batch, objects) = self.submit(target, opcode, pieces, notify, -1, objects)?;
         let bytes: u64 = pieces.iter().map(|p| p.len).sum();
         let deadline = wait::deadline(start, self.timeout, bytes);
-        let outcome = match wait::wait_batch(&self.engine, batch, pieces.len(), deadline) {
+        let outcome = match self.engine.wait_tasks(batch, pieces.len(), deadline) {
             Ok(outcome) => outcome,
             Err(e) => {
                 self.abandon(batch, pieces.len(), objects);
@@ -274,12 +275,12 @@ impl Core {
             )
         };
         match outcome {
-            Outcome::Completed => {
+            WaitOutcome::Completed => {
                 let _ = self.engine.free_batch(batch);
                 self.retire(objects);
                 Ok(())
             }
-            Outcome::Failed => {
+            WaitOutcome::Failed => {
                 let _ = self.engine.free_batch(batch);
                 self.retire(objects);
                 Err(Failure::new(
@@ -287,7 +288,7 @@ impl Core {
                     format!("{} failed (the engine's log says why)", what()),
                 ))
             }
-            Outcome::TimedOut => {
+            WaitOutcome::TimedOut => {
                 self.abandon(batch, pieces.len(), objects);
                 Err(Failure::new(
                     -1,
@@ -361,7 +362,7 @@ impl Core {
             while i < waiting.len() && failure.is_none() {
                 let (id, p) = &waiting[i];
                 let id = *id;
-                match wait::batch_state(&self.engine, id, p.tasks) {
+                match self.engine.batch_state(id, p.tasks) {
                     Ok(BatchState::Completed) => {
                         let _ = self.engine.free_batch(id);
                         let (_, p) = waiting.swap_remove(i);
@@ -414,7 +415,9 @@ impl Core {
                 format!("batch id {id:#x} is not an asynchronous batch of this engine"),
             ));
         };
-        let state = wait::batch_state(&self.engine, id, tasks)
+        let state = self
+            .engine
+            .batch_state(id, tasks)
             .map_err(|e| Failure::with_code(-1, "polling the batch", &e))?;
         let done = |code| {
             let ended = lock(&self.pending).remove(&id);

@@ -13,7 +13,8 @@
 //!   store kept up to date; [`metrics`]: `MC_TE_METRIC`'s lines (both on
 //!   a [`ticker`] thread); background work (sending notifications,
 //!   refetching descriptors) waits on peers in lanes
-//!   ([`crate::peer_jobs`]), off the callers' threads.
+//!   ([`crate::peer_jobs`]), off the callers' threads;
+//! * [`wait`]: waiting for a whole batch without spinning.
 
 pub mod config;
 pub mod control;
@@ -24,6 +25,7 @@ mod peers;
 mod publish;
 mod submit;
 mod ticker;
+pub mod wait;
 
 use crate::auth::{Keys, Listener, Port};
 use crate::batch::Batch;

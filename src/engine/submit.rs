@@ -163,7 +163,7 @@ impl Engine {
             .insert(Arc::new(Batch::new(capacity, timeout)?)))
     }
 
-    fn batch(&self, id: u64) -> Result<Arc<Batch>> {
+    pub(super) fn batch(&self, id: u64) -> Result<Arc<Batch>> {
         self.batches
             .get(id)
             .ok_or_else(|| Error::InvalidArgument(format!("batch id {id:#x} is unknown or freed")))
@@ -699,16 +699,16 @@ impl Engine {
     }
 
     /// Status of one task. A caller polling a task that is still running
-    /// first lends its thread to one queued local copy, or to one round of
-    /// a transport's work (`Transport::help`), or else yields its core. When the batch has
-    /// completed and carries a notification, it is handed to the
-    /// background to send (this call does not wait on the peer).
+    /// first lends its thread to one queued local copy or one round of a
+    /// transport's work, or else yields its core. When the batch has completed and carries a
+    /// notification, it is handed to the background to send (this call does
+    /// not wait on the peer).
     pub fn status(&self, batch_id: u64, task_id: usize) -> Result<(TaskStatus, u64)> {
         let batch = self.batch(batch_id)?;
-        let mut result = batch.poll(task_id)?;
+        let mut result = self.poll_task(batch_id, &batch, task_id)?;
         if result.0 == TaskStatus::Waiting {
-            if self.local.help_one() || sync::read(&self.transports).iter().any(|t| t.help()) {
-                result = batch.poll(task_id)?;
+            if self.lend_a_hand() {
+                result = self.poll_task(batch_id, &batch, task_id)?;
             } else {
                 // Nothing to lend a hand with: a caller polling in a loop
                 // leaves the core to the threads (ours or a peer's on this
@@ -716,6 +716,20 @@ impl Engine {
                 std::thread::yield_now();
             }
         }
+        Ok(result)
+    }
+
+    /// Status of task `task_id` of `batch` (id `batch_id`), as
+    /// [`Batch::poll`] gives it; a task seen COMPLETED is counted in the
+    /// metrics once, and the batch's notification is handed to the
+    /// background once every task has completed.
+    pub(super) fn poll_task(
+        &self,
+        batch_id: u64,
+        batch: &Batch,
+        task_id: usize,
+    ) -> Result<(TaskStatus, u64)> {
+        let result = batch.poll(task_id)?;
         if result.0 == TaskStatus::Completed {
             if self.config.engine.metric {
                 if let Some((bytes, latency)) = batch.first_completion(task_id) {
@@ -727,6 +741,13 @@ impl Engine {
             }
         }
         Ok(result)
+    }
+
+    /// Lends the calling thread to one queued local copy, or to one round
+    /// of a transport's work (`Transport::help`); false when there was
+    /// none.
+    pub(super) fn lend_a_hand(&self) -> bool {
+        self.local.help_one() || sync::read(&self.transports).iter().any(|t| t.help())
     }
 
     /// Frees a batch once every task was seen terminal.

@@ -21,3 +21,4 @@ mod notify_flood;
 mod peer_death_bounds;
 mod slice_timeout;
 mod strict_local;
+mod wait_batch;

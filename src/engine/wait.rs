@@ -1,0 +1,135 @@
+//! Waiting for a batch: the state of all its tasks at once, and a wait
+//! that polls them (lending a hand to the engine's work as
+//! [`Engine::status`] does, once per look at the batch), yields the CPU
+//! for the first millisecond, then sleeps, so callers waiting on large
+//! transfers leave the cores to the threads that move their bytes.
+
+use super::Engine;
+use crate::batch::TaskStatus;
+use crate::error::Result;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Where the tasks of a batch stand together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchState {
+    /// A task is still running.
+    Waiting,
+    /// A task is still running past `MC_SLICE_TIMEOUT`: the engine reports
+    /// it TIMEOUT, but it is not cancelled and may still end.
+    TimedOut,
+    /// Every task completed.
+    Completed,
+    /// Every task ended and at least one failed.
+    Failed,
+}
+
+/// What waiting for a batch ended with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitOutcome {
+    /// Every task completed.
+    Completed,
+    /// Every task ended and one failed.
+    Failed,
+    /// A task is still running at the deadline, or past `MC_SLICE_TIMEOUT`.
+    TimedOut,
+}
+
+impl Engine {
+    /// The state of the first `tasks` tasks of batch `batch_id`. Every
+    /// ended task is recorded as seen, so the batch can be freed once it
+    /// is `Completed` or `Failed`. While one is still running, the caller
+    /// lends a hand to the engine's work once, not once per task as
+    /// [`Engine::status`] would.
+    pub fn batch_state(&self, batch_id: u64, tasks: usize) -> Result<BatchState> {
+        let batch = self.batch(batch_id)?;
+        let (mut waiting, mut timed_out, mut failed) = (false, false, false);
+        for task in 0..tasks {
+            match self.poll_task(batch_id, &batch, task)?.0 {
+                TaskStatus::Completed => {}
+                TaskStatus::Failed => failed = true,
+                TaskStatus::Timeout => timed_out = true,
+                _ => waiting = true,
+            }
+        }
+        if waiting || timed_out {
+            self.lend_a_hand();
+        }
+        Ok(if timed_out {
+            BatchState::TimedOut
+        } else if waiting {
+            BatchState::Waiting
+        } else if failed {
+            BatchState::Failed
+        } else {
+            BatchState::Completed
+        })
+    }
+
+    /// How many tasks have been submitted to batch `batch_id` so far.
+    pub fn submitted_tasks(&self, batch_id: u64) -> Result<usize> {
+        Ok(self.batch(batch_id)?.submitted())
+    }
+
+    /// Waits until the first `tasks` tasks of batch `batch_id` have ended,
+    /// one of them reports TIMEOUT, or `deadline` passes, polling with a
+    /// [`Backoff`].
+    pub fn wait_tasks(
+        &self,
+        batch_id: u64,
+        tasks: usize,
+        deadline: Instant,
+    ) -> Result<WaitOutcome> {
+        let backoff = Backoff::new();
+        loop {
+            match self.batch_state(batch_id, tasks)? {
+                BatchState::Completed => return Ok(WaitOutcome::Completed),
+                BatchState::Failed => return Ok(WaitOutcome::Failed),
+                BatchState::TimedOut => return Ok(WaitOutcome::TimedOut),
+                BatchState::Waiting if Instant::now() >= deadline => {
+                    return Ok(WaitOutcome::TimedOut);
+                }
+                BatchState::Waiting => backoff.pause(),
+            }
+        }
+    }
+}
+
+/// How long a waiter only yields before it starts to sleep: longer than a
+/// small transfer takes on a busy machine, so those are noticed at once.
+const YIELD_FOR: Duration = Duration::from_millis(1);
+/// The longest sleep between two polls.
+const LONGEST_NAP: Duration = Duration::from_millis(1);
+
+/// Yields the CPU for the first millisecond, then sleeps an eighth of the
+/// time waited so far (at most 1 ms): a long transfer is
+/// noticed at most about 12% after it ends, and threads waiting on long
+/// transfers leave the cores to the engine's threads.
+pub struct Backoff {
+    start: Instant,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Backoff {
+    /// A backoff starting now.
+    pub fn new() -> Backoff {
+        Backoff {
+            start: Instant::now(),
+        }
+    }
+
+    /// Waits a little before the next poll.
+    pub fn pause(&self) {
+        let waited = self.start.elapsed();
+        if waited < YIELD_FOR {
+            thread::yield_now();
+        } else {
+            thread::sleep((waited / 8).min(LONGEST_NAP));
+        }
+    }
+}
