@@ -83,6 +83,13 @@
  *                        /sys/kernel/mm/transparent_hugepage/enabled is
  *                        "madvise" or "always"; no effect on
  *                        --engine_buffers.
+ *   --wait_batch         wait for each batch with te_wait_batch (which polls,
+ *                        yields for the first millisecond, then sleeps
+ *                        between polls, as the Python package's calls
+ *                        wait) instead of polling each task with
+ *                        getTransferStatus and yielding (Mooncake's bench
+ *                        spins); a request's latency then runs to the
+ *                        return of the wait that saw its batch end.
  * Mooncake flags without meaning here (--backend, GPU flags) are accepted
  * and ignored with a note on stderr.
  *
@@ -121,6 +128,7 @@ struct options {
   int rail_stats;
   int engine_buffers;
   int hugepages;
+  int wait_batch;
   uint64_t buffer_size, block_size, batch_size, target_base, target_size, verify_seed;
   int threads, report_precision, auto_discovery, verify;
   double duration;
@@ -219,7 +227,7 @@ static void usage(const char *why) {
           "         [--operation read|write] [--block_size B] [--batch_size N] [--threads N]\n"
           "         [--duration S] [--report_unit GB|GiB|Gb|MB|MiB|Mb|KB|KiB|Kb]\n"
           "         [--report_precision N] [--auto_discovery] [--rail_stats]\n"
-          "         [--engine_buffers] [--hugepages]\n"
+          "         [--engine_buffers] [--hugepages] [--wait_batch]\n"
           "         [--handshakes N: time N handshakes (openSegmentNoCache), print, exit]\n"
           "       both: [--device_name IF1,IF2 | --nic_priority_matrix FILE]\n");
   exit(2);
@@ -282,6 +290,7 @@ static void parse_args(int argc, char **argv) {
     else if (!strcmp(flag, "--rail_stats")) boolp = &opt.rail_stats;
     else if (!strcmp(flag, "--engine_buffers")) boolp = &opt.engine_buffers;
     else if (!strcmp(flag, "--hugepages")) boolp = &opt.hugepages;
+    else if (!strcmp(flag, "--wait_batch")) boolp = &opt.wait_batch;
     if (boolp) {
       if (value) boolv = parse_bool(flag, value);
       else if (i + 1 < argc && is_bool_word(argv[i + 1])) boolv = parse_bool(flag, argv[++i]);
@@ -578,6 +587,16 @@ static int run_batch(struct worker *w, struct transfer_request *reqs) {
     return -1;
   }
   int result = 0;
+  if (opt.wait_batch) {
+    /* TE_WAIT_TIMED_OUT: a task still runs after 10 s, or reports TIMEOUT
+     * (MC_SLICE_TIMEOUT); wait on, as the poll below does. */
+    while ((rc = te_wait_batch(w->engine, b, 10000)) == TE_WAIT_TIMED_OUT) {
+    }
+    if (rc < 0) {
+      fprintf(stderr, "thread %d: te_wait_batch returned %d: %s\n", w->index, rc, last_error());
+      return -1;
+    }
+  }
   for (uint64_t i = 0; i < opt.batch_size; i++) {
     struct transfer_status st;
     for (unsigned spins = 0;; spins++) {

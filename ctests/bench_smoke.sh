@@ -8,9 +8,9 @@
 # Mooncake's format; an unsupported protocol (and rdma on a machine
 # without RDMA devices) must be refused clearly. Then
 # a READ for 2.5 s without --target_base and --target_size (the bench finds
-# the target's first buffer with te_segment_buffers) that must read what the
-# WRITE put there (its blocks are among the WRITE's) and print progress
-# lines once a second. Last, both sides over shared memory with
+# the target's first buffer with te_segment_buffers), waiting for each
+# batch with te_wait_batch (--wait_batch), that must read what the WRITE put there (its blocks are
+# among the WRITE's) and print progress lines once a second. Last, both sides over shared memory with
 # --hugepages (their buffers in transparent huge pages where the kernel
 # allows, as its smaps shows): a READ and a WRITE, every byte of the
 # last batch checked. And cma_bench with two threads runs.
@@ -61,7 +61,7 @@ done
 rc=0
 timeout -k 5 120 "$bench" --mode initiator --operation read --segment_id "$seg" \
   --block_size $((256 << 10)) --batch_size 16 --threads 2 --duration 2.5 --report_unit MiB \
-  --verify --verify_seed 0x77 >"$NET_TMP/nobase.out" 2>"$NET_TMP/nobase.err" || rc=$?
+  --verify --verify_seed 0x77 --wait_batch >"$NET_TMP/nobase.out" 2>"$NET_TMP/nobase.err" || rc=$?
 cat "$NET_TMP/nobase.out"
 [ "$rc" -eq 0 ] || net_fail "initiator without --target_base exited with $rc"
 grep -q '^verify: OK' "$NET_TMP/nobase.out" || net_fail "no verify line without --target_base"

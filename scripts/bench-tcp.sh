@@ -3,6 +3,7 @@
 # iperf3 on the same path in the same run.
 #
 #   scripts/bench-tcp.sh [--quick] [--runs N] [--duration S] [--streams N] [--auth]
+#                        [--wait_batch]
 #
 # Builds release with CMake (build/, or $BUILD_DIR), starts <streams>
 # iperf3 servers and a transfer_bench target (P2PHANDSHAKE, 127.0.0.1),
@@ -18,6 +19,12 @@
 # medians: ours GB/s, iperf3 GB/s with the same stream count, the ratio,
 # requests/s, the ratio of every run to its iperf3 -P N; then iperf3 xN
 # and the ratios to it. GB = 1e9 bytes.
+#
+# --wait_batch: the initiators wait for each batch with te_wait_batch
+# (transfer_bench --wait_batch: it yields for the first millisecond, then
+# sleeps between polls, as the Python package's calls wait) instead of
+# polling each task and yielding, which leaves the cores to the engine's
+# threads.
 #
 # --auth: a second target with a cluster key (MC_TE_AUTH_KEY_FILE, a
 # fresh random key in the temporary directory), and every case runs
@@ -36,6 +43,7 @@ runs=3
 duration=4
 streams=4
 auth=0
+wait_flags=()
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) duration=2; shift ;;
@@ -46,7 +54,8 @@ while [ $# -gt 0 ]; do
     --streams) streams=$2; shift 2 ;;
     --streams=*) streams=${1#*=}; shift ;;
     --auth) auth=1; shift ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    --wait_batch) wait_flags=(--wait_batch); shift ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "bench-tcp.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -166,7 +175,7 @@ ours() { # ours OP BLOCK [TARGET] -> "GB/s req/s" (TARGET 1: the keyed one)
   if ! env "${env[@]}" timeout -k 5 $((duration + 60)) "$bench" --mode initiator --protocol tcp --metadata_server P2PHANDSHAKE \
     --local_server_name 127.0.0.1 --segment_id "${seg_of[$t]}" --target_base "${base_of[$t]}" --target_size "${size_of[$t]}" \
     --operation "$1" --block_size "$2" --batch_size 128 --threads "$streams" --duration "$duration" \
-    --buffer_size $((2 << 20)) --report_unit GB --report_precision 4 >"$out" 2>"$tmp/initiator.err"; then
+    --buffer_size $((2 << 20)) --report_unit GB --report_precision 4 "${wait_flags[@]}" >"$out" 2>"$tmp/initiator.err"; then
     echo "transfer_bench initiator $1 block $2 failed:" >&2
     cat "$out" >&2
     return 1
@@ -184,7 +193,7 @@ EOF
 cases=("write 1048576 1MiB" "read 1048576 1MiB" "write 65536 64KiB" "read 65536 64KiB" "write 4096 4KiB" "read 4096 4KiB")
 results=$tmp/results
 : >"$results"
-echo "# loopback, $runs runs x ${duration} s, $streams streams/threads, batch 128; target $seg"
+echo "# loopback, $runs runs x ${duration} s, $streams streams/threads, batch 128${wait_flags:+, ${wait_flags[*]}}; target $seg"
 for r in $(seq "$runs"); do
   v=$(iperf "$streams")
   echo "$r iperf3 P$streams $v 0" >>"$results"
