@@ -11,7 +11,11 @@
  * accepted. te_allocate_buffer gives memory only with "shm" installed;
  * it is zeroed, registers and carries a local transfer, and
  * te_free_buffer refuses it while registered, frees it once, then refuses
- * it again.
+ * it again. te_wait_batch, between two engines over TCP: COMPLETED once
+ * every byte landed, TIMED_OUT when the timeout passes first, FAILED for
+ * a WRITE into memory the target unregistered, and each time the batch
+ * can be freed without a getTransferStatus; a bad engine or batch is
+ * refused.
  */
 #include "transfer_engine_ext.h"
 
@@ -150,6 +154,60 @@ static void check_remote_buffers(unsigned char *buf, size_t n) {
   destroyTransferEngine(target);
 }
 
+static void check_wait_batch(void) {
+  size_t n = 16 << 20;
+  unsigned char *theirs = calloc(1, n), *ours = malloc(n);
+  REQUIRE(theirs && ours);
+  for (size_t i = 0; i < n; i++) ours[i] = (unsigned char)(i * 7 + (i >> 12));
+  transfer_engine_t target = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", NULL, 0, 0);
+  transfer_engine_t e = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", NULL, 0, 0);
+  REQUIRE(target && e);
+  REQUIRE(installTransport(target, "tcp", NULL) != NULL);
+  REQUIRE(installTransport(e, "tcp", NULL) != NULL);
+  REQUIRE(registerLocalMemory(target, theirs, n, "cpu:0", 1) == 0);
+  REQUIRE(registerLocalMemory(e, ours, n, "cpu:0", 1) == 0);
+  char name[128];
+  REQUIRE(getLocalIpAndPort(target, name, sizeof name) == 0);
+  segment_id_t seg = openSegment(e, name);
+  REQUIRE(seg > 0);
+
+  /* 16 MiB cannot cross loopback between the submit and the first poll:
+     a timeout of 0 returns TIMED_OUT; then the wait sees every task end. */
+  struct transfer_request w[16];
+  for (size_t i = 0; i < 16; i++)
+    w[i] = (struct transfer_request){OPCODE_WRITE, ours + (i << 20), seg,
+                                     (uint64_t)(uintptr_t)(theirs + (i << 20)), 1 << 20};
+  batch_id_t b = allocateBatchID(e, 16);
+  REQUIRE(b != INVALID_BATCH);
+  CHECK_EQ(submitTransfer(e, b, w, 16), 0);
+  CHECK_EQ(te_wait_batch(e, b, 0), TE_WAIT_TIMED_OUT);
+  CHECK_EQ(freeBatchID(e, b), 4); /* tasks not seen ended yet */
+  CHECK_EQ(te_wait_batch(e, b, 30000), TE_WAIT_COMPLETED);
+  CHECK(memcmp(theirs, ours, n) == 0);
+  CHECK_EQ(freeBatchID(e, b), 0);
+
+  /* Memory the target no longer has: the WRITE fails, the wait says so. */
+  REQUIRE(unregisterLocalMemory(target, theirs) == 0);
+  b = allocateBatchID(e, 1);
+  REQUIRE(b != INVALID_BATCH);
+  CHECK_EQ(submitTransfer(e, b, w, 1), 0);
+  CHECK_EQ(te_wait_batch(e, b, 30000), TE_WAIT_FAILED);
+  struct transfer_status st = {0};
+  CHECK_EQ(getTransferStatus(e, b, 0, &st), 0);
+  CHECK_EQ(st.status, STATUS_FAILED);
+  CHECK_EQ(freeBatchID(e, b), 0);
+
+  /* Bad input. */
+  CHECK_EQ(te_wait_batch(e, b, 0), TE_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("te_wait_batch");
+  CHECK_EQ(te_wait_batch(NULL, 1, 0), TE_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("engine handle");
+  destroyTransferEngine(e);
+  destroyTransferEngine(target);
+  free(theirs);
+  free(ours);
+}
+
 static void check_backend_names(void) {
   CHECK(createTransferEngine("P2PHANDSHAK", "127.0.0.1", NULL, 0, 0) == NULL);
   CHECK_ERROR_MENTIONS("did you mean P2PHANDSHAKE?");
@@ -212,6 +270,7 @@ int main(void) {
   size_t count = 0;
   CHECK_EQ(te_segment_buffers(e, LOCAL_SEGMENT, NULL, 0, &count), TE_ERR_INVALID_ARGUMENT);
   check_remote_buffers(a, na);
+  check_wait_batch();
   check_backend_names();
   check_engine_buffers();
   free(a);
