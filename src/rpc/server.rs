@@ -625,6 +625,33 @@ mod tests {
         assert_eq!(reply, json!({"status": "success"}));
     }
 
+    #[test]
+    fn at_the_bound_no_connection_is_closed_until_another_comes() {
+        let opts = ServerOptions {
+            max_connections: 2,
+            io_timeout: Duration::from_secs(60),
+            ..ServerOptions::default()
+        };
+        let (server, _echo) = start(opts);
+        let port = server.port();
+        let mut both = [raw(port), raw(port)];
+        // Time for the server to take both, and to close one for a third
+        // connection if it (wrongly) made room before one came.
+        thread::sleep(Duration::from_millis(300));
+        for s in &mut both {
+            s.write_all(&50u64.to_ne_bytes())
+                .and_then(|()| s.write_all(&[3]))
+                .and_then(|()| s.write_all(&[b' '; 47]))
+                .and_then(|()| s.write_all(b"{}"))
+                .expect("write");
+            let frame = read_frame(s, 1 << 20).expect("a reply on each connection");
+            assert!(
+                matches!(frame, Frame::Typed(FrameKind::Probe, _)),
+                "{frame:?}"
+            );
+        }
+    }
+
     /// Blocks in its handler until released.
     struct Gate {
         open: AtomicBool,

@@ -8,6 +8,7 @@ use mio::{Events, Interest, Poll, Token};
 use std::collections::{BTreeSet, HashMap};
 use std::io::{self, IoSlice, Read, Write};
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -165,6 +166,20 @@ pub(super) struct EventLoop<S: Service> {
     scratch: Vec<u8>,
 }
 
+/// Whether a connection waits in `listener`'s backlog (a poll that does
+/// not wait), so that accepting it will not find none.
+fn backlog_has_one(listener: &TcpListener) -> bool {
+    let mut fd = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, of a descriptor the listener owns, and a
+    // timeout of 0.
+    let ready = unsafe { libc::poll(&mut fd, 1, 0) };
+    ready > 0 && fd.revents & libc::POLLIN != 0
+}
+
 impl<S: Service> EventLoop<S> {
     pub(super) fn new(
         poll: Poll,
@@ -271,14 +286,22 @@ impl<S: Service> EventLoop<S> {
     }
 
     /// Accepts up to [`ACCEPT_BATCH`] waiting connections, making room at
-    /// the bound by closing those that have waited longest for their
-    /// client.
+    /// the bound, for each one waiting in the backlog, by closing the one
+    /// that has waited longest for its client.
     fn accept(&mut self) {
         if !self.accept_pending || self.accept_retry.is_some_and(|t| Instant::now() < t) {
             return;
         }
         self.accept_retry = None;
         for _ in 0..ACCEPT_BATCH {
+            if self.conns.len() >= self.opts.max_connections
+                && !self.listener.as_ref().is_some_and(backlog_has_one)
+            {
+                // At the bound, room is made only for a connection that
+                // is there: none is closed for one that never comes.
+                self.accept_pending = false;
+                return;
+            }
             if self.conns.len() >= self.opts.max_connections && !self.evict_one() {
                 // Every connection has a request in a handler: new ones
                 // wait in the listen backlog until one finishes.
