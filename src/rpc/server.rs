@@ -592,16 +592,20 @@ mod tests {
         .expect("still serving");
     }
 
-    #[test]
-    fn at_the_bound_the_oldest_waiting_connection_makes_room() {
-        let opts = ServerOptions {
+    /// A server that holds 2 connections, whose clients' frames may take
+    /// as long as a slow host needs: these tests are about the bound, not
+    /// the request deadline.
+    fn start_bounded_at_two() -> (RpcServer, Arc<Echo>) {
+        start(ServerOptions {
             max_connections: 2,
-            // The younger connection's frame must outlive a slow host: this
-            // test is about the bound, not the request deadline.
             io_timeout: Duration::from_secs(60),
             ..ServerOptions::default()
-        };
-        let (server, _echo) = start(opts);
+        })
+    }
+
+    #[test]
+    fn at_the_bound_the_oldest_waiting_connection_makes_room() {
+        let (server, _echo) = start_bounded_at_two();
         let port = server.port();
         let oldest = raw(port);
         let mut younger = raw(port);
@@ -627,12 +631,7 @@ mod tests {
 
     #[test]
     fn at_the_bound_no_connection_is_closed_until_another_comes() {
-        let opts = ServerOptions {
-            max_connections: 2,
-            io_timeout: Duration::from_secs(60),
-            ..ServerOptions::default()
-        };
-        let (server, _echo) = start(opts);
+        let (server, _echo) = start_bounded_at_two();
         let port = server.port();
         let mut both = [raw(port), raw(port)];
         // Time for the server to take both, and to close one for a third
