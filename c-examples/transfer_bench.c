@@ -83,9 +83,9 @@
  *                        /sys/kernel/mm/transparent_hugepage/enabled is
  *                        "madvise" or "always"; no effect on
  *                        --engine_buffers.
- *   --wait_batch         wait for each batch with te_wait_batch (which polls,
- *                        yields for the first millisecond, then sleeps
- *                        between polls, as the Python package's calls
+ *   --wait_batch         wait for each batch with te_wait_batch (which polls
+ *                        and yields for the first millisecond, then parks
+ *                        until a task ends, as the Python package's calls
  *                        wait) instead of polling each task with
  *                        getTransferStatus and yielding (Mooncake's bench
  *                        spins); a request's latency then runs to the

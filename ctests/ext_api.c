@@ -13,8 +13,10 @@
  * te_free_buffer refuses it while registered, frees it once, then refuses
  * it again. te_wait_batch, between two engines over TCP: COMPLETED once
  * every byte landed, TIMED_OUT when the timeout passes first, FAILED for
- * a WRITE into memory the target unregistered, and each time the batch
- * can be freed without a getTransferStatus; a bad engine or batch is
+ * a WRITE into memory the target unregistered, COMPLETED for two callers
+ * waiting on one batch at once, and each time the batch can be freed
+ * without a getTransferStatus (a freeBatchID racing a wait is refused
+ * until the waiter has seen every task end); a bad engine or batch is
  * refused.
  */
 #include "transfer_engine_ext.h"
@@ -23,6 +25,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "te_check.h"
 
@@ -130,28 +133,57 @@ static void check_local_buffers(transfer_engine_t e, unsigned char *a, size_t na
   CHECK_ERROR_MENTIONS("engine handle");
 }
 
+/* Two engines over TCP: the target registered `theirs`, the initiator
+   opened the target's segment. */
+struct pair {
+  transfer_engine_t target, initiator;
+  segment_id_t seg;
+};
+
+static struct pair open_pair(unsigned char *theirs, size_t n) {
+  struct pair p = {createTransferEngine("P2PHANDSHAKE", "127.0.0.1", NULL, 0, 0),
+                   createTransferEngine("P2PHANDSHAKE", "127.0.0.1", NULL, 0, 0), 0};
+  REQUIRE(p.target && p.initiator);
+  REQUIRE(installTransport(p.target, "tcp", NULL) != NULL);
+  REQUIRE(installTransport(p.initiator, "tcp", NULL) != NULL);
+  REQUIRE(registerLocalMemory(p.target, theirs, n, "cpu:0", 1) == 0);
+  char name[128];
+  REQUIRE(getLocalIpAndPort(p.target, name, sizeof name) == 0);
+  p.seg = openSegment(p.initiator, name);
+  REQUIRE(p.seg > 0);
+  return p;
+}
+
+static void close_pair(struct pair p) {
+  destroyTransferEngine(p.initiator);
+  destroyTransferEngine(p.target);
+}
+
 /* A second engine over TCP: its published buffers, as an initiator sees them. */
 static void check_remote_buffers(unsigned char *buf, size_t n) {
-  transfer_engine_t target = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", NULL, 0, 0);
-  transfer_engine_t initiator = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", NULL, 0, 0);
-  REQUIRE(target && initiator);
-  REQUIRE(installTransport(target, "tcp", NULL) != NULL);
-  REQUIRE(installTransport(initiator, "tcp", NULL) != NULL);
-  REQUIRE(registerLocalMemory(target, buf, n, "cpu:0", 1) == 0);
-  char name[128];
-  REQUIRE(getLocalIpAndPort(target, name, sizeof name) == 0);
-  segment_id_t seg = openSegment(initiator, name);
-  REQUIRE(seg > 0);
+  struct pair p = open_pair(buf, n);
   te_buffer_info_t info[2];
   size_t count = 0;
-  CHECK_EQ(te_segment_buffers(initiator, seg, info, 2, &count), 0);
+  CHECK_EQ(te_segment_buffers(p.initiator, p.seg, info, 2, &count), 0);
   CHECK_EQ(count, 1);
   CHECK_EQ_U64(info[0].addr, (uintptr_t)buf);
   CHECK_EQ_U64(info[0].length, n);
   /* A TCP descriptor does not say where its buffers live. */
   CHECK_EQ(info[0].location[0], 0);
-  destroyTransferEngine(initiator);
-  destroyTransferEngine(target);
+  close_pair(p);
+}
+
+/* A second caller's te_wait_batch on the same batch. */
+struct waiter {
+  transfer_engine_t engine;
+  batch_id_t batch;
+  int result;
+};
+
+static void *wait_on_batch(void *arg) {
+  struct waiter *w = arg;
+  w->result = te_wait_batch(w->engine, w->batch, 30000);
+  return NULL;
 }
 
 static void check_wait_batch(void) {
@@ -159,23 +191,15 @@ static void check_wait_batch(void) {
   unsigned char *theirs = calloc(1, n), *ours = malloc(n);
   REQUIRE(theirs && ours);
   for (size_t i = 0; i < n; i++) ours[i] = (unsigned char)(i * 7 + (i >> 12));
-  transfer_engine_t target = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", NULL, 0, 0);
-  transfer_engine_t e = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", NULL, 0, 0);
-  REQUIRE(target && e);
-  REQUIRE(installTransport(target, "tcp", NULL) != NULL);
-  REQUIRE(installTransport(e, "tcp", NULL) != NULL);
-  REQUIRE(registerLocalMemory(target, theirs, n, "cpu:0", 1) == 0);
+  struct pair p = open_pair(theirs, n);
+  transfer_engine_t e = p.initiator;
   REQUIRE(registerLocalMemory(e, ours, n, "cpu:0", 1) == 0);
-  char name[128];
-  REQUIRE(getLocalIpAndPort(target, name, sizeof name) == 0);
-  segment_id_t seg = openSegment(e, name);
-  REQUIRE(seg > 0);
 
   /* 16 MiB cannot cross loopback between the submit and the first poll:
      a timeout of 0 returns TIMED_OUT; then the wait sees every task end. */
   struct transfer_request w[16];
   for (size_t i = 0; i < 16; i++)
-    w[i] = (struct transfer_request){OPCODE_WRITE, ours + (i << 20), seg,
+    w[i] = (struct transfer_request){OPCODE_WRITE, ours + (i << 20), p.seg,
                                      (uint64_t)(uintptr_t)(theirs + (i << 20)), 1 << 20};
   batch_id_t b = allocateBatchID(e, 16);
   REQUIRE(b != INVALID_BATCH);
@@ -186,8 +210,38 @@ static void check_wait_batch(void) {
   CHECK(memcmp(theirs, ours, n) == 0);
   CHECK_EQ(freeBatchID(e, b), 0);
 
+  /* Two callers waiting on one batch at once both see it complete. */
+  memset(theirs, 0, n);
+  b = allocateBatchID(e, 16);
+  REQUIRE(b != INVALID_BATCH);
+  CHECK_EQ(submitTransfer(e, b, w, 16), 0);
+  struct waiter other = {e, b, -100};
+  pthread_t tid;
+  REQUIRE(pthread_create(&tid, NULL, wait_on_batch, &other) == 0);
+  CHECK_EQ(te_wait_batch(e, b, 30000), TE_WAIT_COMPLETED);
+  REQUIRE(pthread_join(tid, NULL) == 0);
+  CHECK_EQ(other.result, TE_WAIT_COMPLETED);
+  CHECK(memcmp(theirs, ours, n) == 0);
+  CHECK_EQ(freeBatchID(e, b), 0);
+
+  /* freeBatchID racing a wait: refused (4) until the waiter has seen
+     every task end, which it reports; then the batch is gone. */
+  memset(theirs, 0, n);
+  b = allocateBatchID(e, 16);
+  REQUIRE(b != INVALID_BATCH);
+  CHECK_EQ(submitTransfer(e, b, w, 16), 0);
+  other = (struct waiter){e, b, -100};
+  REQUIRE(pthread_create(&tid, NULL, wait_on_batch, &other) == 0);
+  int freed = 4;
+  for (time_t until = time(NULL) + 30; freed == 4 && time(NULL) < until;) freed = freeBatchID(e, b);
+  CHECK_EQ(freed, 0);
+  REQUIRE(pthread_join(tid, NULL) == 0);
+  CHECK_EQ(other.result, TE_WAIT_COMPLETED);
+  CHECK(memcmp(theirs, ours, n) == 0);
+  CHECK_EQ(te_wait_batch(e, b, 0), TE_ERR_INVALID_ARGUMENT);
+
   /* Memory the target no longer has: the WRITE fails, the wait says so. */
-  REQUIRE(unregisterLocalMemory(target, theirs) == 0);
+  REQUIRE(unregisterLocalMemory(p.target, theirs) == 0);
   b = allocateBatchID(e, 1);
   REQUIRE(b != INVALID_BATCH);
   CHECK_EQ(submitTransfer(e, b, w, 1), 0);
@@ -202,8 +256,7 @@ static void check_wait_batch(void) {
   CHECK_ERROR_MENTIONS("te_wait_batch");
   CHECK_EQ(te_wait_batch(NULL, 1, 0), TE_ERR_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("engine handle");
-  destroyTransferEngine(e);
-  destroyTransferEngine(target);
+  close_pair(p);
   free(theirs);
   free(ours);
 }

@@ -211,12 +211,12 @@ int te_free_buffer(transfer_engine_t engine, void *addr);
  * Waits until every task submitted to the batch so far has ended
  * (COMPLETED or FAILED), one reports TIMEOUT (`MC_SLICE_TIMEOUT`), or
  * `timeout_ms` milliseconds have passed (at most about 49 days), instead
- * of the caller polling `getTransferStatus`: it polls the tasks (doing
- * a share of the engine's work, as `getTransferStatus` does), yields the
- * CPU for the first millisecond, then sleeps between polls an eighth of
- * the time waited so far, at most 1 ms. So a caller waiting for a large
+ * of the caller polling `getTransferStatus`: for the first millisecond
+ * it polls the tasks (doing a share of the engine's work, as
+ * `getTransferStatus` does) and yields the CPU between polls, then parks
+ * until a task it waits for ends. So a caller waiting for a large
  * transfer leaves its core to the threads that move the bytes (ours, or
- * on this host the peer's), and sees the end at most about 12% late.
+ * on this host the peer's), and wakes as soon as the last task ends.
  * Every ended task counts as seen, so after `TE_WAIT_COMPLETED` or
  * `TE_WAIT_FAILED` the batch can be freed; `getTransferStatus` still
  * tells each task's status (and why a task failed).

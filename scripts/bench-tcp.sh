@@ -21,8 +21,8 @@
 # and the ratios to it. GB = 1e9 bytes.
 #
 # --wait_batch: the initiators wait for each batch with te_wait_batch
-# (transfer_bench --wait_batch: it yields for the first millisecond, then
-# sleeps between polls, as the Python package's calls wait) instead of
+# (transfer_bench --wait_batch: it polls for the first millisecond, then
+# parks until a task ends, as the Python package's calls wait) instead of
 # polling each task and yielding, which leaves the cores to the engine's
 # threads.
 #

@@ -10,7 +10,8 @@ use crate::codes::{
 use crate::error::{Error, Result};
 use crate::sync;
 use once_cell::sync::Lazy;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use parking_lot_core::{DEFAULT_PARK_TOKEN, DEFAULT_UNPARK_TOKEN};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -64,6 +65,9 @@ pub struct Task {
     submitted: AtomicU64,
     /// Why it failed: 1 + its index in [`Batch::reasons`], 0 for none.
     why: AtomicU32,
+    /// A caller parked until it ends ([`Batch::park_on_waiting`]): its
+    /// end then wakes the callers parked on it.
+    parked: AtomicBool,
 }
 
 impl Task {
@@ -75,6 +79,20 @@ impl Task {
         } else {
             self.failed.fetch_add(1, Ordering::Release);
         }
+        // Pairs with the fence in `Batch::park_on_waiting`: either a
+        // caller about to park sees this slice finished, or this sees it
+        // parked.
+        fence(Ordering::SeqCst);
+        if self.parked.load(Ordering::Relaxed) && self.status().0 != TaskStatus::Waiting {
+            // SAFETY: the key is this task's address, which only
+            // `Batch::park_on_waiting` parks on.
+            unsafe { parking_lot_core::unpark_all(self.park_key(), DEFAULT_UNPARK_TOKEN) };
+        }
+    }
+
+    /// The key callers park on until this task ends.
+    fn park_key(&self) -> usize {
+        self as *const Task as usize
     }
 
     /// Adds slices to a task before they are dispatched (a transport that
@@ -111,6 +129,7 @@ impl Task {
         self.counted.store(false, Ordering::Relaxed);
         self.submitted.store(now_nanos(), Ordering::Relaxed);
         self.why.store(0, Ordering::Relaxed);
+        self.parked.store(false, Ordering::Relaxed);
     }
 
     /// Marks that a caller has seen this task terminal (needed by
@@ -294,6 +313,46 @@ impl Batch {
         ))
     }
 
+    /// Parks the calling thread until a task among the first `tasks` that
+    /// is still waiting ends, `until` passes, or that task passes the
+    /// slice timeout (when it reports TIMEOUT); returns at once when none
+    /// is waiting. It parks on the last such task, the one likely to end
+    /// last, so a batch whose tasks end in order wakes it about once.
+    pub fn park_on_waiting(&self, tasks: usize, until: Instant) {
+        let n = tasks.min(self.submitted());
+        let Some(task) = self.tasks[..n]
+            .iter()
+            .rev()
+            .find(|t| t.status().0 == TaskStatus::Waiting)
+        else {
+            return;
+        };
+        let posted = Duration::from_nanos(task.submitted.load(Ordering::Relaxed));
+        let until = self
+            .slice_timeout
+            .and_then(|limit| posted.checked_add(limit))
+            .and_then(|after| EPOCH.checked_add(after))
+            .map_or(until, |timeout| until.min(timeout));
+        task.parked.store(true, Ordering::Relaxed);
+        // Pairs with the fence in `Task::finish_slice`.
+        fence(Ordering::SeqCst);
+        // SAFETY: the key is the task's address, which only this function
+        // parks on; the callbacks neither panic nor call into
+        // `parking_lot_core`. The check runs under the key's queue lock,
+        // which `unpark_all` takes too, so an end between the check and
+        // the sleep is not missed.
+        unsafe {
+            parking_lot_core::park(
+                task.park_key(),
+                || task.status().0 == TaskStatus::Waiting,
+                || {},
+                |_, _| {},
+                DEFAULT_PARK_TOKEN,
+                Some(until),
+            );
+        }
+    }
+
     /// Whether every submitted task has been seen terminal by a caller.
     pub fn all_observed(&self) -> bool {
         let n = self.len.load(Ordering::Acquire);
@@ -445,5 +504,82 @@ mod tests {
         assert!(r.is_err());
         assert_eq!(b.submitted(), 2);
         assert!(Batch::new(MAX_BATCH_SIZE + 1, None).is_err());
+    }
+
+    /// A batch of `tasks` tasks of one slice each.
+    fn one_slice_tasks(tasks: usize, slice_timeout: Option<Duration>) -> Batch {
+        let b = Batch::new(tasks, slice_timeout).unwrap();
+        b.append(tasks, |_, t| {
+            t.iter().for_each(|t| t.add_slices(1));
+            Ok(())
+        })
+        .unwrap();
+        b
+    }
+
+    #[test]
+    fn a_parked_caller_wakes_when_a_waiting_task_ends() {
+        let far = Duration::from_secs(10);
+        let b = one_slice_tasks(3, None);
+        b.task(0).unwrap().finish_slice(1, true);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(50));
+                b.task(2).unwrap().finish_slice(1, false);
+            });
+            let start = Instant::now();
+            b.park_on_waiting(3, start + far);
+            assert!(
+                start.elapsed() < far / 2,
+                "woken by the end, not the deadline"
+            );
+        });
+        assert_eq!(b.poll(2).unwrap().0, TaskStatus::Failed);
+        // Task 1 still waits: parking returns at the deadline.
+        let start = Instant::now();
+        b.park_on_waiting(3, start + Duration::from_millis(100));
+        assert!(start.elapsed() >= Duration::from_millis(100));
+        assert_eq!(b.poll(1).unwrap().0, TaskStatus::Waiting);
+        // Only tasks within the count are waited for.
+        let start = Instant::now();
+        b.park_on_waiting(1, start + far);
+        assert!(start.elapsed() < far / 2);
+    }
+
+    #[test]
+    fn no_end_is_missed_when_it_races_the_park() {
+        let far = Duration::from_secs(10);
+        for round in 0..4000u32 {
+            let b = one_slice_tasks(1, None);
+            let both = std::sync::Barrier::new(2);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    both.wait();
+                    // Ends the task at every moment of the park in turn.
+                    for _ in 0..round % 400 {
+                        std::hint::spin_loop();
+                    }
+                    b.task(0).unwrap().finish_slice(1, true);
+                });
+                both.wait();
+                let start = Instant::now();
+                b.park_on_waiting(1, start + far);
+                assert!(
+                    start.elapsed() < far / 2,
+                    "round {round}: an end was missed"
+                );
+            });
+        }
+    }
+
+    #[test]
+    fn a_parked_caller_wakes_when_its_task_passes_the_slice_timeout() {
+        let limit = Duration::from_millis(100);
+        let b = one_slice_tasks(1, Some(limit));
+        let far = Duration::from_secs(10);
+        let start = Instant::now();
+        b.park_on_waiting(1, start + far);
+        assert!(start.elapsed() >= limit && start.elapsed() < far / 2);
+        assert_eq!(b.poll(0).unwrap().0, TaskStatus::Timeout);
     }
 }

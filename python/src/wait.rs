@@ -1,9 +1,9 @@
 //! The deadline of Mooncake's synchronous calls. Waiting itself (the
-//! state of a whole batch, a poll loop with a deadline, and a backoff that
-//! yields the CPU first and then sleeps, so many waiting Python threads
-//! leave the cores to the engine's own threads) is the engine's
-//! ([`transfer_engine::Engine::wait_tasks`]), shared with C callers'
-//! `te_wait_batch`.
+//! state of a whole batch, and a wait with a deadline that polls for the
+//! first millisecond and then parks until a task ends, so many waiting
+//! Python threads leave the cores to the engine's own threads) is the
+//! engine's ([`transfer_engine::Engine::wait_tasks`]), shared with C
+//! callers' `te_wait_batch`.
 
 use std::time::{Duration, Instant};
 

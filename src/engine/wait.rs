@@ -1,8 +1,10 @@
 //! Waiting for a batch: the state of all its tasks at once, and a wait
-//! that polls them (lending a hand to the engine's work as
-//! [`Engine::status`] does, once per look at the batch), yields the CPU
-//! for the first millisecond, then sleeps, so callers waiting on large
-//! transfers leave the cores to the threads that move their bytes.
+//! that polls them for the first millisecond (lending a hand to the
+//! engine's work as [`Engine::status`] does, once per look at the batch,
+//! and yielding the CPU), then parks until a task ends, so callers
+//! waiting on large transfers leave the cores to the threads that move
+//! their bytes and wake as soon as those end. [`Backoff`] paces waits
+//! that poll several batches.
 
 use super::Engine;
 use crate::batch::TaskStatus;
@@ -72,15 +74,18 @@ impl Engine {
     }
 
     /// Waits until the first `tasks` tasks of batch `batch_id` have ended,
-    /// one of them reports TIMEOUT, or `deadline` passes, polling with a
-    /// [`Backoff`].
+    /// one of them reports TIMEOUT, or `deadline` passes. For the first
+    /// millisecond it polls, lending a hand and yielding; then it parks
+    /// until one of its waiting tasks ends (the thread that ends a task
+    /// wakes the callers parked on it), so it wakes when the transfer does
+    /// and spends no CPU meanwhile.
     pub fn wait_tasks(
         &self,
         batch_id: u64,
         tasks: usize,
         deadline: Instant,
     ) -> Result<WaitOutcome> {
-        let backoff = Backoff::new();
+        let start = Instant::now();
         loop {
             match self.batch_state(batch_id, tasks)? {
                 BatchState::Completed => return Ok(WaitOutcome::Completed),
@@ -89,13 +94,14 @@ impl Engine {
                 BatchState::Waiting if Instant::now() >= deadline => {
                     return Ok(WaitOutcome::TimedOut);
                 }
-                BatchState::Waiting => backoff.pause(),
+                BatchState::Waiting if start.elapsed() < YIELD_FOR => thread::yield_now(),
+                BatchState::Waiting => self.batch(batch_id)?.park_on_waiting(tasks, deadline),
             }
         }
     }
 }
 
-/// How long a waiter only yields before it starts to sleep: longer than a
+/// How long a waiter only yields before it parks or sleeps: longer than a
 /// small transfer takes on a busy machine, so those are noticed at once.
 const YIELD_FOR: Duration = Duration::from_millis(1);
 /// The longest sleep between two polls.
