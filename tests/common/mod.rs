@@ -615,6 +615,11 @@ pub enum Action {
     /// invalid range is rejected as by `Serve`; a reset ends the session
     /// at once.
     Paced { chunk: usize, every: Duration },
+    /// Answer the status word OK (v2) right after the header, read
+    /// nothing more, and keep the connection open until the server is
+    /// killed: a broken or hostile server that acknowledges a WRITE before
+    /// its payload.
+    EarlyStatus,
 }
 
 /// One request seen by a [`FakeServer`].
@@ -954,6 +959,14 @@ fn session(mut s: TcpStream, conn: usize, sh: &FakeShared) {
                         }
                     }
                 }
+            }
+            Action::EarlyStatus => {
+                if v2 {
+                    let _ = send(&mut s, &status_bytes(OK_WORD));
+                }
+                hang_until_stopped(sh);
+                let _ = s.shutdown(Shutdown::Both);
+                return;
             }
             Action::PartialThenClose(n) | Action::PartialThenHang(n) => {
                 if write {

@@ -509,3 +509,46 @@ fn descriptor_buffer_wrapping_the_address_space() {
     drop(src);
     e.shutdown();
 }
+
+/// v1 WRITEs larger than the socket takes at once, to a server that
+/// reads slowly: every send stops mid-payload, and the lane waits for the
+/// socket instead of looking for an answer a v1 WRITE never gets.
+#[test]
+fn v1_writes_that_fill_the_socket_complete() {
+    let n = 64 << 20;
+    let peer = Peer::start(n, n as u64, Some(1), true, |_| Action::Paced {
+        chunk: 64 << 10,
+        every: Duration::from_millis(1),
+    });
+    let e = engine();
+    let src = Buf::new(n, 15);
+    register(&e, &src, true);
+    let seg = peer.open(&e);
+    let w = write_req(src.addr(), seg, BASE, n as u64);
+    assert_eq!(
+        run_within(&e, &[w], Duration::from_secs(30)),
+        vec![Completed]
+    );
+    // v1 COMPLETED means "sent", not "stored": wait for the bytes to land.
+    wait_for("v1 WRITE stored", Duration::from_secs(30), || {
+        peer.server.mem(BASE, n) == src.get(0, n)
+    });
+    e.shutdown();
+}
+
+/// A v2 server that answers OK to a WRITE before taking its payload is
+/// broken (or hostile): the task fails at once instead of the lane
+/// looking for more answers without end.
+#[test]
+fn a_status_word_before_the_write_payload_fails_the_task() {
+    let n = 16 << 20;
+    let peer = Peer::start(n, n as u64, Some(2), false, |_| Action::EarlyStatus);
+    let slice = n.to_string();
+    let e = engine_with(&[("MC_SLICE_SIZE", &slice)]);
+    let src = Buf::new(n, 16);
+    register(&e, &src, true);
+    let seg = peer.open(&e);
+    let w = write_req(src.addr(), seg, BASE, n as u64);
+    assert_eq!(run_within(&e, &[w], FAIL_WITHIN), vec![Failed]);
+    e.shutdown();
+}

@@ -885,11 +885,20 @@ impl Lane {
                 if word != STATUS_OK {
                     return Err(Failure::Rejected(self.recv_at));
                 }
+                if !r.sent_all() {
+                    // A server stores a WRITE's payload before it answers.
+                    return Err(Failure::Broken(
+                        "status word for a WRITE whose payload was not all sent".into(),
+                    ));
+                }
                 r.status_ok = true;
                 continue;
             }
             if r.slice.write {
-                continue;
+                // Only a v1 WRITE still being sent gets here (the others
+                // are done, and skipped above): it has no answer, and the
+                // answers behind it come after it is sent.
+                return Ok(total);
             }
             let want = (r.slice.len - r.got) as usize;
             let dst = (r.slice.local + r.got) as usize as *mut u8;
