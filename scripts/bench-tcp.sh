@@ -3,7 +3,7 @@
 # iperf3 on the same path in the same run.
 #
 #   scripts/bench-tcp.sh [--quick] [--runs N] [--duration S] [--streams N] [--auth]
-#                        [--wait_batch]
+#                        [--wait_batch] [--working_set BYTES]
 #
 # Builds release with CMake (build/, or $BUILD_DIR), starts <streams>
 # iperf3 servers and a transfer_bench target (P2PHANDSHAKE, 127.0.0.1),
@@ -26,6 +26,13 @@
 # polling each task and yielding, which leaves the cores to the engine's
 # threads.
 #
+# --working_set BYTES: the initiators' request offsets wrap within BYTES
+# on both sides (transfer_bench --target_size; at least 1 MiB) instead of
+# the target's 1 GiB buffer: 4194304 gives each of 4 threads one 1 MiB
+# block, a working set that stays in the caches as iperf3's own 128 KiB
+# buffer does, where the default (batch x block x threads: 512 MiB at
+# 1 MiB) is copied from and to memory, as KV caches are.
+#
 # --auth: a second target with a cluster key (MC_TE_AUTH_KEY_FILE, a
 # fresh random key in the temporary directory), and every case runs
 # against both targets in the same run, initiators with the same key for
@@ -44,6 +51,7 @@ duration=4
 streams=4
 auth=0
 wait_flags=()
+working_set=""
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) duration=2; shift ;;
@@ -55,10 +63,16 @@ while [ $# -gt 0 ]; do
     --streams=*) streams=${1#*=}; shift ;;
     --auth) auth=1; shift ;;
     --wait_batch) wait_flags=(--wait_batch); shift ;;
-    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+    --working_set) working_set=$2; shift 2 ;;
+    --working_set=*) working_set=${1#*=}; shift ;;
+    -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
     *) echo "bench-tcp.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+if [ -n "$working_set" ] && ! [[ "$working_set" =~ ^[0-9]+$ && "$working_set" -ge 1048576 ]]; then
+  echo "bench-tcp.sh: --working_set needs a number of bytes of at least 1048576, not '$working_set'" >&2
+  exit 2
+fi
 command -v iperf3 >/dev/null || { echo "iperf3 is required (scripts/setup.sh installs it)" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "python3 is required" >&2; exit 1; }
 
@@ -173,7 +187,7 @@ ours() { # ours OP BLOCK [TARGET] -> "GB/s req/s" (TARGET 1: the keyed one)
   local out="$tmp/initiator.out" t=${3:-0} env=()
   if [ "$t" = 1 ]; then env=(MC_TE_AUTH_KEY_FILE="$key"); fi
   if ! env "${env[@]}" timeout -k 5 $((duration + 60)) "$bench" --mode initiator --protocol tcp --metadata_server P2PHANDSHAKE \
-    --local_server_name 127.0.0.1 --segment_id "${seg_of[$t]}" --target_base "${base_of[$t]}" --target_size "${size_of[$t]}" \
+    --local_server_name 127.0.0.1 --segment_id "${seg_of[$t]}" --target_base "${base_of[$t]}" --target_size "${working_set:-${size_of[$t]}}" \
     --operation "$1" --block_size "$2" --batch_size 128 --threads "$streams" --duration "$duration" \
     --buffer_size $((2 << 20)) --report_unit GB --report_precision 4 "${wait_flags[@]}" >"$out" 2>"$tmp/initiator.err"; then
     echo "transfer_bench initiator $1 block $2 failed:" >&2
@@ -193,7 +207,7 @@ EOF
 cases=("write 1048576 1MiB" "read 1048576 1MiB" "write 65536 64KiB" "read 65536 64KiB" "write 4096 4KiB" "read 4096 4KiB")
 results=$tmp/results
 : >"$results"
-echo "# loopback, $runs runs x ${duration} s, $streams streams/threads, batch 128${wait_flags:+, ${wait_flags[*]}}; target $seg"
+echo "# loopback, $runs runs x ${duration} s, $streams streams/threads, batch 128${wait_flags:+, ${wait_flags[*]}}${working_set:+, working set $working_set bytes}; target $seg"
 for r in $(seq "$runs"); do
   v=$(iperf "$streams")
   echo "$r iperf3 P$streams $v 0" >>"$results"
