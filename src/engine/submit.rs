@@ -750,6 +750,14 @@ impl Engine {
         self.local.help_one() || sync::read(&self.transports).iter().any(|t| t.help())
     }
 
+    /// The calling thread stops lending a hand (it is about to park): each
+    /// transport takes back the work it left to helpers.
+    pub(super) fn stop_helping(&self) {
+        sync::read(&self.transports)
+            .iter()
+            .for_each(|t| t.stop_helping());
+    }
+
     /// Frees a batch once every task was seen terminal.
     pub fn free_batch(&self, batch_id: u64) -> Result<()> {
         match self.batches.remove_if(batch_id, Batch::all_observed) {

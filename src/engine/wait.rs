@@ -44,6 +44,11 @@ impl Engine {
     /// lends a hand to the engine's work once, not once per task as
     /// [`Engine::status`] would.
     pub fn batch_state(&self, batch_id: u64, tasks: usize) -> Result<BatchState> {
+        self.tasks_state(batch_id, tasks, true)
+    }
+
+    /// [`Engine::batch_state`], lending a hand only with `lend`.
+    fn tasks_state(&self, batch_id: u64, tasks: usize, lend: bool) -> Result<BatchState> {
         let batch = self.batch(batch_id)?;
         let (mut waiting, mut timed_out, mut failed) = (false, false, false);
         for task in 0..tasks {
@@ -54,7 +59,7 @@ impl Engine {
                 _ => waiting = true,
             }
         }
-        if waiting || timed_out {
+        if lend && (waiting || timed_out) {
             self.lend_a_hand();
         }
         Ok(if timed_out {
@@ -75,10 +80,11 @@ impl Engine {
 
     /// Waits until the first `tasks` tasks of batch `batch_id` have ended,
     /// one of them reports TIMEOUT, or `deadline` passes. For the first
-    /// millisecond it polls, lending a hand and yielding; then it parks
-    /// until one of its waiting tasks ends (the thread that ends a task
-    /// wakes the callers parked on it), so it wakes when the transfer does
-    /// and spends no CPU meanwhile.
+    /// millisecond it polls, lending a hand and yielding; then it stops
+    /// helping (the transports take back what they left to helpers) and
+    /// parks until one of its waiting tasks ends (the thread that ends a
+    /// task wakes the callers parked on it), so it wakes when the transfer
+    /// does and spends no CPU meanwhile.
     pub fn wait_tasks(
         &self,
         batch_id: u64,
@@ -86,16 +92,27 @@ impl Engine {
         deadline: Instant,
     ) -> Result<WaitOutcome> {
         let start = Instant::now();
+        let mut parked = false;
         loop {
-            match self.batch_state(batch_id, tasks)? {
+            match self.tasks_state(batch_id, tasks, !parked)? {
                 BatchState::Completed => return Ok(WaitOutcome::Completed),
                 BatchState::Failed => return Ok(WaitOutcome::Failed),
                 BatchState::TimedOut => return Ok(WaitOutcome::TimedOut),
                 BatchState::Waiting if Instant::now() >= deadline => {
                     return Ok(WaitOutcome::TimedOut);
                 }
-                BatchState::Waiting if start.elapsed() < YIELD_FOR => thread::yield_now(),
-                BatchState::Waiting => self.batch(batch_id)?.park_on_waiting(tasks, deadline),
+                BatchState::Waiting if !parked && start.elapsed() < YIELD_FOR => {
+                    thread::yield_now()
+                }
+                BatchState::Waiting => {
+                    if !parked {
+                        // Work a transport leaves to helping callers goes
+                        // back to its threads before this one sleeps.
+                        parked = true;
+                        self.stop_helping();
+                    }
+                    self.batch(batch_id)?.park_on_waiting(tasks, deadline);
+                }
             }
         }
     }

@@ -145,6 +145,11 @@ pub trait Transport: TransportBase {
         false
     }
 
+    /// The calling thread, which lent a hand, stops doing so (it parks
+    /// until its tasks end): work the transport left to such callers goes
+    /// back to its own threads.
+    fn stop_helping(&self) {}
+
     /// Gives the wake-ups this transport deferred on the calling thread
     /// while it held a [`plug::Plug`] (the caller's batch is submitted).
     fn flush(&self) {}

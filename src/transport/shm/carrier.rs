@@ -278,6 +278,10 @@ impl Transport for Shm {
         self.core.help()
     }
 
+    fn stop_helping(&self) {
+        self.core.stop_helping()
+    }
+
     fn flush(&self) {
         self.core.flush()
     }

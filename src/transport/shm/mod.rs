@@ -180,7 +180,7 @@ pub(crate) struct Shared {
     /// A thread is polling for work.
     spinning: AtomicBool,
     /// When a caller last did a round of the threads' work (µs since
-    /// start).
+    /// start; 0: never, or the last one stopped, [`ShmTransport::stop_helping`]).
     helped_at_us: AtomicU64,
     /// Our WRITEs posted or queued and not yet finished.
     writes_in_flight: AtomicUsize,
@@ -221,7 +221,8 @@ impl Shared {
     /// need not poll then.
     fn caller_helps(&self) -> bool {
         let now = self.started.elapsed().as_micros() as u64;
-        now.saturating_sub(self.helped_at_us.load(Ordering::Relaxed)) < 1000
+        let at = self.helped_at_us.load(Ordering::SeqCst);
+        at != 0 && now.saturating_sub(at) < 1000
     }
 
     fn closing(&self) -> bool {
@@ -583,9 +584,19 @@ impl ShmTransport {
         // would otherwise write this shared word on every poll.
         let now = s.started.elapsed().as_micros() as u64;
         if now.saturating_sub(s.helped_at_us.load(Ordering::Relaxed)) >= 100 {
-            s.helped_at_us.store(now, Ordering::Relaxed);
+            s.helped_at_us.store(now.max(1), Ordering::Relaxed);
         }
         !s.closing() && worker::pass(s, true)
+    }
+
+    /// The calling thread stops lending a hand (it is about to park until
+    /// its tasks end): the threads take the results of our WRITEs again,
+    /// and our targets ring us for them, at once rather than once the last
+    /// help is a millisecond old. A thread asleep meanwhile, which left
+    /// those results to the caller, is kicked to look again.
+    pub fn stop_helping(&self) {
+        self.shared.helped_at_us.store(0, Ordering::SeqCst);
+        self.shared.kick_now();
     }
 
     /// Gives the wake-up the calling thread deferred while it submitted a

@@ -531,8 +531,10 @@ fn a_polling_caller_does_its_reads_in_the_flush() {
     let r = plugged_reads(5);
     // A caller that polled just now: its flush copies.
     let s = &r.a.shm.shared;
-    s.helped_at_us
-        .store(s.started.elapsed().as_micros() as u64, Ordering::Relaxed);
+    s.helped_at_us.store(
+        s.started.elapsed().as_micros().max(1) as u64,
+        Ordering::Relaxed,
+    );
     r.a.shm.flush();
     let ended: Vec<Outcome> = r.done.try_iter().collect();
     assert_eq!(
@@ -638,4 +640,49 @@ fn reads_to_two_targets_staged_under_one_plug_all_end_at_the_flush() {
     // The refused READ wrote nothing: c's range is read once, intact.
     assert!(local_c == remote_c, "every byte read from c");
     shut_down(&[&a, &b, &c]);
+}
+
+#[test]
+fn a_caller_that_stops_helping_hands_its_results_back_to_the_threads() {
+    // Threads that sleep with WRITEs in flight look again every second
+    // (a quarter of this timeout, at most 1 s).
+    let opts = ShmOptions {
+        timeout: Duration::from_secs(8),
+        ..options()
+    };
+    let (a, b) = (Local::with(opts.clone()), Local::with(opts));
+    let remote = vec![0u8; 4096];
+    register(&b, &remote, true);
+    let peer = peer_of(&a, &b);
+    let src = pattern(4096, 9);
+    assert_eq!(
+        a.run(&peer, &[(addr(&src), addr(&remote), 1, true)]),
+        [Outcome::Done],
+        "the first post attaches"
+    );
+    for round in 0..3 {
+        threads_asleep(&a);
+        // A caller polling for its tasks: the threads leave the result of
+        // its WRITE to it, and the target does not ring us for it.
+        a.shm.help();
+        let (tx, done) = std::sync::mpsc::channel();
+        a.post(&peer, (addr(&src), addr(&remote), 4096, true), move |o| {
+            let _ = tx.send(o);
+        });
+        // It stops (to park until its task ends): the threads take the
+        // result at once, not at their next look a second later.
+        a.shm.stop_helping();
+        let start = Instant::now();
+        let o = done
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the WRITE never ended");
+        assert_eq!(o, Outcome::Done);
+        assert!(
+            start.elapsed() < Duration::from_millis(500),
+            "round {round}: the result waited {:?} for a thread's look",
+            start.elapsed()
+        );
+    }
+    assert!(remote == src, "every byte written");
+    shut_down(&[&a, &b]);
 }

@@ -34,7 +34,9 @@
 //! sets its ring's flag again, so that the next post wakes another thread
 //! to serve it meanwhile ([`serve::serve_one`]). While a caller polls for
 //! its tasks ([`super::ShmTransport::help`]), the threads leave the
-//! results of our WRITEs to it and the targets do not ring us for them.
+//! results of our WRITEs to it and the targets do not ring us for them,
+//! until a millisecond passes without a poll or the caller stops to park
+//! ([`super::ShmTransport::stop_helping`], which kicks a thread).
 //! The READs a caller queues in one submission kick the threads once, at
 //! its end ([`super::ShmTransport::flush`]), or not at all when that
 //! caller polls: it does the first round itself there.
