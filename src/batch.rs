@@ -73,17 +73,17 @@ pub struct Task {
 impl Task {
     /// Records one finished slice of `len` bytes.
     pub fn finish_slice(&self, len: u64, ok: bool) {
+        // The count and the flag's load are `SeqCst` to pair with the
+        // fence in `Batch::park_on_waiting`: either a caller about to park
+        // sees this slice finished, or this sees it parked. (On x86 the
+        // locked add is a full barrier anyway, so this costs no fence.)
         if ok {
             self.transferred.fetch_add(len, Ordering::Relaxed);
-            self.success.fetch_add(1, Ordering::Release);
+            self.success.fetch_add(1, Ordering::SeqCst);
         } else {
-            self.failed.fetch_add(1, Ordering::Release);
+            self.failed.fetch_add(1, Ordering::SeqCst);
         }
-        // Pairs with the fence in `Batch::park_on_waiting`: either a
-        // caller about to park sees this slice finished, or this sees it
-        // parked.
-        fence(Ordering::SeqCst);
-        if self.parked.load(Ordering::Relaxed) && self.status().0 != TaskStatus::Waiting {
+        if self.parked.load(Ordering::SeqCst) && self.status().0 != TaskStatus::Waiting {
             // SAFETY: the key is this task's address, which only
             // `Batch::park_on_waiting` parks on.
             unsafe { parking_lot_core::unpark_all(self.park_key(), DEFAULT_UNPARK_TOKEN) };
@@ -334,7 +334,7 @@ impl Batch {
             .and_then(|after| EPOCH.checked_add(after))
             .map_or(until, |timeout| until.min(timeout));
         task.parked.store(true, Ordering::Relaxed);
-        // Pairs with the fence in `Task::finish_slice`.
+        // Pairs with the `SeqCst` count and load in `Task::finish_slice`.
         fence(Ordering::SeqCst);
         // SAFETY: the key is the task's address, which only this function
         // parks on; the callbacks neither panic nor call into

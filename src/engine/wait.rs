@@ -7,7 +7,7 @@
 //! that poll several batches.
 
 use super::Engine;
-use crate::batch::TaskStatus;
+use crate::batch::{Batch, TaskStatus};
 use crate::error::Result;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -44,15 +44,20 @@ impl Engine {
     /// lends a hand to the engine's work once, not once per task as
     /// [`Engine::status`] would.
     pub fn batch_state(&self, batch_id: u64, tasks: usize) -> Result<BatchState> {
-        self.tasks_state(batch_id, tasks, true)
+        self.tasks_state(batch_id, &*self.batch(batch_id)?, tasks, true)
     }
 
-    /// [`Engine::batch_state`], lending a hand only with `lend`.
-    fn tasks_state(&self, batch_id: u64, tasks: usize, lend: bool) -> Result<BatchState> {
-        let batch = self.batch(batch_id)?;
+    /// [`Engine::batch_state`] of `batch`, lending a hand only with `lend`.
+    fn tasks_state(
+        &self,
+        batch_id: u64,
+        batch: &Batch,
+        tasks: usize,
+        lend: bool,
+    ) -> Result<BatchState> {
         let (mut waiting, mut timed_out, mut failed) = (false, false, false);
         for task in 0..tasks {
-            match self.poll_task(batch_id, &batch, task)?.0 {
+            match self.poll_task(batch_id, batch, task)?.0 {
                 TaskStatus::Completed => {}
                 TaskStatus::Failed => failed = true,
                 TaskStatus::Timeout => timed_out = true,
@@ -94,7 +99,8 @@ impl Engine {
         let start = Instant::now();
         let mut parked = false;
         loop {
-            match self.tasks_state(batch_id, tasks, !parked)? {
+            let batch = self.batch(batch_id)?;
+            match self.tasks_state(batch_id, &batch, tasks, !parked)? {
                 BatchState::Completed => return Ok(WaitOutcome::Completed),
                 BatchState::Failed => return Ok(WaitOutcome::Failed),
                 BatchState::TimedOut => return Ok(WaitOutcome::TimedOut),
@@ -111,7 +117,7 @@ impl Engine {
                         parked = true;
                         self.stop_helping();
                     }
-                    self.batch(batch_id)?.park_on_waiting(tasks, deadline);
+                    batch.park_on_waiting(tasks, deadline);
                 }
             }
         }
