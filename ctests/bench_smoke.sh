@@ -13,7 +13,8 @@
 # among the WRITE's) and print progress lines once a second. Last, both sides over shared memory with
 # --hugepages (their buffers in transparent huge pages where the kernel
 # allows, as its smaps shows): a READ and a WRITE, every byte of the
-# last batch checked. And cma_bench with two threads runs.
+# last batch checked. And cma_bench with two threads runs, and sock_bench
+# with and without MSG_ZEROCOPY.
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: $0 BUILD_DIR" >&2; exit 2; }
 build=$(cd "$1" && pwd)
@@ -112,5 +113,28 @@ for bad in "--threads 0" "--layout sideways"; do
   # shellcheck disable=SC2086 # an option and its value, two words
   "$cma" $bad >/dev/null 2>&1 || rc=$?
   [ "$rc" -eq 2 ] || net_fail "cma_bench $bad exited with $rc, want 2"
+done
+
+# sock_bench, scripts/bench-tcp.sh's anchor for TCP: plain loopback
+# sockets, then with MSG_ZEROCOPY, whose every send must have come back
+# as a completion before it ends; bad sizes are refused.
+sock=$build/sock_bench
+out=$(timeout -k 5 60 "$sock" --streams 2 --block 65536 --working_set 1048576 --duration 1) ||
+  net_fail "sock_bench failed: $out"
+echo "$out"
+grep -Eq '^sock: streams=2 block=65536 working_set=1048576 zerocopy=0 [0-9.]+ GB/s$' <<<"$out" ||
+  net_fail "sock_bench: unexpected line"
+out=$(timeout -k 5 60 "$sock" --streams 2 --block 65536 --working_set 1048576 --duration 1 --zerocopy) ||
+  net_fail "sock_bench --zerocopy failed: $out"
+echo "$out"
+[[ "$out" =~ zerocopy=1\ [0-9.]+\ GB/s\ sends=([0-9]+)\ completions=([0-9]+)\ copied=([0-9]+)$ ]] ||
+  net_fail "sock_bench --zerocopy: unexpected line"
+[ "${BASH_REMATCH[1]}" -gt 0 ] && [ "${BASH_REMATCH[1]}" = "${BASH_REMATCH[2]}" ] ||
+  net_fail "sock_bench --zerocopy: sends and completions differ"
+for bad in "--block 0" "--block 3 --working_set 4" "--streams 65" "--sideways 1"; do
+  rc=0
+  # shellcheck disable=SC2086 # options and their values
+  "$sock" $bad >/dev/null 2>&1 || rc=$?
+  [ "$rc" -eq 2 ] || net_fail "sock_bench $bad exited with $rc, want 2"
 done
 echo "transfer_bench_verify: OK"

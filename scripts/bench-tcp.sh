@@ -11,14 +11,19 @@
 # <streams> iperf3 clients at once, one stream each, to their own
 # servers, summed ("iperf3 xN": iperf3 before 3.16, Debian 12's 3.12
 # among them, runs all the streams of one -P in one thread per side, so
-# -P N is held to one core each side, and N processes are not); and
+# -P N is held to one core each side, and N processes are not);
+# sock_bench with <streams> streams of 1 MiB and of 64 KiB blocks, each
+# side of each stream cycling through its share of the engine's working
+# set ("sockets xN": plain loopback sockets in two processes, iperf3's
+# path with the engine's memory traffic and nothing of ours in it); and
 # transfer_bench initiators with --threads <streams> (the engine opens 4
 # lanes = connections per peer by default, MC_TCP_LANES_PER_PEER) for
 # READ and WRITE of 1 MiB, 64 KiB and 4 KiB blocks, batch 128. Runs are
 # interleaved so every case sees the same machine state; the table shows
 # medians: ours GB/s, iperf3 GB/s with the same stream count, the ratio,
 # requests/s, the ratio of every run to its iperf3 -P N; then iperf3 xN
-# and the ratios to it. GB = 1e9 bytes.
+# and the ratios to it; then sockets xN at the same block size and
+# working set and the ratios to it. GB = 1e9 bytes.
 #
 # --wait_batch: the initiators wait for each batch with te_wait_batch
 # (transfer_bench --wait_batch: it polls for the first millisecond, then
@@ -65,7 +70,7 @@ while [ $# -gt 0 ]; do
     --wait_batch) wait_flags=(--wait_batch); shift ;;
     --working_set) working_set=$2; shift 2 ;;
     --working_set=*) working_set=${1#*=}; shift ;;
-    -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,51p' "$0"; exit 0 ;;
     *) echo "bench-tcp.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -78,7 +83,7 @@ command -v python3 >/dev/null || { echo "python3 is required" >&2; exit 1; }
 
 build=${BUILD_DIR:-"$root/build"}
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j"${JOBS:-2}" --target transfer_bench >/dev/null
+cmake --build "$build" -j"${JOBS:-2}" --target transfer_bench sock_bench >/dev/null
 bench=$build/transfer_bench
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/te-bench-tcp.XXXXXX")
@@ -183,6 +188,18 @@ iperf_apart() { # iperf_apart -> GB/s received by one single-stream client per s
     "$tmp"/iperf3-apart*.json
 }
 
+sockets() { # sockets BLOCK -> GB/s of sock_bench at the engine's working set for BLOCK
+  # transfer_bench's requests wrap within min(block x batch x threads, the
+  # target's size); each stream gets its share, whole blocks.
+  local region=$(($1 * 128 * streams)) target=${working_set:-${size_of[0]}} per
+  [ "$target" -lt "$region" ] && region=$target
+  per=$((region / streams / $1 * $1))
+  [ "$per" -lt "$1" ] && per=$1
+  timeout -k 5 $((duration + 60)) "$build/sock_bench" --streams "$streams" --block "$1" \
+    --working_set "$per" --duration "$duration" 2>"$tmp/sock_bench.err" |
+    awk '{for (i = 1; i < NF; i++) if ($(i + 1) == "GB/s") print $i}'
+}
+
 ours() { # ours OP BLOCK [TARGET] -> "GB/s req/s" (TARGET 1: the keyed one)
   local out="$tmp/initiator.out" t=${3:-0} env=()
   if [ "$t" = 1 ]; then env=(MC_TE_AUTH_KEY_FILE="$key"); fi
@@ -220,6 +237,13 @@ for r in $(seq "$runs"); do
     echo "$r iperf3 X$streams $v 0" >>"$results"
     echo "run $r: iperf3 x$streams: $v GB/s"
   fi
+  for b in "1048576 1MiB" "65536 64KiB"; do
+    read -r block label <<<"$b"
+    v=$(sockets "$block")
+    [ -n "$v" ] || { echo "sock_bench failed:" >&2; cat "$tmp/sock_bench.err" >&2; exit 1; }
+    echo "$r sockets $label $v 0" >>"$results"
+    echo "run $r: sockets x$streams $label: $v GB/s"
+  done
   for c in "${cases[@]}"; do
     read -r op block label <<<"$c"
     v=$(ours "$op" "$block")
@@ -280,6 +304,15 @@ if ("iperf3", "X" + streams) in rows:
         print("%-12s %10.2f %12.2f %7.2f %16s" % (" ".join(key), g, ipx, g / ipx, " ".join("%.2f" % x for x in ratios)))
     print("iperf3 x%s: %s clients at once, one stream each, to their own servers, summed: %.2f GB/s (median)"
           % (streams, streams, ipx))
+print()
+print("%-12s %10s %12s %7s %16s" % ("case", "ours GB/s", "sockets x" + streams, "ratio", "per-run ratios"))
+for key in [("WRITE", "1MiB"), ("READ", "1MiB"), ("WRITE", "64KiB"), ("READ", "64KiB")]:
+    g = med([x for x, _ in rows[key]])
+    sk = med([x for x, _ in rows[("sockets", key[1])]])
+    ratios = [d[key] / d[("sockets", key[1])] for d in per_run.values()]
+    print("%-12s %10.2f %12.2f %7.2f %16s" % (" ".join(key), g, sk, g / sk, " ".join("%.2f" % x for x in ratios)))
+print("sockets x%s: sock_bench, %s streams of plain loopback sockets, each side of each cycling through its"
+      " share of the engine's working set at that block size (medians)" % (streams, streams))
 if sys.argv[3] == "1":
     print()
     print("%-12s %10s %10s %7s %12s %12s %7s" % ("case", "GB/s", "auth GB/s", "ratio", "requests/s", "auth req/s", "ratio"))
