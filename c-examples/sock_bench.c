@@ -230,6 +230,11 @@ int main(int argc, char **argv) {
       opt.zerocopy = 1;
       continue;
     }
+    if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
+      printf("usage: sock_bench [--streams N] [--block BYTES] [--working_set BYTES] "
+             "[--duration S] [--zerocopy]\n");
+      return 0;
+    }
     if (i + 1 >= argc) usage("a flag needs a value");
     const char *v = argv[++i];
     if (!strcmp(f, "--streams")) opt.streams = (int)parse_size(f, v);

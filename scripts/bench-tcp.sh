@@ -46,7 +46,7 @@
 # (transfer_bench --handshakes: descriptor fetches, one connection each)
 # without and with the key.
 #
-# Defaults: 3 runs of 4 s (about 2-3 minutes). --quick: 3 runs of 2 s (about 1 minute).
+# Defaults: 3 runs of 4 s (about 3-4 minutes). --quick: 3 runs of 2 s (about 2 minutes).
 # A benchmark, not a test: its verdict is the table, not the exit code
 # (which is non-zero only when something failed to run).
 set -euo pipefail
