@@ -358,6 +358,9 @@ impl Core {
         let mut failure = None;
         while !waiting.is_empty() && failure.is_none() {
             let mut progressed = false;
+            // A batch still running, none of its tasks past the slice
+            // timeout: the pause parks on it.
+            let mut running = None;
             let mut i = 0;
             while i < waiting.len() && failure.is_none() {
                 let (id, p) = &waiting[i];
@@ -378,7 +381,10 @@ impl Core {
                     }
                     // Like Mooncake, a task past MC_SLICE_TIMEOUT is waited
                     // for until the batch's own deadline.
-                    Ok(BatchState::Waiting | BatchState::TimedOut) => {
+                    Ok(state @ (BatchState::Waiting | BatchState::TimedOut)) => {
+                        if state == BatchState::Waiting {
+                            running.get_or_insert((id, p.tasks));
+                        }
                         if Instant::now() >= wait::deadline(p.start, self.timeout, p.bytes) {
                             failure = Some(format!(
                                 "batch {id:#x} did not finish in time (MC_TRANSFER_TIMEOUT \
@@ -390,7 +396,7 @@ impl Core {
                 i += 1;
             }
             if failure.is_none() && !waiting.is_empty() && !progressed {
-                backoff.pause();
+                backoff.pause(&self.engine, running);
             }
         }
         // A failed batch is freed by the reaper like the others.

@@ -4,7 +4,7 @@
 //! and yielding the CPU), then parks until a task ends, so callers
 //! waiting on large transfers leave the cores to the threads that move
 //! their bytes and wake as soon as those end. [`Backoff`] paces waits
-//! that poll several batches.
+//! that poll several batches, parked on one of them between polls.
 
 use super::Engine;
 use crate::batch::{Batch, TaskStatus};
@@ -130,10 +130,12 @@ const YIELD_FOR: Duration = Duration::from_millis(1);
 /// The longest sleep between two polls.
 const LONGEST_NAP: Duration = Duration::from_millis(1);
 
-/// Yields the CPU for the first millisecond, then sleeps an eighth of the
-/// time waited so far (at most 1 ms): a long transfer is
-/// noticed at most about 12% after it ends, and threads waiting on long
-/// transfers leave the cores to the engine's threads.
+/// Paces a wait that polls several batches: yields the CPU for the first
+/// millisecond, then naps an eighth of the time waited so far (at most
+/// 1 ms) between polls, parked on a batch still running so that its end
+/// wakes the caller at once. The other batches are still looked at after
+/// each nap (a failure among them ends such a wait), and threads waiting
+/// on long transfers leave the cores to the engine's threads.
 pub struct Backoff {
     start: Instant,
 }
@@ -152,13 +154,26 @@ impl Backoff {
         }
     }
 
-    /// Waits a little before the next poll.
-    pub fn pause(&self) {
+    /// Waits a little before the next poll. After the first millisecond,
+    /// with `on` (a batch of `engine` and how many of its tasks are
+    /// waited for, one of them still running and none past
+    /// `MC_SLICE_TIMEOUT`), the caller stops helping and parks until one
+    /// of those tasks ends or the nap passes; without, it sleeps the nap.
+    pub fn pause(&self, engine: &Engine, on: Option<(u64, usize)>) {
         let waited = self.start.elapsed();
         if waited < YIELD_FOR {
             thread::yield_now();
-        } else {
-            thread::sleep((waited / 8).min(LONGEST_NAP));
+            return;
+        }
+        let nap = (waited / 8).min(LONGEST_NAP);
+        match on.and_then(|(id, tasks)| Some((engine.batch(id).ok()?, tasks))) {
+            Some((batch, tasks)) => {
+                // Work a transport leaves to helping callers goes back to
+                // its threads, as before `Engine::wait_tasks` parks.
+                engine.stop_helping();
+                batch.park_on_waiting(tasks, Instant::now() + nap);
+            }
+            None => thread::sleep(nap),
         }
     }
 }

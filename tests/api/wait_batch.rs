@@ -2,7 +2,9 @@
 //! `te_wait_batch` and the Python package's synchronous calls): it returns
 //! once every task has ended, says whether one failed, leaves every ended
 //! task seen (the batch can be freed), and returns at its deadline, or as
-//! soon as a task reports TIMEOUT, while a task still runs. Against a
+//! soon as a task reports TIMEOUT, while a task still runs; a
+//! [`Backoff`] between polls of several batches parks on a running one
+//! for its nap, and no longer. Against a
 //! hand-written Mooncake TCP server that serves the first half of its
 //! memory, rejects requests to the third quarter and never answers
 //! requests to the last.
@@ -10,8 +12,9 @@
 use crate::common;
 
 use common::*;
+use std::thread;
 use std::time::{Duration, Instant};
-use transfer_engine::{Error, TaskStatus, WaitOutcome};
+use transfer_engine::{Backoff, Error, TaskStatus, WaitOutcome};
 
 const BASE: u64 = 0x3000_0000;
 const LEN: u64 = 1 << 20;
@@ -163,5 +166,38 @@ fn a_batch_wait_returns_when_a_task_reports_timeout() {
         "not at the TIMEOUT: {took:?}"
     );
     assert_eq!(e.status(b, 0).unwrap().0, TaskStatus::Timeout);
+    e.shutdown();
+}
+
+#[test]
+fn a_backoff_pause_parks_on_a_running_batch_for_its_nap_and_no_longer() {
+    let (_server, hs) = peer();
+    let e = engine_with(&[("MC_TCP_STATUS_TIMEOUT_SEC", "30")]);
+    let src = Buf::new(4096, 9);
+    let seg = e.open_segment(&hs.name()).expect("open segment");
+    let b = e.allocate_batch(1).unwrap();
+    e.submit(b, &[write_req(src.addr(), seg, HUNG, 4096)])
+        .unwrap();
+    let backoff = Backoff::new();
+    // Past the millisecond of yields, each pause naps 1 ms: parked on the
+    // batch, whose task never ends; slept without one, or with a batch
+    // the engine does not know.
+    thread::sleep(Duration::from_millis(20));
+    for on in [Some((b, 1)), None, Some((u64::MAX, 1))] {
+        let start = Instant::now();
+        for _ in 0..50 {
+            backoff.pause(&e, on);
+        }
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(50),
+            "{on:?}: 50 naps of 1 ms took {took:?}"
+        );
+        assert!(
+            took < Duration::from_secs(5),
+            "{on:?}: 50 naps of 1 ms took {took:?}"
+        );
+    }
+    assert_eq!(e.status(b, 0).unwrap().0, TaskStatus::Waiting);
     e.shutdown();
 }
