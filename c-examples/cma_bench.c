@@ -1,10 +1,18 @@
 /*
  * cma_bench: how fast the threads of one process copy another process's
- * memory with cross-memory attach (process_vm_readv), beside memcpy of the
- * same blocks by as many threads in the same run: the ceiling of the
- * shared-memory transport for caller memory (malloc'd or mmap'd buffers,
- * which no other process can map), whose bytes the kernel copies this way
- * in calls of at most 256 KiB (several small requests in one call).
+ * memory in 4 KiB pages, beside memcpy of the same blocks by as many
+ * threads in the same run: the ceiling of the shared-memory transport for
+ * caller memory (malloc'd or mmap'd buffers, which no other process can
+ * map). --method picks which of the kernel's ways between processes:
+ *
+ *   readv     cross-memory attach (process_vm_readv), the transport's way,
+ *             in calls of at most --piece bytes (several small blocks in
+ *             one call, as the transport groups small requests);
+ *   vmsplice  the child hands its pages to a pipe per thread (vmsplice)
+ *             and the parent's thread reads them out (the kernel copies
+ *             while the child's thread references the next pages);
+ *   pread     the source is a memfd the child wrote (shared memory in
+ *             4 KiB pages) and the parent reads it with pread.
  *
  * The parent forks a child that holds a source buffer of 256 MiB (or
  * --block x --threads bytes, if more), every page written, and waits.
@@ -17,14 +25,18 @@
  * instead walks its own part of the ring (block t*slots/threads, then
  * the next, ...), so that no two threads copy within the same page-table
  * page at once: whether they slow each other down there shows as the
- * difference between the two layouts. Prints one line:
+ * difference between the two layouts. Every byte the copies left in the
+ * parent's buffer is checked to be the child's. Prints one line, naming
+ * the method by its call:
  *
  *   cma: block=1048576 threads=2 layout=interleaved process_vm_readv=9.71 GB/s memcpy=14.52 GB/s ratio=0.67
  *
  * GB/s is 1e9 bytes per second, summed over the threads. Usage:
  *   cma_bench [--block BYTES] [--duration S] [--piece BYTES] [--threads N]
- *             [--layout interleaved|apart]
+ *             [--layout interleaved|apart] [--method readv|vmsplice|pread]
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -39,6 +51,22 @@
 
 #define MIN_RING (256ul << 20)
 #define MAX_THREADS 1024
+/* Two pipe descriptors per thread with --method vmsplice. */
+#define MAX_PIPE_THREADS 256
+/* The byte at offset i of the child's source: it differs from page to
+ * page, so that a block copied to another place shows. The parent's own
+ * copy of the source holds each byte's complement. */
+static unsigned char child_byte(size_t i) {
+    return (unsigned char)((i >> 12) * 31 + (i >> 20) * 7 + i + 0xa5);
+}
+
+/* Writes the source pattern, or its complement, into `len` bytes. */
+static void fill(char *buf, size_t len, int complement) {
+    for (size_t i = 0; i < len; i++) buf[i] = (char)(child_byte(i) ^ (complement ? 0xff : 0));
+}
+
+enum method { READV, VMSPLICE, PREAD };
+static const char *const method_call[] = {"process_vm_readv", "vmsplice", "pread"};
 
 static double now(void) {
     struct timespec t;
@@ -48,7 +76,10 @@ static double now(void) {
 
 /* What every thread of one timed run shares. */
 struct plan {
-    pid_t child; /* > 0: process_vm_readv from it; else memcpy */
+    pid_t child; /* > 0: copy from it by `method`; else memcpy */
+    enum method method;
+    int (*pipes)[2]; /* vmsplice: thread t reads pipes[t][0] */
+    int memfd;       /* pread: the child's source */
     char *src, *dst;
     size_t ring, block, piece;
     int threads;
@@ -74,10 +105,42 @@ static size_t block_offset(const struct plan *p, int t, uint64_t i) {
     return (size_t)((i * (uint64_t)p->threads + (uint64_t)t) % slots) * p->block;
 }
 
+/* Reads exactly `len` bytes from pipe `fd` into `dst`, or exits. */
+static void read_pipe(int fd, char *dst, size_t len) {
+    for (size_t got = 0; got < len;) {
+        ssize_t n = read(fd, dst + got, len - got);
+        if (n <= 0) {
+            fprintf(stderr, "cma_bench: read from the pipe: %s\n", n ? strerror(errno) : "the child closed it");
+            exit(1);
+        }
+        got += (size_t)n;
+    }
+}
+
+/* Reads exactly `len` bytes at `off` of file `fd` into `dst`, or exits. */
+static void pread_all(int fd, char *dst, size_t len, size_t off) {
+    for (size_t got = 0; got < len;) {
+        ssize_t n = pread(fd, dst + got, len - got, (off_t)(off + got));
+        if (n <= 0) {
+            fprintf(stderr, "cma_bench: pread: %s\n", n ? strerror(errno) : "short file");
+            exit(1);
+        }
+        got += (size_t)n;
+    }
+}
+
+/* Copies block `off` whole from the child by the plan's method (vmsplice:
+ * the child's thread has put that block into this thread's pipe). */
+static void copy_whole(const struct plan *p, int t, size_t off) {
+    if (p->method == VMSPLICE) read_pipe(p->pipes[t][0], p->dst + off, p->block);
+    else pread_all(p->memfd, p->dst + off, p->block, off);
+}
+
 /* Copies the thread's blocks (block_offset) for the plan's duration: with
  * process_vm_readv in calls of at most `piece` bytes (several blocks per
  * call when they fit, up to IOV_MAX, as the transport groups small
- * requests), else with memcpy of each block. */
+ * requests), with the other methods a block at a time, else with memcpy
+ * of each block. */
 static void *copy_blocks(void *arg) {
     enum { MAX_IOV = 1024 };
     struct worker *w = arg;
@@ -89,10 +152,12 @@ static void *copy_blocks(void *arg) {
     double t0 = now();
     do {
         for (int round = 0; round < 16; round++) {
-            if (p->child <= 0 || per_call == 1) {
+            if (p->child <= 0 || per_call == 1 || p->method != READV) {
                 size_t off = block_offset(p, w->index, i++);
                 if (p->child <= 0) {
                     memcpy(p->dst + off, p->src + off, p->block);
+                } else if (p->method != READV) {
+                    copy_whole(p, w->index, off);
                 } else {
                     for (size_t q = 0; q < p->block; q += p->piece) {
                         size_t n = p->block - q < p->piece ? p->block - q : p->piece;
@@ -145,8 +210,69 @@ static double run(const struct plan *p) {
 /* The usage line, on stderr; the exit code of a bad command line. */
 static int usage(void) {
     fprintf(stderr, "usage: cma_bench [--block BYTES] [--duration S] [--piece BYTES] [--threads N]"
-                    " [--layout interleaved|apart]\n");
+                    " [--layout interleaved|apart] [--method readv|vmsplice|pread]\n");
     return 2;
+}
+
+/* What a thread of the child does with --method vmsplice: puts its
+ * blocks, in the order the parent's thread of the same index takes them,
+ * into that thread's pipe, until the parent kills the child. */
+struct splicer {
+    const struct plan *plan;
+    int index;
+    pthread_t tid;
+};
+
+static void *splice_blocks(void *arg) {
+    const struct splicer *s = arg;
+    const struct plan *p = s->plan;
+    for (uint64_t i = 0;; i++) {
+        size_t off = block_offset(p, s->index, i);
+        for (size_t done = 0; done < p->block;) {
+            struct iovec v = {p->src + off + done, p->block - done};
+            ssize_t n = vmsplice(p->pipes[s->index][1], &v, 1, 0);
+            if (n <= 0) {
+                perror("cma_bench: vmsplice");
+                _exit(1);
+            }
+            done += (size_t)n;
+        }
+    }
+    return NULL;
+}
+
+/* The child: writes its own copy of the source (in the memfd with
+ * --method pread), says so on `ready`, and waits to be killed; with
+ * --method vmsplice its threads feed the pipes meanwhile. */
+static void child_main(const struct plan *p, int ready) {
+    char *src = p->src;
+    if (p->method == PREAD) {
+        src = mmap(NULL, p->ring, PROT_READ | PROT_WRITE, MAP_SHARED, p->memfd, 0);
+        if (src == MAP_FAILED) _exit(1);
+    }
+    fill(src, p->ring, 0);
+    if (write(ready, "", 1) != 1) _exit(1);
+    if (p->method == VMSPLICE) {
+        static struct splicer splicers[MAX_PIPE_THREADS];
+        for (int t = 0; t < p->threads; t++) {
+            splicers[t] = (struct splicer){.plan = p, .index = t};
+            if (pthread_create(&splicers[t].tid, NULL, splice_blocks, &splicers[t]) != 0) _exit(1);
+        }
+    }
+    for (;;) pause();
+}
+
+/* Whether every byte of the parent's buffer is either untouched (0) or
+ * the child's byte of the same offset, and at least a block's worth are
+ * the child's. */
+static int copies_check(const struct plan *p) {
+    size_t copied = 0;
+    for (size_t i = 0; i < p->ring; i++) {
+        unsigned char b = (unsigned char)p->dst[i];
+        if (b != 0 && b != child_byte(i)) return 0;
+        copied += b != 0;
+    }
+    return copied >= p->block / 2;
 }
 
 int main(int argc, char **argv) {
@@ -154,6 +280,7 @@ int main(int argc, char **argv) {
     double duration = 1;
     long threads = 1;
     int apart = 0;
+    enum method method = READV;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--block")) block = (size_t)atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--duration")) duration = atof(argv[i + 1]);
@@ -161,12 +288,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--threads")) threads = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--layout") && !strcmp(argv[i + 1], "interleaved")) apart = 0;
         else if (!strcmp(argv[i], "--layout") && !strcmp(argv[i + 1], "apart")) apart = 1;
+        else if (!strcmp(argv[i], "--method") && !strcmp(argv[i + 1], "readv")) method = READV;
+        else if (!strcmp(argv[i], "--method") && !strcmp(argv[i + 1], "vmsplice")) method = VMSPLICE;
+        else if (!strcmp(argv[i], "--method") && !strcmp(argv[i + 1], "pread")) method = PREAD;
         else return usage();
     }
     if (argc % 2 == 0) return usage();
-    if (block < 1 || block > (1ul << 30) || piece < 1 || duration <= 0 || threads < 1 ||
-        threads > MAX_THREADS) {
-        fprintf(stderr, "cma_bench: block 1..1 GiB, piece >= 1, duration > 0, threads 1..%d\n", MAX_THREADS);
+    long most = method == VMSPLICE ? MAX_PIPE_THREADS : MAX_THREADS;
+    if (block < 1 || block > (1ul << 30) || piece < 1 || duration <= 0 || threads < 1 || threads > most) {
+        fprintf(stderr, "cma_bench: block 1..1 GiB, piece >= 1, duration > 0, threads 1..%ld\n", most);
         return 2;
     }
     size_t ring = block * (size_t)threads > MIN_RING ? block * (size_t)threads : MIN_RING;
@@ -176,7 +306,28 @@ int main(int argc, char **argv) {
         perror("cma_bench: mmap");
         return 1;
     }
-    memset(src, 0x5a, ring);
+    fill(src, ring, 1);
+    struct plan p = {.method = method, .memfd = -1, .src = src, .dst = dst, .ring = ring, .block = block,
+                     .piece = piece, .threads = (int)threads, .apart = apart, .duration = duration};
+    if (method == VMSPLICE) {
+        p.pipes = calloc((size_t)threads, sizeof *p.pipes);
+        for (long t = 0; p.pipes && t < threads; t++) {
+            if (pipe(p.pipes[t]) != 0) {
+                perror("cma_bench: pipe");
+                return 1;
+            }
+            /* As large as an unprivileged process may (pipe-max-size). */
+            (void)fcntl(p.pipes[t][1], F_SETPIPE_SZ, 1 << 20);
+        }
+        if (!p.pipes) return 1;
+    }
+    if (method == PREAD) {
+        p.memfd = memfd_create("cma_bench", MFD_CLOEXEC);
+        if (p.memfd < 0 || ftruncate(p.memfd, (off_t)ring) != 0) {
+            perror("cma_bench: memfd");
+            return 1;
+        }
+    }
     int ready[2];
     if (pipe(ready) != 0) {
         perror("cma_bench: pipe");
@@ -187,12 +338,7 @@ int main(int argc, char **argv) {
         perror("cma_bench: fork");
         return 1;
     }
-    if (child == 0) {
-        /* Its own copy of the source, every page of it written. */
-        memset(src, 0xa5, ring);
-        if (write(ready[1], "", 1) != 1) _exit(1);
-        for (;;) pause();
-    }
+    if (child == 0) child_main(&p, ready[1]);
     char c;
     if (read(ready[0], &c, 1) != 1) {
         fprintf(stderr, "cma_bench: the child died\n");
@@ -201,15 +347,18 @@ int main(int argc, char **argv) {
     /* Written after the fork, so that no page of it is shared with the
      * child (copy on write) when the copies land in it. */
     memset(dst, 0, ring);
-    struct plan p = {.child = child, .src = src, .dst = dst, .ring = ring, .block = block, .piece = piece,
-                     .threads = (int)threads, .apart = apart, .duration = duration};
-    double cma = run(&p);
+    p.child = child;
+    double copied = run(&p);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    if (!copies_check(&p)) {
+        fprintf(stderr, "cma_bench: the copies by %s left bytes that are not the child's\n", method_call[method]);
+        return 1;
+    }
     /* memcpy copies each block whole, as local_bench's baseline does. */
     p.child = 0;
     double mem = run(&p);
-    kill(child, SIGKILL);
-    waitpid(child, NULL, 0);
-    printf("cma: block=%zu threads=%ld layout=%s process_vm_readv=%.2f GB/s memcpy=%.2f GB/s ratio=%.2f\n", block,
-           threads, apart ? "apart" : "interleaved", cma, mem, cma / mem);
+    printf("cma: block=%zu threads=%ld layout=%s %s=%.2f GB/s memcpy=%.2f GB/s ratio=%.2f\n", block, threads,
+           apart ? "apart" : "interleaved", method_call[method], copied, mem, copied / mem);
     return 0;
 }

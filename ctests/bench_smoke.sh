@@ -13,7 +13,7 @@
 # among the WRITE's) and print progress lines once a second. Last, both sides over shared memory with
 # --hugepages (their buffers in transparent huge pages where the kernel
 # allows, as its smaps shows): a READ and a WRITE, every byte of the
-# last batch checked. And cma_bench with two threads runs, and sock_bench
+# last batch checked. And cma_bench with two threads runs (each method), and sock_bench
 # with and without MSG_ZEROCOPY.
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: $0 BUILD_DIR" >&2; exit 2; }
@@ -98,19 +98,22 @@ net_stop huge 10
 [ "$NET_RC" -eq 0 ] || net_fail "huge-page target exited with $NET_RC after SIGTERM"
 
 # cma_bench, scripts/bench-shm.sh's anchor for caller memory: two threads
-# copy from its child (blocks interleaved, then apart) and print both
-# figures; a bad count or layout is refused.
+# copy from its child with process_vm_readv (blocks interleaved, then
+# apart), vmsplice and pread, check every byte they left and print both
+# figures; a bad count, layout or method is refused.
 cma=$build/cma_bench
-for layout in interleaved apart; do
-  out=$(timeout -k 5 60 "$cma" --threads 2 --duration 0.2 --layout $layout) ||
-    net_fail "cma_bench --threads 2 --layout $layout failed: $out"
+for run in "readv interleaved process_vm_readv" "readv apart process_vm_readv" \
+  "vmsplice interleaved vmsplice" "pread interleaved pread"; do
+  read -r method layout call <<<"$run"
+  out=$(timeout -k 5 60 "$cma" --threads 2 --duration 0.2 --layout "$layout" --method "$method") ||
+    net_fail "cma_bench --threads 2 --layout $layout --method $method failed: $out"
   echo "$out"
-  grep -Eq "^cma: block=1048576 threads=2 layout=$layout process_vm_readv=[0-9.]+ GB/s memcpy=[0-9.]+ GB/s ratio=[0-9.]+\$" <<<"$out" ||
-    net_fail "cma_bench --layout $layout: unexpected line"
+  grep -Eq "^cma: block=1048576 threads=2 layout=$layout $call=[0-9.]+ GB/s memcpy=[0-9.]+ GB/s ratio=[0-9.]+\$" <<<"$out" ||
+    net_fail "cma_bench --layout $layout --method $method: unexpected line"
 done
-for bad in "--threads 0" "--layout sideways"; do
+for bad in "--threads 0" "--layout sideways" "--method sideways" "--method vmsplice --threads 257"; do
   rc=0
-  # shellcheck disable=SC2086 # an option and its value, two words
+  # shellcheck disable=SC2086 # options and their values, several words
   "$cma" $bad >/dev/null 2>&1 || rc=$?
   [ "$rc" -eq 2 ] || net_fail "cma_bench $bad exited with $rc, want 2"
 done

@@ -17,12 +17,15 @@
 # it, else a virtualenv build/mooncake-venv made here with pip; Mooncake's
 # column is left out if none can be had). Then, for each run, interleaved:
 # memcpy of the same block sizes by the same number of threads
-# (local_bench's baseline), and WRITE and READ of 1 MiB blocks (batch 16)
-# and 4 KiB blocks (batch 64) through each of them. The table shows
-# medians, for the three kinds of buffers: GB/s, requests/s, and the ratios of
-# shm to memcpy, to our TCP and to Mooncake's TCP. GB = 1e9 bytes.
+# (local_bench's baseline), the kernel's ways to copy another process's
+# memory in 4 KiB pages by themselves (cma_bench: process_vm_readv, which
+# the transport uses for caller memory, vmsplice into a pipe, and pread of
+# a memfd), and WRITE and READ of 1 MiB blocks (batch 16) and 4 KiB blocks
+# (batch 64) through each target. The table shows medians, for the three
+# kinds of buffers: GB/s, requests/s, and the ratios of shm to memcpy, to
+# our TCP and to Mooncake's TCP. GB = 1e9 bytes.
 #
-# Defaults: 3 runs of 3 s, 2 threads (about 4 minutes). --quick: 3 runs of
+# Defaults: 3 runs of 3 s, 2 threads (about 5 minutes). --quick: 3 runs of
 # 1 s. A benchmark, not a test: its verdict is the table, not the exit code
 # (non-zero only when something failed to run).
 #
@@ -51,7 +54,7 @@ while [ $# -gt 0 ]; do
     --duration=*) duration=${1#*=}; shift ;;
     --threads) threads=$2; shift 2 ;;
     --threads=*) threads=${1#*=}; shift ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) echo "bench-shm.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -170,10 +173,11 @@ print("%.4f %.0f" % (r, n * int(sys.argv[2]) / d))
 EOF
 }
 
-# cma BLOCK -> GB/s of cma_bench's $threads threads reading another process.
+# cma BLOCK [METHOD] -> GB/s of cma_bench's $threads threads reading another
+# process (process_vm_readv, or METHOD: vmsplice, pread).
 cma() {
-  "$build/cma_bench" --block "$1" --duration "$duration" --threads "$threads" 2>"$tmp/cma.err" |
-    python3 -c 'import re,sys; print(re.search(r"process_vm_readv=([0-9.]+) GB/s", sys.stdin.read()).group(1))'
+  "$build/cma_bench" --block "$1" --duration "$duration" --threads "$threads" --method "${2:-readv}" \
+    2>"$tmp/cma.err" | python3 -c 'import re,sys; print(re.search(r"=([0-9.]+) GB/s memcpy", sys.stdin.read()).group(1))'
 }
 
 if [ "$sweep" = 1 ]; then
@@ -238,9 +242,11 @@ for r in $(seq "$runs"); do
     echo "$r memcpy $kib $v 0" >>"$results"
     echo "run $r: memcpy ${kib} KiB x $threads threads: $v GB/s"
   done
-  v=$(cma 1048576)
-  echo "$r cma 1024 $v 0" >>"$results"
-  echo "run $r: process_vm_readv alone, 1 MiB x $threads threads: $v GB/s"
+  for method in readv vmsplice pread; do
+    v=$(cma 1048576 "$method")
+    echo "$r cma-$method 1024 $v 0" >>"$results"
+    echo "run $r: $method alone, 1 MiB x $threads threads: $v GB/s"
+  done
   for c in "${cases[@]}"; do
     read -r op block batch label <<<"$c"
     for who in "${whos[@]}"; do
@@ -279,8 +285,12 @@ print("both sides (transparent huge pages: %s); engine: from te_allocate_buffer 
 print("medians of %d runs (runs: the worst and best run's ratio to memcpy in that run), %s threads;" %
       (len(rows[("memcpy", "1024")]), sys.argv[2]))
 print("memcpy: the same block sizes copied by local_bench's baseline")
-c, m = med(("cma", "1024"), 0), med(("memcpy", "1024"), 0)
+c, m = med(("cma-readv", "1024"), 0), med(("memcpy", "1024"), 0)
 print("process_vm_readv alone (cma_bench, as many threads of one process reading another's memory in")
 print("4 KiB pages, 1 MiB blocks): %.2f GB/s, %.2fx memcpy; mmap 1 MiB reaches WRITE %.2fx, READ %.2fx of it" %
       (c, c / m, med(("shm", "WRITE-1MiB"), 0) / c, med(("shm", "READ-1MiB"), 0) / c))
+v, p = med(("cma-vmsplice", "1024"), 0), med(("cma-pread", "1024"), 0)
+print("the kernel's other ways to copy another process's 4 KiB pages, alone, the same way: vmsplice into")
+print("a pipe and read %.2f GB/s (%.2fx memcpy), pread of a memfd it wrote %.2f GB/s (%.2fx memcpy)" %
+      (v, v / m, p, p / m))
 EOF
