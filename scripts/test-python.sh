@@ -36,7 +36,7 @@ numpy_req="numpy==2.4.6"
 mooncake_req="mooncake-transfer-engine-non-cuda==0.3.13.post1"
 
 export RUST_BACKTRACE=1
-echo "== python: binding crate checks"
+echo "== python: binding crate checks (at ${SECONDS} s)"
 # The binding crate's builds share the main crate's target directory (and
 # with it the dependencies the other suites built) instead of its own.
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
@@ -44,16 +44,20 @@ cargo fmt --check --manifest-path python/Cargo.toml
 # --locked: python/Cargo.lock must follow the main crate (regenerate it with
 # `cargo update --manifest-path python/Cargo.toml -p transfer-engine`).
 cargo clippy --locked --manifest-path python/Cargo.toml --all-targets -- -D warnings
-# The HTTP metadata server the tests start: the release build, which the
-# C build (scripts/suites/ctest.sh) has made already in a full run.
-cargo build --release --locked --bin transfer-engine-metadata-server
-export TE_METADATA_SERVER_BIN=$root/target/release/transfer-engine-metadata-server
+# Release builds with the host's compiler go to the C build's target
+# directory (CMake's TE_CARGO_TARGET_DIR), where scripts/suites/ctest.sh
+# has built the crate and its dependencies already in a full run. The
+# wheel is built with zig, whose compiler settings would rebuild them.
+release_target=$(realpath -m "${BUILD_DIR:-build}")/cargo
+# The HTTP metadata server the tests start.
+CARGO_TARGET_DIR=$release_target cargo build --release --locked --bin transfer-engine-metadata-server
+export TE_METADATA_SERVER_BIN=$release_target/release/transfer-engine-metadata-server
 
-echo "== python: the manylinux wheel (scripts/build-wheel.sh)"
+echo "== python: the manylinux wheel (scripts/build-wheel.sh) (at ${SECONDS} s)"
 wheels=$root/build/wheels
 rm -rf "$wheels"
 PYTHON=$python scripts/build-wheel.sh "$wheels"
-echo "== python: the alias wheel (./python/mooncake-alias)"
+echo "== python: the alias wheel (./python/mooncake-alias) (at ${SECONDS} s)"
 "$python" -m pip wheel --quiet --no-deps --wheel-dir "$wheels" ./python/mooncake-alias
 # Installed as a user without Rust would: no cargo or rustc on PATH.
 no_rust_path=$(tr ':' '\n' <<<"$PATH" | grep -v -e '/\.cargo/bin' -e '/\.rustup' | paste -sd:)
@@ -61,7 +65,7 @@ if PATH=$no_rust_path command -v cargo >/dev/null || PATH=$no_rust_path command 
   echo "test-python.sh: a Rust toolchain is still on PATH without ~/.cargo/bin" >&2
   exit 1
 fi
-echo "== python: clean virtualenv $venv ($("$python" --version)), wheels installed without Rust"
+echo "== python: clean virtualenv $venv ($("$python" --version)), wheels installed without Rust (at ${SECONDS} s)"
 rm -rf "$venv"
 "$python" -m venv "$venv"
 PATH=$no_rust_path "$venv/bin/python" -m pip install --only-binary :all: "$wheels"/*.whl
@@ -83,7 +87,7 @@ if ! "$venv/bin/python" -m pip install --quiet "$mooncake_req"; then
 fi
 (cd /tmp && "$venv/bin/python" -c "from transfer_engine import TransferEngine; print('import ok:', TransferEngine)")
 
-echo "== python: pytest"
+echo "== python: pytest (at ${SECONDS} s)"
 junit=$results/python-junit.xml
 set +e
 "$venv/bin/pytest" python/tests -ra --junitxml="$junit" "$@"
@@ -103,7 +107,7 @@ with open(sys.argv[2], "w") as f:
 EOF
 echo "python: $(cat "$counts") (passed failed skipped)"
 # The repository root installs the same package (pyproject.toml there).
-echo "== python: pip install . (repository root)"
-"$venv/bin/python" -m pip install --quiet --no-deps --force-reinstall .
+echo "== python: pip install . (repository root) (at ${SECONDS} s)"
+CARGO_TARGET_DIR=$release_target "$venv/bin/python" -m pip install --quiet --no-deps --force-reinstall .
 (cd /tmp && "$venv/bin/python" -c "from transfer_engine import TransferEngine; print('import ok:', TransferEngine)")
 exit "$status"
