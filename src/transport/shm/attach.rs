@@ -23,8 +23,8 @@
 use super::maps::PeerMaps;
 use super::ring::Ring;
 use super::serve::{self, Initiator, RingParts, Served};
-use super::table::TableReader;
-use super::{Shared, VERSION, sys};
+use super::table::{Scan, TableReader};
+use super::{Shared, ShmOptions, VERSION, sys};
 use serde_json::{Value, json};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -134,14 +134,11 @@ fn try_serve(shared: &Shared, req: &Value, source: SocketAddr) -> Result<Value, 
 }
 
 /// The initiator's side: takes the target's descriptors named in `reply`
-/// and checks them. `pid` is the target's pid from its descriptor; at most
-/// `max_mappings` of its buffers will be mapped.
-pub(crate) fn connect(
-    reply: &Value,
-    pid: i32,
-    max_mappings: usize,
-    verify_within: Duration,
-) -> Result<Link, String> {
+/// and checks them. `pid` is the target's pid from its descriptor; `opts`
+/// bound its table (`peer_table_slots`) and our mappings of its buffers
+/// (`max_mappings`), and how long it may take to verify us (`timeout`).
+pub(crate) fn connect(reply: &Value, pid: i32, opts: &ShmOptions) -> Result<Link, String> {
+    let verify_within = opts.timeout;
     if let Some(e) = reply.get("error") {
         return Err(format!("it refused: {e}"));
     }
@@ -159,8 +156,13 @@ pub(crate) fn connect(
     };
     let ring = Ring::open(&take("ring_fd")?, number(reply, "nonce")?)
         .map_err(|e| format!("{e} (another pid namespace?)"))?;
-    let table = TableReader::open(&take("table_fd")?, number(reply, "table_nonce")?)
-        .map_err(|e| format!("{e} (another pid namespace?)"))?;
+    let table = TableReader::open(
+        &take("table_fd")?,
+        number(reply, "table_nonce")?,
+        pid,
+        opts.peer_table_slots,
+    )
+    .map_err(|e| format!("{e} (another pid namespace?)"))?;
     let to_target = take("to_target_fd")?;
     let to_initiator = take("to_initiator_fd")?;
     if sys::exited(&pidfd) {
@@ -199,7 +201,7 @@ pub(crate) fn connect(
     Ok(Link {
         ring,
         table,
-        maps: PeerMaps::new(max_mappings),
+        maps: PeerMaps::new(opts.max_mappings),
         pid,
         pidfd,
         to_target,
@@ -227,6 +229,15 @@ pub(crate) struct Link {
 }
 
 impl Link {
+    /// Brings our index of the target's table up to date if it changed
+    /// (as `scan` allows), and drops our mappings of the buffers it no
+    /// longer names.
+    pub fn refresh(&self, scan: Scan<'_>) {
+        if self.table.epoch() != self.maps.pruned() {
+            self.maps.prune(&self.table.index(scan));
+        }
+    }
+
     /// Tells the target we post no more, so that it drops the ring.
     pub fn give_up(&self) {
         self.ring.detach();

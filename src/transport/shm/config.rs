@@ -33,6 +33,12 @@ crate::settings::settings! {
         /// over another transport.
         table_slots: usize = 1 << 16, ["MC_SHM_TABLE_SLOTS"], Range(1usize, 1 << 24),
             "buffers published to peers (READs of others go over the network)";
+        /// `MC_SHM_PEER_TABLE_SLOTS`: the largest registration table a peer
+        /// may publish (at least `MC_SHM_TABLE_SLOTS`): a peer whose table is
+        /// larger is refused at attach and reached over the network, so no
+        /// peer makes us read or hold more than 64 bytes times this.
+        peer_table_slots: usize = 1 << 16, ["MC_SHM_PEER_TABLE_SLOTS"], Range(1usize, 1 << 24),
+            "slots of the largest table a peer may publish (at least MC_SHM_TABLE_SLOTS)";
         /// `MC_SHM_TIMEOUT_SEC`: a target that completes none of our WRITEs for
         /// this long fails them, and a ring its initiator does not activate
         /// this long is dropped.

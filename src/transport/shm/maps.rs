@@ -6,7 +6,7 @@
 
 use super::alloc::name_of;
 use super::sys::{self, Mapping};
-use super::table::{Backing, TableReader};
+use super::table::{Backing, PeerIndex};
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,17 +76,26 @@ impl PeerMaps {
     }
 
     /// Drops the mappings of memfds the peer's table no longer names (its
-    /// buffers were unregistered, maybe freed), once per change of it.
-    pub fn prune(&self, table: &TableReader) {
-        let epoch = table.epoch();
-        if self.pruned.swap(epoch, Ordering::AcqRel) == epoch {
+    /// buffers were unregistered, maybe freed), once per change of it; an
+    /// index not up to date (or not whole) prunes nothing.
+    pub fn prune(&self, index: &PeerIndex<'_>) {
+        let epoch = index.epoch();
+        if self.pruned.load(Ordering::Acquire) == epoch {
             return;
         }
-        let live = table.memfd_ids();
+        let Some(live) = index.memfd_ids() else {
+            return;
+        };
+        self.pruned.store(epoch, Ordering::Release);
         self.entries
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|id, _| live.contains(id));
+    }
+
+    /// The table epoch of the last prune.
+    pub fn pruned(&self) -> u64 {
+        self.pruned.load(Ordering::Acquire)
     }
 
     /// Mappings held.

@@ -99,6 +99,9 @@ pub struct ShmOptions {
     pub ring_entries: usize,
     /// `MC_SHM_TABLE_SLOTS`: buffers published to peers.
     pub table_slots: usize,
+    /// The most slots a peer's table may have: `MC_SHM_PEER_TABLE_SLOTS`,
+    /// and at least `table_slots`.
+    pub peer_table_slots: usize,
     /// `MC_SHM_TIMEOUT_SEC`: a target that completes nothing this long
     /// fails the WRITEs in flight to it.
     pub timeout: Duration,
@@ -117,6 +120,7 @@ impl ShmOptions {
             max_peers: c.max_peers,
             ring_entries: c.ring_entries,
             table_slots: c.table_slots,
+            peer_table_slots: c.peer_table_slots.max(c.table_slots),
             timeout: Duration::from_secs(c.timeout_secs),
             spin: Duration::from_micros(c.spin_us),
             max_mappings: c.max_mappings,
@@ -586,7 +590,7 @@ impl ShmTransport {
         if now.saturating_sub(s.helped_at_us.load(Ordering::Relaxed)) >= 100 {
             s.helped_at_us.store(now.max(1), Ordering::Relaxed);
         }
-        !s.closing() && worker::pass(s, true)
+        !s.closing() && worker::pass(s, true, table::Scan::Never)
     }
 
     /// The calling thread stops lending a hand (it is about to park until

@@ -8,7 +8,7 @@ use super::cma::{self, Piece};
 use super::poll::Token;
 use super::reads::{self, ReadJob};
 use super::ring::{Ring, Side, Status, Withdrawal};
-use super::table::{Backing, Lookup, SlotView};
+use super::table::{Backing, Lookup, Scan, SlotView};
 use super::{AttachFn, Shared, outcome_of, sys};
 use crate::transport::{Outcome, Slice};
 use std::collections::VecDeque;
@@ -340,11 +340,11 @@ impl PeerCore {
             Phase::Attached(link) if !write => {
                 let link = link.clone();
                 drop(st);
-                shared.reads.push(ReadJob {
-                    core: self.clone(),
+                shared.reads.push(ReadJob::new(
+                    self.clone(),
                     link,
-                    slices: slices.into_iter().collect(),
-                });
+                    slices.into_iter().collect(),
+                ));
                 return true;
             }
             Phase::Attached(link) => {
@@ -390,14 +390,7 @@ impl PeerCore {
         let request = attach::request(shared);
         let linked = (self.attach)(&request)
             .map_err(|e| e.to_string())
-            .and_then(|reply| {
-                attach::connect(
-                    &reply,
-                    self.target_pid,
-                    shared.opts.max_mappings,
-                    shared.opts.timeout,
-                )
-            });
+            .and_then(|reply| attach::connect(&reply, self.target_pid, &shared.opts));
         let link = match linked {
             Ok(l) => Arc::new(l),
             Err(e) => return self.unreachable(shared, &e),
@@ -460,11 +453,9 @@ impl PeerCore {
             sys::signal(&link.to_target);
         }
         if !reads.is_empty() {
-            shared.reads.push(ReadJob {
-                core: self.clone(),
-                link: link.clone(),
-                slices: reads,
-            });
+            shared
+                .reads
+                .push(ReadJob::new(self.clone(), link.clone(), reads));
         }
         sys::signal(&shared.kick);
     }
@@ -733,24 +724,38 @@ pub(crate) fn drain(shared: &Shared, wait: Option<Duration>) {
 
 /// Executes READs, batching those to the same target into one copy: each
 /// range is checked in the target's table before the copy and again
-/// after.
-pub(crate) fn run_reads(shared: &Shared, jobs: Vec<ReadJob>) {
+/// after. `scan`: whether this thread may bring our index of a target's
+/// table up to date; READs that an older index cannot answer go back to
+/// the queue for a thread that can (returns whether any did).
+pub(crate) fn run_reads(shared: &Shared, jobs: Vec<ReadJob>, scan: Scan<'_>) -> bool {
     let mut jobs = jobs.into_iter().peekable();
+    let mut requeued = false;
     while let Some(mut first) = jobs.next() {
         while let Some(j) = jobs.next_if(|j| Arc::ptr_eq(&j.link, &first.link)) {
             first.slices.extend(j.slices);
+            first.asked = first.asked.max(j.asked);
         }
-        read_group(shared, &first.core, &first.link, first.slices);
+        if let Some(later) = read_group(shared, first, scan) {
+            requeued = true;
+            shared.reads.push(later);
+        }
     }
+    requeued
 }
 
-fn read_group(shared: &Shared, core: &Arc<PeerCore>, link: &Link, slices: Vec<Slice>) {
-    link.maps.prune(&link.table);
+/// Executes one target's READs; returns those the index could not answer
+/// yet ([`Lookup::Stale`]).
+fn read_group(shared: &Shared, mut job: ReadJob, scan: Scan<'_>) -> Option<ReadJob> {
+    let slices = std::mem::take(&mut job.slices);
+    let (core, link) = (job.core.clone(), job.link.clone());
+    let index = link.table.index(scan);
+    link.maps.prune(&index);
     let mut pieces = Vec::with_capacity(slices.len());
     let mut checked = Vec::with_capacity(slices.len());
+    let mut later = Vec::new();
     let mut unknown = false;
     for slice in slices {
-        let view = match link.table.lookup(slice.remote, slice.len) {
+        let view = match index.lookup(slice.remote, slice.len, job.asked) {
             Lookup::Found(v) if v.accessible() => v,
             Lookup::Found(_) | Lookup::Missing => {
                 finish(shared, slice, Outcome::Rejected);
@@ -761,8 +766,12 @@ fn read_group(shared: &Shared, core: &Arc<PeerCore>, link: &Link, slices: Vec<Sl
                 finish(shared, slice, Outcome::Unreachable);
                 continue;
             }
+            Lookup::Stale => {
+                later.push(slice);
+                continue;
+            }
         };
-        if let Some(outcome) = read_mapped(shared, link, &view, &slice) {
+        if let Some(outcome) = read_mapped(shared, &link, &view, &slice) {
             finish(shared, slice, outcome);
             continue;
         }
@@ -776,12 +785,21 @@ fn read_group(shared: &Shared, core: &Arc<PeerCore>, link: &Link, slices: Vec<Sl
     if unknown {
         crate::log_limit::warn_limited!(
             "shm: a READ from process {} is outside the buffers its table shows \
-             (the table is full, MC_SHM_TABLE_SLOTS); using another transport",
+             (the table is full, MC_SHM_TABLE_SLOTS, or could not be read whole); \
+             using another transport",
             core.target_pid
         );
     }
+    if !later.is_empty() && !index.fresh() {
+        // Not up to date, and this thread may not scan: wake one that may.
+        shared.kick_now();
+    }
+    let later = (!later.is_empty()).then(|| ReadJob {
+        slices: later,
+        ..job
+    });
     if pieces.is_empty() {
-        return;
+        return later;
     }
     // SAFETY: each local range is the destination of a READ slice: memory
     // the engine checked (or the caller vouched for) and that nobody else
@@ -818,6 +836,7 @@ fn read_group(shared: &Shared, core: &Arc<PeerCore>, link: &Link, slices: Vec<Sl
         Some(cma::CopyError::Gone) => core.target_died(shared),
         _ => {}
     }
+    later
 }
 
 /// A READ from a memfd-backed buffer of the target, by memcpy from our

@@ -20,6 +20,23 @@ pub(crate) struct ReadJob {
     pub core: Arc<PeerCore>,
     pub link: Arc<Link>,
     pub slices: Vec<Slice>,
+    /// The scans of the target's table begun when they were posted
+    /// ([`TableReader::scans`](super::table::TableReader::scans)): an
+    /// index built by a later one answers their lookups.
+    pub asked: u64,
+}
+
+impl ReadJob {
+    /// READs to the target of `link`, posted now.
+    pub fn new(core: Arc<PeerCore>, link: Arc<Link>, slices: Vec<Slice>) -> ReadJob {
+        let asked = link.table.scans();
+        ReadJob {
+            core,
+            link,
+            slices,
+            asked,
+        }
+    }
 }
 
 /// The transport's queue of READs.
@@ -67,6 +84,7 @@ impl ReadQueue {
                     core: job.core.clone(),
                     link: job.link.clone(),
                     slices: job.slices.split_off(k),
+                    asked: job.asked,
                 };
                 jobs.push_front(rest);
             }

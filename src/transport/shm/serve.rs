@@ -9,7 +9,7 @@ use super::cma::{self, CopyError, MAX_IOV, Piece};
 use super::maps::PeerMaps;
 use super::ring::{Next, Request, Ring, Side, Status};
 use super::sys::Mapping;
-use super::table::TableReader;
+use super::table::{Scan, TableReader};
 use super::{BATCH, BATCH_BYTES, Shared, sys};
 use crate::memory::fence::{Fence, Inside};
 use once_cell::sync::OnceCell;
@@ -164,11 +164,14 @@ impl Served {
         self.table.get().is_some()
     }
 
-    /// Drops our mappings of the initiator's buffers its table no longer
-    /// names.
-    pub fn prune(&self) {
-        if let Some(t) = self.table.get() {
-            self.maps.prune(t);
+    /// Brings our index of the initiator's table up to date if it changed
+    /// (as `scan` allows), and drops our mappings of the buffers it no
+    /// longer names.
+    pub fn refresh(&self, scan: Scan<'_>) {
+        if let Some(t) = self.table.get()
+            && t.epoch() != self.maps.pruned()
+        {
+            self.maps.prune(&t.index(scan));
         }
     }
 }
@@ -253,7 +256,7 @@ pub(crate) fn drop_ring(shared: &Shared, s: &Arc<Served>) {
 /// Before the cursor had this mark, B returned as if the ring were idle
 /// and A finished its scan without the new request: both slept, and the
 /// request waited for the initiator's stall timeout.
-pub(crate) fn serve_one(shared: &Shared, s: &Arc<Served>) -> bool {
+pub(crate) fn serve_one(shared: &Shared, s: &Arc<Served>, scan: Scan<'_>) -> bool {
     if s.gone.load(Ordering::Acquire) {
         return false;
     }
@@ -289,7 +292,7 @@ pub(crate) fn serve_one(shared: &Shared, s: &Arc<Served>) -> bool {
                     shared.kick();
                 }
                 s.last_active.store(shared.now_ms(), Ordering::Relaxed);
-                let gone = execute(shared, s, &batch);
+                let gone = execute(shared, s, &batch, scan);
                 if s.ring.wake(Side::Initiator) {
                     sys::signal(&s.to_initiator);
                 }
@@ -367,7 +370,8 @@ fn verify(shared: &Shared, s: &Arc<Served>) -> bool {
         }
         return false;
     };
-    match check_proof(s.initiator, &s.pidfd, addr, s.proof, s.table_at) {
+    let most = shared.opts.peer_table_slots;
+    match check_proof(s.initiator, &s.pidfd, addr, s.proof, s.table_at, most) {
         Ok(table) => {
             let _ = s.table.set(table);
             s.ring.accept();
@@ -424,11 +428,21 @@ impl Job {
 /// cross-memory attach. Each piece is copied inside the destination's
 /// fence and while the ring entry says COPYING ([`Ring::begin_copy`]), so
 /// a request the initiator withdrew is not copied any further. A request
-/// is completed as soon as its last piece is copied. Returns whether the
-/// initiator is gone.
-fn execute(shared: &Shared, s: &Served, batch: &[Request]) -> bool {
-    let table = s.table.get().expect("requests are executed once verified");
-    s.maps.prune(table);
+/// is completed as soon as its last piece is copied. `scan`: whether this
+/// thread may bring our index of the initiator's table up to date (a
+/// caller's thread does not: with an index older than the table, a source
+/// it does not show is copied with cross-memory attach, and a thread is
+/// woken to scan). Returns whether the initiator is gone.
+fn execute(shared: &Shared, s: &Served, batch: &[Request], scan: Scan<'_>) -> bool {
+    let table = s
+        .table
+        .get()
+        .expect("requests are executed once verified")
+        .index(scan);
+    if !table.fresh() {
+        shared.kick();
+    }
+    s.maps.prune(&table);
     // The destinations' fences, where they are ours to write.
     let fences: Vec<Option<Arc<Fence>>> = batch
         .iter()
@@ -614,13 +628,15 @@ fn copy_mapped(ring: &Ring, job: &mut Job, fence: &Fence, map: &Mapping, offset:
 }
 
 /// The target's check of an initiator that activated its ring: the two
-/// words at `addr` in process `pid` are `proof`. Then its table.
+/// words at `addr` in process `pid` are `proof`. Then its table, of at
+/// most `max_slots` slots.
 fn check_proof(
     pid: i32,
     pidfd: &OwnedFd,
     addr: u64,
     proof: [u64; 2],
     table: (i32, u64),
+    max_slots: usize,
 ) -> Result<TableReader, String> {
     let mut seen = [0u64; 2];
     let piece = Piece {
@@ -641,5 +657,6 @@ fn check_proof(
     }
     let fd =
         sys::pidfd_getfd(pidfd, table.0).map_err(|e| format!("the table of process {pid}: {e}"))?;
-    TableReader::open(&fd, table.1).map_err(|e| format!("the table of process {pid}: {e}"))
+    TableReader::open(&fd, table.1, pid, max_slots)
+        .map_err(|e| format!("the table of process {pid}: {e}"))
 }

@@ -9,6 +9,11 @@
 //! between, the generation differs and the READ fails. Unregistering only
 //! bumps the generation, so it never waits for a peer.
 //!
+//! A peer's table is a file the peer made: it may be torn, churning or
+//! huge. A reader refuses one above a bound, and only the transport's
+//! threads scan one ([`Scan`]), one at a time, within a budget; whatever a
+//! scan cannot vouch for is [`Lookup::Unknown`] (another transport).
+//!
 //! A buffer the engine allocated in a memfd ([`super::alloc`]) names it in
 //! its slot (the memfd's id and descriptor number, and the buffer's offset
 //! in it): peers map the memfd and copy with memcpy instead of
@@ -25,8 +30,9 @@ use super::sys::{self, Mapping};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"TEshmTB1");
 const HEADER: usize = 64;
@@ -39,9 +45,19 @@ const H_EPOCH: usize = 32;
 const H_INCOMPLETE: usize = 40;
 const LIVE: u64 = 1;
 const ACCESSIBLE: u64 = 2;
-/// Reads of a slot a writer holds before giving up (a writer is never
-/// inside for long unless its process was stopped or died there).
-const READ_TRIES: u32 = 10_000;
+
+/// Reads of a slot a writer holds before the slot counts as unreadable
+/// (a writer is inside for nanoseconds unless its process was stopped or
+/// died there, or is hostile).
+const SLOT_TRIES: u32 = 64;
+/// Re-reads of held slots in one scan, all slots together: past it, each
+/// slot gets one read.
+const SCAN_RETRIES: u32 = 4096;
+/// Longest one scan of a table may run (65,536 slots take about a
+/// millisecond); what it did not reach counts as unreadable.
+const SCAN_TIME: Duration = Duration::from_millis(20);
+/// Slots between two looks at the clock and the stop flag in a scan.
+const SCAN_CHUNK: usize = 1024;
 
 /// Bytes of a table with `slots` slots.
 pub fn table_bytes(slots: usize) -> usize {
@@ -90,11 +106,13 @@ impl SlotView {
     }
 }
 
-/// Reads slot `i` under its seqlock; `None` if a writer held it for every
-/// try.
-fn read_slot(map: &Mapping, i: usize) -> Option<SlotView> {
+/// Reads slot `i` under its seqlock: once, and again while a writer holds
+/// it, up to [`SLOT_TRIES`] reads in all, each read after the first taken
+/// from `retries` (a scan's budget, shared by its slots). `None` if the
+/// writer held it throughout.
+fn read_slot(map: &Mapping, i: usize, retries: &mut u32) -> Option<SlotView> {
     let base = HEADER + i * SLOT;
-    for _ in 0..READ_TRIES {
+    for _ in 0..SLOT_TRIES {
         let s1 = map.word(base).load(Ordering::Acquire);
         if s1 & 1 == 0 {
             let addr = map.word(base + 8).load(Ordering::Relaxed);
@@ -118,9 +136,19 @@ fn read_slot(map: &Mapping, i: usize) -> Option<SlotView> {
                 });
             }
         }
+        if *retries == 0 {
+            return None;
+        }
+        *retries -= 1;
         std::hint::spin_loop();
     }
     None
+}
+
+/// [`read_slot`] of one slot on its own, with all of its tries.
+fn read_one(map: &Mapping, i: usize) -> Option<SlotView> {
+    let mut tries = SLOT_TRIES;
+    read_slot(map, i, &mut tries)
 }
 
 /// The target's side: owns the memfd and writes the slots.
@@ -270,6 +298,31 @@ impl TableWriter {
     }
 }
 
+/// What a hostile process of the same user can do to its own table, for
+/// the tests of the peers that read it.
+#[cfg(test)]
+impl TableWriter {
+    /// Leaves slots `range` as if a writer were inside each forever.
+    pub fn tear(&self, range: std::ops::Range<usize>) {
+        for i in range {
+            let seq = self.map.word(HEADER + i * SLOT);
+            seq.store(seq.load(Ordering::Relaxed) | 1, Ordering::Release);
+        }
+        self.bump_epoch();
+    }
+
+    /// Claims that slots up to `hwm` were used (writes nothing there).
+    pub fn claim_high_water_mark(&self, hwm: usize) {
+        self.map.word(H_HWM).store(hwm as u64, Ordering::Release);
+        self.bump_epoch();
+    }
+
+    /// Says the table changed, without changing it.
+    pub fn touch(&self) {
+        self.bump_epoch();
+    }
+}
+
 /// What a peer found for a range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lookup {
@@ -278,34 +331,78 @@ pub enum Lookup {
     Found(SlotView),
     /// No registered buffer holds the range.
     Missing,
-    /// Not found, but the table is incomplete (it was full), or a slot
-    /// could not be read consistently: ask another transport.
+    /// Not found, but the table is incomplete (it was full), or it could
+    /// not be read whole within its budget: ask another transport.
     Unknown,
+    /// Not found in an index older than the question, which the asking
+    /// thread may not rebuild (a caller's thread never scans): ask again
+    /// once a thread of the transport has scanned the table.
+    Stale,
+}
+
+/// How a thread may bring a peer's index up to date.
+#[derive(Clone, Copy)]
+pub enum Scan<'a> {
+    /// Never: a caller's thread (`getTransferStatus`, `submitTransfer`)
+    /// only uses the index as it is.
+    Never,
+    /// A thread of the transport: scans the table if it changed and no
+    /// other thread is scanning it now, and stops early once `stop` is set
+    /// (shutdown).
+    Try(&'a AtomicBool),
 }
 
 /// The peer's side: a read-only mapping and a sorted index of it, rebuilt
-/// when the table's epoch changes.
+/// by the transport's threads when the table's epoch changes, one scan at
+/// a time, within a budget.
 pub struct TableReader {
     map: Mapping,
     slots: usize,
+    /// The process that publishes it (for log lines).
+    owner: i32,
+    /// The latest index; held only to swap or clone it.
     cache: Mutex<Arc<Sorted>>,
+    /// Held by the thread scanning the table (others never wait for it).
+    scanning: Mutex<()>,
+    /// Scans begun so far (see [`TableReader::scans`]).
+    scans: AtomicU64,
 }
 
 /// Live slots sorted by address, as of `epoch`.
 #[derive(Default)]
 struct Sorted {
     epoch: u64,
+    /// Which scan built it (0: none yet).
+    scan: u64,
     incomplete: bool,
-    torn: bool,
+    /// Some slot could not be read, or the scan ran out of its budget.
+    partial: bool,
     live: Vec<SlotView>,
 }
 
+/// An index of a peer's table, as [`TableReader::index`] gave it.
+pub struct PeerIndex<'a> {
+    reader: &'a TableReader,
+    sorted: Arc<Sorted>,
+    /// The table's epoch is still the index's.
+    fresh: bool,
+}
+
 impl TableReader {
-    /// Maps a peer's table and checks its header against `nonce` and the
-    /// size of the file.
-    pub fn open(fd: &OwnedFd, nonce: u64) -> io::Result<TableReader> {
+    /// Maps the table of process `owner` and checks its header against
+    /// `nonce` and the size of the file; refuses a table of more than
+    /// `max_slots` slots (what a peer could make us read and hold).
+    pub fn open(fd: &OwnedFd, nonce: u64, owner: i32, max_slots: usize) -> io::Result<TableReader> {
         sys::check_size_sealed(fd)?;
-        let size = sys::file_size(fd)? as usize;
+        let size = sys::file_size(fd)?;
+        let most = table_bytes(max_slots) as u64;
+        if size > most {
+            return Err(io::Error::other(format!(
+                "the registration table is {size} bytes, more than the \
+                 {max_slots} slots (MC_SHM_PEER_TABLE_SLOTS) of {most} bytes a peer may publish"
+            )));
+        }
+        let size = size as usize;
         if size < HEADER {
             return Err(io::Error::other("the registration table is too small"));
         }
@@ -325,71 +422,83 @@ impl TableReader {
         Ok(TableReader {
             map,
             slots,
+            owner,
             cache: Mutex::new(Arc::new(Sorted {
                 epoch: u64::MAX,
+                partial: true,
                 ..Sorted::default()
             })),
+            scanning: Mutex::new(()),
+            scans: AtomicU64::new(0),
         })
     }
 
-    fn sorted(&self) -> Arc<Sorted> {
-        let epoch = self.map.word(H_EPOCH).load(Ordering::SeqCst);
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.epoch != epoch {
-            let hwm = (self.map.word(H_HWM).load(Ordering::Acquire) as usize).min(self.slots);
-            let mut live = Vec::new();
-            let mut torn = false;
-            for i in 0..hwm {
-                match read_slot(&self.map, i) {
-                    Some(v) if v.state & LIVE != 0 => live.push(v),
-                    Some(_) => {}
-                    None => torn = true,
-                }
+    /// Scans begun so far: an index built by a later scan than the value
+    /// read before a question was asked answers it, whatever the epoch
+    /// says since (the peer registers a buffer before it tells us of it).
+    pub fn scans(&self) -> u64 {
+        self.scans.load(Ordering::SeqCst)
+    }
+
+    /// The index, brought up to date first if `scan` allows it.
+    pub fn index(&self, scan: Scan<'_>) -> PeerIndex<'_> {
+        let epoch = self.epoch();
+        let mut sorted = crate::sync::lock(&self.cache).clone();
+        if sorted.epoch != epoch
+            && let Scan::Try(stop) = scan
+            && let Ok(_scanning) = self.scanning.try_lock()
+        {
+            sorted = crate::sync::lock(&self.cache).clone();
+            if sorted.epoch != self.epoch() {
+                sorted = Arc::new(self.rebuild(stop));
+                *crate::sync::lock(&self.cache) = sorted.clone();
             }
-            live.sort_by_key(|v| v.addr);
-            let incomplete = self.map.word(H_INCOMPLETE).load(Ordering::SeqCst) != 0;
-            *cache = Arc::new(Sorted {
-                epoch,
-                incomplete,
-                torn,
-                live,
-            });
         }
-        cache.clone()
-    }
-
-    /// The slot of the buffer holding `[addr, addr + len)`, read now.
-    pub fn lookup(&self, addr: u64, len: u64) -> Lookup {
-        let sorted = self.sorted();
-        let at = sorted.live.partition_point(|v| v.addr <= addr);
-        let candidate = at.checked_sub(1).map(|k| sorted.live[k]);
-        if let Some(c) = candidate.filter(|c| c.covers(addr, len)) {
-            return match read_slot(&self.map, c.index) {
-                Some(v) if v.covers(addr, len) => Lookup::Found(v),
-                Some(_) => self.rescan(addr, len),
-                None => Lookup::Unknown,
-            };
-        }
-        if sorted.incomplete || sorted.torn {
-            Lookup::Unknown
-        } else {
-            Lookup::Missing
+        PeerIndex {
+            fresh: sorted.epoch == self.epoch(),
+            reader: self,
+            sorted,
         }
     }
 
-    /// A slot changed since the index was built: look once more, with an
-    /// index as of now.
-    fn rescan(&self, addr: u64, len: u64) -> Lookup {
-        let sorted = self.sorted();
-        let found = sorted
-            .live
-            .iter()
-            .find(|v| v.covers(addr, len))
-            .and_then(|c| read_slot(&self.map, c.index));
-        match found {
-            Some(v) if v.covers(addr, len) => Lookup::Found(v),
-            _ if sorted.incomplete || sorted.torn => Lookup::Unknown,
-            _ => Lookup::Missing,
+    /// Reads every slot up to the high-water mark, within the budgets.
+    fn rebuild(&self, stop: &AtomicBool) -> Sorted {
+        let scan = self.scans.fetch_add(1, Ordering::SeqCst) + 1;
+        let epoch = self.epoch();
+        let hwm = (self.map.word(H_HWM).load(Ordering::Acquire) as usize).min(self.slots);
+        let start = Instant::now();
+        let mut retries = SCAN_RETRIES;
+        let mut live = Vec::new();
+        let mut partial = false;
+        for i in 0..hwm {
+            if i % SCAN_CHUNK == 0
+                && i > 0
+                && (start.elapsed() >= SCAN_TIME || stop.load(Ordering::Relaxed))
+            {
+                partial = true;
+                break;
+            }
+            match read_slot(&self.map, i, &mut retries) {
+                Some(v) if v.state & LIVE != 0 => live.push(v),
+                Some(_) => {}
+                None => partial = true,
+            }
+        }
+        if partial && !stop.load(Ordering::Relaxed) {
+            crate::log_limit::warn_limited!(
+                "shm: the registration table of process {} could not be read whole within \
+                 its budget ({hwm} slots; a slot stayed mid-update, or {SCAN_TIME:?} passed); \
+                 ranges not found in it go over another transport",
+                self.owner
+            );
+        }
+        live.sort_by_key(|v| v.addr);
+        Sorted {
+            epoch,
+            scan,
+            incomplete: self.map.word(H_INCOMPLETE).load(Ordering::SeqCst) != 0,
+            partial,
+            live,
         }
     }
 
@@ -398,19 +507,69 @@ impl TableReader {
         self.map.word(H_EPOCH).load(Ordering::SeqCst)
     }
 
-    /// The memfd ids the live slots name now.
-    pub fn memfd_ids(&self) -> HashSet<u64> {
-        self.sorted()
-            .live
-            .iter()
-            .filter_map(|v| v.backing.map(|b| b.id))
-            .collect()
+    /// Whether the slot still holds what `view` saw (same generation): the
+    /// buffer was not unregistered since.
+    pub fn unchanged(&self, view: &SlotView) -> bool {
+        fence(Ordering::SeqCst);
+        read_one(&self.map, view.index).is_some_and(|v| v == *view)
+    }
+}
+
+impl PeerIndex<'_> {
+    /// The slot of the buffer holding `[addr, addr + len)`, read now, for
+    /// a question asked when the table's reader counted `asked` scans
+    /// ([`TableReader::scans`]).
+    pub fn lookup(&self, addr: u64, len: u64, asked: u64) -> Lookup {
+        let live = &self.sorted.live;
+        let at = live.partition_point(|v| v.addr <= addr);
+        if let Some(c) = at
+            .checked_sub(1)
+            .map(|k| live[k])
+            .filter(|c| c.covers(addr, len))
+        {
+            match read_one(&self.reader.map, c.index) {
+                Some(v) if v.covers(addr, len) => return Lookup::Found(v),
+                // Changed since the index was built: the index is stale.
+                Some(_) => {}
+                None => return Lookup::Unknown,
+            }
+        } else if self.fresh || self.sorted.scan > asked {
+            return if self.sorted.incomplete || self.sorted.partial {
+                Lookup::Unknown
+            } else {
+                Lookup::Missing
+            };
+        }
+        Lookup::Stale
+    }
+
+    /// The memfd ids the live slots name, if the index is up to date.
+    pub fn memfd_ids(&self) -> Option<HashSet<u64>> {
+        (self.fresh && !self.sorted.partial).then(|| {
+            self.sorted
+                .live
+                .iter()
+                .filter_map(|v| v.backing.map(|b| b.id))
+                .collect()
+        })
+    }
+
+    /// The epoch the index was built at.
+    pub fn epoch(&self) -> u64 {
+        self.sorted.epoch
+    }
+
+    /// Whether the table has not changed since the index was built.
+    pub fn fresh(&self) -> bool {
+        self.fresh
     }
 
     /// Whether `[addr, addr + len)` lies in a live slot backed by memfd
-    /// `id` at `offset`: what an initiator claims of a WRITE's source.
+    /// `b.id` at `b.offset`: what an initiator claims of a WRITE's source.
+    /// An index that does not show it yet says no (the request is then
+    /// copied with cross-memory attach).
     pub fn backs(&self, addr: u64, len: u64, b: &Backing) -> bool {
-        match self.lookup(addr, len) {
+        match self.lookup(addr, len, u64::MAX) {
             Lookup::Found(v) => v.backing.is_some_and(|vb| {
                 vb.id == b.id
                     && vb.fd == b.fd
@@ -419,13 +578,6 @@ impl TableReader {
             _ => false,
         }
     }
-
-    /// Whether the slot still holds what `view` saw (same generation): the
-    /// buffer was not unregistered since.
-    pub fn unchanged(&self, view: &SlotView) -> bool {
-        fence(Ordering::SeqCst);
-        read_slot(&self.map, view.index).is_some_and(|v| v == *view)
-    }
 }
 
 #[cfg(test)]
@@ -433,25 +585,38 @@ mod tests {
     use super::*;
 
     fn reader(w: &TableWriter) -> TableReader {
-        TableReader::open(w.fd(), w.nonce()).unwrap()
+        TableReader::open(w.fd(), w.nonce(), 0, w.slots()).unwrap()
+    }
+
+    static GO: AtomicBool = AtomicBool::new(false);
+
+    /// A thread of the transport's index, brought up to date.
+    fn now(r: &TableReader) -> PeerIndex<'_> {
+        r.index(Scan::Try(&GO))
+    }
+
+    /// A lookup asked now, by a thread of the transport.
+    fn look(r: &TableReader, addr: u64, len: u64) -> Lookup {
+        let asked = r.scans();
+        now(r).lookup(addr, len, asked)
     }
 
     #[test]
     fn a_reader_finds_what_the_writer_registers() {
         let w = TableWriter::new(8, 42).unwrap();
         let r = reader(&w);
-        assert_eq!(r.lookup(0x1000, 1), Lookup::Missing);
+        assert_eq!(look(&r, 0x1000, 1), Lookup::Missing);
         assert!(w.register(0x1000, 0x1000, true, None));
         assert!(w.register(0x4000, 0x100, false, None));
-        let Lookup::Found(v) = r.lookup(0x1800, 0x800) else {
+        let Lookup::Found(v) = look(&r, 0x1800, 0x800) else {
             panic!("not found")
         };
         assert!(v.accessible());
         assert_eq!((v.addr, v.len), (0x1000, 0x1000));
-        assert_eq!(r.lookup(0x1800, 0x801), Lookup::Missing);
-        assert_eq!(r.lookup(0xfff, 2), Lookup::Missing);
-        assert_eq!(r.lookup(u64::MAX - 1, 8), Lookup::Missing);
-        let Lookup::Found(n) = r.lookup(0x4000, 0x100) else {
+        assert_eq!(look(&r, 0x1800, 0x801), Lookup::Missing);
+        assert_eq!(look(&r, 0xfff, 2), Lookup::Missing);
+        assert_eq!(look(&r, u64::MAX - 1, 8), Lookup::Missing);
+        let Lookup::Found(n) = look(&r, 0x4000, 0x100) else {
             panic!("not found")
         };
         assert!(!n.accessible());
@@ -462,16 +627,16 @@ mod tests {
         let w = TableWriter::new(4, 1).unwrap();
         let r = reader(&w);
         w.register(0x1000, 0x1000, true, None);
-        let Lookup::Found(v) = r.lookup(0x1000, 8) else {
+        let Lookup::Found(v) = look(&r, 0x1000, 8) else {
             panic!()
         };
         assert!(r.unchanged(&v));
         w.unregister(0x1000);
         assert!(!r.unchanged(&v));
-        assert_eq!(r.lookup(0x1000, 8), Lookup::Missing);
+        assert_eq!(look(&r, 0x1000, 8), Lookup::Missing);
         // The same range registered again is a new generation.
         w.register(0x1000, 0x1000, true, None);
-        let Lookup::Found(again) = r.lookup(0x1000, 8) else {
+        let Lookup::Found(again) = look(&r, 0x1000, 8) else {
             panic!()
         };
         assert_eq!(again.index, v.index);
@@ -485,13 +650,13 @@ mod tests {
         let r = reader(&w);
         assert!(w.register(0x1000, 0x10, true, None));
         assert!(!w.register(0x2000, 0x10, true, None));
-        assert_eq!(r.lookup(0x2000, 1), Lookup::Unknown);
-        assert!(matches!(r.lookup(0x1000, 1), Lookup::Found(_)));
+        assert_eq!(look(&r, 0x2000, 1), Lookup::Unknown);
+        assert!(matches!(look(&r, 0x1000, 1), Lookup::Found(_)));
         w.unregister(0x2000);
-        assert_eq!(r.lookup(0x2000, 1), Lookup::Missing);
+        assert_eq!(look(&r, 0x2000, 1), Lookup::Missing);
         w.unregister(0x1000);
         assert!(w.register(0x2000, 0x10, true, None));
-        assert!(matches!(r.lookup(0x2000, 1), Lookup::Found(_)));
+        assert!(matches!(look(&r, 0x2000, 1), Lookup::Found(_)));
     }
 
     #[test]
@@ -502,7 +667,7 @@ mod tests {
         let seals = sys::seals(w.fd()).unwrap();
         assert_ne!(seals & libc::F_SEAL_GROW, 0);
         assert_ne!(seals & libc::F_SEAL_SHRINK, 0);
-        assert!(TableReader::open(w.fd(), 2).is_err(), "wrong nonce");
+        assert!(TableReader::open(w.fd(), 2, 0, 2).is_err(), "wrong nonce");
     }
 
     #[test]
@@ -516,7 +681,7 @@ mod tests {
         };
         assert!(w.register(0x1000, 0x1000, true, Some(b)));
         assert!(w.register(0x3000, 0x10, true, None));
-        let Lookup::Found(v) = r.lookup(0x1800, 8) else {
+        let Lookup::Found(v) = look(&r, 0x1800, 8) else {
             panic!()
         };
         assert_eq!(v.backing, Some(b));
@@ -526,9 +691,9 @@ mod tests {
         );
         assert_eq!(w.backing_of(0x1800, 0x801), None);
         assert_eq!(w.backing_of(0x3000, 1), None);
-        assert!(r.backs(0x1800, 8, &Backing { offset: 0x900, ..b }));
-        assert!(!r.backs(0x1800, 8, &Backing { offset: 0x901, ..b }));
-        assert!(!r.backs(
+        assert!(now(&r).backs(0x1800, 8, &Backing { offset: 0x900, ..b }));
+        assert!(!now(&r).backs(0x1800, 8, &Backing { offset: 0x901, ..b }));
+        assert!(!now(&r).backs(
             0x1800,
             8,
             &Backing {
@@ -537,12 +702,12 @@ mod tests {
                 ..b
             }
         ));
-        assert_eq!(r.memfd_ids(), [77].into_iter().collect());
+        assert_eq!(now(&r).memfd_ids().unwrap(), [77].into_iter().collect());
         let e = r.epoch();
         assert!(w.unregister(0x1000));
         assert!(!w.unregister(0x3000));
         assert_ne!(r.epoch(), e);
-        assert!(r.memfd_ids().is_empty());
+        assert!(now(&r).memfd_ids().unwrap().is_empty());
     }
 
     #[test]
@@ -555,9 +720,120 @@ mod tests {
         w.unregister(0x2000);
         w.unregister(0x1000);
         w.register(0x9000, 0x10, true, None);
-        let Lookup::Found(v) = r.lookup(0x9000, 1) else {
+        let Lookup::Found(v) = look(&r, 0x9000, 1) else {
             panic!()
         };
         assert_eq!(v.index, 0);
+    }
+
+    #[test]
+    fn a_table_larger_than_the_bound_is_refused() {
+        let w = TableWriter::new(64, 9).unwrap();
+        let e = TableReader::open(w.fd(), 9, 0, 63).err().expect("refused");
+        assert!(e.to_string().contains("MC_SHM_PEER_TABLE_SLOTS"), "{e}");
+        assert!(TableReader::open(w.fd(), 9, 0, 64).is_ok());
+    }
+
+    #[test]
+    fn torn_slots_cost_a_bounded_scan_and_answer_unknown() {
+        // Every slot of a full-size table held by a "writer" forever: the
+        // scan reads each once or a few times (its retry budget is shared
+        // by all), never 10,000 times each.
+        let slots = 1 << 16;
+        let w = TableWriter::new(slots, 3).unwrap();
+        assert!(w.register(0x1000, 0x1000, true, None));
+        let r = reader(&w);
+        assert!(matches!(look(&r, 0x1000, 8), Lookup::Found(_)));
+        w.tear(0..slots);
+        w.claim_high_water_mark(slots);
+        let t = Instant::now();
+        assert_eq!(look(&r, 0x9000, 8), Lookup::Unknown);
+        assert_eq!(
+            look(&r, 0x1000, 8),
+            Lookup::Unknown,
+            "its own slot is torn too"
+        );
+        let took = t.elapsed();
+        assert!(took < SCAN_TIME * 3, "two lookups took {took:?}");
+        // The same torn table is not scanned again until it changes.
+        let scans = r.scans();
+        assert_eq!(look(&r, 0x9000, 8), Lookup::Unknown);
+        assert_eq!(r.scans(), scans);
+        assert!(
+            now(&r).memfd_ids().is_none(),
+            "no prune from a partial index"
+        );
+    }
+
+    #[test]
+    fn a_scan_stops_at_its_time_budget_and_at_shutdown() {
+        let slots = 1 << 20;
+        let w = TableWriter::new(slots, 3).unwrap();
+        w.tear(0..slots);
+        w.claim_high_water_mark(slots);
+        let r = reader(&w);
+        let t = Instant::now();
+        assert_eq!(look(&r, 0x9000, 8), Lookup::Unknown);
+        assert!(t.elapsed() < SCAN_TIME * 4, "{:?}", t.elapsed());
+        // A set stop flag ends a scan at its first look at it.
+        w.touch();
+        let stop = AtomicBool::new(true);
+        let t = Instant::now();
+        let asked = r.scans();
+        assert_eq!(
+            r.index(Scan::Try(&stop)).lookup(0x9000, 8, asked),
+            Lookup::Unknown
+        );
+        assert!(t.elapsed() < SCAN_TIME, "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_caller_never_scans_and_a_newer_scan_answers_what_it_asked() {
+        let w = TableWriter::new(8, 4).unwrap();
+        let r = reader(&w);
+        assert_eq!(look(&r, 0x1000, 8), Lookup::Missing);
+        assert!(w.register(0x1000, 0x1000, true, None));
+        // Asked before any newer scan: the caller's stale index cannot
+        // say Missing, and does not scan.
+        let asked = r.scans();
+        let scans = r.scans();
+        let stale = r.index(Scan::Never);
+        assert!(!stale.fresh());
+        assert_eq!(stale.lookup(0x1000, 8, asked), Lookup::Stale);
+        assert_eq!(stale.lookup(0x8000, 8, asked), Lookup::Stale);
+        assert!(!stale.backs(
+            0x1000,
+            8,
+            &Backing {
+                id: 1,
+                fd: 1,
+                offset: 0
+            }
+        ));
+        assert_eq!(r.scans(), scans);
+        // A thread's scan: now the caller's index answers both.
+        assert!(matches!(now(&r).lookup(0x1000, 8, asked), Lookup::Found(_)));
+        let later = r.index(Scan::Never);
+        assert!(matches!(later.lookup(0x1000, 8, asked), Lookup::Found(_)));
+        assert_eq!(later.lookup(0x8000, 8, asked), Lookup::Missing);
+        // Changed after the scan, but asked before it: still answered,
+        // a buffer the index shows is checked in its slot.
+        w.unregister(0x1000);
+        let old = r.index(Scan::Never);
+        assert!(!old.fresh());
+        assert_eq!(old.lookup(0x1000, 8, asked), Lookup::Stale);
+        assert_eq!(old.lookup(0x8000, 8, asked), Lookup::Missing);
+    }
+
+    #[test]
+    fn a_thread_does_not_wait_for_another_one_scanning() {
+        let w = TableWriter::new(8, 4).unwrap();
+        let r = reader(&w);
+        assert!(w.register(0x1000, 0x1000, true, None));
+        let asked = r.scans();
+        let held = r.scanning.lock().unwrap();
+        assert_eq!(now(&r).lookup(0x1000, 8, asked), Lookup::Stale);
+        drop(held);
+        assert!(matches!(now(&r).lookup(0x1000, 8, asked), Lookup::Found(_)));
     }
 }

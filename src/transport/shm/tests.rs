@@ -12,6 +12,7 @@ fn options() -> ShmOptions {
         max_peers: 4,
         ring_entries: 64,
         table_slots: 16,
+        peer_table_slots: 16,
         timeout: Duration::from_secs(2),
         spin: Duration::from_micros(20),
         max_mappings: 8,
@@ -212,7 +213,7 @@ fn an_attach_from_a_pid_that_is_not_the_asker_is_refused() {
     req["pid"] = json!(1);
     let reply = b.shm.serve_attach(&req, here);
     assert!(reply.get("error").is_none(), "{reply}");
-    let refused = attach::connect(&reply, b.shm.shared.pid, 8, Duration::from_secs(10));
+    let refused = attach::connect(&reply, b.shm.shared.pid, &options());
     assert!(refused.err().unwrap().contains("could not read our memory"));
     assert_eq!(b.shm.served_peers(), 0);
     let mut req = attach::request(&a.shm.shared);
@@ -230,7 +231,7 @@ fn an_attach_from_a_pid_that_is_not_the_asker_is_refused() {
     assert!(good.get("error").is_none(), "{good}");
     assert_eq!(b.shm.served_peers(), 1);
     // A reply naming another pid is refused by the initiator.
-    assert!(attach::connect(&good, 1, 8, Duration::from_secs(10)).is_err());
+    assert!(attach::connect(&good, 1, &options()).is_err());
     shut_down(&[&a, &b]);
 }
 

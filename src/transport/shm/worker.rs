@@ -43,6 +43,7 @@
 
 use super::poll::Token;
 use super::ring::Side;
+use super::table::Scan;
 use super::{BATCH, BATCH_BYTES, Shared, peer, serve, sys};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -60,7 +61,7 @@ pub(crate) fn run(shared: &Arc<Shared>, me: usize) {
     let mut gaps = Gaps::new(shared.opts.spin);
     while !shared.closing() {
         check_stalls(shared);
-        if pass(shared, !shared.caller_helps()) {
+        if pass(shared, !shared.caller_helps(), Scan::Try(&shared.closing)) {
             gaps.work();
             continue;
         }
@@ -79,7 +80,7 @@ pub(crate) fn run(shared: &Arc<Shared>, me: usize) {
         if !shared.spinning.load(Ordering::SeqCst) {
             arm_doorbells(shared, !caller_helps);
         }
-        if shared.closing() || pass(shared, !caller_helps) {
+        if shared.closing() || pass(shared, !caller_helps, Scan::Try(&shared.closing)) {
             shared.sleepers.fetch_sub(1, Ordering::SeqCst);
             continue;
         }
@@ -170,7 +171,7 @@ fn spin(shared: &Shared, gaps: &Gaps) -> bool {
     let mut found = false;
     let mut polls = 0u32;
     while !shared.closing() {
-        if pass(shared, true) {
+        if pass(shared, true, Scan::Try(&shared.closing)) {
             found = true;
             break;
         }
@@ -186,19 +187,30 @@ fn spin(shared: &Shared, gaps: &Gaps) -> bool {
 
 /// One round over every source of work; whether any was found. `results`:
 /// take the results of our WRITEs too (a thread leaves them to a caller
-/// that polls for its tasks, see [`Shared::caller_helps`]).
-pub(crate) fn pass(shared: &Shared, results: bool) -> bool {
+/// that polls for its tasks, see [`Shared::caller_helps`]). `scan`: a
+/// thread of the transport first brings its indexes of peers' tables up
+/// to date where they changed; a caller's thread never scans one (a round
+/// it does stays short however large or hostile a peer's table is).
+pub(crate) fn pass(shared: &Shared, results: bool, scan: Scan<'_>) -> bool {
     let mut found = false;
+    if let Scan::Try(_) = scan {
+        for s in shared.served().iter() {
+            s.refresh(scan);
+        }
+        for l in shared.links().iter() {
+            l.link.refresh(scan);
+        }
+    }
     let jobs = shared.reads.take(BATCH, BATCH_BYTES);
     if !jobs.is_empty() {
-        found = true;
         if !shared.reads.is_empty() {
             shared.kick();
         }
-        peer::run_reads(shared, jobs);
+        // READs only handed back for a newer index are no progress.
+        found = !peer::run_reads(shared, jobs, scan) || found;
     }
     for s in shared.served().iter() {
-        found |= serve::serve_one(shared, s);
+        found |= serve::serve_one(shared, s, scan);
     }
     if results {
         for l in shared.links().iter() {
@@ -222,15 +234,13 @@ fn handle(shared: &Shared, events: &[Token]) {
                 sys::drain(&shared.kick);
                 shared.kicked.store(false, Ordering::SeqCst);
             }
-            // A peer posted, completed, or unregistered a buffer (drop our
-            // mappings of those it no longer names).
+            // A peer posted, completed, or unregistered a buffer (the next
+            // pass brings our index of its table up to date).
             Token::Bell(id) => {
                 if let Some(s) = shared.served().iter().find(|s| s.id == id) {
                     sys::drain(&s.to_target);
-                    s.prune();
                 } else if let Some(l) = shared.links().iter().find(|l| l.core.id == id) {
                     sys::drain(&l.link.to_initiator);
-                    l.link.maps.prune(&l.link.table);
                 }
             }
             Token::Death(id) => {

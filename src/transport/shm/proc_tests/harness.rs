@@ -680,6 +680,34 @@ fn obey(
             crate::transport::shm::test_hooks::PREEMPT.store(on, Ordering::SeqCst);
             json!({})
         }
+        "tear_table" => {
+            // A hostile process: slots [from, to) of our own table left
+            // mid-update forever, and the high-water mark at `hwm`.
+            let table = &st.local.shm.shared.table;
+            table.tear(n("from") as usize..n("to") as usize);
+            table.claim_high_water_mark(n("hwm") as usize);
+            json!({})
+        }
+        "churn_table" => {
+            // With `on`, a thread says our table changed every 50 µs (as a
+            // hostile process would, to make its peers scan it again and
+            // again), until told `on: false`.
+            static CHURN: AtomicUsize = AtomicUsize::new(0);
+            if cmd["on"].as_bool().unwrap() {
+                if CHURN.swap(1, Ordering::SeqCst) == 0 {
+                    let shm = st.local.shm.clone();
+                    std::thread::spawn(move || {
+                        while CHURN.load(Ordering::SeqCst) == 1 {
+                            shm.shared.table.touch();
+                            std::thread::sleep(Duration::from_micros(50));
+                        }
+                    });
+                }
+            } else {
+                CHURN.store(0, Ordering::SeqCst);
+            }
+            json!({})
+        }
         "count_late" => {
             // SAFETY: the parent names ranges of our buffers.
             json!({"late": unsafe { count_late(n("addr"), n("len"), n("old") as u8, n("new") as u8) }})

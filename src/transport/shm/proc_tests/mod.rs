@@ -7,6 +7,7 @@
 mod bench;
 mod buf;
 pub(super) mod harness;
+mod hostile_table;
 mod late;
 mod other_user;
 mod peer_death;
