@@ -11,9 +11,8 @@
 
 use crate::common;
 
+use common::child::ChildTarget;
 use common::*;
-use std::io::{BufRead, BufReader, Lines, Write};
-use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 use transfer_engine::Engine;
 use transfer_engine::TaskStatus;
@@ -55,67 +54,9 @@ fn child() {
     }
 }
 
-struct Target {
-    child: Child,
-    out: Lines<BufReader<ChildStdout>>,
-    name: String,
-    first: u64,
-}
-
-impl Target {
-    fn start(test: &str) -> Target {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                &common::test_path(module_path!(), test),
-                "--exact",
-                "--nocapture",
-            ])
-            .env(CHILD_VAR, "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn the target");
-        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-        let ready = Self::line(&mut out, "READY ");
-        let (name, first) = ready.split_once(' ').unwrap();
-        Target {
-            name: name.to_string(),
-            first: first.parse().unwrap(),
-            child,
-            out,
-        }
-    }
-
-    /// The rest of the first line that holds `tag`.
-    fn line(out: &mut Lines<BufReader<ChildStdout>>, tag: &str) -> String {
-        out.map_while(Result::ok)
-            .find_map(|l| l.find(tag).map(|at| l[at + tag.len()..].to_string()))
-            .unwrap_or_else(|| panic!("the target printed no {tag:?} line"))
-    }
-
-    fn send(&mut self, cmd: &str) {
-        let stdin = self.child.stdin.as_mut().unwrap();
-        writeln!(stdin, "{cmd}").unwrap();
-        stdin.flush().unwrap();
-    }
-
-    /// Sends `sig`; a SIGSTOP returns once the child is stopped.
-    fn signal(&self, sig: libc::c_int) {
-        let pid = self.child.id() as libc::pid_t;
-        // SAFETY: kill(2) on our own child, which has not been reaped.
-        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
-        if sig == libc::SIGSTOP {
-            common::proc::wait_stopped(pid);
-        }
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        self.signal(libc::SIGCONT);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The target of test `test`, in a child process.
+fn start_target(test: &str) -> ChildTarget {
+    ChildTarget::start(module_path!(), test, CHILD_VAR)
 }
 
 fn is_child() -> bool {
@@ -140,7 +81,7 @@ fn polling_a_batch_with_a_notification_does_not_wait_on_a_stopped_peer() {
         return child();
     }
     let mut target =
-        Target::start("polling_a_batch_with_a_notification_does_not_wait_on_a_stopped_peer");
+        start_target("polling_a_batch_with_a_notification_does_not_wait_on_a_stopped_peer");
     let e = engine();
     let src = Buf::new(LEN, 7);
     let seg = e.open_segment(&target.name).expect("open the target");
@@ -164,7 +105,7 @@ fn polling_a_batch_with_a_notification_does_not_wait_on_a_stopped_peer() {
     );
     std::thread::sleep(Duration::from_secs(1));
     target.signal(libc::SIGCONT);
-    let got = Target::line(&mut target.out, "NOTIFY ");
+    let got = target.line("NOTIFY ");
     assert_eq!(got, "done batch-1");
     e.free_batch(b).expect("free");
     e.shutdown();
@@ -176,13 +117,11 @@ fn a_submit_to_memory_registered_later_does_not_wait_on_a_stopped_peer() {
         return child();
     }
     let mut target =
-        Target::start("a_submit_to_memory_registered_later_does_not_wait_on_a_stopped_peer");
+        start_target("a_submit_to_memory_registered_later_does_not_wait_on_a_stopped_peer");
     let e = engine();
     let seg = e.open_segment(&target.name).expect("open the target");
     target.send("REGISTER");
-    let second: u64 = Target::line(&mut target.out, "REGISTERED ")
-        .parse()
-        .unwrap();
+    let second: u64 = target.line("REGISTERED ").parse().unwrap();
     target.signal(libc::SIGSTOP);
     let src = Buf::new(LEN, 9);
     let b = e.allocate_batch(1).expect("batch");
@@ -201,7 +140,7 @@ fn a_submit_to_memory_registered_later_does_not_wait_on_a_stopped_peer() {
     );
     e.free_batch(b).expect("free");
     target.send("DUMP");
-    let dump = Target::line(&mut target.out, "DUMP ");
+    let dump = target.line("DUMP ");
     assert_eq!(dump, format!("{:?}", src.snapshot()), "bytes in the target");
     e.shutdown();
 }
@@ -211,13 +150,11 @@ fn destroy_does_not_wait_out_a_refetch_from_a_stopped_peer() {
     if is_child() {
         return child();
     }
-    let mut target = Target::start("destroy_does_not_wait_out_a_refetch_from_a_stopped_peer");
+    let mut target = start_target("destroy_does_not_wait_out_a_refetch_from_a_stopped_peer");
     let e: std::sync::Arc<Engine> = engine();
     let seg = e.open_segment(&target.name).expect("open the target");
     target.send("REGISTER");
-    let second: u64 = Target::line(&mut target.out, "REGISTERED ")
-        .parse()
-        .unwrap();
+    let second: u64 = target.line("REGISTERED ").parse().unwrap();
     target.signal(libc::SIGSTOP);
     let src = Buf::new(LEN, 3);
     let b = e.allocate_batch(1).expect("batch");

@@ -15,6 +15,7 @@ mod caller_never_waits;
 mod device_memory;
 mod engine_introspection;
 mod fence_unregister;
+mod gpu_staging_stall;
 mod header;
 mod loopback;
 mod notify_flood;

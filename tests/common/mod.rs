@@ -10,6 +10,7 @@
 
 #![allow(dead_code)]
 
+pub mod child;
 pub mod fresh;
 pub mod gpu_double;
 pub mod handshake;

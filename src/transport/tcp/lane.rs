@@ -121,7 +121,13 @@ pub struct LaneTimeouts {
 
 /// Connect health shared by the lanes of one endpoint: after a failed
 /// connect, none is tried for [`COOLDOWN`]; why it failed is kept until a
-/// connection succeeds.
+/// connection succeeds. After a connection was given up on because its
+/// peer took nothing (or too little, `MC_TCP_MIN_RATE_*`) for a window,
+/// none is tried for [`COOLDOWN`] either, and that one is not ended by a
+/// connection that succeeds: the kernel of a stopped process still
+/// accepts connections. So the requests that queued behind the given-up
+/// ones (staged GPU pieces waiting for a buffer, retries) fail at once,
+/// instead of waiting out a window each on a fresh connection.
 #[derive(Default)]
 pub struct ConnectHealth {
     state: Mutex<Cooldown>,
@@ -130,24 +136,40 @@ pub struct ConnectHealth {
 #[derive(Default)]
 struct Cooldown {
     until: Option<Instant>,
+    stalled_until: Option<Instant>,
     why: Option<String>,
 }
 
 impl ConnectHealth {
     fn cooling(&self, now: Instant) -> bool {
-        sync::lock(&self.state).until.is_some_and(|t| now < t)
+        let c = sync::lock(&self.state);
+        [c.until, c.stalled_until]
+            .into_iter()
+            .flatten()
+            .any(|t| now < t)
     }
 
     fn failed(&self, now: Instant, why: String) {
-        *sync::lock(&self.state) = Cooldown {
-            until: Some(now + COOLDOWN),
-            why: Some(why),
-        };
+        let mut c = sync::lock(&self.state);
+        c.until = Some(now + COOLDOWN);
+        c.why = Some(why);
     }
 
-    /// Ends the cooldown: the peer accepts connections.
+    /// A connection was given up on because its peer did not keep up.
+    fn stalled(&self, now: Instant, why: String) {
+        let mut c = sync::lock(&self.state);
+        c.stalled_until = Some(now + COOLDOWN);
+        c.why = Some(why);
+    }
+
+    /// Ends the cooldown after a failed connect: the peer accepts
+    /// connections.
     pub fn succeeded(&self) {
-        *sync::lock(&self.state) = Cooldown::default();
+        let mut c = sync::lock(&self.state);
+        c.until = None;
+        if c.stalled_until.is_none_or(|t| Instant::now() >= t) {
+            c.why = None;
+        }
     }
 
     /// Why the last connect failed, unless one succeeded since.
@@ -513,10 +535,8 @@ impl Lane {
             ConnState::Ready if !self.pipeline.is_empty() => {
                 let quiet = now.duration_since(conn.last_progress);
                 if quiet >= self.shared.timeouts.stall {
-                    self.fail(
-                        registry,
-                        Failure::Broken(format!("no progress for {quiet:?}")),
-                    );
+                    let why = format!("no progress for {quiet:?}");
+                    self.stalled(registry, now, why);
                 } else if let Some(slow) = self.too_slow(now, held_up) {
                     let t = &self.shared.target;
                     crate::log_limit::warn_limited!(
@@ -525,12 +545,8 @@ impl Lane {
                         t.port,
                         self.pipeline.len()
                     );
-                    self.fail(
-                        registry,
-                        Failure::Broken(
-                            "its peer was slower than MC_TCP_MIN_RATE_BYTES_PER_SEC".into(),
-                        ),
-                    );
+                    let why = "its peer was slower than MC_TCP_MIN_RATE_BYTES_PER_SEC";
+                    self.stalled(registry, now, why.into());
                 }
             }
             ConnState::Ready => {
@@ -540,6 +556,15 @@ impl Lane {
                 }
             }
         }
+    }
+
+    /// Gives up on the connection, whose peer did not keep up, for `why`:
+    /// its requests fail, and the endpoint cools down.
+    fn stalled(&mut self, registry: &Registry, now: Instant, why: String) {
+        let t = &self.shared.target;
+        let cause = format!("tcp: {}:{}: {why}", t.host, t.port);
+        self.shared.health.stalled(now, cause);
+        self.fail(registry, Failure::Broken(why));
     }
 
     /// Judges a ready connection with requests in flight against the

@@ -5,7 +5,9 @@
 //! before it is posted from there; a READ piece is posted into its buffer
 //! and copied to the GPU once its bytes have arrived. The CPU never
 //! touches GPU memory, and at most the pool's buffers are in use however
-//! many slices wait.
+//! many slices wait, at most half of them by one peer (the peer's name:
+//! all its rails together), so a peer that stops taking our bytes leaves
+//! the other half to the others until it is given up on.
 
 use super::{LaneTarget, TcpTransport};
 use crate::memory::staging::{self, Lent, StagingPool};
@@ -106,6 +108,7 @@ pub fn post(
         };
         let (route, join) = (route.clone(), join.clone());
         pool.lend(
+            &target.name,
             gpu,
             Box::new(move |lent| match lent {
                 Some(lent) => piece.run(&route, lent, join),

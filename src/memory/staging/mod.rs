@@ -11,15 +11,18 @@
 //!
 //! Staging buffers are pinned (`cuMemHostAlloc`, portable to every
 //! context) where the driver gives them, else ordinary heap memory; a
-//! pool holds at most a fixed number, lent one at a time to whoever asks,
-//! in the order they asked ([`StagingPool::lend`]).
+//! pool holds at most a fixed number ([`pool`]).
+
+mod pool;
+
+pub use pool::{Lent, StagingPool};
 
 use super::device;
 use crate::sync;
 use once_cell::sync::OnceCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 type DeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
 type PrimaryCtxRetain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int;
@@ -231,171 +234,9 @@ impl Drop for HostBuffer {
     }
 }
 
-/// Called with a lent buffer, or `None` when the pool was closed first.
-pub type Borrower = Box<dyn FnOnce(Option<Lent>) + Send>;
-
-/// What a pool holds.
-struct PoolState {
-    free: Vec<HostBuffer>,
-    /// Buffers made so far (free or lent).
-    made: usize,
-    /// Who waits for a buffer, first first.
-    waiters: VecDeque<Borrower>,
-    /// Hands returned buffers to waiters on the pool's own thread (so
-    /// whoever returns one never runs another's work).
-    handoff: Option<crossbeam_channel::Sender<(Borrower, Lent)>>,
-    closed: bool,
-}
-
-struct PoolShared {
-    state: Mutex<PoolState>,
-    chunk: usize,
-    most: usize,
-}
-
-/// At most `most` host buffers of `chunk` bytes, made on first need.
-pub struct StagingPool(Arc<PoolShared>);
-
-/// A buffer lent by a [`StagingPool`]; it goes back when dropped.
-pub struct Lent {
-    buffer: Option<HostBuffer>,
-    pool: Arc<PoolShared>,
-}
-
-impl Lent {
-    /// The buffer.
-    pub fn buffer(&self) -> &HostBuffer {
-        self.buffer.as_ref().expect("held until dropped")
-    }
-}
-
-impl Drop for Lent {
-    fn drop(&mut self) {
-        let Some(buffer) = self.buffer.take() else {
-            return;
-        };
-        let mut st = sync::lock(&self.pool.state);
-        if st.closed {
-            // Freed once the lock is let go.
-            drop(st);
-            return;
-        }
-        let Some(next) = st.waiters.pop_front() else {
-            st.free.push(buffer);
-            return;
-        };
-        let lent = Lent {
-            buffer: Some(buffer),
-            pool: self.pool.clone(),
-        };
-        let unsent = match &st.handoff {
-            Some(tx) => tx.send((next, lent)).err().map(|e| e.into_inner()),
-            None => Some((next, lent)),
-        };
-        drop(st);
-        // Without the pool's thread the waiter fails rather than waits
-        // forever.
-        if let Some((next, lent)) = unsent {
-            drop(lent);
-            next(None);
-        }
-    }
-}
-
-impl StagingPool {
-    /// A pool of at most `most` buffers of `chunk` bytes.
-    pub fn new(chunk: usize, most: usize) -> StagingPool {
-        StagingPool(Arc::new(PoolShared {
-            state: Mutex::new(PoolState {
-                free: Vec::new(),
-                made: 0,
-                waiters: VecDeque::new(),
-                handoff: None,
-                closed: false,
-            }),
-            chunk,
-            most: most.max(1),
-        }))
-    }
-
-    /// Bytes in each buffer.
-    pub fn chunk(&self) -> usize {
-        self.0.chunk
-    }
-
-    /// Lends a buffer to `borrower`: on this thread when one is free (or
-    /// may still be made, pinned for GPU `gpu`), else on the pool's thread
-    /// once one comes back, in the order of asking. A closed pool calls it
-    /// with `None`.
-    pub fn lend(&self, gpu: u32, borrower: Borrower) {
-        let mut st = sync::lock(&self.0.state);
-        if st.closed {
-            drop(st);
-            return borrower(None);
-        }
-        let buffer = match st.free.pop() {
-            Some(b) => b,
-            None if st.made < self.0.most => {
-                st.made += 1;
-                drop(st);
-                HostBuffer::new(self.0.chunk, gpu)
-            }
-            None => {
-                if st.handoff.is_none() {
-                    st.handoff = Some(Self::serve());
-                }
-                st.waiters.push_back(borrower);
-                return;
-            }
-        };
-        borrower(Some(Lent {
-            buffer: Some(buffer),
-            pool: self.0.clone(),
-        }))
-    }
-
-    /// Starts the thread that hands returned buffers to waiters.
-    fn serve() -> crossbeam_channel::Sender<(Borrower, Lent)> {
-        let (tx, rx) = crossbeam_channel::unbounded::<(Borrower, Lent)>();
-        let spawned = std::thread::Builder::new()
-            .name("te-staging".into())
-            .spawn(move || {
-                for (borrower, lent) in rx {
-                    borrower(Some(lent));
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::error!("cannot start the staging thread: {e}");
-        }
-        tx
-    }
-
-    /// Fails every waiter and lends nothing more; buffers lent out are
-    /// freed as they come back.
-    pub fn close(&self) {
-        let (waiters, handoff) = {
-            let mut st = sync::lock(&self.0.state);
-            st.closed = true;
-            st.free.clear();
-            (std::mem::take(&mut st.waiters), st.handoff.take())
-        };
-        drop(handoff);
-        for w in waiters {
-            w(None);
-        }
-    }
-}
-
-impl Drop for StagingPool {
-    fn drop(&mut self) {
-        self.close();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::mpsc;
 
     #[test]
     fn heap_buffers_without_a_driver() {
@@ -406,50 +247,5 @@ mod tests {
         // refused before it touches the (valid) addresses.
         let err = unsafe { copy(b.addr(), b.addr() + 8, 8, 0) }.unwrap_err();
         assert!(err.contains("not in this process"), "{err}");
-    }
-
-    #[test]
-    fn a_pool_lends_at_most_its_buffers_first_asked_first_served() {
-        let pool = StagingPool::new(64, 2);
-        let (tx, rx) = mpsc::channel();
-        for i in 0..5 {
-            let tx = tx.clone();
-            pool.lend(
-                0,
-                Box::new(move |lent| tx.send((i, lent.expect("lent"))).expect("send")),
-            );
-        }
-        // Two are lent at once; the other three wait.
-        let first = rx.recv().expect("first");
-        let second = rx.recv().expect("second");
-        assert_eq!((first.0, second.0), (0, 1));
-        assert!(rx.try_recv().is_err(), "a third buffer was lent");
-        drop(first);
-        let third = rx.recv().expect("third");
-        assert_eq!(third.0, 2);
-        drop(second);
-        drop(third);
-        let order: Vec<i32> = (0..2).map(|_| rx.recv().expect("next").0).collect();
-        assert_eq!(order, [3, 4]);
-        assert_eq!(sync::lock(&pool.0.state).made, 2);
-    }
-
-    #[test]
-    fn closing_fails_the_waiters_and_frees_what_comes_back() {
-        let pool = StagingPool::new(64, 1);
-        let (tx, rx) = mpsc::channel();
-        let held = {
-            let tx = tx.clone();
-            pool.lend(0, Box::new(move |l| tx.send(l).expect("send")));
-            rx.recv().expect("lent").expect("a buffer")
-        };
-        pool.lend(0, Box::new(move |l| tx.send(l).expect("send")));
-        pool.close();
-        assert!(rx.recv().expect("the waiter is answered").is_none());
-        drop(held);
-        assert!(sync::lock(&pool.0.state).free.is_empty());
-        let (tx, rx) = mpsc::channel();
-        pool.lend(0, Box::new(move |l| tx.send(l.is_none()).expect("send")));
-        assert!(rx.recv().expect("answered"), "a closed pool lends nothing");
     }
 }
