@@ -209,8 +209,9 @@ int te_free_buffer(transfer_engine_t engine, void *addr);
 
 /**
  * Waits until every task submitted to the batch so far has ended
- * (COMPLETED or FAILED), one reports TIMEOUT (`MC_SLICE_TIMEOUT`), or
- * `timeout_ms` milliseconds have passed (at most about 49 days), instead
+ * (COMPLETED or FAILED), one reports TIMEOUT (as soon as the first one
+ * has waited `MC_SLICE_TIMEOUT` since its submission), or `timeout_ms`
+ * milliseconds have passed (at most about 49 days), instead
  * of the caller polling `getTransferStatus`: for the first millisecond
  * it polls the tasks (doing a share of the engine's work, as
  * `getTransferStatus` does) and yields the CPU between polls, then parks

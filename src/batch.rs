@@ -314,23 +314,29 @@ impl Batch {
     }
 
     /// Parks the calling thread until a task among the first `tasks` that
-    /// is still waiting ends, `until` passes, or that task passes the
-    /// slice timeout (when it reports TIMEOUT); returns at once when none
-    /// is waiting. It parks on the last such task, the one likely to end
-    /// last, so a batch whose tasks end in order wakes it about once.
+    /// is still waiting ends, `until` passes, or the first of them passes
+    /// the slice timeout (when it reports TIMEOUT); returns at once when
+    /// none is waiting. It parks on the last such task, the one likely to
+    /// end last, so a batch whose tasks end in order wakes it about once.
     pub fn park_on_waiting(&self, tasks: usize, until: Instant) {
         let n = tasks.min(self.submitted());
-        let Some(task) = self.tasks[..n]
-            .iter()
-            .rev()
-            .find(|t| t.status().0 == TaskStatus::Waiting)
-        else {
+        let waiting = || {
+            self.tasks[..n]
+                .iter()
+                .filter(|t| t.status().0 == TaskStatus::Waiting)
+        };
+        let Some(task) = waiting().last() else {
             return;
         };
-        let posted = Duration::from_nanos(task.submitted.load(Ordering::Relaxed));
+        // Woken by the parked task's end, or once the first waiting task
+        // reports TIMEOUT (the earliest submitted reaches it first).
+        let first = waiting()
+            .map(|t| t.submitted.load(Ordering::Relaxed))
+            .min()
+            .unwrap_or(0);
         let until = self
             .slice_timeout
-            .and_then(|limit| posted.checked_add(limit))
+            .and_then(|limit| Duration::from_nanos(first).checked_add(limit))
             .and_then(|after| EPOCH.checked_add(after))
             .map_or(until, |timeout| until.min(timeout));
         task.parked.store(true, Ordering::Relaxed);

@@ -6,12 +6,13 @@
 use super::{Engine, LOCAL_SEGMENT_ID, Opcode, Request, refused};
 use crate::batch::{Batch, PendingNotify, TaskStatus};
 use crate::error::{Error, Result};
+use crate::memory::fence::Fence;
 use crate::memory::staging;
 use crate::memory::{MemoryRegistry, Residence};
 use crate::peer_jobs::Finish;
 use crate::segment::RemoteSegment;
 use crate::sync;
-use crate::transport::local::{CopyJob, copy_any};
+use crate::transport::local::{CopyJob, copy_fenced};
 use crate::transport::plug::Plug;
 use crate::transport::scheduler::planner;
 use crate::transport::{
@@ -497,14 +498,26 @@ impl Engine {
             Opcode::Write => (r.source, r.target_offset),
             Opcode::Read => (r.target_offset, r.source),
         };
+        // Unregistering a buffer either side overlaps waits for the copy.
+        let mut fences: Vec<Arc<Fence>> = Vec::new();
+        for f in memory
+            .fences_over(src, r.length)
+            .chain(memory.fences_over(dst, r.length))
+        {
+            if !fences.iter().any(|g| Arc::ptr_eq(f, g)) {
+                fences.push(f.clone());
+            }
+        }
+        let fences: Arc<[Arc<Fence>]> = fences.into();
         let cfg = &self.config;
         let n = planner::slice_count(r.length, cfg.sched.slice_size, cfg.sched.fragment_limit);
         task.add_slices(n);
         if n == 1 {
             // SAFETY: the target range was checked against the registry
             // above; the source is the caller's memory, which the C API
-            // requires to be valid for `length` bytes.
-            match unsafe { copy_any(src, dst, r.length, gpu) } {
+            // requires to be valid for `length` bytes; registered buffers
+            // either side overlaps are fenced.
+            match unsafe { copy_fenced(src, dst, r.length, gpu, &fences) } {
                 Ok(()) => task.finish_slice(r.length, true),
                 Err(why) => Self::copy_failed(batch, id, &why),
             }
@@ -518,6 +531,7 @@ impl Engine {
                 src: (src + off) as usize,
                 len: len as usize,
                 gpu,
+                fences: fences.clone(),
                 done: Box::new(move |copied| match copied {
                     Ok(()) => {
                         if let Some(task) = batch.slot(id) {

@@ -254,6 +254,28 @@ impl MemoryRegistry {
         e.region.contains(addr, len).then_some(e)
     }
 
+    /// The fences of every registered region that overlaps `[addr, addr +
+    /// len)`: what a copy within the process holds while it touches the
+    /// range, so that unregistering any of them waits for it.
+    pub fn fences_over(&self, addr: u64, len: u64) -> impl Iterator<Item = &Arc<Fence>> {
+        let end = addr.saturating_add(len);
+        let before = self
+            .regions
+            .range(..addr)
+            .next_back()
+            .filter(|(_, e)| e.region.addr.saturating_add(e.region.length) > addr);
+        before
+            .into_iter()
+            .chain(self.regions.range(addr..end))
+            .map(|(_, e)| &e.fence)
+    }
+
+    /// The region that holds all of `[addr, addr + len)`, with its fence,
+    /// if one does.
+    pub fn find_fenced(&self, addr: u64, len: u64) -> Option<(&Region, &Arc<Fence>)> {
+        self.entry(addr, len).map(|e| (&e.region, &e.fence))
+    }
+
     /// The region that holds all of `[addr, addr + len)`, if one does.
     pub fn find(&self, addr: u64, len: u64) -> Option<&Region> {
         self.entry(addr, len).map(|e| &e.region)

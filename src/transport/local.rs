@@ -4,12 +4,20 @@
 //! share, so a large request runs on more than one core. Where either
 //! side is GPU memory the CUDA driver copies instead of the CPU
 //! ([`crate::memory::staging::copy`]).
+//!
+//! A copy holds the fences of the registered buffers its two ranges
+//! overlap ([`crate::memory::fence`]) while it touches them, in pieces of
+//! at most [`FENCED_PIECE`]: unregistering one of those buffers waits for
+//! the piece being copied at most, and the copy's later pieces fail, so
+//! no byte of a local copy lands in (or is read from) a range once its
+//! unregistration has returned.
 
+use crate::memory::fence::Fence;
 use crate::memory::staging;
 use crate::sync;
 use crossbeam_channel::{Receiver, Sender};
 use once_cell::sync::OnceCell;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use tracing::warn;
 
@@ -24,6 +32,8 @@ pub struct CopyJob {
     /// The GPU in whose context the driver copies, when either side is
     /// GPU memory (`None`: both are host memory, copied by the CPU).
     pub gpu: Option<u32>,
+    /// The fences of the registered buffers either side overlaps.
+    pub fences: Arc<[Arc<Fence>]>,
     /// Called once, after the copy, with why it failed if it did.
     pub done: Box<dyn FnOnce(Result<(), String>) + Send>,
 }
@@ -61,15 +71,72 @@ pub unsafe fn copy_any(src: u64, dst: u64, len: u64, gpu: Option<u32>) -> Result
     Ok(())
 }
 
+/// Bytes a fenced copy moves at a time inside its fences.
+pub const FENCED_PIECE: u64 = 256 << 10;
+
+/// [`copy_any`] inside `fences`, in pieces of at most [`FENCED_PIECE`]
+/// (from the end when the ranges overlap with `dst` above `src`); fails
+/// once one of them is revoked (its buffer was unregistered), the pieces
+/// copied before staying copied.
+///
+/// # Safety
+/// As [`copy_any`], for the part of each range that no revoked fence
+/// guards: a range that lies in a buffer with one of `fences` needs to be
+/// valid only while that fence admits.
+pub unsafe fn copy_fenced(
+    src: u64,
+    dst: u64,
+    len: u64,
+    gpu: Option<u32>,
+    fences: &[Arc<Fence>],
+) -> Result<(), String> {
+    if fences.is_empty() {
+        // SAFETY: guaranteed by the caller.
+        return unsafe { copy_any(src, dst, len, gpu) };
+    }
+    let upwards = dst > src && dst < src.saturating_add(len);
+    let pieces = len.div_ceil(FENCED_PIECE);
+    let mut inside = Vec::with_capacity(fences.len());
+    for k in 0..pieces {
+        let off = if upwards { pieces - 1 - k } else { k } * FENCED_PIECE;
+        let n = (len - off).min(FENCED_PIECE);
+        inside.clear();
+        for f in fences {
+            match f.enter() {
+                Some(g) => inside.push(g),
+                None => {
+                    return Err(format!(
+                        "a buffer the copy of {len} bytes from {src:#x} to {dst:#x} reads or \
+                         writes was unregistered during it"
+                    ));
+                }
+            }
+        }
+        // SAFETY: guaranteed by the caller; every fence of a registered
+        // buffer the piece touches admitted us, so none is unregistered
+        // until we leave.
+        unsafe { copy_any(src + off, dst + off, n, gpu) }?;
+    }
+    Ok(())
+}
+
 impl CopyJob {
-    /// Copies the bytes and reports the slice done.
+    /// Copies the bytes inside their fences and reports the slice done.
     pub fn run(self) {
         // SAFETY: the engine built this job from a destination or source
         // range it checked against the registry, and from the caller's
         // source pointer, which the C API requires to stay valid until the
-        // task is terminal.
-        let copied =
-            unsafe { copy_any(self.src as u64, self.dst as u64, self.len as u64, self.gpu) };
+        // task is terminal; the fences are those of every registered buffer
+        // either range overlaps.
+        let copied = unsafe {
+            copy_fenced(
+                self.src as u64,
+                self.dst as u64,
+                self.len as u64,
+                self.gpu,
+                &self.fences,
+            )
+        };
         (self.done)(copied);
     }
 }

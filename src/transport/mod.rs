@@ -25,7 +25,7 @@ pub mod tcp;
 
 use crate::batch::Batch;
 use crate::error::Result;
-use crate::memory::{MemoryRegistry, Region};
+use crate::memory::{Fence, MemoryRegistry, Region};
 use crate::metadata::descriptor::SegmentDesc;
 use crate::rpc::{ClientOptions, FrameKind, RpcConfig};
 use crate::segment::RemoteSegment;
@@ -209,18 +209,33 @@ pub struct LocalSide {
     pub end: Option<u64>,
     /// The CUDA GPU whose memory it is (`None`: host memory).
     pub gpu: Option<u32>,
+    /// That buffer's fence.
+    pub fence: Option<Arc<Fence>>,
 }
 
 impl LocalSide {
     /// The local side of a request from `local`, as `memory` holds it, in
     /// the memory of GPU `gpu` (or host memory).
     pub fn of(memory: &MemoryRegistry, local: u64, gpu: Option<u32>) -> LocalSide {
-        let region = memory.find(local, 1);
+        let found = memory.find_fenced(local, 1);
         LocalSide {
-            location: region.map_or_else(|| "*".to_string(), |r| r.location.to_string()),
-            end: region.map(Region::end),
+            location: found.map_or_else(|| "*".to_string(), |(r, _)| r.location.to_string()),
+            end: found.map(|(r, _)| r.end()),
             gpu,
+            fence: found.map(|(_, f)| f.clone()),
         }
+    }
+
+    /// The fence a slice of `len` bytes from `local` (at or after the
+    /// request's local address) holds: the buffer's, if it holds all of
+    /// the slice ([`Slice::local_fence`]).
+    pub fn fence_for(&self, local: u64, len: u64) -> Option<Arc<Fence>> {
+        let end = self.end?;
+        local
+            .checked_add(len)
+            .is_some_and(|e| e <= end)
+            .then(|| self.fence.clone())
+            .flatten()
     }
 }
 
@@ -397,6 +412,11 @@ pub enum Outcome {
     /// This transport cannot reach the peer (shared memory that the
     /// kernel refuses between these processes): use another transport.
     Unreachable,
+    /// The slice's own local memory cannot be used: its registered buffer
+    /// was unregistered while the slice ran ([`Slice::local_fence`]), or
+    /// the kernel refused the address (EFAULT). No rail or peer is to
+    /// blame, and nothing elsewhere can help: the slice fails.
+    Local,
 }
 
 /// One slice handed to a transport: a contiguous range to move, and what
@@ -413,6 +433,11 @@ pub struct Slice {
     /// The CUDA GPU whose memory `local` is (`None`: host memory); a
     /// transport copying with the CPU stages it.
     pub local_gpu: Option<u32>,
+    /// The fence of the registered buffer holding the whole local range,
+    /// when one does: a transport holds it while it copies into or out of
+    /// that range (a system call or the CPU's), so that unregistering the
+    /// buffer waits for the copy, and the slice fails once it is revoked.
+    pub local_fence: Option<Arc<Fence>>,
     /// Called once with the outcome.
     pub done: Box<dyn FnOnce(Outcome) + Send>,
 }

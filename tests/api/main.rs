@@ -17,6 +17,7 @@ mod engine_introspection;
 mod fence_unregister;
 mod gpu_staging_stall;
 mod header;
+mod local_copy_fence;
 mod loopback;
 mod notify_flood;
 mod peer_death_bounds;

@@ -170,6 +170,40 @@ fn a_batch_wait_returns_when_a_task_reports_timeout() {
 }
 
 #[test]
+fn a_batch_wait_returns_at_the_first_tasks_timeout_not_the_last() {
+    let (_server, hs) = peer();
+    let e = engine_with(&[
+        ("MC_SLICE_TIMEOUT", "1"),
+        ("MC_TCP_STATUS_TIMEOUT_SEC", "30"),
+    ]);
+    let src = Buf::new(4096, 7);
+    let seg = e.open_segment(&hs.name()).expect("open segment");
+    let b = e.allocate_batch(2).unwrap();
+    // Two tasks 0.8 s apart: the first reports TIMEOUT at 1 s, the second
+    // at 1.8 s (where the wait used to return).
+    let start = Instant::now();
+    e.submit(b, &[write_req(src.addr(), seg, HUNG, 4096)])
+        .unwrap();
+    thread::sleep(Duration::from_millis(800));
+    e.submit(b, &[write_req(src.addr(), seg, HUNG + 4096, 4096)])
+        .unwrap();
+    let outcome = e.wait_tasks(b, 2, start + Duration::from_secs(20)).unwrap();
+    let took = start.elapsed();
+    println!("two tasks 0.8 s apart: the wait returned {outcome:?} after {took:?}");
+    assert_eq!(outcome, WaitOutcome::TimedOut);
+    assert!(
+        took >= Duration::from_secs(1),
+        "before MC_SLICE_TIMEOUT: {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(1500),
+        "not at the first TIMEOUT: {took:?}"
+    );
+    assert_eq!(e.status(b, 0).unwrap().0, TaskStatus::Timeout);
+    e.shutdown();
+}
+
+#[test]
 fn a_backoff_pause_parks_on_a_running_batch_for_its_nap_and_no_longer() {
     let (_server, hs) = peer();
     let e = engine_with(&[("MC_TCP_STATUS_TIMEOUT_SEC", "30")]);

@@ -168,6 +168,13 @@ impl Mapping {
     /// Replaces the pages at the same address with new zero pages, then
     /// fills them: what an allocator reusing the address would do.
     pub fn remap(&self, fill: u8) {
+        self.replace();
+        self.fill(fill);
+    }
+
+    /// Replaces the pages at the same address with new zero pages (in one
+    /// system call: a byte written there afterwards is in the new pages).
+    pub fn replace(&self) {
         // SAFETY: MAP_FIXED over our own mapping of the same length.
         let p = unsafe {
             libc::mmap(
@@ -180,7 +187,6 @@ impl Mapping {
             )
         };
         assert_eq!(p.cast::<u8>(), self.addr, "mmap MAP_FIXED");
-        self.fill(fill);
     }
 
     /// Sets every byte to `b`.

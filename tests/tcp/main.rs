@@ -13,6 +13,7 @@ mod data_port_slowloris;
 mod handshake_raw;
 mod handshake_replies;
 mod handshake_slowloris;
+mod local_memory;
 mod tcp_engines;
 mod wire_client;
 mod wire_client_force_v1;

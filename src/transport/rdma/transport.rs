@@ -367,6 +367,7 @@ impl RdmaTransport {
             len: 0,
             write: true,
             local_gpu: None,
+            local_fence: None,
             done: Box::new(move |o| done(o == Outcome::Done)),
         };
         match self.nic(device) {

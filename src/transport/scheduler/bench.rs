@@ -154,6 +154,7 @@ pub fn slice_path(
                                         location: "cpu:0".into(),
                                         end: None,
                                         gpu: None,
+                                        fence: None,
                                     },
                                     fallback: None,
                                     refresh: None,

@@ -5,7 +5,7 @@ use super::route::Route;
 use super::{Carrier, Scheduler};
 use crate::batch::Batch;
 use crate::segment::RemoteSegment;
-use crate::transport::{Fallback, Refresh};
+use crate::transport::{Fallback, LocalSide, Refresh};
 use once_cell::sync::OnceCell;
 use std::sync::Arc;
 
@@ -17,6 +17,9 @@ pub(super) struct Request<C: Carrier> {
     pub(super) write: bool,
     /// The GPU whose memory the local side is.
     pub(super) gpu: Option<u32>,
+    /// The registered buffer holding the local side, as the slices fence
+    /// it ([`LocalSide::fence_for`]).
+    pub(super) local: LocalSide,
     /// Slot of the local buffer's location in the route.
     pub(super) local_slot: usize,
     pub(super) seg: Arc<RemoteSegment>,

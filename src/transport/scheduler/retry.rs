@@ -52,6 +52,19 @@ impl<C: Carrier> Scheduler<C> {
                 }
                 return;
             }
+            Outcome::Local => {
+                let why = format!(
+                    "the local memory of {} bytes at {:#x} could not be used: its buffer was \
+                     unregistered during the transfer, or it is not mapped",
+                    job.len, job.local
+                );
+                crate::log_limit::warn_limited!("a slice to segment {:?}: {why}", req.seg.name);
+                req.batch.note_failure(req.task, &why);
+                if let Some(t) = task {
+                    t.finish_slice(job.len, false);
+                }
+                return;
+            }
             Outcome::Failed { hard } => Some(hard),
             // The rail's transport cannot reach the peer: as a rail that
             // cannot connect.
@@ -162,6 +175,7 @@ impl<C: Carrier> Scheduler<C> {
                     task: req.task,
                     write: req.write,
                     gpu: req.gpu,
+                    local: req.local.clone(),
                     local_slot: req.local_slot,
                     route: me.route_of(&seg),
                     seg,

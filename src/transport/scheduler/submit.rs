@@ -7,7 +7,7 @@ use super::job::{Job, RailSet, Request};
 use super::route::{Group, slot_of};
 use super::{Carrier, Scheduler, planner};
 use crate::metadata::descriptor::SegmentDesc;
-use crate::transport::{LocalSide, Slice, Submission, Transfer};
+use crate::transport::{Slice, Submission, Transfer};
 use once_cell::sync::OnceCell;
 use std::sync::Arc;
 
@@ -24,10 +24,11 @@ impl<C: Carrier> Scheduler<C> {
             task,
             seg,
             xfer,
-            local: LocalSide { location, end, gpu },
+            local: side,
             fallback,
             refresh,
         } = sub;
+        let (end, gpu) = (side.end, side.gpu);
         let Transfer {
             local,
             remote,
@@ -40,13 +41,14 @@ impl<C: Carrier> Scheduler<C> {
         let pieces = self.pieces(&seg.desc, local, remote, len, end);
         t.add_slices(pieces.len() as u64);
         let route = self.route_of(&seg);
-        let local_slot = slot_of(&route.local_locs, &location);
+        let local_slot = slot_of(&route.local_locs, &side.location);
         let req = Arc::new(Request {
             sched: self.clone(),
             batch: batch.clone(),
             task,
             write,
             gpu,
+            local: side,
             local_slot,
             seg,
             route,
@@ -151,6 +153,7 @@ impl<C: Carrier> Scheduler<C> {
             len: job.len,
             write: req.write,
             local_gpu: req.gpu,
+            local_fence: req.local.fence_for(job.local, job.len),
             done: Box::new(move |o| Scheduler::finished(job, o)),
         };
         self.carrier.post(rail, slice, remote_key);

@@ -241,6 +241,7 @@ fn send<C: Carrier>(
         location: location.into(),
         end: None,
         gpu: None,
+        fence: None,
     };
     submit_to(sched, &batch, seg, xfer, side, None, refresh);
     batch

@@ -212,6 +212,7 @@ impl Transport for Shm {
             task,
             seg,
             xfer,
+            local: side,
             fallback,
             ..
         } = sub;
@@ -244,6 +245,15 @@ impl Transport for Shm {
                     // The target checked the range and refused it: no
                     // other transport would be let in either.
                     Outcome::Rejected => t.finish_slice(0, false),
+                    // Our own memory: no other transport can use it either.
+                    Outcome::Local => {
+                        batch.note_failure(
+                            task,
+                            "the local memory of a slice could not be used: its buffer was \
+                             unregistered during the transfer, or it is not mapped",
+                        );
+                        t.finish_slice(0, false)
+                    }
                     // Unreachable by shared memory, or the link failed:
                     // the next transport moves the slice, if there is one.
                     Outcome::Unreachable | Outcome::Failed { .. } | Outcome::Interrupted => {
@@ -260,6 +270,7 @@ impl Transport for Shm {
                     len,
                     write: part.write,
                     local_gpu: None,
+                    local_fence: side.fence_for(part.local, len),
                     done,
                 },
             );

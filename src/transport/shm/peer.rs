@@ -10,6 +10,8 @@ use super::reads::{self, ReadJob};
 use super::ring::{Ring, Side, Status, Withdrawal};
 use super::table::{Backing, Lookup, Scan, SlotView};
 use super::{AttachFn, Shared, outcome_of, sys};
+use crate::memory::Fence;
+use crate::transport::local::copy_fenced;
 use crate::transport::{Outcome, Slice};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -801,10 +803,31 @@ fn read_group(shared: &Shared, mut job: ReadJob, scan: Scan<'_>) -> Option<ReadJ
     if pieces.is_empty() {
         return later;
     }
+    // Our registered buffers the READs land in stay registered during the
+    // copy; a READ whose buffer was unregistered since it was posted fails.
+    let fences: Vec<Option<Arc<Fence>>> =
+        checked.iter().map(|(s, _)| s.local_fence.clone()).collect();
+    let mut inside = Vec::with_capacity(fences.len());
+    for (i, f) in fences.iter().enumerate().rev() {
+        match f.as_ref().map(|f| f.enter()) {
+            Some(Some(g)) => inside.push(g),
+            Some(None) => {
+                pieces.remove(i);
+                let (slice, _) = checked.remove(i);
+                finish(shared, slice, Outcome::Local);
+            }
+            None => {}
+        }
+    }
+    if pieces.is_empty() {
+        return later;
+    }
     // SAFETY: each local range is the destination of a READ slice: memory
     // the engine checked (or the caller vouched for) and that nobody else
-    // touches until the slice ends, which happens after this call.
+    // touches until the slice ends, which happens after this call; where it
+    // is registered, we are inside its fence.
     let results = unsafe { cma::read_from(link.pid, &pieces) };
+    drop(inside);
     let mut last_error = None;
     let mut read = 0;
     let outcomes: Vec<Outcome> = checked
@@ -841,7 +864,9 @@ fn read_group(shared: &Shared, mut job: ReadJob, scan: Scan<'_>) -> Option<ReadJ
 
 /// A READ from a memfd-backed buffer of the target, by memcpy from our
 /// mapping of it, checked against the table after the copy; `None` if the
-/// buffer is not in a memfd we can map.
+/// buffer is not in a memfd we can map. The copy holds the fences of our
+/// registered buffers the destination overlaps (unregistering one stops
+/// it, and the READ fails).
 fn read_mapped(shared: &Shared, link: &Link, view: &SlotView, s: &Slice) -> Option<Outcome> {
     let b = view.backing?;
     let at = Backing {
@@ -851,15 +876,21 @@ fn read_mapped(shared: &Shared, link: &Link, view: &SlotView, s: &Slice) -> Opti
     let map = link.maps.get(&link.pidfd, &at, s.len)?;
     // SAFETY: the source lies inside the mapping (`PeerMaps::get` checked
     // it against its size, which is sealed); the destination is the READ's
-    // local buffer, ours until the slice ends. The target may write the
-    // source meanwhile, as it may during a copy over TCP.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            map.ptr().add(at.offset as usize),
-            s.local as usize as *mut u8,
-            s.len as usize,
+    // local buffer, ours until the slice ends, and fenced where it is
+    // registered. The target may write the source meanwhile, as it may
+    // during a copy over TCP.
+    let copied = unsafe {
+        copy_fenced(
+            map.ptr().add(at.offset as usize) as u64,
+            s.local,
+            s.len,
+            None,
+            s.local_fence.as_slice(),
         )
     };
+    if copied.is_err() {
+        return Some(Outcome::Local);
+    }
     shared.counters.mapped.fetch_add(s.len, Ordering::Relaxed);
     Some(if link.table.unchanged(view) {
         Outcome::Done

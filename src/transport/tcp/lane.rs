@@ -59,6 +59,10 @@ const MAX_BATCH_SLICES: usize = 64;
 const MAX_BATCH_BYTES: u64 = 4 << 20;
 /// Receive buffer of a connected lane.
 const RECV_BUF: usize = 64 * 1024;
+/// Times a request may go back to the queue unsent before it fails.
+const MAX_REQUEUES: u32 = 8;
+/// Why a request whose local buffer's fence refuses it fails.
+const UNREGISTERED: &str = "its local buffer was unregistered during the transfer";
 /// After a failed connect, the endpoint's lanes fail their slices at once
 /// for this long instead of connecting.
 const COOLDOWN: Duration = Duration::from_secs(1);
@@ -297,6 +301,10 @@ struct Req {
     got: u64,
     /// Sent again after its connection was closed by the peer.
     resent: bool,
+    /// Times it went back to the queue unsent ([`MAX_REQUEUES`]).
+    requeued: u32,
+    /// When the lane took it.
+    taken: Instant,
 }
 
 impl Req {
@@ -316,7 +324,20 @@ impl Req {
             status_ok: false,
             got: 0,
             resent: false,
+            requeued: 0,
+            taken: Instant::now(),
         }
+    }
+
+    /// Puts it back in line to go out again on a fresh connection, unless
+    /// it went back [`MAX_REQUEUES`] times or waited `within` since the
+    /// lane took it (then it fails: a request cannot loop without end).
+    fn requeue(&mut self, within: Duration) -> bool {
+        if self.requeued >= MAX_REQUEUES || self.taken.elapsed() >= within {
+            return false;
+        }
+        self.requeued += 1;
+        true
     }
 
     fn wire_len(&self) -> u64 {
@@ -404,6 +425,10 @@ impl Conn {
 enum Failure {
     /// The peer rejected the request at this pipeline index (v2).
     Rejected(usize),
+    /// The request at this pipeline index cannot use its local memory:
+    /// its buffer was unregistered, or the kernel refused the address
+    /// (EFAULT); why.
+    Local(usize, String),
     /// The peer closed or reset the connection.
     Closed(String),
     /// Anything else: a timeout, a malformed answer.
@@ -784,7 +809,7 @@ impl Lane {
         loop {
             let sent = match self.send() {
                 Ok(n) => n,
-                Err(e) => return self.fail(registry, Failure::Closed(e.to_string())),
+                Err(f) => return self.fail(registry, f),
             };
             let received = match self.receive() {
                 Ok(n) => n,
@@ -806,41 +831,69 @@ impl Lane {
     }
 
     /// Sends what the socket takes of the unsent requests; returns bytes.
-    fn send(&mut self) -> io::Result<usize> {
+    /// Each WRITE payload goes out inside its local buffer's fence: one
+    /// whose buffer was unregistered fails (as does one whose memory the
+    /// kernel refuses, EFAULT, found by sending the first request alone).
+    fn send(&mut self) -> Result<usize, Failure> {
         let Some(conn) = self.conn.as_mut() else {
             return Ok(0);
         };
-        let mut iov = Vec::new();
-        let mut bytes = 0u64;
-        for r in self
-            .pipeline
-            .iter()
-            .skip(self.send_at)
-            .take(MAX_BATCH_SLICES)
-        {
-            if bytes >= MAX_BATCH_BYTES {
-                break;
+        let mut most = MAX_BATCH_SLICES;
+        let n = loop {
+            let mut iov = Vec::new();
+            let mut inside = Vec::new();
+            let mut bytes = 0u64;
+            let mut requests = 0;
+            for (i, r) in self
+                .pipeline
+                .iter()
+                .enumerate()
+                .skip(self.send_at)
+                .take(most)
+            {
+                if bytes >= MAX_BATCH_BYTES {
+                    break;
+                }
+                if r.slice.write {
+                    match r.slice.local_fence.as_ref().map(|f| f.enter()) {
+                        Some(Some(g)) => inside.push(g),
+                        Some(None) if i == self.send_at => {
+                            return Err(Failure::Local(i, UNREGISTERED.into()));
+                        }
+                        // Sent once the requests before it are.
+                        Some(None) => break,
+                        None => {}
+                    }
+                }
+                let h = HEADER_LEN as u64;
+                if r.sent < h {
+                    iov.push(iovec(
+                        r.header[r.sent as usize..].as_ptr(),
+                        (h - r.sent) as usize,
+                    ));
+                }
+                if r.slice.write {
+                    let off = r.sent.saturating_sub(h);
+                    iov.push(iovec(
+                        (r.slice.local + off) as usize as *const u8,
+                        (r.slice.len - off) as usize,
+                    ));
+                    bytes += r.slice.len - off;
+                }
+                requests += 1;
             }
-            let h = HEADER_LEN as u64;
-            if r.sent < h {
-                iov.push(iovec(
-                    r.header[r.sent as usize..].as_ptr(),
-                    (h - r.sent) as usize,
-                ));
+            if iov.is_empty() {
+                return Ok(0);
             }
-            if r.slice.write {
-                let off = r.sent.saturating_sub(h);
-                iov.push(iovec(
-                    (r.slice.local + off) as usize as *const u8,
-                    (r.slice.len - off) as usize,
-                ));
-                bytes += r.slice.len - off;
+            match send_some(conn.stream.as_raw_fd(), &iov) {
+                Ok(n) => break n,
+                Err(e) if e.raw_os_error() == Some(libc::EFAULT) && requests > 1 => most = 1,
+                Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
+                    return Err(Failure::Local(self.send_at, format!("sendmsg: {e}")));
+                }
+                Err(e) => return Err(Failure::Closed(e.to_string())),
             }
-        }
-        if iov.is_empty() {
-            return Ok(0);
-        }
-        let n = send_some(conn.stream.as_raw_fd(), &iov)?;
+        };
         conn.traffic.add_sent(n);
         let mut left = n as u64;
         while left > 0 {
@@ -927,6 +980,11 @@ impl Lane {
             }
             let want = (r.slice.len - r.got) as usize;
             let dst = (r.slice.local + r.got) as usize as *mut u8;
+            // The payload lands inside its local buffer's fence.
+            let inside = match r.slice.local_fence.as_ref().map(|f| f.enter()) {
+                Some(None) => return Err(Failure::Local(self.recv_at, UNREGISTERED.into())),
+                inside => inside.flatten(),
+            };
             let n = if !conn.rbuf.is_empty() {
                 // SAFETY: the caller's READ destination is valid for `len`
                 // bytes until its task is terminal, which this lane decides.
@@ -946,6 +1004,9 @@ impl Lane {
                     Ok((Recv::Eof, _)) => {
                         return Err(Failure::Closed("peer closed the connection".into()));
                     }
+                    Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
+                        return Err(Failure::Local(self.recv_at, format!("recvmsg: {e}")));
+                    }
                     Err(e) => return Err(Failure::Closed(e.to_string())),
                 }
             } else {
@@ -958,6 +1019,7 @@ impl Lane {
                     Err(e) => return Err(Failure::Closed(e.to_string())),
                 }
             };
+            drop(inside);
             r.got += n as u64;
             total += n;
         }
@@ -979,21 +1041,26 @@ impl Lane {
     }
 
     /// Ends the connection after a failure: the connection is reset; the
-    /// rejected request is reported rejected; requests the peer did not
-    /// get to (behind a rejection, or cut off by the peer's close before
-    /// any answer, once) go out again on a fresh connection; the others
-    /// fail, so the scheduler can move them to another rail at once.
+    /// rejected request is reported rejected, the one that cannot use its
+    /// local memory fails as such; requests the peer did not get to
+    /// (behind a rejection, or cut off by the close before any answer,
+    /// once) go out again on a fresh connection, a few times within the
+    /// stall timeout at most ([`Req::requeue`]); the others fail, so the
+    /// scheduler can move them to another rail at once.
     fn fail(&mut self, registry: &Registry, failure: Failure) {
         self.disconnect(registry, true);
         let t = &self.shared.target;
+        let within = self.shared.timeouts.stall;
         let mut again = VecDeque::new();
         for (i, mut r) in std::mem::take(&mut self.pipeline).into_iter().enumerate() {
+            let cut_off = matches!(&failure, Failure::Closed(_) | Failure::Local(..));
             let outcome = match &failure {
                 _ if r.done() => Some(Outcome::Done),
                 Failure::Rejected(at) if i == *at => Some(Outcome::Rejected),
-                Failure::Rejected(at) if i > *at => None,
-                Failure::Closed(_) if r.sent == 0 => None,
-                Failure::Closed(_) if !r.resent && !r.any_answer() => {
+                Failure::Local(at, _) if i == *at => Some(Outcome::Local),
+                Failure::Rejected(at) if i > *at && r.requeue(within) => None,
+                _ if cut_off && r.sent == 0 && r.requeue(within) => None,
+                _ if cut_off && !r.resent && !r.any_answer() => {
                     r.resent = true;
                     None
                 }
@@ -1001,18 +1068,28 @@ impl Lane {
             };
             match outcome {
                 Some(o) => {
-                    if matches!(o, Outcome::Failed { .. }) {
+                    let why = match (o, &failure) {
+                        (Outcome::Local, Failure::Local(_, w))
+                        | (Outcome::Failed { .. }, Failure::Closed(w) | Failure::Broken(w)) => {
+                            Some(w.as_str())
+                        }
+                        (Outcome::Failed { .. }, Failure::Rejected(_)) => {
+                            Some("an earlier request was rejected")
+                        }
+                        (Outcome::Failed { .. }, Failure::Local(..)) => {
+                            Some("an earlier request's local memory failed")
+                        }
+                        _ => None,
+                    };
+                    if let Some(why) = why {
                         crate::log_limit::warn_limited!(
-                            "tcp: {} of {} bytes at {:#x} to {}:{} failed: {}",
+                            "tcp: {} of {} bytes at {:#x} (local {:#x}) to {}:{} failed: {why}",
                             if r.slice.write { "WRITE" } else { "READ" },
                             r.slice.len,
                             r.slice.remote,
+                            r.slice.local,
                             t.host,
                             t.port,
-                            match &failure {
-                                Failure::Closed(w) | Failure::Broken(w) => w.as_str(),
-                                Failure::Rejected(_) => "an earlier request was rejected",
-                            }
                         );
                     }
                     self.shared.finish(r.slice, o);

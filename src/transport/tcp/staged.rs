@@ -10,6 +10,7 @@
 //! the other half to the others until it is given up on.
 
 use super::{LaneTarget, TcpTransport};
+use crate::memory::Fence;
 use crate::memory::staging::{self, Lent, StagingPool};
 use crate::sync;
 use crate::transport::{Outcome, Slice};
@@ -87,6 +88,7 @@ pub fn post(
         remote,
         len,
         write,
+        local_fence,
         done,
         ..
     } = slice;
@@ -105,6 +107,7 @@ pub fn post(
             len: (len - off).min(chunk),
             write,
             gpu,
+            fence: local_fence.clone(),
         };
         let (route, join) = (route.clone(), join.clone());
         pool.lend(
@@ -125,6 +128,33 @@ struct Piece {
     len: u64,
     write: bool,
     gpu: u32,
+    /// The fence of the registered GPU buffer it moves, held across each
+    /// driver copy of it.
+    fence: Option<Arc<Fence>>,
+}
+
+/// Copies `len` bytes from `src` to `dst` with the driver, inside `fence`
+/// (the GPU side's buffer); `Err(None)` once the fence refuses, `Err(why)`
+/// when the driver fails.
+///
+/// # Safety
+/// As [`staging::copy`], for GPU memory that `fence` (if any) guards.
+unsafe fn fenced_copy(
+    dst: u64,
+    src: u64,
+    len: u64,
+    gpu: u32,
+    fence: Option<&Fence>,
+) -> Result<(), Option<String>> {
+    let inside = match fence.map(Fence::enter) {
+        Some(None) => return Err(None),
+        inside => inside.flatten(),
+    };
+    // SAFETY: guaranteed by the caller; the GPU buffer, where registered,
+    // stays registered until we leave its fence.
+    let copied = unsafe { staging::copy(dst, src, len as usize, gpu) };
+    drop(inside);
+    copied.map_err(Some)
 }
 
 impl Piece {
@@ -137,23 +167,31 @@ impl Piece {
             len,
             write,
             gpu,
+            fence,
         } = self;
         if write {
             // SAFETY: the caller's GPU source stays valid until its task
-            // ends, as the C API requires; the buffer is lent to us alone.
-            if let Err(e) = unsafe { staging::copy(staged, local, len as usize, gpu) } {
-                crate::log_limit::warn_limited!("tcp: staging a WRITE from GPU {gpu}: {e}");
-                return join.piece(Outcome::Failed { hard: false });
+            // ends, as the C API requires (and registered, inside its
+            // fence); the buffer is lent to us alone.
+            match unsafe { fenced_copy(staged, local, len, gpu, fence.as_deref()) } {
+                Ok(()) => {}
+                Err(None) => return join.piece(Outcome::Local),
+                Err(Some(e)) => {
+                    crate::log_limit::warn_limited!("tcp: staging a WRITE from GPU {gpu}: {e}");
+                    return join.piece(Outcome::Failed { hard: false });
+                }
             }
         }
         let done = Box::new(move |outcome: Outcome| {
             let outcome = match (outcome, write) {
                 (Outcome::Done, false) => {
                     // SAFETY: the READ's bytes are in the lent buffer; the
-                    // GPU destination stays valid until its task ends.
-                    match unsafe { staging::copy(local, staged, len as usize, gpu) } {
+                    // GPU destination stays valid until its task ends (and
+                    // registered, inside its fence).
+                    match unsafe { fenced_copy(local, staged, len, gpu, fence.as_deref()) } {
                         Ok(()) => Outcome::Done,
-                        Err(e) => {
+                        Err(None) => Outcome::Local,
+                        Err(Some(e)) => {
                             crate::log_limit::warn_limited!(
                                 "tcp: staging a READ into GPU {gpu}: {e}"
                             );
@@ -175,6 +213,8 @@ impl Piece {
                 len,
                 write,
                 local_gpu: None,
+                // The staging buffer is the transport's own.
+                local_fence: None,
                 done,
             },
         );

@@ -139,6 +139,14 @@ impl Local {
         done: impl FnOnce(Outcome) + Send + 'static,
     ) {
         let (local, remote, len, write) = s;
+        // As the engine does: the fence of our registered buffer holding
+        // the local range, if one does.
+        let local_fence = self
+            .registry
+            .read()
+            .unwrap()
+            .find_fenced(local, len)
+            .map(|(_, f)| f.clone());
         self.shm.post(
             peer,
             Slice {
@@ -147,6 +155,7 @@ impl Local {
                 len,
                 write,
                 local_gpu: None,
+                local_fence,
                 done: Box::new(done),
             },
         );
@@ -759,6 +768,7 @@ fn stream(
                 len: spec.len,
                 write: spec.write,
                 local_gpu: None,
+                local_fence: None,
                 done: Box::new(move |o| {
                     let _ = tx.send((j, o));
                 }),

@@ -10,6 +10,7 @@
 
 use super::buf::Buf;
 use super::harness::*;
+use crate::transport::Outcome;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -189,6 +190,76 @@ fn reads_while_unregistering(test: &str, shared: bool) {
         mapped > 0,
         shared,
         "memfd buffers are copied through mappings"
+    );
+    child.exit();
+    local.shm.shutdown();
+}
+
+/// Our READs copied by memcpy from a child's memfd buffer stop at the
+/// unregister of their destination: after it returns we unmap the
+/// destination (before the fence, a copy still running there killed the
+/// process), and every READ ends, Done or failed for its local memory.
+#[test]
+fn mapped_reads_stop_at_the_unregister_of_their_destination() {
+    let test = two_process_test!("mapped_reads_stop_at_the_unregister_of_their_destination");
+    let local = Local::start();
+    let child = Child::spawn(test, &[], &[]);
+    let size = 64u64 << 20;
+    let c_src = child.alloc_in(size, Some(7), true, true);
+    let peer = child.peer_of(&local);
+    let mut failed = 0;
+    for _ in 0..ROUNDS {
+        // SAFETY: a fresh anonymous mapping of ours.
+        let dst = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(dst, libc::MAP_FAILED);
+        let dst = dst as u64;
+        local.register(dst, size, true);
+        let mapped = local.shm.stats().mapped;
+        let (tx, rx) = std::sync::mpsc::channel();
+        for (i, s) in slices(dst, c_src, size, 1 << 20, false)
+            .into_iter()
+            .enumerate()
+        {
+            let tx = tx.clone();
+            local.post(&peer, s, move |o| {
+                let _ = tx.send((i, o));
+            });
+        }
+        let start = Instant::now();
+        while local.shm.stats().mapped == mapped {
+            assert!(start.elapsed() < HANG, "nothing is read");
+            std::hint::spin_loop();
+        }
+        local.unregister(dst);
+        // SAFETY: our mapping, unregistered: no copy of ours is inside it.
+        let unmapped = unsafe { libc::munmap(dst as *mut libc::c_void, size as usize) };
+        assert_eq!(unmapped, 0);
+        let outcomes: Vec<_> = (0..64)
+            .map(|_| rx.recv_timeout(HANG).expect("a READ ended").1)
+            .collect();
+        assert!(
+            outcomes
+                .iter()
+                .all(|o| matches!(o, Outcome::Done | Outcome::Local)),
+            "{outcomes:?}"
+        );
+        failed += outcomes.iter().filter(|o| **o != Outcome::Done).count();
+        if failed > 0 {
+            break;
+        }
+    }
+    assert!(
+        failed > 0,
+        "every READ ended before the unregister in every round"
     );
     child.exit();
     local.shm.shutdown();
