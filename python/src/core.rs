@@ -11,6 +11,7 @@ use crate::managed::Managed;
 use crate::wait;
 use std::collections::HashMap;
 use std::mem;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use transfer_engine::Error;
@@ -98,6 +99,36 @@ pub struct Core {
     pub pinned: Mutex<HashMap<u64, Local>>,
     /// `MC_TRANSFER_TIMEOUT`.
     timeout: Duration,
+    /// The [`forks`] count when the engine was created: in a child
+    /// `fork()`ed since, the engine has no threads, and its rings, sockets
+    /// and metadata are the parent's, so the child never uses or stops it.
+    forks: u64,
+}
+
+/// Forks this process's lineage has been through: each child adds one
+/// (`pthread_atfork`, installed by [`count_forks`]).
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn forked_child() {
+    FORKS.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Counts the forks from now on (once per process; the module's init).
+pub fn count_forks() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a handler that only adds to an atomic, which is
+        // async-signal-safe, as a child's atfork handler must be.
+        let rc = unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+        if rc != 0 {
+            tracing::warn!("pthread_atfork failed ({rc}): a forked child may misuse an engine");
+        }
+    });
+}
+
+/// The forks so far.
+fn forks() -> u64 {
+    FORKS.load(Ordering::SeqCst)
 }
 
 /// Locks `m`, also after a panic elsewhere poisoned it.
@@ -117,7 +148,14 @@ impl Core {
             ended: Mutex::default(),
             pinned: Mutex::default(),
             timeout: Duration::from_secs(transfer_timeout_secs),
+            forks: forks(),
         }
+    }
+
+    /// Whether this process is a child `fork()`ed after the engine was
+    /// created (the engine is its parent's).
+    pub fn forked(&self) -> bool {
+        self.forks != forks()
     }
 
     /// Frees the abandoned batches whose tasks have all ended; their
@@ -447,9 +485,17 @@ impl Core {
 
 impl Drop for Core {
     fn drop(&mut self) {
-        // No transfer may touch managed memory or an object once it is
-        // released (the fields are dropped after this).
-        self.engine.shutdown();
+        if self.forked() {
+            // The parent's engine: its threads are not in this process and
+            // its metadata, rings and peers are the parent's. Left alone
+            // (this process's copy of it is never freed); the objects below
+            // are this process's own copies, released as usual.
+            std::mem::forget(self.engine.clone());
+        } else {
+            // No transfer may touch managed memory or an object once it is
+            // released (the fields are dropped after this).
+            self.engine.shutdown();
+        }
         let mut objects = mem::take(self.ended.get_mut().unwrap_or_else(|e| e.into_inner()));
         let pending = mem::take(self.pending.get_mut().unwrap_or_else(|e| e.into_inner()));
         objects.extend(pending.into_values().flat_map(|p| p.objects));

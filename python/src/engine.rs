@@ -109,14 +109,50 @@ fn non_null(addr: u64, what: &str) -> PyResult<()> {
     Ok(())
 }
 
-/// Refuses `[addr, addr + len)` when it is GPU memory, which these
-/// helpers would copy with the CPU.
+/// Refuses `[addr, addr + len)` unless it is mapped host memory of this
+/// process: a range that wraps or is longer than `isize::MAX`, one with a
+/// page no mapping holds (asked of the kernel, which touches nothing), or
+/// GPU memory, which these helpers would copy with the CPU.
 fn host_memory(addr: u64, len: usize, what: &str) -> PyResult<()> {
+    let end = addr
+        .checked_add(len as u64)
+        .filter(|_| isize::try_from(len).is_ok())
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "{what} {addr:#x} and a length of {len} bytes go past the end of memory"
+            ))
+        })?;
+    if !mapped(addr, end) {
+        return Err(PyValueError::new_err(format!(
+            "{what} {addr:#x}+{len} is not memory of this process (a part of it is not mapped)"
+        )));
+    }
     match transfer_engine::residence(addr, len as u64) {
         transfer_engine::Residence::Host => Ok(()),
         gpu => Err(PyValueError::new_err(format!(
             "{what} {addr:#x} is {gpu}; this function copies with the CPU"
         ))),
+    }
+}
+
+/// Whether every page of `[addr, end)` is mapped in this process:
+/// `msync(MS_ASYNC)`, which does nothing to memory but fails with ENOMEM
+/// where a page of the range is not mapped.
+fn mapped(addr: u64, end: u64) -> bool {
+    if end == addr {
+        return true;
+    }
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+    let start = addr - addr % page;
+    // SAFETY: msync only checks the range's mappings with MS_ASYNC; it
+    // reads and writes no memory.
+    unsafe {
+        libc::msync(
+            start as *mut libc::c_void,
+            (end - start) as usize,
+            libc::MS_ASYNC,
+        ) == 0
     }
 }
 
@@ -145,7 +181,8 @@ fn location_regions(entries: &[(u64, u64)], location: &str, remote: bool) -> OpR
 impl TransferEngine {
     /// The initialized engine, or `RuntimeError`.
     fn core(&self) -> PyResult<Arc<Core>> {
-        self.core
+        let core = self
+            .core
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
@@ -153,7 +190,14 @@ impl TransferEngine {
                 PyRuntimeError::new_err(
                     "the TransferEngine is not initialized; call initialize() first",
                 )
-            })
+            })?;
+        if core.forked() {
+            return Err(PyRuntimeError::new_err(
+                "this TransferEngine was initialized in the parent of this forked process, \
+                 which cannot use it (close() it, or initialize a new one here)",
+            ));
+        }
+        Ok(core)
     }
 
     /// Runs `op` on the initialized engine with the GIL released, then
@@ -787,14 +831,17 @@ impl TransferEngine {
     /// Copies the first `length` bytes of `src` (bytes, str as UTF-8, or
     /// any buffer) to `dest_address`.
     ///
-    /// Returns 0. Raises `ValueError` for address 0 or a `length` beyond
-    /// `src`, or GPU memory at `dest_address`.
+    /// Returns 0. Raises `ValueError` for address 0, a `length` beyond
+    /// `src`, a destination that is not mapped memory of this process, or
+    /// GPU memory at `dest_address`; `RuntimeError` when the engine is not
+    /// initialized.
     fn write_bytes_to_buffer(
         &self,
         dest_address: u64,
         src: &Bound<'_, PyAny>,
         length: usize,
     ) -> PyResult<i32> {
+        self.core()?;
         non_null(dest_address, "dest_address")?;
         let copy = |data: &[u8]| -> PyResult<i32> {
             if length > data.len() {
@@ -825,13 +872,16 @@ impl TransferEngine {
 
     /// The `length` bytes at `source_address`, as `bytes`.
     ///
-    /// Raises `ValueError` for address 0 and for GPU memory.
+    /// Raises `ValueError` for address 0, a range that is not mapped memory
+    /// of this process (checked before anything is allocated), and for GPU
+    /// memory; `RuntimeError` when the engine is not initialized.
     fn read_bytes_from_buffer<'py>(
         &self,
         py: Python<'py>,
         source_address: u64,
         length: usize,
     ) -> PyResult<Bound<'py, PyBytes>> {
+        self.core()?;
         non_null(source_address, "source_address")?;
         host_memory(source_address, length, "source_address")?;
         // SAFETY: the caller vouches for `length` readable bytes at
@@ -1176,12 +1226,23 @@ impl TransferEngine {
     }
 
     /// Stops the engine: its listeners and threads end, its metadata is
-    /// removed; then, with no transfer running any more, managed buffers,
-    /// registered objects and the objects of unfinished batches are
-    /// released. The object can be initialized again. Idempotent.
+    /// removed, and every transfer ends (a call other threads are inside
+    /// returns an error); once this returns, no peer reads or writes memory
+    /// registered with it. Then, with no transfer running any more, managed
+    /// buffers, registered objects and the objects of unfinished batches
+    /// are released (those a call still running in another thread holds,
+    /// once it returns). The object can be initialized again. Idempotent.
     fn close(&self, py: Python<'_>) {
         let old = self.core.write().unwrap_or_else(|e| e.into_inner()).take();
-        py.detach(move || drop(old));
+        py.detach(move || {
+            // Another thread inside a call holds the core too: stop the
+            // engine now rather than when the last holder lets go (a forked
+            // child's core is its parent's engine, which it leaves alone).
+            if let Some(core) = old.as_ref().filter(|c| !c.forked()) {
+                core.engine.shutdown();
+            }
+            drop(old)
+        });
     }
 
     /// Returns the engine; `with` closes it on exit.

@@ -17,6 +17,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     transfer_engine::init_logging();
+    core::count_forks();
     m.add_class::<engine::TransferEngine>()?;
     m.add_class::<notify::TransferNotify>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -28,15 +28,16 @@ def alias_python() -> str:
     return path
 
 
-def run(python: str, code: str, value=None, pythonpath=None, timeout=120):
-    """Runs `code` under `python` with the alias variable set to `value`."""
+def run(python: str, code: str, value=None, pythonpath=None, timeout=120, cwd="/"):
+    """Runs `code` under `python` with the alias variable set to `value`,
+    in directory `cwd` (first on `sys.path`)."""
     env = {k: v for k, v in os.environ.items() if k not in (VAR, "PYTHONPATH")}
     if value is not None:
         env[VAR] = value
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     return subprocess.run(
-        [python, "-c", code], env=env, capture_output=True, text=True, timeout=timeout, cwd="/"
+        [python, "-c", code], env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd
     )
 
 
@@ -94,6 +95,21 @@ def test_a_mooncake_on_the_path_wins_with_one_warning(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "theirs", r.stdout
     assert r.stderr.count("Mooncake is installed") == 1, r.stderr
+
+
+def test_a_directory_named_mooncake_is_not_a_mooncake(tmp_path):
+    # An empty directory in the working directory (a namespace package to
+    # Python), and a package without `engine` (a folder of configuration).
+    (tmp_path / "mooncake").mkdir()
+    config = tmp_path / "config"
+    (config / "mooncake").mkdir(parents=True)
+    (config / "mooncake" / "__init__.py").write_text("")
+    (config / "mooncake" / "settings.yaml").write_text("a: 1\n")
+    for cwd, pythonpath in ((tmp_path, None), ("/", config)):
+        r = run(alias_python(), WHICH, "1", pythonpath, cwd=cwd)
+        assert r.returncode == 0, (cwd, r.stderr)
+        assert r.stdout.strip() == "ours", (cwd, r.stdout)
+        assert "Mooncake is installed" not in r.stderr, r.stderr
 
 
 def test_force_wins_over_a_mooncake_on_the_path(tmp_path):

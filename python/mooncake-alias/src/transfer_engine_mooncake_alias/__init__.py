@@ -8,8 +8,9 @@ when the environment variable ``TRANSFER_ENGINE_AS_MOONCAKE`` asks:
 
 * unset, empty or ``0``: nothing is installed, nothing changes;
 * ``1`` (or any other value): the alias is installed, but a real Mooncake
-  found on ``sys.path`` when ``mooncake`` is first imported wins: a
-  warning says so once, and Mooncake is imported as usual;
+  (a ``mooncake`` package that provides ``mooncake.engine``) found on
+  ``sys.path`` when ``mooncake`` is first imported wins: a warning says so
+  once, and Mooncake is imported as usual;
 * ``force``: the alias wins over an installed Mooncake.
 
 The package's ``.pth`` file calls :func:`install` at interpreter start-up
@@ -48,11 +49,22 @@ class MooncakeAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self._yielded = False
 
     def _real_mooncake(self):
-        """Where a real Mooncake package is on ``sys.path``, or ``None``."""
+        """Where a real Mooncake is on ``sys.path``, or ``None``.
+
+        Real means a ``mooncake`` package that provides ``mooncake.engine``:
+        any directory named ``mooncake`` (an empty one in the working
+        directory, a folder of configuration) is a namespace package to
+        Python's import system, and a ``mooncake`` module or a package
+        without ``engine`` cannot be what a client imports.
+        """
         spec = importlib.machinery.PathFinder.find_spec("mooncake", sys.path)
-        if spec is None:
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        if not locations:
             return None
-        return spec.origin or next(iter(spec.submodule_search_locations or []), "?")
+        engine = importlib.machinery.PathFinder.find_spec("mooncake.engine", locations)
+        if engine is None:
+            return None
+        return engine.origin or next(iter(engine.submodule_search_locations or []), "?")
 
     def find_spec(self, fullname, path=None, target=None):
         """A spec for the two served names; ``None`` for everything else."""
