@@ -728,21 +728,25 @@ pub(crate) fn drain(shared: &Shared, wait: Option<Duration>) {
 /// range is checked in the target's table before the copy and again
 /// after. `scan`: whether this thread may bring our index of a target's
 /// table up to date; READs that an older index cannot answer go back to
-/// the queue for a thread that can (returns whether any did).
+/// the queue for a thread that can. Returns whether any READ ended.
 pub(crate) fn run_reads(shared: &Shared, jobs: Vec<ReadJob>, scan: Scan<'_>) -> bool {
     let mut jobs = jobs.into_iter().peekable();
-    let mut requeued = false;
+    let mut ended = false;
     while let Some(mut first) = jobs.next() {
         while let Some(j) = jobs.next_if(|j| Arc::ptr_eq(&j.link, &first.link)) {
             first.slices.extend(j.slices);
             first.asked = first.asked.max(j.asked);
         }
-        if let Some(later) = read_group(shared, first, scan) {
-            requeued = true;
-            shared.reads.push(later);
+        let taken = first.slices.len();
+        match read_group(shared, first, scan) {
+            Some(later) => {
+                ended |= later.slices.len() < taken;
+                shared.reads.push(later);
+            }
+            None => ended = true,
         }
     }
-    requeued
+    ended
 }
 
 /// Executes one target's READs; returns those the index could not answer

@@ -193,13 +193,10 @@ fn spin(shared: &Shared, gaps: &Gaps) -> bool {
 /// it does stays short however large or hostile a peer's table is).
 pub(crate) fn pass(shared: &Shared, results: bool, scan: Scan<'_>) -> bool {
     let mut found = false;
+    let (served, links) = (shared.served(), shared.links());
     if let Scan::Try(_) = scan {
-        for s in shared.served().iter() {
-            s.refresh(scan);
-        }
-        for l in shared.links().iter() {
-            l.link.refresh(scan);
-        }
+        served.iter().for_each(|s| s.refresh(scan));
+        links.iter().for_each(|l| l.link.refresh(scan));
     }
     let jobs = shared.reads.take(BATCH, BATCH_BYTES);
     if !jobs.is_empty() {
@@ -207,13 +204,13 @@ pub(crate) fn pass(shared: &Shared, results: bool, scan: Scan<'_>) -> bool {
             shared.kick();
         }
         // READs only handed back for a newer index are no progress.
-        found = !peer::run_reads(shared, jobs, scan) || found;
+        found |= peer::run_reads(shared, jobs, scan);
     }
-    for s in shared.served().iter() {
+    for s in served.iter() {
         found |= serve::serve_one(shared, s, scan);
     }
     if results {
-        for l in shared.links().iter() {
+        for l in links.iter() {
             found |= l.core.reap(shared, &l.link);
         }
     }
