@@ -12,7 +12,7 @@ use crate::memory::{MemoryRegistry, Residence};
 use crate::peer_jobs::Finish;
 use crate::segment::RemoteSegment;
 use crate::sync;
-use crate::transport::local::{CopyJob, copy_fenced};
+use crate::transport::local::{CopyJob, copy_any};
 use crate::transport::plug::Plug;
 use crate::transport::scheduler::planner;
 use crate::transport::{
@@ -498,7 +498,23 @@ impl Engine {
             Opcode::Write => (r.source, r.target_offset),
             Opcode::Read => (r.target_offset, r.source),
         };
-        // Unregistering a buffer either side overlaps waits for the copy.
+        let cfg = &self.config;
+        let n = planner::slice_count(r.length, cfg.sched.slice_size, cfg.sched.fragment_limit);
+        task.add_slices(n);
+        if n == 1 {
+            // SAFETY: the target range was checked against the registry
+            // above; the source is the caller's memory, which the C API
+            // requires to be valid for `length` bytes. This submission holds
+            // the registry's read lock, which unregistering waits for: no
+            // buffer either side overlaps goes away during the copy.
+            match unsafe { copy_any(src, dst, r.length, gpu) } {
+                Ok(()) => task.finish_slice(r.length, true),
+                Err(why) => Self::copy_failed(batch, id, &why),
+            }
+            return;
+        }
+        // The copy threads hold no lock: unregistering a buffer either side
+        // overlaps waits for their copies through its fence.
         let mut fences: Vec<Arc<Fence>> = Vec::new();
         for f in memory
             .fences_over(src, r.length)
@@ -509,20 +525,6 @@ impl Engine {
             }
         }
         let fences: Arc<[Arc<Fence>]> = fences.into();
-        let cfg = &self.config;
-        let n = planner::slice_count(r.length, cfg.sched.slice_size, cfg.sched.fragment_limit);
-        task.add_slices(n);
-        if n == 1 {
-            // SAFETY: the target range was checked against the registry
-            // above; the source is the caller's memory, which the C API
-            // requires to be valid for `length` bytes; registered buffers
-            // either side overlaps are fenced.
-            match unsafe { copy_fenced(src, dst, r.length, gpu, &fences) } {
-                Ok(()) => task.finish_slice(r.length, true),
-                Err(why) => Self::copy_failed(batch, id, &why),
-            }
-            return;
-        }
         for (off, len) in planner::slices(r.length, cfg.sched.slice_size, cfg.sched.fragment_limit)
         {
             let batch = batch.clone();

@@ -230,12 +230,20 @@ impl LocalSide {
     /// request's local address) holds: the buffer's, if it holds all of
     /// the slice ([`Slice::local_fence`]).
     pub fn fence_for(&self, local: u64, len: u64) -> Option<Arc<Fence>> {
-        let end = self.end?;
-        local
-            .checked_add(len)
-            .is_some_and(|e| e <= end)
-            .then(|| self.fence.clone())
-            .flatten()
+        self.holds(local, len).then(|| self.fence.clone()).flatten()
+    }
+
+    /// [`LocalSide::fence_for`] for the request's last slice: the fence
+    /// moves to it (the request's slices need no more clones of it).
+    pub fn take_fence_for(&mut self, local: u64, len: u64) -> Option<Arc<Fence>> {
+        self.holds(local, len).then(|| self.fence.take()).flatten()
+    }
+
+    /// Whether the registered buffer holds all of `[local, local + len)`
+    /// (`local` at or after the request's local address).
+    fn holds(&self, local: u64, len: u64) -> bool {
+        self.end
+            .is_some_and(|end| local.checked_add(len).is_some_and(|e| e <= end))
     }
 }
 

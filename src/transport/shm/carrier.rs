@@ -212,7 +212,7 @@ impl Transport for Shm {
             task,
             seg,
             xfer,
-            local: side,
+            local: mut side,
             fallback,
             ..
         } = sub;
@@ -228,7 +228,8 @@ impl Transport for Shm {
         let pieces: Vec<(u64, u64)> =
             planner::slices(xfer.len, self.slice_size, self.fragment_limit).collect();
         t.add_slices(pieces.len() as u64);
-        for (off, len) in pieces {
+        let last = pieces.len().saturating_sub(1);
+        for (k, (off, len)) in pieces.into_iter().enumerate() {
             let part = Transfer {
                 local: xfer.local + off,
                 remote: xfer.remote + off,
@@ -270,7 +271,11 @@ impl Transport for Shm {
                     len,
                     write: part.write,
                     local_gpu: None,
-                    local_fence: side.fence_for(part.local, len),
+                    local_fence: if k == last {
+                        side.take_fence_for(part.local, len)
+                    } else {
+                        side.fence_for(part.local, len)
+                    },
                     done,
                 },
             );

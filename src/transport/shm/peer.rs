@@ -809,43 +809,54 @@ fn read_group(shared: &Shared, mut job: ReadJob, scan: Scan<'_>) -> Option<ReadJ
     }
     // Our registered buffers the READs land in stay registered during the
     // copy; a READ whose buffer was unregistered since it was posted fails.
-    let fences: Vec<Option<Arc<Fence>>> =
-        checked.iter().map(|(s, _)| s.local_fence.clone()).collect();
-    let mut inside = Vec::with_capacity(fences.len());
-    for (i, f) in fences.iter().enumerate().rev() {
-        match f.as_ref().map(|f| f.enter()) {
+    let mut inside = Vec::with_capacity(checked.len());
+    let mut refused = vec![false; checked.len()];
+    for ((s, _), refused) in checked.iter().zip(refused.iter_mut()) {
+        match s.local_fence.as_deref().map(Fence::enter) {
             Some(Some(g)) => inside.push(g),
-            Some(None) => {
-                pieces.remove(i);
-                let (slice, _) = checked.remove(i);
-                finish(shared, slice, Outcome::Local);
-            }
+            Some(None) => *refused = true,
             None => {}
         }
     }
-    if pieces.is_empty() {
-        return later;
-    }
+    let kept: Vec<Piece>;
+    let copied = if refused.contains(&true) {
+        kept = pieces
+            .iter()
+            .zip(&refused)
+            .filter(|(_, r)| !**r)
+            .map(|(p, _)| *p)
+            .collect();
+        &kept
+    } else {
+        &pieces
+    };
     // SAFETY: each local range is the destination of a READ slice: memory
     // the engine checked (or the caller vouched for) and that nobody else
     // touches until the slice ends, which happens after this call; where it
     // is registered, we are inside its fence.
-    let results = unsafe { cma::read_from(link.pid, &pieces) };
+    let results = unsafe { cma::read_from(link.pid, copied) };
     drop(inside);
+    let mut results = results.into_iter();
     let mut last_error = None;
     let mut read = 0;
     let outcomes: Vec<Outcome> = checked
         .iter()
-        .zip(results)
-        .map(|((slice, view), r)| match r {
-            Ok(()) if link.table.unchanged(view) => {
-                read += slice.len;
-                Outcome::Done
+        .zip(&refused)
+        .map(|((slice, view), &refused)| {
+            if refused {
+                return Outcome::Local;
             }
-            Ok(()) => Outcome::Failed { hard: false },
-            Err(e) => {
-                last_error = Some(e);
-                outcome_of(e)
+            // One result per piece copied, in order.
+            match results.next() {
+                Some(Ok(())) if link.table.unchanged(view) => {
+                    read += slice.len;
+                    Outcome::Done
+                }
+                Some(Ok(())) | None => Outcome::Failed { hard: false },
+                Some(Err(e)) => {
+                    last_error = Some(e);
+                    outcome_of(e)
+                }
             }
         })
         .collect();
