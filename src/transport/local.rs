@@ -5,12 +5,14 @@
 //! side is GPU memory the CUDA driver copies instead of the CPU
 //! ([`crate::memory::staging::copy`]).
 //!
-//! A copy holds the fences of the registered buffers its two ranges
-//! overlap ([`crate::memory::fence`]) while it touches them, in pieces of
-//! at most [`FENCED_PIECE`]: unregistering one of those buffers waits for
-//! the piece being copied at most, and the copy's later pieces fail, so
-//! no byte of a local copy lands in (or is read from) a range once its
-//! unregistration has returned.
+//! A slice on the copy threads holds the fences of the registered buffers
+//! its two ranges overlap ([`crate::memory::fence`]) while it touches
+//! them, in pieces of at most [`FENCED_PIECE`]: unregistering one of those
+//! buffers waits for the piece being copied at most, and the copy's later
+//! pieces fail, so no byte of a local copy lands in (or is read from) a
+//! range once its unregistration has returned. (A request of one slice is
+//! copied by the submitting thread under the registry's read lock, which
+//! unregistering waits for.)
 
 use crate::memory::fence::Fence;
 use crate::memory::staging;
