@@ -77,6 +77,7 @@ pub(crate) mod transport;
 pub(crate) mod verbs;
 
 pub use batch::TaskStatus;
+pub use engine::cancel::CancelOutcome;
 pub use engine::config::{Config, ConfigError, ConfigResult, LogLevel, config};
 pub use engine::wait::{Backoff, BatchState, WaitOutcome};
 pub use engine::{Engine, EngineBuilder, LOCAL_SEGMENT_ID, Opcode, Request};

@@ -828,6 +828,27 @@ impl TransferEngine {
         })
     }
 
+    /// Cancels an asynchronous batch (one that `batch_transfer_async*` or
+    /// `transfer_submit_write` returned): its tasks not yet ended end
+    /// cancelled, slices not yet moving are withdrawn, and those a peer is
+    /// copying are waited for up to `timeout_ms` milliseconds.
+    ///
+    /// Returns 0 once no byte of the batch is read or written any more
+    /// (the batch is freed and its buffer objects released: they are the
+    /// caller's again), 1 when a slice was still held at the timeout (the
+    /// batch stays pending: cancel or wait again), -1 (logged) for an id
+    /// that is not a pending asynchronous batch.
+    #[pyo3(signature = (batch_id, timeout_ms = 1000))]
+    fn cancel_batch(&self, py: Python<'_>, batch_id: u64, timeout_ms: u64) -> PyResult<i32> {
+        let timeout = std::time::Duration::from_millis(timeout_ms);
+        Ok(
+            match self.run(py, |core| core.cancel_batch(batch_id, timeout))? {
+                Ok(code) => code,
+                Err(f) => code_of("cancel_batch", &f),
+            },
+        )
+    }
+
     /// Copies the first `length` bytes of `src` (bytes, str as UTF-8, or
     /// any buffer) to `dest_address`.
     ///

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import pattern, unique
@@ -239,6 +240,33 @@ def test_async_batches_and_status(pair):
     assert a.batch_transfer_async_write("127.0.0.1:1", srcs[:1], remotes[:1], lens[:1]) == 0
     bad = a.batch_transfer_async_write(b.local_name, srcs[:1], [16], [4096])
     assert bad and a.get_batch_transfer_status([bad]) == -1
+
+
+def test_cancel_batch_ends_an_async_batch_and_releases_its_buffers(make_engine):
+    a, b = make_engine(), make_engine()
+    size = 64 * MiB
+    mem = Memory(b, size)
+    src = bytearray(pattern(size, 3))
+    for _ in range(5):
+        bid = a.batch_transfer_async_write(b.local_name, [src], [mem.addr], [size])
+        assert bid
+        assert a.cancel_batch(bid, 5000) == 0
+        # Freed with its objects: the id is no longer known.
+        assert a.cancel_batch(bid, 0) == -1
+        assert a.transfer_check_status(bid) == -1
+        # The buffer is the caller's again: what it holds now never lands.
+        src[:] = b"\xee" * size
+        snapshot = mem.bytes()
+        time.sleep(0.05)
+        assert mem.bytes() == snapshot
+        assert b"\xee" not in snapshot
+        src[:] = pattern(size, 3)
+    assert a.cancel_batch(12345, 0) == -1
+    # A batch that may have ended already cancels as done, and is freed.
+    small = bytearray(pattern(4096, 4))
+    bid = a.batch_transfer_async_write(b.local_name, [small], [mem.addr], [4096])
+    assert a.cancel_batch(bid) == 0
+    assert a.transfer_check_status(bid) == -1
 
 
 def test_submit_write_and_check_status(pair):

@@ -16,6 +16,7 @@
 //!   ([`crate::peer_jobs`]), off the callers' threads;
 //! * [`wait`]: waiting for a whole batch without spinning.
 
+pub mod cancel;
 pub mod config;
 pub mod control;
 mod install;

@@ -4,7 +4,7 @@
 //! the next ([`Fallback`]).
 
 use super::{Engine, LOCAL_SEGMENT_ID, Opcode, Request, refused};
-use crate::batch::{Batch, PendingNotify, TaskStatus};
+use crate::batch::{Batch, PendingNotify, TaskRef, TaskStatus};
 use crate::error::{Error, Result};
 use crate::memory::fence::Fence;
 use crate::memory::staging;
@@ -322,6 +322,11 @@ impl Engine {
         r: &Request,
         fetched: Option<Arc<RemoteSegment>>,
     ) {
+        // Held open while it is submitted; a task cancelled while it
+        // waited ends here instead.
+        let Some(t) = batch.slot(task).filter(|t| t.begin()) else {
+            return;
+        };
         let seg = fetched.and_then(|_| self.segments.get(r.target_id));
         let installed = self.transports();
         let problem = match &seg {
@@ -339,6 +344,7 @@ impl Engine {
                 Self::fail_task(batch, task, format_args!("{}", problem.unwrap_or_default()))
             }
         }
+        t.finish_slice(0, true);
     }
 
     /// Calls `then`, in the background lane of the peer, once a fetch of
@@ -432,11 +438,14 @@ impl Engine {
     /// A slice of a copy within the process failed: the driver refused
     /// to copy GPU memory.
     fn copy_failed(batch: &Batch, id: usize, why: &str) {
-        crate::log_limit::warn_limited!("task {id}: {why}");
-        batch.note_failure(id, why);
-        if let Some(task) = batch.slot(id) {
-            task.finish_slice(0, false);
+        let Some(task) = batch.slot(id) else {
+            return;
+        };
+        if !task.is_canceled() {
+            crate::log_limit::warn_limited!("task {id}: {why}");
+            batch.note_failure(id, why);
         }
+        task.finish_slice(0, false);
     }
 
     /// Why a request's local `source` range cannot be used: NULL, wrapping
@@ -534,6 +543,7 @@ impl Engine {
                 len: len as usize,
                 gpu,
                 fences: fences.clone(),
+                task: Some(TaskRef::new(batch.clone(), id)),
                 done: Box::new(move |copied| match copied {
                     Ok(()) => {
                         if let Some(task) = batch.slot(id) {

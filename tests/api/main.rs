@@ -12,6 +12,7 @@ mod api_races;
 mod auth_last_error;
 mod bad_config;
 mod caller_never_waits;
+mod cancel;
 mod device_memory;
 mod engine_introspection;
 mod fence_unregister;

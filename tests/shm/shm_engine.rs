@@ -1527,3 +1527,262 @@ fn a_large_buffer_in_small_pages_is_reported_once_and_one_in_huge_pages_not() {
     e.unregister(&[huge.addr as u64]).expect("unregister");
     e.shutdown();
 }
+
+// Cancelling transfers to a peer of this host: a 64 MiB WRITE and READ
+// cancelled at random points, 20 rounds each, from caller and from engine
+// memory; once the cancel returns DONE the caller refills its buffer at
+// once, and no byte of the refill reaches the peer (WRITE) nor does any
+// byte land in it (READ). A peer stopped while it copies a WRITE holds
+// the cancel PENDING until it runs again, by shared memory and by TCP.
+
+#[test]
+fn a_transfer_cancelled_at_random_points_moves_no_byte_afterwards_caller() {
+    cancel_case(
+        "a_transfer_cancelled_at_random_points_moves_no_byte_afterwards_caller",
+        false,
+    );
+}
+
+#[test]
+fn a_transfer_cancelled_at_random_points_moves_no_byte_afterwards_engine() {
+    cancel_case(
+        "a_transfer_cancelled_at_random_points_moves_no_byte_afterwards_engine",
+        true,
+    );
+}
+
+/// The p-th percentile of `v` (sorted here).
+fn percentile(v: &mut [Duration], p: usize) -> Duration {
+    v.sort();
+    v[(v.len() * p / 100).min(v.len() - 1)]
+}
+
+/// An initiator with shared memory and TCP (auto discovery), and its
+/// 64 MiB buffer: the engine's own (memfd) or the caller's heap (`heap`).
+fn cancel_initiator(engine_memory: bool, heap: &Buf, extra: &[(&str, &str)]) -> (Arc<Engine>, u64) {
+    let set: Vec<(String, String)> = extra
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let cfg = Config::from_lookup(|k| set.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()));
+    let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+        .auto_discover(true)
+        .config(cfg)
+        .build()
+        .expect("engine");
+    let mine = if engine_memory {
+        e.allocate_buffer(heap.len())
+            .expect("the engine allocates memory")
+            .expect("allocate")
+    } else {
+        heap.addr()
+    };
+    e.register(&[Region {
+        addr: mine,
+        length: heap.len() as u64,
+        location: Location::Any,
+        remote_accessible: true,
+    }])
+    .expect("register");
+    (e, mine)
+}
+
+/// Sets `len` bytes at `addr` to pattern `seed`.
+fn fill_at(addr: u64, len: usize, seed: u8) {
+    // SAFETY: the test's registered buffer, which no transfer uses now
+    // (its task ended, or none was submitted).
+    let b = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
+    b.iter_mut()
+        .enumerate()
+        .for_each(|(i, x)| *x = pattern_byte(i, seed));
+}
+
+/// How many of `len` bytes at `addr` differ from pattern `seed`.
+fn differing(addr: u64, len: usize, seed: u8) -> usize {
+    // SAFETY: as in `fill_at`.
+    let b = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+    b.iter()
+        .enumerate()
+        .filter(|&(i, x)| *x != pattern_byte(i, seed))
+        .count()
+}
+
+fn cancel_case(test: &str, engine_memory: bool) {
+    if is_child(test) {
+        return child_main();
+    }
+    const LEN: usize = 64 << 20;
+    const ROUNDS: usize = 20;
+    let mut peer = Peer::start(test, LEN, &[]);
+    let heap = Buf::zeroed(LEN);
+    let (e, mine) = cancel_initiator(engine_memory, &heap, &[]);
+    let seg = e.open_segment(&peer.name).expect("open");
+    let target = peer.addr;
+    let req = |opcode| Request {
+        opcode,
+        source: mine,
+        target_id: seg,
+        target_offset: target,
+        length: LEN as u64,
+    };
+    let memory = if engine_memory { "engine" } else { "caller" };
+    for opcode in [Opcode::Write, Opcode::Read] {
+        fill_at(mine, LEN, SEED_WRITE);
+        let start = Instant::now();
+        assert_eq!(run(&e, &[req(opcode)]), vec![TaskStatus::Completed]);
+        let whole = start.elapsed();
+        let mut rng = common::Rng::new(0x5EED ^ opcode as u64);
+        let (mut latencies, mut canceled) = (Vec::new(), 0);
+        for _ in 0..ROUNDS {
+            fill_at(mine, LEN, SEED_WRITE);
+            let b = submit_one(&e, req(opcode));
+            std::thread::sleep(whole.mul_f64((rng.next() % 1000) as f64 / 1000.0));
+            let t = Instant::now();
+            let outcome = e.cancel_batch(b, HANG).expect("cancel");
+            latencies.push(t.elapsed());
+            assert_eq!(outcome, transfer_engine::CancelOutcome::Done);
+            fill_at(mine, LEN, SEED_REUSED);
+            let (status, _) = e.status(b, 0).unwrap();
+            assert!(
+                matches!(status, TaskStatus::Canceled | TaskStatus::Completed),
+                "{status:?}"
+            );
+            canceled += usize::from(status == TaskStatus::Canceled);
+            e.free_batch(b).expect("a cancelled batch can be freed");
+            let before = peer.call(json!({"op": "digest"}));
+            std::thread::sleep(Duration::from_millis(100));
+            match opcode {
+                Opcode::Write => {
+                    assert_eq!(
+                        peer.call(json!({"op": "digest"})),
+                        before,
+                        "the peer's buffer changed after the cancel returned"
+                    );
+                    assert_eq!(
+                        peer.call(json!({"op": "late", "seed": SEED_REUSED}))["late"],
+                        0,
+                        "bytes read after the cancel reached the peer"
+                    );
+                }
+                Opcode::Read => assert_eq!(
+                    differing(mine, LEN, SEED_REUSED),
+                    0,
+                    "a READ wrote the local buffer after the cancel returned"
+                ),
+            }
+        }
+        println!(
+            "{opcode:?} by shm, {memory} memory: {canceled} of {ROUNDS} cancelled mid-transfer \
+             (a whole transfer: {whole:?}); cancel took p50 {:?}, p99 {:?}",
+            percentile(&mut latencies, 50),
+            percentile(&mut latencies, 99)
+        );
+        assert!(canceled > 0, "every transfer ended before its cancel");
+    }
+    e.unregister(&[mine]).expect("unregister");
+    if engine_memory {
+        e.free_buffer(mine).expect("free");
+    }
+    e.shutdown();
+}
+
+#[test]
+fn a_cancel_waits_for_a_stopped_peer_copying_a_write_by_shm() {
+    cancel_pending_case(
+        "a_cancel_waits_for_a_stopped_peer_copying_a_write_by_shm",
+        true,
+    );
+}
+
+#[test]
+fn a_cancel_waits_for_a_stopped_peer_taking_a_write_by_tcp() {
+    cancel_pending_case(
+        "a_cancel_waits_for_a_stopped_peer_taking_a_write_by_tcp",
+        false,
+    );
+}
+
+/// A 64 MiB WRITE to a peer that is stopped (SIGSTOP) once bytes move:
+/// cancelling it with a short bound returns PENDING while the peer holds
+/// a slice (shared memory: an entry it is copying; TCP: a WRITE partly
+/// sent), and DONE once the peer runs again; after DONE, no byte of the
+/// refilled source reaches the peer.
+fn cancel_pending_case(test: &str, shm: bool) {
+    if is_child(test) {
+        return child_main();
+    }
+    const LEN: usize = 64 << 20;
+    const TRIES: usize = 20;
+    let mut peer = Peer::start(test, LEN, &[]);
+    let heap = Buf::zeroed(LEN);
+    let (e, mine) = if shm {
+        cancel_initiator(false, &heap, &[("MC_SHM_SLICE_SIZE", "1048576")])
+    } else {
+        let e = Engine::new("P2PHANDSHAKE", "127.0.0.1:0", false).expect("engine");
+        e.install_transport("tcp", None).expect("tcp");
+        register(&e, &heap);
+        (e, heap.addr())
+    };
+    let seg = e.open_segment(&peer.name).expect("open");
+    let way = if shm { "shm" } else { "tcp" };
+    let write = Request {
+        opcode: Opcode::Write,
+        source: mine,
+        target_id: seg,
+        target_offset: peer.addr,
+        length: LEN as u64,
+    };
+    // The peer is stopped at a random moment within a whole transfer.
+    fill_at(mine, LEN, SEED_WRITE);
+    let start = Instant::now();
+    assert_eq!(run(&e, &[write]), vec![TaskStatus::Completed]);
+    let whole = start.elapsed();
+    let mut rng = common::Rng::new(0x5709 ^ u64::from(shm));
+    for attempt in 1..=TRIES {
+        fill_at(mine, LEN, SEED_WRITE);
+        let b = submit_one(&e, write);
+        std::thread::sleep(whole.mul_f64((rng.next() % 900) as f64 / 1000.0));
+        peer.signal(libc::SIGSTOP);
+        let t = Instant::now();
+        let first = e
+            .cancel_batch(b, Duration::from_millis(300))
+            .expect("cancel");
+        let waited = t.elapsed();
+        let (status, _) = e.status(b, 0).unwrap();
+        peer.signal(libc::SIGCONT);
+        if first == transfer_engine::CancelOutcome::Done {
+            // The stop came between two slices: nothing was held.
+            assert_ne!(status, TaskStatus::Waiting);
+            e.free_batch(b).expect("free");
+            continue;
+        }
+        assert!(
+            waited >= Duration::from_millis(300),
+            "PENDING before the bound"
+        );
+        assert_eq!(status, TaskStatus::Waiting, "a held task has not ended");
+        let t = Instant::now();
+        assert_eq!(
+            e.cancel_batch(b, HANG).expect("cancel"),
+            transfer_engine::CancelOutcome::Done
+        );
+        let resumed = t.elapsed();
+        fill_at(mine, LEN, SEED_REUSED);
+        e.free_batch(b).expect("a cancelled batch can be freed");
+        let before = peer.call(json!({"op": "digest"}));
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(peer.call(json!({"op": "digest"})), before);
+        assert_eq!(
+            peer.call(json!({"op": "late", "seed": SEED_REUSED}))["late"],
+            0,
+            "bytes read after the cancel reached the peer"
+        );
+        println!(
+            "{way}: PENDING after {waited:?} with the peer stopped (attempt {attempt}), DONE \
+             {resumed:?} after it resumed"
+        );
+        e.shutdown();
+        return;
+    }
+    panic!("{way}: the peer never held a slice when it was stopped, in {TRIES} tries");
+}
