@@ -19,6 +19,7 @@
 pub mod config;
 pub mod control;
 mod install;
+pub use install::AutoChoice;
 mod keeper;
 mod metrics;
 mod peers;
@@ -107,6 +108,8 @@ pub struct Engine {
     local: LocalCopier,
     /// The installed transports, most preferred first.
     transports: RwLock<Vec<Arc<dyn Transport>>>,
+    /// What auto discovery did with each transport.
+    auto_choices: Mutex<Vec<install::AutoChoice>>,
     topology: Mutex<Option<(Topology, PriorityMatrix)>>,
     keeper: OnceCell<keeper::Keeper>,
     /// A store write of our entries failed; the keeper retries it.
@@ -295,6 +298,7 @@ impl Engine {
             batches: HandleTable::new(),
             local: LocalCopier::default(),
             transports: RwLock::default(),
+            auto_choices: Mutex::default(),
             topology: Mutex::new(None),
             keeper: OnceCell::new(),
             publish_pending: AtomicBool::new(false),
