@@ -1,6 +1,7 @@
 //! `transfer-engine-info --peer`: opens one peer's segment as a client
 //! would, says which transport carries data to each of its buffers, and
-//! times a 4 KiB and a 1 MiB transfer to the first buffer large enough.
+//! times a 4 KiB and a 1 MiB transfer to the first buffer large enough
+//! (after a first READ that sets up the transport's connections).
 //!
 //! By default only READs: the peer's memory is not changed, so the probe
 //! is safe against a peer in production. With `write`, each size is also
@@ -38,6 +39,10 @@ pub struct PeerReport {
     /// Milliseconds to open the segment (handshake or store reads, and
     /// decoding its descriptor).
     pub open_ms: f64,
+    /// Milliseconds of the first READ (4 KiB from the first buffer large
+    /// enough), which includes the transport's connection setup (TCP's
+    /// lanes, shared memory's attach); the timed transfers come after it.
+    pub first_read_ms: Option<f64>,
     /// Whether the timed transfers wrote (`--write`).
     pub write: bool,
     /// The peer's buffers, each with the transport that carries data to
@@ -232,6 +237,13 @@ pub fn probe(engine: &Arc<Engine>, name: &str, opts: &ProbeOptions) -> Result<Pe
         }])
         .map_err(|e| format!("cannot register the probe's buffer: {e}"))?;
     let (read_at, write_at) = (base, base + largest);
+    let first_read_ms = match buffers.iter().find(|b| b.length >= SIZES[0]) {
+        Some(b) => {
+            let first = (read_at, id, b.addr, SIZES[0]);
+            Some(ms(transfer(engine, Opcode::Read, first, opts.timeout)?))
+        }
+        None => None,
+    };
     let mut round_trips = Vec::new();
     for bytes in SIZES {
         let Some(target) = buffers.iter().find(|b| b.length >= bytes) else {
@@ -280,6 +292,7 @@ pub fn probe(engine: &Arc<Engine>, name: &str, opts: &ProbeOptions) -> Result<Pe
     Ok(PeerReport {
         name: name.to_string(),
         open_ms: ms(took),
+        first_read_ms,
         write: opts.write,
         buffers,
         round_trips,

@@ -150,6 +150,12 @@ fn peer(out: &mut String, p: &PeerReport) {
             b.transport.unwrap_or("no installed transport reaches it")
         );
     }
+    if let Some(first) = p.first_read_ms {
+        let _ = writeln!(
+            out,
+            "first READ of 4 KiB (with the transport's connection setup): {first:.3} ms"
+        );
+    }
     let _ = writeln!(
         out,
         "round trips ({}):",
