@@ -147,9 +147,10 @@ fn main() -> ExitCode {
             Ok(p) => report.peer = Some(p),
             Err(why) => {
                 eprintln!("transfer-engine-info: peer {name}: {why}");
-                // At once: dropping the engine would wait for what is still
-                // under way (a handshake given up at the deadline).
-                std::process::exit(1);
+                // Its entries leave the store; a handshake given up at the
+                // deadline is cancelled (its thread ends with the process).
+                engine.shutdown();
+                return ExitCode::FAILURE;
             }
         }
     }
