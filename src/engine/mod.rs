@@ -20,6 +20,7 @@ pub mod cancel;
 pub mod config;
 pub mod control;
 mod install;
+pub use install::AutoChoice;
 mod keeper;
 mod metrics;
 mod peers;
@@ -108,6 +109,8 @@ pub struct Engine {
     local: LocalCopier,
     /// The installed transports, most preferred first.
     transports: RwLock<Vec<Arc<dyn Transport>>>,
+    /// What auto discovery did with each transport.
+    auto_choices: Mutex<Vec<install::AutoChoice>>,
     topology: Mutex<Option<(Topology, PriorityMatrix)>>,
     keeper: OnceCell<keeper::Keeper>,
     /// A store write of our entries failed; the keeper retries it.
@@ -296,6 +299,7 @@ impl Engine {
             batches: HandleTable::new(),
             local: LocalCopier::default(),
             transports: RwLock::default(),
+            auto_choices: Mutex::default(),
             topology: Mutex::new(None),
             keeper: OnceCell::new(),
             publish_pending: AtomicBool::new(false),

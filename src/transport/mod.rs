@@ -387,8 +387,9 @@ pub struct Discovery<'a> {
 /// Whether auto discovery installs a transport.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Want {
-    /// Not on this machine, or not with this configuration.
-    No,
+    /// Not on this machine, or not with this configuration, for the
+    /// reason given (`MC_FORCE_TCP is set`).
+    No(&'static str),
     /// Yes; if it cannot be set up, the engine goes on without it.
     Try,
     /// Yes, and the engine fails if it cannot be set up, for the reason

@@ -88,7 +88,7 @@ pub fn auto(found: &Discovery<'_>) -> Want {
     if found.config.shm.auto_install {
         Want::Try
     } else {
-        Want::No
+        Want::No("MC_TE_SHM is off")
     }
 }
 
