@@ -6,7 +6,10 @@
  * that made them, is cleared by a call that succeeds, is truncated like
  * snprintf and reports the full length; te_segment_buffers lists this
  * engine's own buffers (LOCAL_SEGMENT) and, over TCP, the buffers a second
- * engine in this process published, with the capacity / count protocol.
+ * engine in this process published, with the capacity / count protocol;
+ * te_segment_transport names "local" for LOCAL_SEGMENT and "tcp" for that
+ * engine, truncates like snprintf, and refuses a NULL engine or buffer and
+ * a segment not open.
  * A misspelled backend is refused with a suggestion, the lower-case one
  * accepted. te_allocate_buffer gives memory only with "shm" installed;
  * it is zeroed, registers and carries a local transfer, and
@@ -170,6 +173,18 @@ static void check_remote_buffers(unsigned char *buf, size_t n) {
   CHECK_EQ_U64(info[0].length, n);
   /* A TCP descriptor does not say where its buffers live. */
   CHECK_EQ(info[0].location[0], 0);
+  char name[8];
+  CHECK_EQ(te_segment_transport(p.initiator, p.seg, name, sizeof name), 0);
+  CHECK(strcmp(name, "tcp") == 0);
+  CHECK_EQ(te_segment_transport(p.initiator, LOCAL_SEGMENT, name, sizeof name), 0);
+  CHECK(strcmp(name, "local") == 0);
+  CHECK_EQ(te_segment_transport(p.initiator, LOCAL_SEGMENT, name, 3), 0);
+  CHECK(strcmp(name, "lo") == 0);
+  CHECK_EQ(te_segment_transport(p.initiator, 4242, name, sizeof name), TE_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("segment id 4242 is not open");
+  CHECK_EQ(te_segment_transport(p.initiator, p.seg, NULL, 8), TE_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("buf is NULL");
+  CHECK_EQ(te_segment_transport(NULL, p.seg, name, sizeof name), TE_ERR_INVALID_ARGUMENT);
   close_pair(p);
 }
 
