@@ -1,6 +1,7 @@
 //! The cache of remote segments: name <-> id <-> descriptor. Ids start at 1
 //! and are never reused; 0 is the engine's own segment.
 
+use crate::log_limit::LogLimit;
 use crate::metadata::descriptor::SegmentDesc;
 use crate::sync;
 use once_cell::sync::OnceCell;
@@ -38,14 +39,27 @@ pub struct RemoteSegment {
 
 /// Which transport carries a segment's data now: its index in the
 /// transport table, as the engine last saw a request go (none before the
-/// first). The engine sets it where it hands a request to a transport.
-#[derive(Debug, Default)]
-pub struct Carrier(AtomicUsize);
+/// first). The engine sets it where it hands a request to a transport,
+/// and logs its changes at most once per interval per segment.
+#[derive(Default)]
+pub struct Carrier(AtomicUsize, LogLimit);
+
+impl std::fmt::Debug for Carrier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Carrier").field(&self.get()).finish()
+    }
+}
 
 impl Carrier {
     /// The transport's index, if a request went to the segment yet.
     pub fn get(&self) -> Option<usize> {
         self.0.load(Ordering::Acquire).checked_sub(1)
+    }
+
+    /// Whether to log a change now ([`LogLimit::admit`]: with how many
+    /// were not logged since the last that was).
+    pub fn admit_log(&self) -> Option<u64> {
+        self.1.admit()
     }
 
     /// Records the transport at `index`; returns what it replaced, or

@@ -15,6 +15,7 @@
 use super::{Engine, LOCAL_SEGMENT_ID};
 use crate::batch::Batch;
 use crate::error::{Error, Result};
+use crate::log_limit::Suppressed;
 use crate::segment::RemoteSegment;
 use crate::settings::Parse;
 use crate::transport::registry::TRANSPORTS;
@@ -22,7 +23,7 @@ use crate::transport::{Fallback, Kind, LocalSide, Refresh, Submission, Transfer,
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 /// The name of the copies within the process (the engine's own segment),
 /// as `MC_TE_REQUIRE_TRANSPORT` and [`Engine::segment_transport`] write it.
@@ -140,29 +141,33 @@ enum Why {
     HandedOn { from: Kind },
 }
 
-/// Records that `to` carries `seg`'s data now, and logs a change, once.
+/// Records that `to` carries `seg`'s data now, and logs a change once (at
+/// most one line per interval per segment, with how many changes it did
+/// not log).
 fn note(seg: &RemoteSegment, to: Kind, why: Why) {
     let Some(before) = seg.carrier.set(to.index) else {
         return;
     };
     let name = |i: usize| TRANSPORTS.get(i).map_or("?", |e| e.protocol);
+    if let (Why::Carried, None) = (why, before) {
+        return debug!("segment {:?}: its data goes by {}", seg.name, to.protocol);
+    }
+    let Some(suppressed) = seg.carrier.admit_log() else {
+        return;
+    };
+    let more = Suppressed(suppressed);
     match (why, before) {
-        (Why::HandedOn { from }, _) => crate::log_limit::warn_limited!(
+        (Why::HandedOn { from }, _) => warn!(
             "segment {:?}: its data goes by {} now, not {}: {} could not move part of a \
              request (the peer cannot be reached by it, or its link or rails failed; its own \
-             log line says which)",
-            seg.name,
-            to.protocol,
-            from.protocol,
-            from.protocol
+             log line says which){more}",
+            seg.name, to.protocol, from.protocol, from.protocol
         ),
-        (Why::Carried, None) => debug!("segment {:?}: its data goes by {}", seg.name, to.protocol),
-        (Why::Carried, Some(b)) => crate::log_limit::log_limited!(
-            info,
-            "segment {:?}: its data goes by {} again, not {}: {} moved a whole request",
+        (Why::Carried, b) => info!(
+            "segment {:?}: its data goes by {} again, not {}: {} moved a whole request{more}",
             seg.name,
             to.protocol,
-            name(b),
+            b.map_or("?", name),
             to.protocol
         ),
     }
