@@ -199,6 +199,29 @@ int te_segment_buffers(transfer_engine_t engine,
                        size_t *count);
 
 /**
+ * Writes the name of the transport that carries data to an open segment
+ * now into `buf`, like `snprintf(buf, len, "%s", name)` (truncated and
+ * NUL-terminated; the names are at most 5 bytes, so 8 bytes always hold
+ * one): `"local"` for `LOCAL_SEGMENT` (copies within the process), else
+ * `"shm"`, `"rdma"` or `"tcp"`: the transport the segment's requests went
+ * to as last seen, which changes when one hands a part it cannot move on
+ * to the next (shared memory the kernel refuses, RDMA rails that all
+ * failed: TCP), and back when the most preferred one carries a whole
+ * request again; before the first request, the most preferred installed
+ * transport that speaks the segment. Each change is logged once, with its
+ * reason. With `MC_TE_REQUIRE_TRANSPORT` only the listed transports
+ * count.
+ *
+ * Returns 0, or -1 for a NULL or unknown engine, a segment id that is not
+ * open, a NULL `buf` or a `len` of 0, or a segment that no installed
+ * transport (that `MC_TE_REQUIRE_TRANSPORT` allows) speaks.
+ *
+ * # Safety
+ * `buf` must be NULL or valid for `len` bytes.
+ */
+int te_segment_transport(transfer_engine_t engine, segment_id_t segment, char *buf, size_t len);
+
+/**
  * Zeroed memory of `size` bytes that the engine moves faster than memory
  * from `malloc`, to register with `registerLocalMemory` like any buffer:
  * with the shared-memory transport installed, a memfd that peers on this

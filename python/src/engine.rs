@@ -1021,6 +1021,34 @@ impl TransferEngine {
         }))
     }
 
+    /// The name of the transport that carries data to segment
+    /// `segment_name` now (opening it if needed): `"local"` for this
+    /// engine's own name, else `"shm"`, `"rdma"` or `"tcp"`, as the last
+    /// requests to it went (a fallback, such as shared memory the kernel
+    /// refuses, changes it; `te_segment_transport` in C).
+    ///
+    /// Raises `TransferError` when the segment cannot be opened or no
+    /// installed transport (allowed by `MC_TE_REQUIRE_TRANSPORT`) speaks
+    /// it.
+    fn get_segment_transport(&self, py: Python<'_>, segment_name: &str) -> PyResult<String> {
+        let core = self.core()?;
+        py.detach(|| {
+            let engine = &core.engine;
+            engine
+                .open_segment(segment_name)
+                .and_then(|id| engine.segment_transport(id))
+                .map(str::to_string)
+                .map_err(|e| {
+                    Failure::with_code(
+                        e.err_code(),
+                        &format!("get_segment_transport({segment_name:?})"),
+                        &e,
+                    )
+                })
+        })
+        .map_err(raise)
+    }
+
     /// Pre-connects EFA endpoints; this build has no EFA transport.
     ///
     /// Returns 0.

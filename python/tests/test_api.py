@@ -3,6 +3,7 @@ process (P2P handshake, loopback TCP), bytes verified, return codes as
 Mooncake's binding gives them."""
 
 import ctypes
+import hashlib
 import json
 import os
 import socket
@@ -411,3 +412,24 @@ def test_close_and_context_manager():
     e.close()
     assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
     e.close()
+
+
+def test_segment_transport_names_the_transport_carrying_each_segment(pair, spawn_peer):
+    a, b, mem = pair
+    # Shared memory reaches other processes only: an engine of this
+    # process is reached by TCP, before and after a transfer.
+    assert a.get_segment_transport(a.local_name) == "local"
+    assert a.get_segment_transport(b.local_name) == "tcp"
+    src = Memory(a, MiB, seed=5)
+    assert a.transfer_sync_write(b.local_name, src.addr, mem.addr, MiB) == 0
+    assert mem.bytes(0, MiB) == pattern(MiB, 5)
+    assert a.get_segment_transport(b.local_name) == "tcp"
+    # A peer process of this host is reached by shared memory.
+    peer = spawn_peer("ours", "P2PHANDSHAKE")
+    assert a.get_segment_transport(peer.name) == "shm"
+    assert a.transfer_sync_write(peer.name, src.addr, peer.addr, MiB) == 0
+    assert peer.sha(0, MiB) == hashlib.sha256(pattern(MiB, 5)).hexdigest()
+    assert a.get_segment_transport(peer.name) == "shm"
+    with pytest.raises(transfer_engine.TransferError) as err:
+        a.get_segment_transport("127.0.0.1:1")
+    assert "get_segment_transport" in str(err.value)

@@ -55,6 +55,8 @@ pub enum LogLevel {
     Error,
 }
 
+use super::route::TransportNames;
+pub use super::route::TransportSet;
 use crate::settings::{AtLeast, FilePath, OnWords, Range, Switch, Words};
 use std::path::PathBuf;
 
@@ -91,6 +93,16 @@ crate::settings::settings! {
         strict_local: bool = false, ["MC_TE_STRICT_LOCAL"], Switch,
             "a request whose local `source` is not inside one registered buffer FAILS, on \
              every transport (default: as Mooncake, a TCP request's source is not checked)";
+        /// `MC_TE_REQUIRE_TRANSPORT`: the only transports requests to
+        /// peers may go by (unset: any), and one of which the engine must
+        /// have.
+        require_transport: TransportSet = TransportSet::default(), ["MC_TE_REQUIRE_TRANSPORT"],
+            TransportNames,
+            "the only transports requests to peers may go by: a request none of them reaches \
+             FAILS at submit, and a part the last of them cannot move FAILS instead of going \
+             to another transport (`local`, the engine's own segment, is always allowed); \
+             creating the engine installs the listed ones auto discovery left out (whatever \
+             `MC_FORCE_TCP` and `MC_TE_SHM` say) and fails when it can have none of them";
         /// `MC_SLICE_TIMEOUT` in seconds (0 = off): a
         /// task still waiting this long after its slices were posted reports
         /// `STATUS_TIMEOUT`.

@@ -14,6 +14,9 @@
 //!   a [`ticker`] thread); background work (sending notifications,
 //!   refetching descriptors) waits on peers in lanes
 //!   ([`crate::peer_jobs`]), off the callers' threads;
+//! * [`route`]: the transports a request to a peer goes to
+//!   (`MC_TE_REQUIRE_TRANSPORT`), and which one carries a segment's data
+//!   now;
 //! * [`wait`]: waiting for a whole batch without spinning.
 
 pub mod cancel;
@@ -25,6 +28,7 @@ mod keeper;
 mod metrics;
 mod peers;
 mod publish;
+mod route;
 mod submit;
 mod ticker;
 pub mod wait;
@@ -351,6 +355,10 @@ impl Engine {
                 engine.discard(true);
                 return Err(e);
             }
+        }
+        if let Err(e) = engine.require_transports() {
+            engine.discard(true);
+            return Err(e);
         }
         info!(
             name = %engine.local_name,

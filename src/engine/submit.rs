@@ -1,9 +1,9 @@
 //! Batches, and the requests submitted to them: the engine's own segment
 //! is copied here; a request to a peer goes to the most preferred installed
 //! transport that reaches its target, and what that one cannot move goes to
-//! the next ([`Fallback`]).
+//! the next (the chain of [`route`]).
 
-use super::{Engine, LOCAL_SEGMENT_ID, Opcode, Request, refused};
+use super::{Engine, LOCAL_SEGMENT_ID, Opcode, Request, refused, route};
 use crate::batch::{Batch, PendingNotify, TaskRef, TaskStatus};
 use crate::error::{Error, Result};
 use crate::memory::fence::Fence;
@@ -15,9 +15,7 @@ use crate::sync;
 use crate::transport::local::{CopyJob, copy_any};
 use crate::transport::plug::Plug;
 use crate::transport::scheduler::planner;
-use crate::transport::{
-    Fallback, LocalSide, NicLoad, Refresh, Refreshed, Submission, Transfer, Transport,
-};
+use crate::transport::{LocalSide, NicLoad, Refresh, Refreshed, Transfer, Transport};
 use std::sync::Arc;
 
 /// What a caller waiting for a fetch of a segment's descriptor needs of it.
@@ -76,50 +74,6 @@ enum Target {
 /// (beyond one per change of its descriptor), and a request to memory the
 /// peer never registered fails within this plus one fetch.
 const UNLISTED_LOOKUP_GAP: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// Hands `xfer` to `chain[i]`, with the rest of the chain as its fallback.
-#[allow(clippy::too_many_arguments)]
-fn dispatch(
-    chain: Arc<[Arc<dyn Transport>]>,
-    i: usize,
-    batch: Arc<Batch>,
-    task: usize,
-    seg: Arc<RemoteSegment>,
-    local: LocalSide,
-    xfer: Transfer,
-    refresh: Option<Refresh>,
-) {
-    let fallback: Option<Fallback> = (i + 1 < chain.len()).then(|| {
-        let (chain, batch, seg, local, refresh) = (
-            chain.clone(),
-            batch.clone(),
-            seg.clone(),
-            local.clone(),
-            refresh.clone(),
-        );
-        Arc::new(move |part: Transfer| {
-            dispatch(
-                chain.clone(),
-                i + 1,
-                batch.clone(),
-                task,
-                seg.clone(),
-                local.clone(),
-                part,
-                refresh.clone(),
-            )
-        }) as Fallback
-    });
-    chain[i].submit(Submission {
-        batch,
-        task,
-        seg,
-        xfer,
-        local,
-        fallback,
-        refresh,
-    });
-}
 
 /// The background job that fetches the descriptor of segment `name` for
 /// the callers waiting for it. Dropped, it calls them: after its fetch,
@@ -426,7 +380,7 @@ impl Engine {
     }
 
     /// Fails a task that never reached a transport.
-    fn fail_task(batch: &Batch, id: usize, why: std::fmt::Arguments<'_>) {
+    pub(super) fn fail_task(batch: &Batch, id: usize, why: std::fmt::Arguments<'_>) {
         crate::log_limit::warn_limited!("task {id}: {why}");
         batch.note_failure(id, &why.to_string());
         if let Some(task) = batch.slot(id) {
@@ -646,6 +600,10 @@ impl Engine {
                 ),
             );
         }
+        let chain = match self.chain(installed, seg, chain) {
+            Ok(chain) => chain,
+            Err(why) => return Self::fail_task(batch, id, format_args!("{why}")),
+        };
         let xfer = Transfer {
             local: r.source,
             remote: r.target_offset,
@@ -658,8 +616,8 @@ impl Engine {
         };
         let local = LocalSide::of(memory, r.source, gpu);
         let refresh = self.refresher();
-        dispatch(
-            chain.into(),
+        route::dispatch(
+            chain,
             0,
             batch.clone(),
             id,

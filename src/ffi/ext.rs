@@ -1,8 +1,8 @@
 //! Our own functions beyond Mooncake's 27, declared in
 //! `include/transfer_engine_ext.h` and prefixed `te_`: the library version,
-//! the text of this thread's last error, the buffers of a segment,
-//! memory the engine moves fastest, a wait for a whole batch, and its
-//! cancel.
+//! the text of this thread's last error, the buffers of a segment and the
+//! transport that carries its data, memory the engine moves fastest, a
+//! wait for a whole batch, and its cancel.
 #![allow(non_camel_case_types)]
 
 use super::boundary::{guard, guard_keeping_last_error, with_last_error, write_c_string};
@@ -109,6 +109,43 @@ pub unsafe extern "C" fn te_segment_buffers(
         }
         // SAFETY: `count` is non-NULL and valid for writing.
         unsafe { *count = buffers.len() };
+        Ok(OK)
+    })
+}
+
+/// Writes the name of the transport that carries data to an open segment
+/// now into `buf`, like `snprintf(buf, len, "%s", name)` (truncated and
+/// NUL-terminated; the names are at most 5 bytes, so 8 bytes always hold
+/// one): `"local"` for `LOCAL_SEGMENT` (copies within the process), else
+/// `"shm"`, `"rdma"` or `"tcp"`: the transport the segment's requests went
+/// to as last seen, which changes when one hands a part it cannot move on
+/// to the next (shared memory the kernel refuses, RDMA rails that all
+/// failed: TCP), and back when the most preferred one carries a whole
+/// request again; before the first request, the most preferred installed
+/// transport that speaks the segment. Each change is logged once, with its
+/// reason. With `MC_TE_REQUIRE_TRANSPORT` only the listed transports
+/// count.
+///
+/// Returns 0, or -1 for a NULL or unknown engine, a segment id that is not
+/// open, a NULL `buf` or a `len` of 0, or a segment that no installed
+/// transport (that `MC_TE_REQUIRE_TRANSPORT` allows) speaks.
+///
+/// # Safety
+/// `buf` must be NULL or valid for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn te_segment_transport(
+    engine: transfer_engine_t,
+    segment: segment_id_t,
+    buf: *mut c_char,
+    len: usize,
+) -> c_int {
+    guard("te_segment_transport", ERR_INVALID_ARGUMENT, |call| {
+        let e = call.engine(engine)?;
+        if buf.is_null() || len == 0 {
+            return Err(call.fail("buf is NULL or len is 0"));
+        }
+        let name = call.err_code(e.segment_transport(segment))?;
+        write_c_string(name, buf, len);
         Ok(OK)
     })
 }

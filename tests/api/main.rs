@@ -22,6 +22,7 @@ mod local_copy_fence;
 mod loopback;
 mod notify_flood;
 mod peer_death_bounds;
+mod require_transport;
 mod slice_timeout;
 mod strict_local;
 mod wait_batch;

@@ -16,6 +16,13 @@
 //! * A peer running as another user (`setpriv` to `nobody`): the kernel
 //!   refuses cross-memory attach, and the bytes go over TCP.
 //! * Auto discovery installs shared memory beside TCP, `MC_TE_SHM=0` not.
+//! * `MC_TE_REQUIRE_TRANSPORT=shm`: a request to a peer that publishes no
+//!   shared memory FAILS at submit with the reason, and one to a peer the
+//!   kernel refuses to attach to (another user) FAILS where shared memory
+//!   hands it on; neither moves a byte. A peer here is served by shared
+//!   memory, which `Engine::segment_transport` names; unset, the refused
+//!   one is served by TCP, and the segment's transport changes from `shm`
+//!   to `tcp` with one log line.
 //! * A 64 MiB WRITE to a peer stopped (SIGSTOP) mid-copy: once its task
 //!   reports FAILED the caller refills its source, and after the peer
 //!   resumes not one byte of the new pattern reaches it (the slices that
@@ -50,6 +57,9 @@ const HOST_VAR: &str = "TE_SHM_HOST";
 /// and, with a store, its name (`TE_SHM_NAME`).
 const CONN_VAR: &str = "TE_SHM_CONN";
 const NAME_VAR: &str = "TE_SHM_NAME";
+/// Set (to anything) in the peer's environment: it installs TCP only, and
+/// publishes no shared memory.
+const TCP_ONLY_VAR: &str = "TE_SHM_TCP_ONLY";
 /// The pattern seed of the peer's buffer; WRITEs bring [`SEED_WRITE`].
 const SEED_PEER: u8 = 7;
 const SEED_WRITE: u8 = 3;
@@ -77,7 +87,9 @@ fn child_main() {
     let name = std::env::var(NAME_VAR).unwrap_or_else(|_| format!("{host}:0"));
     let e = Engine::new(&conn, &name, false).expect("engine");
     e.install_transport("tcp", None).expect("tcp");
-    e.install_transport("shm", None).expect("shm");
+    if std::env::var_os(TCP_ONLY_VAR).is_none() {
+        e.install_transport("shm", None).expect("shm");
+    }
     let buf = Buf::new(len, SEED_PEER);
     let region = Region {
         addr: buf.addr(),
@@ -255,6 +267,11 @@ impl Peer {
 
     /// As [`Peer::start`], its engine named by `host`.
     fn start_on(test: &str, len: usize, wrap: &[&str], host: &str) -> Peer {
+        Peer::start_with(test, len, wrap, &[(HOST_VAR, host)])
+    }
+
+    /// As [`Peer::start`], with `env` set in its environment.
+    fn start_with(test: &str, len: usize, wrap: &[&str], env: &[(&str, &str)]) -> Peer {
         let exe = std::env::current_exe().unwrap();
         let mut cmd = match wrap.split_first() {
             Some((first, rest)) => {
@@ -272,7 +289,7 @@ impl Peer {
         ])
         .env(CHILD, test)
         .env(LEN_VAR, len.to_string())
-        .env(HOST_VAR, host)
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn the peer");
@@ -1785,4 +1802,222 @@ fn cancel_pending_case(test: &str, shm: bool) {
         return;
     }
     panic!("{way}: the peer never held a slice when it was stopped, in {TRIES} tries");
+}
+
+/// An engine of this process with `tcp` and `shm`, and
+/// `MC_TE_REQUIRE_TRANSPORT=pins`.
+fn pinned_engine(pins: &str) -> Arc<Engine> {
+    let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+        .config(common::config_with(&[("MC_TE_REQUIRE_TRANSPORT", pins)]))
+        .build()
+        .expect("engine");
+    e.install_transport("tcp", None).expect("tcp");
+    e.install_transport("shm", None).expect("shm");
+    e
+}
+
+/// Runs `r` as a batch of one: its status and why it failed (empty when
+/// it did not).
+fn run_one(e: &Engine, r: Request) -> (TaskStatus, String) {
+    let b = e.allocate_batch(1).unwrap();
+    e.submit(b, &[r]).unwrap();
+    let s = common::wait_task(e, b, 0, HANG);
+    let why = e.failure_reason(b, 0).unwrap().unwrap_or_default();
+    e.free_batch(b).unwrap();
+    (s, why)
+}
+
+/// A request of `len` bytes between `local` and `remote` of `seg`.
+fn request(opcode: Opcode, local: u64, seg: i32, remote: u64, len: u64) -> Request {
+    Request {
+        opcode,
+        source: local,
+        target_id: seg,
+        target_offset: remote,
+        length: len,
+    }
+}
+
+#[test]
+fn pinned_to_shm_a_peer_without_shm_fails_at_submit_and_one_with_shm_is_served() {
+    const TEST: &str =
+        "pinned_to_shm_a_peer_without_shm_fails_at_submit_and_one_with_shm_is_served";
+    const LEN: u64 = (2 << 20) + 5;
+    if is_child(TEST) {
+        return child_main();
+    }
+    let e = pinned_engine("shm");
+    let src = Buf::new(LEN as usize, SEED_WRITE);
+    let dst = Buf::zeroed(LEN as usize);
+    register(&e, &src);
+    register(&e, &dst);
+    let mut plain = Peer::start_with(TEST, 4 << 20, &[], &[(TCP_ONLY_VAR, "1")]);
+    let seg = e.open_segment(&plain.name).expect("open");
+    for opcode in [Opcode::Write, Opcode::Read] {
+        let local = if opcode == Opcode::Write {
+            src.addr()
+        } else {
+            dst.addr()
+        };
+        let (status, why) = run_one(&e, request(opcode, local, seg, plain.addr, LEN));
+        assert_eq!(status, TaskStatus::Failed, "{opcode:?}");
+        assert!(
+            why.contains(&format!(
+                "MC_TE_REQUIRE_TRANSPORT=shm: segment {:?} is reached only by tcp here",
+                plain.name
+            )),
+            "{why}"
+        );
+    }
+    assert_eq!(plain.call(json!({"op": "check", "ranges": []}))["bad"], 0);
+    assert!(dst.snapshot().iter().all(|&b| b == 0), "a byte came back");
+    let err = e.segment_transport(seg).unwrap_err();
+    assert!(
+        err.to_string().contains("MC_TE_REQUIRE_TRANSPORT=shm"),
+        "{err}"
+    );
+    // Unset, the same requests go over TCP.
+    let free = engine();
+    register(&free, &src);
+    let seg_free = free.open_segment(&plain.name).expect("open");
+    let write = request(Opcode::Write, src.addr(), seg_free, plain.addr, LEN);
+    assert_eq!(run_one(&free, write).0, TaskStatus::Completed);
+    assert_eq!(
+        plain.call(json!({"op": "check", "ranges": [[0, LEN]]}))["bad"],
+        0
+    );
+    assert_eq!(free.segment_transport(seg_free).unwrap(), "tcp");
+    free.shutdown();
+    // A peer with shared memory is served by it, both ways.
+    let mut here = Peer::start(TEST, 4 << 20, &[]);
+    let seg = e.open_segment(&here.name).expect("open");
+    assert_eq!(
+        e.segment_transport(seg).unwrap(),
+        "shm",
+        "before any request"
+    );
+    let write = request(Opcode::Write, src.addr(), seg, here.addr, LEN);
+    assert_eq!(run_one(&e, write), (TaskStatus::Completed, String::new()));
+    let read = request(Opcode::Read, dst.addr(), seg, here.addr, LEN);
+    assert_eq!(run_one(&e, read), (TaskStatus::Completed, String::new()));
+    assert_eq!(
+        here.call(json!({"op": "check", "ranges": [[0, LEN]]}))["bad"],
+        0
+    );
+    assert_eq!(dst.snapshot(), pattern(LEN as usize, SEED_WRITE));
+    let c = counters(&e);
+    assert_eq!(
+        (c["written"].as_u64(), c["read"].as_u64()),
+        (Some(LEN), Some(LEN)),
+        "{c}"
+    );
+    assert_eq!(e.segment_transport(seg).unwrap(), "shm");
+    e.shutdown();
+}
+
+/// Everything logged in this process, on every thread, from the first
+/// call on (the process's global subscriber).
+fn global_log() -> Arc<std::sync::Mutex<Vec<u8>>> {
+    static LOG: std::sync::OnceLock<Arc<std::sync::Mutex<Vec<u8>>>> = std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let sink = LogSink::default();
+        let writer = sink.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("no other global subscriber");
+        sink.0.clone()
+    })
+    .clone()
+}
+
+#[test]
+fn shared_memory_the_kernel_refuses_goes_over_tcp_unless_pinned_and_the_change_is_logged_once() {
+    const TEST: &str = "shared_memory_the_kernel_refuses_goes_over_tcp_unless_pinned_and_the_change_is_logged_once";
+    const LEN: u64 = 1 << 20;
+    const ROUNDS: u64 = 3;
+    if is_child(TEST) {
+        return child_main();
+    }
+    // SAFETY: a plain system call.
+    if unsafe { libc::geteuid() } != 0 || Command::new("setpriv").arg("--version").output().is_err()
+    {
+        return common::skip("needs root and setpriv to run the peer as nobody");
+    }
+    let log = global_log();
+    let mut peer = Peer::start(
+        TEST,
+        8 << 20,
+        &[
+            "setpriv",
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "--",
+        ],
+    );
+    let data_port = peer.data_port();
+    // Pinned to shared memory: the attach is refused, and the parts shared
+    // memory hands on fail instead of going over TCP.
+    let pinned = pinned_engine("shm");
+    let src = Buf::new((ROUNDS * LEN) as usize, SEED_WRITE);
+    let dst = Buf::zeroed(LEN as usize);
+    register(&pinned, &src);
+    register(&pinned, &dst);
+    let seg = pinned.open_segment(&peer.name).expect("open");
+    let beyond = peer.addr + ROUNDS * LEN;
+    for (opcode, local) in [(Opcode::Write, src.addr()), (Opcode::Read, dst.addr())] {
+        let (status, why) = run_one(&pinned, request(opcode, local, seg, beyond, LEN));
+        assert_eq!(status, TaskStatus::Failed, "{opcode:?}");
+        assert!(
+            why.contains("MC_TE_REQUIRE_TRANSPORT=shm: shm could not move")
+                && why.contains("tcp (which would have carried them) is not allowed"),
+            "{why}"
+        );
+    }
+    assert_eq!(pinned.segment_transport(seg).unwrap(), "shm");
+    assert_eq!(tcp_connections_on(data_port), 0, "a connection reached TCP");
+    assert!(dst.snapshot().iter().all(|&b| b == 0), "a byte came back");
+    assert_eq!(peer.call(json!({"op": "check", "ranges": []}))["bad"], 0);
+    pinned.shutdown();
+    // Unset: TCP carries every request, and the segment's transport says
+    // so from the first fallback on, logged once.
+    let e = engine();
+    register(&e, &src);
+    register(&e, &dst);
+    let seg = e.open_segment(&peer.name).expect("open");
+    assert_eq!(
+        e.segment_transport(seg).unwrap(),
+        "shm",
+        "before any request"
+    );
+    for k in 0..ROUNDS {
+        let write = request(
+            Opcode::Write,
+            src.addr() + k * LEN,
+            seg,
+            peer.addr + k * LEN,
+            LEN,
+        );
+        assert_eq!(run_one(&e, write), (TaskStatus::Completed, String::new()));
+        assert_eq!(e.segment_transport(seg).unwrap(), "tcp", "round {k}");
+    }
+    let read = request(Opcode::Read, dst.addr(), seg, peer.addr, LEN);
+    assert_eq!(run_one(&e, read), (TaskStatus::Completed, String::new()));
+    assert_eq!(dst.snapshot(), src.get(0, LEN as usize));
+    assert_eq!(
+        peer.call(json!({"op": "check", "ranges": [[0, ROUNDS * LEN]]}))["bad"],
+        0
+    );
+    assert!(tcp_connections_on(data_port) > 0, "TCP carried nothing");
+    let text = String::from_utf8(log.lock().unwrap().clone()).unwrap();
+    let said = format!(
+        "segment {:?}: its data goes by tcp now, not shm: shm could not move part of a request",
+        peer.name
+    );
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(&said)).collect();
+    assert_eq!(lines.len(), 1, "{said:?} not logged once: {text}");
+    assert!(lines[0].contains("WARN"), "{}", lines[0]);
+    e.shutdown();
 }
