@@ -21,8 +21,10 @@
  * waiting on one batch at once, and each time the batch can be freed
  * without a getTransferStatus (a freeBatchID racing a wait is refused
  * until the waiter has seen every task end); a batch cancelled at once
- * is DONE, its tasks CANCELED or COMPLETED, and it can be freed; a bad
- * engine or batch is refused.
+ * is DONE, its tasks CANCELED or COMPLETED, and it can be freed; a
+ * batch's notification is DELIVERED (te_notify_status) once the wait
+ * says COMPLETED, and the target holds it; a bad engine or batch is
+ * refused.
  */
 #include "transfer_engine_ext.h"
 
@@ -287,6 +289,26 @@ static void check_wait_batch(void) {
   CHECK_EQ(te_cancel_batch(e, b, 0), TE_ERR_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("te_cancel_batch");
   CHECK_EQ(te_cancel_batch(NULL, 1, 0), TE_ERR_INVALID_ARGUMENT);
+
+  /* A batch with a notification: PENDING or DELIVERED at once, COMPLETED
+     once delivered, and the target holds it; one without: NONE. */
+  b = allocateBatchID(e, 1);
+  REQUIRE(b != INVALID_BATCH);
+  CHECK_EQ(te_notify_status(e, b), TE_NOTIFY_NONE);
+  notify_msg_t note = {(char *)"kv", (char *)"ready"};
+  CHECK_EQ(submitTransferWithNotify(e, b, w, 1, note), 0);
+  int ns = te_notify_status(e, b);
+  CHECK(ns == TE_NOTIFY_PENDING || ns == TE_NOTIFY_DELIVERED);
+  CHECK_EQ(te_wait_batch(e, b, 30000), TE_WAIT_COMPLETED);
+  CHECK_EQ(te_notify_status(e, b), TE_NOTIFY_DELIVERED);
+  CHECK_EQ(freeBatchID(e, b), 0);
+  int got_n = 0;
+  notify_msg_t *got = getNotifsFromEngine(p.target, &got_n);
+  CHECK_EQ(got_n, 1);
+  if (got_n == 1) CHECK(strcmp(got[0].msg, "ready") == 0);
+  freeNotifsMsgBuf(got, got_n);
+  CHECK_EQ(te_notify_status(e, b), TE_ERR_INVALID_ARGUMENT);
+  CHECK_EQ(te_notify_status(NULL, 1), TE_ERR_INVALID_ARGUMENT);
 
   /* Bad input. */
   CHECK_EQ(te_wait_batch(e, b, 0), TE_ERR_INVALID_ARGUMENT);

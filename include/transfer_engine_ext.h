@@ -21,7 +21,8 @@
 
 /**
  * `te_wait_batch`: every task ended, and one or more failed or were
- * cancelled (`te_cancel_batch`).
+ * cancelled (`te_cancel_batch`), or the batch's notification was not
+ * delivered (`te_notify_status`).
  */
 #define TE_WAIT_FAILED (1)
 
@@ -42,6 +43,28 @@
  * its task has not ended yet.
  */
 #define TE_CANCEL_PENDING (1)
+
+/**
+ * `te_notify_status`: the batch carries no notification.
+ */
+#define TE_NOTIFY_NONE (0)
+
+/**
+ * `te_notify_status`: its tasks are still running, or it is being sent
+ * (or sent again while the peer cannot take it).
+ */
+#define TE_NOTIFY_PENDING (1)
+
+/**
+ * `te_notify_status`: the peer's engine accepted it.
+ */
+#define TE_NOTIFY_DELIVERED (2)
+
+/**
+ * `te_notify_status`: it was not delivered and will not be;
+ * `te_last_error` says why.
+ */
+#define TE_NOTIFY_FAILED (3)
 
 /**
  * Invalid argument (NULL pointer, zero length, unknown handle).
@@ -284,6 +307,27 @@ int te_wait_batch(transfer_engine_t engine, batch_id_t batch_id, uint64_t timeou
  * NULL or unknown engine, or an unknown or freed batch.
  */
 int te_cancel_batch(transfer_engine_t engine, batch_id_t batch_id, uint64_t timeout_ms);
+
+/**
+ * Where the notification of a batch submitted with
+ * `submitTransferWithNotify` stands: `TE_NOTIFY_NONE` (0, none),
+ * `TE_NOTIFY_PENDING` (1: a task is still running, or it is being sent),
+ * `TE_NOTIFY_DELIVERED` (2: the peer's engine accepted it) or
+ * `TE_NOTIFY_FAILED` (3: a task failed or was cancelled, so it was not
+ * sent; or the peer did not take it within `MC_TE_NOTIFY_TIMEOUT_SEC`,
+ * refused it, may have received it without answering, or restarted since
+ * the data reached it; `te_last_error` says which). A notification is
+ * sent again only while the peer surely did not get it (its handshake
+ * port refuses connections, or its queue is full), so it never arrives
+ * twice. Once every task has ended, asking hands it to the background to
+ * send, as `getTransferStatus` does. `te_wait_batch` reports such a
+ * batch `TE_WAIT_COMPLETED` only once its notification was delivered,
+ * and `TE_WAIT_FAILED` when it failed.
+ *
+ * Returns one of those, or -1 for a NULL or unknown engine, or an
+ * unknown or freed batch.
+ */
+int te_notify_status(transfer_engine_t engine, batch_id_t batch_id);
 
 #ifdef __cplusplus
 }  // extern "C"

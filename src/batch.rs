@@ -239,6 +239,31 @@ pub struct PendingNotify {
     pub msg: String,
 }
 
+/// Where a batch's notification stands (`te_notify_status`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotifyStatus {
+    /// The batch carries none.
+    None,
+    /// Its tasks are still running, or it is being sent (or sent again
+    /// while the peer cannot take it).
+    Pending,
+    /// The peer's engine accepted it.
+    Delivered,
+    /// It was not delivered, and will not be: why.
+    Failed(Arc<str>),
+}
+
+/// A batch's notification through its life.
+#[derive(Debug)]
+enum Notify {
+    None,
+    /// Sent once every task has completed.
+    Waiting(PendingNotify),
+    Sending,
+    Delivered,
+    Failed(Arc<str>),
+}
+
 /// A batch: a fixed number of task slots filled by successive submits.
 #[derive(Debug)]
 pub struct Batch {
@@ -247,7 +272,7 @@ pub struct Batch {
     slice_timeout: Option<Duration>,
     len: AtomicUsize,
     submit_lock: Mutex<()>,
-    notify: Mutex<Option<PendingNotify>>,
+    notify: Mutex<Notify>,
     /// The distinct reasons its tasks failed for, at most [`MAX_REASONS`].
     reasons: Mutex<Vec<Arc<str>>>,
 }
@@ -272,7 +297,7 @@ impl Batch {
             slice_timeout,
             len: AtomicUsize::new(0),
             submit_lock: Mutex::new(()),
-            notify: Mutex::new(None),
+            notify: Mutex::new(Notify::None),
             reasons: Mutex::new(Vec::new()),
         })
     }
@@ -413,6 +438,27 @@ impl Batch {
                 .filter(|t| t.status().0 == TaskStatus::Waiting)
         };
         let Some(task) = waiting().last() else {
+            // Every task ended: a notification being sent is waited for.
+            let sending = || matches!(*sync::lock(&self.notify), Notify::Sending);
+            if sending() {
+                // SAFETY: the key is the address of this batch's
+                // notification, which only this function parks on; the
+                // validation takes the notification's lock, which neither
+                // panics here nor calls into `parking_lot_core`, and the
+                // settling side unparks after setting the state, so a
+                // settlement between the check and the sleep is seen by
+                // the check under the queue lock.
+                unsafe {
+                    parking_lot_core::park(
+                        self.notify_key(),
+                        sending,
+                        || {},
+                        |_, _| {},
+                        DEFAULT_PARK_TOKEN,
+                        Some(until),
+                    );
+                }
+            }
             return;
         };
         // Woken by the parked task's end, or once the first waiting task
@@ -469,15 +515,20 @@ impl Batch {
     /// counts as seen by a caller (the batch may be freed).
     pub fn ended(&self, tasks: usize) -> bool {
         let n = tasks.min(self.submitted());
-        let all = self.tasks[..n]
-            .iter()
-            .all(|t| t.status().0 != TaskStatus::Waiting);
+        let all = self.first_ended(n);
         if all {
             for t in &self.tasks[..n] {
                 t.observe(t.status().0);
             }
         }
         all
+    }
+
+    /// Whether every one of the first `n` submitted tasks has ended.
+    fn first_ended(&self, n: usize) -> bool {
+        self.tasks[..n]
+            .iter()
+            .all(|t| t.status().0 != TaskStatus::Waiting)
     }
 
     /// Whether every submitted task has been seen terminal by a caller.
@@ -496,19 +547,72 @@ impl Batch {
             .all(|t| t.status().0 == TaskStatus::Completed)
     }
 
-    /// Remembers a notification for this batch (replacing an earlier one).
+    /// Remembers a notification for this batch (replacing an earlier one
+    /// not yet sent).
     pub fn set_notify(&self, n: PendingNotify) {
-        *sync::lock(&self.notify) = Some(n);
+        *sync::lock(&self.notify) = Notify::Waiting(n);
     }
 
-    /// Takes the pending notification once every task has completed.
-    pub fn take_notify_if_complete(&self) -> Option<PendingNotify> {
+    /// Takes the notification to send once every task has completed (it
+    /// is then being sent); once every task has ended and one did not
+    /// complete, it fails unsent.
+    pub fn take_notify_to_send(&self) -> Option<PendingNotify> {
         let mut slot = sync::lock(&self.notify);
-        if slot.is_some() && self.all_completed() {
-            slot.take()
-        } else {
-            None
+        if !matches!(*slot, Notify::Waiting(_)) {
+            return None;
         }
+        if self.all_completed() {
+            return match std::mem::replace(&mut *slot, Notify::Sending) {
+                Notify::Waiting(n) => Some(n),
+                _ => None,
+            };
+        }
+        if self.first_ended(self.submitted()) {
+            *slot = Notify::Failed(
+                "a task of the batch failed or was cancelled: the notification was not sent".into(),
+            );
+            drop(slot);
+            self.wake_notify_waiters();
+        }
+        None
+    }
+
+    /// The notification being sent was accepted by the peer (`Ok`), or
+    /// will not be (why).
+    pub fn notify_ended(&self, outcome: std::result::Result<(), String>) {
+        {
+            let mut slot = sync::lock(&self.notify);
+            if !matches!(*slot, Notify::Sending) {
+                return;
+            }
+            *slot = match outcome {
+                Ok(()) => Notify::Delivered,
+                Err(why) => Notify::Failed(why.into()),
+            };
+        }
+        self.wake_notify_waiters();
+    }
+
+    /// Where the batch's notification stands.
+    pub fn notify_status(&self) -> NotifyStatus {
+        match &*sync::lock(&self.notify) {
+            Notify::None => NotifyStatus::None,
+            Notify::Waiting(_) | Notify::Sending => NotifyStatus::Pending,
+            Notify::Delivered => NotifyStatus::Delivered,
+            Notify::Failed(why) => NotifyStatus::Failed(why.clone()),
+        }
+    }
+
+    /// The key callers park on while the notification is being sent.
+    fn notify_key(&self) -> usize {
+        &self.notify as *const Mutex<Notify> as usize
+    }
+
+    /// Wakes the callers parked until the notification is settled.
+    fn wake_notify_waiters(&self) {
+        // SAFETY: the key is the address of this batch's notification,
+        // which only `Batch::park_on_waiting` parks on.
+        unsafe { parking_lot_core::unpark_all(self.notify_key(), DEFAULT_UNPARK_TOKEN) };
     }
 }
 

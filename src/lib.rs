@@ -77,7 +77,7 @@ pub(crate) mod transport;
 #[cfg(feature = "rdma")]
 pub(crate) mod verbs;
 
-pub use batch::TaskStatus;
+pub use batch::{NotifyStatus, TaskStatus};
 pub use engine::cancel::CancelOutcome;
 pub use engine::config::{
     Config, ConfigError, ConfigResult, LogLevel, Setting, SettingSource, config,

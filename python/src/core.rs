@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use transfer_engine::Error;
-use transfer_engine::{Backoff, BatchState, CancelOutcome, WaitOutcome};
+use transfer_engine::{Backoff, BatchState, CancelOutcome, NotifyStatus, WaitOutcome};
 use transfer_engine::{Engine, Opcode, Request};
 
 /// A failed operation: Mooncake's return code and what went wrong.
@@ -319,12 +319,15 @@ impl Core {
                 Ok(())
             }
             WaitOutcome::Failed => {
+                let why = match self.engine.notify_status(batch) {
+                    Ok(NotifyStatus::Failed(why)) => {
+                        format!("{}: its notification was not delivered: {why}", what())
+                    }
+                    _ => format!("{} failed (the engine's log says why)", what()),
+                };
                 let _ = self.engine.free_batch(batch);
                 self.retire(objects);
-                Err(Failure::new(
-                    -1,
-                    format!("{} failed (the engine's log says why)", what()),
-                ))
+                Err(Failure::new(-1, why))
             }
             WaitOutcome::TimedOut => {
                 self.abandon(batch, pieces.len(), objects);

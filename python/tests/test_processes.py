@@ -51,3 +51,20 @@ def test_a_stalled_peer_ends_a_sync_transfer_at_mc_slice_timeout(spawn_peer):
     initiator.call("fill", seed=5)
     assert initiator.call("write", **args)["rc"] == 0
     assert target.sha(0, 1 << 20) == initiator.sha(0, 1 << 20)
+
+
+def test_a_sync_call_whose_notification_is_not_delivered_returns_nonzero(spawn_peer):
+    """A target whose notification queue holds one (MC_NOTIFY_QUEUE_MAX_COUNT=1)
+    takes the first notification; the second is refused (the queue is full),
+    tried again for MC_TE_NOTIFY_TIMEOUT_SEC (1 s here) and the synchronous
+    call returns -1, though its data landed; the target keeps the first."""
+    target = spawn_peer("ours", "P2PHANDSHAKE", env={"MC_NOTIFY_QUEUE_MAX_COUNT": "1"})
+    initiator = spawn_peer("ours", "P2PHANDSHAKE", env={"MC_TE_NOTIFY_TIMEOUT_SEC": "1"})
+    initiator.call("fill", seed=9)
+    write = dict(target=target.name, off=0, remote=target.addr, len=4096, name="kv")
+    assert initiator.call("notify_write", msg="first", **write)["rc"] == 0
+    start = time.monotonic()
+    assert initiator.call("notify_write", msg="second", **write)["rc"] != 0
+    assert time.monotonic() - start >= 0.5, "tried again for the window"
+    assert target.sha(0, 4096) == initiator.sha(0, 4096), "the data landed"
+    assert target.call("notifies")["notifies"] == [["kv", "first"]]

@@ -18,7 +18,8 @@ use tracing::debug;
 use crate::settings::Range;
 
 crate::settings::settings! {
-    /// Bounds of the notification queue. Each setting (variables, Mooncake's
+    /// Notifications: the bounds of the queue of those received, and how
+    /// long one sent is tried again. Each setting (variables, Mooncake's
     /// default and bounds, meaning) is declared once in the table below.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub struct NotifyLimits("notify") {
@@ -28,13 +29,21 @@ crate::settings::settings! {
             "largest notification received (name and message), bytes; larger ones are \
              refused to the sender";
         /// `MC_NOTIFY_QUEUE_MAX_COUNT`: notifications kept
-        /// until `getNotifsFromEngine`; the oldest are dropped beyond it.
+        /// until `getNotifsFromEngine`; more are refused to their senders.
         max_count: usize = 1 << 16, ["MC_NOTIFY_QUEUE_MAX_COUNT"], Range(1usize, 1 << 24),
-            "notifications kept until `getNotifsFromEngine`; the oldest dropped beyond";
+            "notifications kept until `getNotifsFromEngine`; beyond, new ones are refused to \
+             their senders (whose `te_notify_status` says so after retrying)";
         /// `MC_NOTIFY_QUEUE_MAX_BYTES`: bytes of
-        /// notifications kept; the oldest are dropped beyond it.
+        /// notifications kept; more are refused to their senders.
         max_bytes: usize = 64 << 20, ["MC_NOTIFY_QUEUE_MAX_BYTES"], Range(64usize << 10, 64 << 30),
-            "bytes of notifications kept; the oldest dropped beyond";
+            "bytes of notifications kept; beyond, new ones are refused to their senders";
+        /// `MC_TE_NOTIFY_TIMEOUT_SEC`: how long after its batch completed a
+        /// notification is sent again while its peer cannot take it.
+        retry_secs: u64 = 10, ["MC_TE_NOTIFY_TIMEOUT_SEC"], Range(0u64, 3600),
+            "seconds after its batch completed that a notification is sent again while its \
+             peer refuses connections (restarting) or its queue is full; then it FAILS \
+             (`te_notify_status`). A notification the peer may have received is never sent \
+             again";
     };
 }
 
@@ -43,8 +52,8 @@ crate::settings::settings! {
 struct NotifyQueue {
     items: VecDeque<(String, String)>,
     bytes: usize,
-    /// Dropped to make room since the engine started.
-    dropped: u64,
+    /// Refused because the queue was full, since the engine started.
+    full: u64,
     /// Refused for their size since the engine started.
     refused: u64,
 }
@@ -57,9 +66,26 @@ pub struct ControlState {
     local_desc: RwLock<Option<(Value, Arc<[u8]>)>>,
     notifies: Mutex<NotifyQueue>,
     limits: NotifyLimits,
+    /// This engine's incarnation (its descriptor's generation prefix): a
+    /// notification addressed to another one is refused.
+    instance: String,
     /// The handshake requests installed transports answer.
     handshakes: RwLock<Vec<Handshake>>,
 }
+
+/// A notification request's field naming the incarnation of the engine it
+/// is for (the generation prefix of the descriptor its sender moved the
+/// batch's data by); Mooncake peers neither send nor read it.
+pub const INSTANCE_FIELD: &str = "te_instance";
+
+/// A refusal's field saying that the notification was not queued and may
+/// be sent again (the receiver's queue was full).
+pub const RETRY_FIELD: &str = "te_retry";
+
+/// Why a full queue refused a notification.
+const FULL: &str = "notification refused: the receiver's queue is full \
+                    (MC_NOTIFY_QUEUE_MAX_COUNT, MC_NOTIFY_QUEUE_MAX_BYTES); it has not taken \
+                    the earlier ones";
 
 /// Why a notification was not queued.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +97,12 @@ pub enum NotifyRefusal {
         /// The limit.
         max: usize,
     },
+    /// The queue holds its bound of notifications or bytes: the receiver
+    /// has not taken them (the sender may try again later).
+    Full,
+    /// It was sent to another incarnation of this engine (the sender
+    /// moved its data to a process that has exited since).
+    OtherInstance,
 }
 
 impl std::fmt::Display for NotifyRefusal {
@@ -80,15 +112,21 @@ impl std::fmt::Display for NotifyRefusal {
                 f,
                 "notification of {size} bytes refused: the limit is {max} (MC_NOTIFY_MAX_SIZE)"
             ),
+            NotifyRefusal::Full => f.write_str(FULL),
+            NotifyRefusal::OtherInstance => f.write_str(
+                "notification refused: it is addressed to another incarnation of this engine \
+                 (the process that received its data has exited)",
+            ),
         }
     }
 }
 
 impl ControlState {
     /// A control state whose notification queue has `limits`.
-    pub fn new(limits: NotifyLimits) -> Self {
+    pub fn new(limits: NotifyLimits, instance: String) -> Self {
         ControlState {
             limits,
+            instance,
             ..ControlState::default()
         }
     }
@@ -118,9 +156,9 @@ impl ControlState {
             .map(|(v, _)| v.clone())
     }
 
-    /// Queues a received notification, dropping the oldest ones beyond the
-    /// queue's count and byte bounds; refuses one larger than
-    /// [`NotifyLimits::max_size`].
+    /// Queues a received notification; refuses one larger than
+    /// [`NotifyLimits::max_size`], and one beyond the queue's count and
+    /// byte bounds (those queued stay until taken).
     pub fn push_notify(&self, name: String, msg: String) -> Result<(), NotifyRefusal> {
         let size = name.len() + msg.len();
         // One notification never exceeds the whole queue.
@@ -135,30 +173,25 @@ impl ControlState {
             );
             return Err(NotifyRefusal::TooLarge { size, max });
         }
-        let mut dropped = 0u64;
-        while !q.items.is_empty()
-            && (q.items.len() >= self.limits.max_count || q.bytes + size > self.limits.max_bytes)
-        {
-            if let Some((n, m)) = q.items.pop_front() {
-                q.bytes -= n.len() + m.len();
-                dropped += 1;
-            }
-        }
-        q.items.push_back((name, msg));
-        q.bytes += size;
-        if dropped > 0 {
-            q.dropped += dropped;
+        if q.items.len() >= self.limits.max_count || q.bytes + size > self.limits.max_bytes {
+            // A notification the receiver has not taken is never dropped
+            // for a newer one: the newer one is refused, and its sender
+            // knows (it tries again while the receiver takes them).
+            q.full += 1;
             crate::log_limit::warn_limited!(
                 "notification queue full ({} notifications, {} bytes; limits \
-                 MC_NOTIFY_QUEUE_MAX_COUNT={}, MC_NOTIFY_QUEUE_MAX_BYTES={}): dropped the \
-                 oldest; {} dropped so far",
+                 MC_NOTIFY_QUEUE_MAX_COUNT={}, MC_NOTIFY_QUEUE_MAX_BYTES={}): refused one from \
+                 {name:.64?}; {} refused so far",
                 q.items.len(),
                 q.bytes,
                 self.limits.max_count,
                 self.limits.max_bytes,
-                q.dropped
+                q.full
             );
+            return Err(NotifyRefusal::Full);
         }
+        q.items.push_back((name, msg));
+        q.bytes += size;
         Ok(())
     }
 
@@ -190,8 +223,17 @@ impl RpcHandler for ControlState {
                 match (field("name"), field("notify_msg")) {
                     (Some(name), Some(msg)) => {
                         debug!("notification from {name:?}");
-                        match self.push_notify(name, msg) {
+                        let to = request.get(INSTANCE_FIELD).and_then(Value::as_str);
+                        let pushed = match to {
+                            Some(to) if to != self.instance => Err(NotifyRefusal::OtherInstance),
+                            _ => self.push_notify(name, msg),
+                        };
+                        match pushed {
                             Ok(()) => json!({"name": "", "notify_msg": "success"}),
+                            // Not queued: the sender may try again.
+                            Err(e @ NotifyRefusal::Full) => {
+                                json!({"name": "", "error": e.to_string(), RETRY_FIELD: true})
+                            }
                             Err(e) => json!({"name": "", "error": e.to_string()}),
                         }
                     }
@@ -229,11 +271,15 @@ mod tests {
     }
 
     fn state(max_size: usize, max_count: usize, max_bytes: usize) -> ControlState {
-        ControlState::new(NotifyLimits {
-            max_size,
-            max_count,
-            max_bytes,
-        })
+        ControlState::new(
+            NotifyLimits {
+                max_size,
+                max_count,
+                max_bytes,
+                retry_secs: 0,
+            },
+            "me".into(),
+        )
     }
 
     fn notify(name: &str, msg: &str) -> Value {
@@ -242,7 +288,7 @@ mod tests {
 
     #[test]
     fn notifications_are_queued_in_order() {
-        let s = ControlState::new(NotifyLimits::default());
+        let s = ControlState::new(NotifyLimits::default(), "me".into());
         for i in 0..3 {
             let reply = s.handle(FrameKind::Notify, notify(&format!("n{i}"), "m"), peer());
             assert_eq!(reply["notify_msg"], "success");
@@ -276,30 +322,39 @@ mod tests {
 
     #[test]
     fn malformed_notification_gets_a_failure_reply() {
-        let s = ControlState::new(NotifyLimits::default());
+        let s = ControlState::new(NotifyLimits::default(), "me".into());
         let reply = s.handle(FrameKind::Notify, json!({"name": 1}), peer());
         assert!(reply.get("notify_msg").is_none(), "{reply}");
         assert!(s.take_notifies().is_empty());
     }
 
     #[test]
-    fn count_bound_drops_the_oldest() {
+    fn at_the_count_bound_new_notifications_are_refused_and_queued_ones_kept() {
         let s = state(100, 3, 1 << 20);
-        for i in 0..5 {
+        for i in 0..3 {
             s.push_notify(format!("n{i}"), String::new())
                 .expect("queued");
         }
+        assert_eq!(
+            s.push_notify("n3".into(), String::new()),
+            Err(NotifyRefusal::Full)
+        );
+        let reply = s.handle(FrameKind::Notify, notify("n4", ""), peer());
+        assert!(reply.get("notify_msg").is_none(), "{reply}");
+        assert_eq!(reply[RETRY_FIELD], true, "a full queue invites a retry");
         let names: Vec<String> = s.take_notifies().into_iter().map(|(n, _)| n).collect();
-        assert_eq!(names, ["n2", "n3", "n4"]);
-        assert_eq!(s.notifies.lock().unwrap().dropped, 2);
+        assert_eq!(names, ["n0", "n1", "n2"]);
+        assert_eq!(s.notifies.lock().unwrap().full, 2);
+        // Taken, they make room again.
+        s.push_notify("n5".into(), String::new()).expect("queued");
     }
 
     #[test]
-    fn byte_bound_drops_the_oldest_and_keeps_the_total_within_it() {
+    fn at_the_byte_bound_new_notifications_are_refused_and_the_total_stays_within_it() {
         let s = state(1000, 1000, 2500);
         for i in 0..10 {
-            s.push_notify(format!("{i}"), "x".repeat(999))
-                .expect("queued");
+            let pushed = s.push_notify(format!("{i}"), "x".repeat(999));
+            assert_eq!(pushed.is_ok(), i < 2, "{i}");
             let q = s.notifies.lock().unwrap();
             assert!(q.bytes <= 2500, "{} bytes queued", q.bytes);
             assert_eq!(
@@ -311,13 +366,30 @@ mod tests {
             );
         }
         let names: Vec<String> = s.take_notifies().into_iter().map(|(n, _)| n).collect();
-        assert_eq!(names, ["8", "9"]);
+        assert_eq!(names, ["0", "1"]);
         assert_eq!(s.notifies.lock().unwrap().bytes, 0);
-        // A notification as large as the whole byte bound still fits.
+        // A notification as large as the whole byte bound fits an empty
+        // queue.
         let s = state(2500, 1000, 2500);
-        s.push_notify("a".into(), "x".repeat(100)).expect("queued");
         s.push_notify("b".into(), "x".repeat(2499)).expect("queued");
         assert_eq!(s.take_notifies().len(), 1);
+    }
+
+    #[test]
+    fn a_notification_for_another_incarnation_is_refused() {
+        let s = state(64, 4, 1024);
+        let mut n = notify("a", "for me");
+        n[INSTANCE_FIELD] = json!("me");
+        let reply = s.handle(FrameKind::Notify, n.clone(), peer());
+        assert_eq!(reply["notify_msg"], "success");
+        n[INSTANCE_FIELD] = json!("an earlier me");
+        let reply = s.handle(FrameKind::Notify, n, peer());
+        assert!(reply.get("notify_msg").is_none(), "{reply}");
+        assert!(reply.get(RETRY_FIELD).is_none(), "not worth a retry");
+        // Without the field (Mooncake's senders), it is queued.
+        let reply = s.handle(FrameKind::Notify, notify("b", "plain"), peer());
+        assert_eq!(reply["notify_msg"], "success");
+        assert_eq!(s.take_notifies().len(), 2);
     }
 
     #[test]

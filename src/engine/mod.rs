@@ -277,7 +277,11 @@ impl Engine {
         // Both ports answer to one identity: the name peers open this
         // engine by, as they bind their proofs to it.
         let names = [binding.name.as_str()];
-        let control = Arc::new(ControlState::new(config.notify));
+        let boot_id = publish::boot_id();
+        let control = Arc::new(ControlState::new(
+            config.notify,
+            publish::instance_of(boot_id),
+        ));
         let rpc = RpcServer::start(
             binding.listener,
             control.clone(),
@@ -309,7 +313,7 @@ impl Engine {
             publish_pending: AtomicBool::new(false),
             republish_wanted: AtomicBool::new(false),
             metrics: metrics::Metrics::default(),
-            boot_id: publish::boot_id(),
+            boot_id,
             revision: Default::default(),
             loopback,
             device_filter: device_filter.to_vec(),

@@ -2,8 +2,9 @@
 //! and handshake addresses of the segments it opens (fetched, bounded,
 //! cached and refreshed), probes and notifications.
 
-use super::{Engine, LOCAL_SEGMENT_ID, refused};
-use crate::batch::PendingNotify;
+use super::control::{INSTANCE_FIELD, RETRY_FIELD};
+use super::{Engine, LOCAL_SEGMENT_ID, publish, refused};
+use crate::batch::{Batch, PendingNotify};
 use crate::engine::config::Config;
 use crate::error::{Error, Result};
 use crate::metadata::conn::MetadataConn;
@@ -19,10 +20,43 @@ use crate::segment::{RemoteSegment, SegmentBuffer};
 use crate::sync;
 use crate::transport::PeerDirectory;
 use crate::transport::registry;
-use serde_json::json;
-use std::sync::Weak;
+use serde_json::{Value, json};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 use tracing::info;
+
+/// The first pause between two tries of a notification its peer did not
+/// take; each pause doubles, up to [`NOTIFY_LONGEST_PAUSE`].
+const NOTIFY_FIRST_PAUSE: Duration = Duration::from_millis(20);
+const NOTIFY_LONGEST_PAUSE: Duration = Duration::from_millis(500);
+
+/// Why one try of a notification failed.
+enum Undelivered {
+    /// The peer surely did not get it (refused at connect, or its queue
+    /// was full): it may be sent again.
+    Not(String),
+    /// The peer may have got it (sent, then no answer), or refused it for
+    /// good: it is not sent again.
+    Maybe(String),
+}
+
+/// A batch whose notification a background job sends: the job dropped
+/// without running (the engine stopping, or too many jobs waiting)
+/// fails it.
+struct Sending {
+    batch: Arc<Batch>,
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        self.batch.notify_ended(Err(
+            "the job that sends it did not run (the engine is stopping, or too many \
+             background jobs wait)"
+                .into(),
+        ));
+    }
+}
 
 /// Whether `desc` names each buffer by its location (and lists devices),
 /// as the transport table lays out its protocol, rather than by its owner.
@@ -444,31 +478,128 @@ impl Engine {
     }
 
     /// Hands the notification of completed batch `batch_id` to the
-    /// background, which sends it to the owner of its segment; a failure is
-    /// logged.
-    pub(super) fn notify_later(&self, batch_id: u64, n: PendingNotify) {
+    /// background, which sends it to the owner of its segment and records
+    /// on the batch whether the peer took it ([`Batch::notify_ended`]). It
+    /// is addressed to the incarnation of the peer the batch's data went
+    /// to (a peer of ours refuses it once restarted), and sent again, for
+    /// up to `MC_TE_NOTIFY_TIMEOUT_SEC`, only while the peer surely did
+    /// not get it: its handshake port refuses connections, or its queue is
+    /// full. A notification the peer may have received (sent, then no
+    /// answer) is never sent again: it fails.
+    pub(super) fn notify_later(&self, batch_id: u64, batch: Arc<Batch>, n: PendingNotify) {
         let segment = match self.segment_name(n.target_id as u64) {
             Ok(s) => s,
             Err(e) => {
-                return crate::log_limit::warn_limited!(
-                    "notification after batch {batch_id:#x} could not be sent: {e}"
-                );
+                let why = format!("notification after batch {batch_id:#x} could not be sent: {e}");
+                crate::log_limit::warn_limited!("{why}");
+                return batch.notify_ended(Err(why));
             }
         };
+        let instance = self
+            .segments
+            .get(n.target_id)
+            .and_then(|seg| publish::instance_in(&seg.desc));
+        let deadline = Instant::now() + Duration::from_secs(self.config.notify.retry_secs);
+        let sending = Sending {
+            batch: batch.clone(),
+        };
         let to = segment.clone();
-        let sent = self.background(&segment, Finish::Flush, move |e| {
-            if let Err(err) = e.notify_segment(&to, &n.name, &n.msg) {
+        let queued = self.background(&segment, Finish::Flush, move |e| {
+            let outcome = e.deliver(&to, instance.as_deref(), &n, deadline);
+            if let Err(why) = &outcome {
                 crate::log_limit::warn_limited!(
-                    "notification after batch {batch_id:#x} to {to:?} could not be sent: {err}"
+                    "notification after batch {batch_id:#x} to {to:?} not delivered: {why}"
                 );
             }
+            sending.batch.notify_ended(outcome);
         });
-        if let Err(why) = sent {
-            crate::log_limit::warn_limited!(
+        if let Err(why) = queued {
+            let why = format!(
                 "notification after batch {batch_id:#x} to {segment:?} dropped: {}",
                 refused(why)
             );
+            // The job, dropped unrun, failed the notification.
+            crate::log_limit::warn_limited!("{why}");
         }
+    }
+
+    /// Sends notification `n` to `segment` (addressed to its `instance`
+    /// when known) until its peer takes it, refuses it for good, may have
+    /// got it, or `deadline` passes.
+    fn deliver(
+        &self,
+        segment: &str,
+        instance: Option<&str>,
+        n: &PendingNotify,
+        deadline: Instant,
+    ) -> std::result::Result<(), String> {
+        let mut request = json!({"name": n.name, "notify_msg": n.msg});
+        if let Some(i) = instance {
+            request[INSTANCE_FIELD] = json!(i);
+        }
+        let mut pause = NOTIFY_FIRST_PAUSE;
+        loop {
+            if self.closed.load(Ordering::Acquire) {
+                return Err("the engine was destroyed before the peer took it".into());
+            }
+            let why = match self.call_notify(segment, &request, deadline) {
+                Ok(()) => return Ok(()),
+                Err(Undelivered::Not(why)) => why,
+                Err(Undelivered::Maybe(why)) => {
+                    return Err(format!(
+                        "{why} (it may have arrived, so it is not sent again)"
+                    ));
+                }
+            };
+            if Instant::now() + pause >= deadline {
+                return Err(format!(
+                    "the peer did not take it within MC_TE_NOTIFY_TIMEOUT_SEC ({}s): {why}",
+                    self.config.notify.retry_secs
+                ));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(NOTIFY_LONGEST_PAUSE);
+        }
+    }
+
+    /// One try of a notification to `segment`, its waits ending by
+    /// `deadline` (a tenth of a second at least).
+    fn call_notify(
+        &self,
+        segment: &str,
+        request: &Value,
+        deadline: Instant,
+    ) -> std::result::Result<(), Undelivered> {
+        let (host, port) = self
+            .rpc_address(segment)
+            .map_err(|e| Undelivered::Not(e.to_string()))?;
+        let base = self.to_peer(&self.short_call_options(), segment);
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(100));
+        let opts = ClientOptions {
+            once: true,
+            connect_timeout: base.connect_timeout.min(left),
+            io_timeout: base.io_timeout.min(left),
+            ..base
+        };
+        let reply = match crate::rpc::call(&host, port, FrameKind::Notify, request, &opts) {
+            Ok(reply) => reply,
+            // Refused at connect: the request never left.
+            Err(e @ Error::Unreachable(_)) => return Err(Undelivered::Not(e.to_string())),
+            Err(e) => return Err(Undelivered::Maybe(e.to_string())),
+        };
+        if reply.get("notify_msg").is_some() {
+            return Ok(());
+        }
+        let why = format!(
+            "{segment:?} refused it: {}",
+            reply.get("error").unwrap_or(&reply)
+        );
+        Err(match reply.get(RETRY_FIELD).and_then(Value::as_bool) {
+            Some(true) => Undelivered::Not(why),
+            _ => Undelivered::Maybe(why),
+        })
     }
 
     /// Sends a notification to the owner of segment `segment`.

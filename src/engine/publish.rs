@@ -22,6 +22,20 @@ const REPUBLISH_LANE: &str = "\0republish";
 
 /// A random number per engine, so a restarted process publishes a new
 /// descriptor generation even with the same buffers.
+/// The engine's incarnation as its descriptor's generation starts with it
+/// (`<instance>-<revision>`), and as notifications address it
+/// ([`super::control::INSTANCE_FIELD`]).
+pub(super) fn instance_of(boot_id: u64) -> String {
+    format!("{boot_id:016x}")
+}
+
+/// The instance of a peer, from the generation of its descriptor (ours
+/// publish one; Mooncake's do not).
+pub(super) fn instance_in(desc: &crate::metadata::descriptor::SegmentDesc) -> Option<String> {
+    let generation = desc.extra.get(GENERATION_KEY)?.as_str()?;
+    generation.split_once('-').map(|(i, _)| i.to_string())
+}
+
 pub(super) fn boot_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -187,7 +201,7 @@ impl Engine {
                 .collect(),
             extra: [(
                 GENERATION_KEY.to_string(),
-                format!("{:016x}-{revision}", self.boot_id).into(),
+                format!("{}-{revision}", instance_of(self.boot_id)).into(),
             )]
             .into_iter()
             .collect(),

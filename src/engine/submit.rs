@@ -4,7 +4,7 @@
 //! the next (the chain of [`route`]).
 
 use super::{Engine, LOCAL_SEGMENT_ID, Opcode, Request, refused, route};
-use crate::batch::{Batch, PendingNotify, TaskRef, TaskStatus};
+use crate::batch::{Batch, NotifyStatus, PendingNotify, TaskRef, TaskStatus};
 use crate::error::{Error, Result};
 use crate::memory::fence::Fence;
 use crate::memory::staging;
@@ -682,6 +682,18 @@ impl Engine {
         Ok(())
     }
 
+    /// Where the notification of batch `batch_id` stands: none, pending
+    /// (tasks running, or being sent), delivered (the peer's engine took
+    /// it) or failed (why). Once every task has ended, asking hands it to
+    /// the background to send, as polling a task does.
+    pub fn notify_status(&self, batch_id: u64) -> Result<NotifyStatus> {
+        let batch = self.batch(batch_id)?;
+        if let Some(n) = batch.take_notify_to_send() {
+            self.notify_later(batch_id, batch.clone(), n);
+        }
+        Ok(batch.notify_status())
+    }
+
     /// Status of one task. A caller polling a task that is still running
     /// first lends its thread to one queued local copy or one round of a
     /// transport's work, or else yields its core. When the batch has completed and carries a
@@ -705,23 +717,27 @@ impl Engine {
 
     /// Status of task `task_id` of `batch` (id `batch_id`), as
     /// [`Batch::poll`] gives it; a task seen COMPLETED is counted in the
-    /// metrics once, and the batch's notification is handed to the
-    /// background once every task has completed.
+    /// metrics once, and once every task has ended the batch's
+    /// notification is handed to the background to send (all completed)
+    /// or fails unsent.
     pub(super) fn poll_task(
         &self,
         batch_id: u64,
-        batch: &Batch,
+        batch: &Arc<Batch>,
         task_id: usize,
     ) -> Result<(TaskStatus, u64)> {
         let result = batch.poll(task_id)?;
-        if result.0 == TaskStatus::Completed {
-            if self.config.engine.metric {
-                if let Some((bytes, latency)) = batch.first_completion(task_id) {
-                    self.metrics.record(bytes, latency);
-                }
+        if result.0 == TaskStatus::Completed && self.config.engine.metric {
+            if let Some((bytes, latency)) = batch.first_completion(task_id) {
+                self.metrics.record(bytes, latency);
             }
-            if let Some(n) = batch.take_notify_if_complete() {
-                self.notify_later(batch_id, n);
+        }
+        if matches!(
+            result.0,
+            TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Canceled
+        ) {
+            if let Some(n) = batch.take_notify_to_send() {
+                self.notify_later(batch_id, batch.clone(), n);
             }
         }
         Ok(result)

@@ -7,8 +7,9 @@
 //! that poll several batches, parked on one of them between polls.
 
 use super::Engine;
-use crate::batch::{Batch, TaskStatus};
+use crate::batch::{Batch, NotifyStatus, TaskStatus};
 use crate::error::Result;
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -44,14 +45,14 @@ impl Engine {
     /// lends a hand to the engine's work once, not once per task as
     /// [`Engine::status`] would.
     pub fn batch_state(&self, batch_id: u64, tasks: usize) -> Result<BatchState> {
-        self.tasks_state(batch_id, &*self.batch(batch_id)?, tasks, true)
+        self.tasks_state(batch_id, &self.batch(batch_id)?, tasks, true)
     }
 
     /// [`Engine::batch_state`] of `batch`, lending a hand only with `lend`.
     fn tasks_state(
         &self,
         batch_id: u64,
-        batch: &Batch,
+        batch: &Arc<Batch>,
         tasks: usize,
         lend: bool,
     ) -> Result<BatchState> {
@@ -74,7 +75,13 @@ impl Engine {
         } else if failed {
             BatchState::Failed
         } else {
-            BatchState::Completed
+            // A batch with a notification has completed once it is
+            // delivered, and failed if it was not.
+            match batch.notify_status() {
+                NotifyStatus::None | NotifyStatus::Delivered => BatchState::Completed,
+                NotifyStatus::Pending => BatchState::Waiting,
+                NotifyStatus::Failed(_) => BatchState::Failed,
+            }
         })
     }
 

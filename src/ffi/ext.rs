@@ -2,11 +2,12 @@
 //! `include/transfer_engine_ext.h` and prefixed `te_`: the library version,
 //! the text of this thread's last error, the buffers of a segment and the
 //! transport that carries its data, memory the engine moves fastest, a
-//! wait for a whole batch, and its cancel.
+//! wait for a whole batch, its cancel, and where its notification stands.
 #![allow(non_camel_case_types)]
 
 use super::boundary::{guard, guard_keeping_last_error, with_last_error, write_c_string};
 use super::types::{ERR_INVALID_ARGUMENT, batch_id_t, segment_id_t, transfer_engine_t};
+use crate::batch::NotifyStatus;
 use crate::codes::OK;
 use crate::engine::cancel::CancelOutcome;
 use crate::engine::wait::WaitOutcome;
@@ -189,7 +190,8 @@ pub extern "C" fn te_free_buffer(engine: transfer_engine_t, addr: *mut c_void) -
 /// `te_wait_batch`: every task completed.
 pub const TE_WAIT_COMPLETED: c_int = 0;
 /// `te_wait_batch`: every task ended, and one or more failed or were
-/// cancelled (`te_cancel_batch`).
+/// cancelled (`te_cancel_batch`), or the batch's notification was not
+/// delivered (`te_notify_status`).
 pub const TE_WAIT_FAILED: c_int = 1;
 /// `te_wait_batch`: a task was still running when the timeout passed, or
 /// reports TIMEOUT (`MC_SLICE_TIMEOUT`).
@@ -228,7 +230,12 @@ pub extern "C" fn te_wait_batch(
         Ok(
             match call.err_code(e.wait_tasks(batch_id, tasks, deadline))? {
                 WaitOutcome::Completed => TE_WAIT_COMPLETED,
-                WaitOutcome::Failed => TE_WAIT_FAILED,
+                WaitOutcome::Failed => {
+                    if let Ok(NotifyStatus::Failed(why)) = e.notify_status(batch_id) {
+                        call.record(format_args!("the notification was not delivered: {why}"));
+                    }
+                    TE_WAIT_FAILED
+                }
                 WaitOutcome::TimedOut => TE_WAIT_TIMED_OUT,
             },
         )
@@ -271,6 +278,50 @@ pub extern "C" fn te_cancel_batch(
         Ok(match call.err_code(e.cancel_batch(batch_id, timeout))? {
             CancelOutcome::Done => TE_CANCEL_DONE,
             CancelOutcome::Pending => TE_CANCEL_PENDING,
+        })
+    })
+}
+
+/// `te_notify_status`: the batch carries no notification.
+pub const TE_NOTIFY_NONE: c_int = 0;
+/// `te_notify_status`: its tasks are still running, or it is being sent
+/// (or sent again while the peer cannot take it).
+pub const TE_NOTIFY_PENDING: c_int = 1;
+/// `te_notify_status`: the peer's engine accepted it.
+pub const TE_NOTIFY_DELIVERED: c_int = 2;
+/// `te_notify_status`: it was not delivered and will not be;
+/// `te_last_error` says why.
+pub const TE_NOTIFY_FAILED: c_int = 3;
+
+/// Where the notification of a batch submitted with
+/// `submitTransferWithNotify` stands: `TE_NOTIFY_NONE` (0, none),
+/// `TE_NOTIFY_PENDING` (1: a task is still running, or it is being sent),
+/// `TE_NOTIFY_DELIVERED` (2: the peer's engine accepted it) or
+/// `TE_NOTIFY_FAILED` (3: a task failed or was cancelled, so it was not
+/// sent; or the peer did not take it within `MC_TE_NOTIFY_TIMEOUT_SEC`,
+/// refused it, may have received it without answering, or restarted since
+/// the data reached it; `te_last_error` says which). A notification is
+/// sent again only while the peer surely did not get it (its handshake
+/// port refuses connections, or its queue is full), so it never arrives
+/// twice. Once every task has ended, asking hands it to the background to
+/// send, as `getTransferStatus` does. `te_wait_batch` reports such a
+/// batch `TE_WAIT_COMPLETED` only once its notification was delivered,
+/// and `TE_WAIT_FAILED` when it failed.
+///
+/// Returns one of those, or -1 for a NULL or unknown engine, or an
+/// unknown or freed batch.
+#[unsafe(no_mangle)]
+pub extern "C" fn te_notify_status(engine: transfer_engine_t, batch_id: batch_id_t) -> c_int {
+    guard("te_notify_status", ERR_INVALID_ARGUMENT, |call| {
+        let e = call.engine(engine)?;
+        Ok(match call.err_code(e.notify_status(batch_id))? {
+            NotifyStatus::None => TE_NOTIFY_NONE,
+            NotifyStatus::Pending => TE_NOTIFY_PENDING,
+            NotifyStatus::Delivered => TE_NOTIFY_DELIVERED,
+            NotifyStatus::Failed(why) => {
+                call.record(format_args!("the notification was not delivered: {why}"));
+                TE_NOTIFY_FAILED
+            }
         })
     })
 }

@@ -50,6 +50,9 @@ pub struct ClientOptions {
     /// called (its proofs are bound to it). The call proves it holds a key
     /// and checks the peer's proof before it sends its request.
     pub auth: Option<(Arc<Keys>, String)>,
+    /// The request is sent at most once: a connection that drops after it
+    /// was sent is not tried again (a notification must not arrive twice).
+    pub once: bool,
 }
 
 /// Aborts the handshake calls made with it: [`Cancel::cancel`] shuts down
@@ -131,6 +134,7 @@ impl ClientOptions {
             ipv6: c.use_ipv6,
             cancel: None,
             auth: None,
+            once: false,
         }
     }
 }
@@ -241,15 +245,17 @@ fn exchange(
         })?;
     }
     let mut writer = &stream;
+    // Once (part of) the request is written, the peer may have it.
+    let sent_fail = |what: &str, e: &io::Error| fail(what, e, dropped(e) && !opts.once);
     writer
         .write_all(&encode_json(Some(kind), request))
-        .map_err(|e| io_fail("send", &e))?;
+        .map_err(|e| sent_fail("send", &e))?;
     let frame = read_frame(
         &mut DeadlineReader::new(&stream, opts.io_timeout),
         opts.max_frame_len,
     )
     .map_err(|e| match &e {
-        FrameError::Io(io) => io_fail("reply", io),
+        FrameError::Io(io) => sent_fail("reply", io),
         _ => fail("reply", &e, false),
     })?;
     let payload = match frame {

@@ -20,6 +20,7 @@ mod gpu_staging_stall;
 mod header;
 mod local_copy_fence;
 mod loopback;
+mod notify_delivery;
 mod notify_flood;
 mod peer_death_bounds;
 mod require_transport;

@@ -2,7 +2,8 @@
 //! 1 MiB notifications do not grow the target's memory (each is refused by
 //! the size limit, and the frames buffered at once are bounded), real
 //! notifications sent meanwhile all arrive, and notifications within the
-//! size limit are bounded in bytes by the queue, which keeps the newest.
+//! size limit are bounded in bytes by the queue, which keeps those queued
+//! and refuses newer ones until they are taken.
 //!
 //! One test in this file, so the process's peak RSS is this test's.
 
@@ -119,26 +120,36 @@ fn notification_flood_is_bounded_and_real_notifications_arrive() {
     );
 
     // Phase 2: notifications within the size limit, more bytes in all than
-    // the queue keeps: the oldest are dropped, the newest kept.
+    // the queue keeps: once it is full the newer ones are refused to their
+    // sender (which knows, and may send again), the queued ones kept.
     let msg = "y".repeat(60 << 10);
     let count = QUEUE_BYTES / msg.len() + 200;
+    let mut accepted = 0;
     for i in 0..count {
         let reply = send(port, &notify_frame(&format!("n{i}"), &msg)).expect("a reply");
-        assert_eq!(reply["notify_msg"], "success", "{reply}");
+        if reply["notify_msg"] == "success" {
+            assert_eq!(accepted, i, "accepted after a refusal: {reply}");
+            accepted += 1;
+        } else {
+            assert_eq!(reply["te_retry"], true, "{reply}");
+        }
     }
     let kept = e.take_notifies();
     let bytes: usize = kept.iter().map(|(n, m)| n.len() + m.len()).sum();
     println!(
-        "{count} notifications of 60 KiB: {} kept ({bytes} bytes)",
+        "{count} notifications of 60 KiB: {} kept ({bytes} bytes), the rest refused",
         kept.len()
     );
     assert!(bytes <= QUEUE_BYTES, "{bytes} bytes queued");
+    assert_eq!(kept.len(), accepted);
     assert!(
         kept.len() < count && kept.len() > count / 2,
         "{}",
         kept.len()
     );
-    let last = kept.last().expect("the newest is kept");
-    assert_eq!(last.0, format!("n{}", count - 1));
+    assert_eq!(kept[0].0, "n0", "the oldest is kept");
+    // Taken, the queue has room again.
+    let reply = send(port, &notify_frame("again", &msg)).expect("a reply");
+    assert_eq!(reply["notify_msg"], "success", "{reply}");
     e.shutdown();
 }

@@ -20,9 +20,15 @@ impl ChildTarget {
     /// Runs test `test` of module `module` (as `module_path!()` gives it)
     /// with `var=1`, and waits for its `READY` line.
     pub fn start(module: &str, test: &str, var: &str) -> ChildTarget {
+        ChildTarget::start_with(module, test, var, &[])
+    }
+
+    /// [`ChildTarget::start`] with more variables set in the child.
+    pub fn start_with(module: &str, test: &str, var: &str, env: &[(&str, &str)]) -> ChildTarget {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([&super::test_path(module, test), "--exact", "--nocapture"])
             .env(var, "1")
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
