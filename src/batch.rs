@@ -11,7 +11,9 @@ use crate::error::{Error, Result};
 use crate::sync;
 use once_cell::sync::Lazy;
 use parking_lot_core::{DEFAULT_PARK_TOKEN, DEFAULT_UNPARK_TOKEN};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
+};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -85,6 +87,10 @@ pub struct Task {
     canceled: AtomicBool,
     /// Slices that ended unsuccessfully after the cancel.
     withdrawn: AtomicU32,
+    /// The segment its request goes to (the engine's own: 0).
+    target: AtomicI32,
+    /// Logged as stalled ([`Batch::stalled`]).
+    reported: AtomicBool,
 }
 
 impl Task {
@@ -194,6 +200,13 @@ impl Task {
         self.parked.store(false, Ordering::Relaxed);
         self.canceled.store(false, Ordering::Relaxed);
         self.withdrawn.store(0, Ordering::Relaxed);
+        self.target.store(0, Ordering::Relaxed);
+        self.reported.store(false, Ordering::Relaxed);
+    }
+
+    /// Records the segment its request goes to, for the stall report.
+    pub fn set_target(&self, segment: i32) {
+        self.target.store(segment, Ordering::Relaxed);
     }
 
     /// Marks that a caller has seen this task terminal (needed by
@@ -206,6 +219,22 @@ impl Task {
             self.observed_terminal.store(true, Ordering::Release);
         }
     }
+}
+
+/// A task waiting longer than the stall report's bound
+/// ([`Batch::stalled`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stalled {
+    /// Its id in the batch.
+    pub task: usize,
+    /// The segment its request goes to.
+    pub target: i32,
+    /// Its slices so far, and how many of them ended.
+    pub slices: u64,
+    /// How many of its slices ended.
+    pub ended: u64,
+    /// How long it has waited since its submission.
+    pub waited: Duration,
 }
 
 /// A task as a slice of it refers to it: lets a transport holding the
@@ -524,6 +553,28 @@ impl Batch {
         all
     }
 
+    /// The tasks still waiting `after` their submission that were not
+    /// reported yet; each is reported once.
+    pub fn stalled(&self, after: Duration) -> Vec<Stalled> {
+        let now = now_nanos();
+        let limit = u64::try_from(after.as_nanos()).unwrap_or(u64::MAX);
+        self.tasks[..self.submitted()]
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.status().0 == TaskStatus::Waiting)
+            .filter_map(|(id, t)| {
+                let waited = now.saturating_sub(t.submitted.load(Ordering::Relaxed));
+                (waited >= limit && !t.reported.swap(true, Ordering::AcqRel)).then(|| Stalled {
+                    task: id,
+                    target: t.target.load(Ordering::Relaxed),
+                    slices: t.slice_count.load(Ordering::Acquire),
+                    ended: t.success.load(Ordering::Acquire) + t.failed.load(Ordering::Acquire),
+                    waited: Duration::from_nanos(waited),
+                })
+            })
+            .collect()
+    }
+
     /// Whether every one of the first `n` submitted tasks has ended.
     fn first_ended(&self, n: usize) -> bool {
         self.tasks[..n]
@@ -707,7 +758,7 @@ mod tests {
             None,
             "beyond the distinct reasons kept"
         );
-        assert_eq!(std::mem::size_of::<Task>(), 56);
+        assert_eq!(std::mem::size_of::<Task>(), 64);
     }
 
     #[test]

@@ -118,6 +118,20 @@ impl<T> HandleTable<T> {
         self.remove_if(handle, |_| true).ok()
     }
 
+    /// Every live entry with its handle, as of now.
+    pub fn entries(&self) -> Vec<(u64, Arc<T>)> {
+        let inner = sync::read(&self.inner);
+        inner
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let v = s.value.clone()?;
+                Some((u64::from(s.generation) << 32 | i as u64, v))
+            })
+            .collect()
+    }
+
     /// Removes every entry and returns them.
     pub fn drain(&self) -> Vec<Arc<T>> {
         let mut inner = sync::write(&self.inner);

@@ -132,6 +132,11 @@ impl RouteSlot {
         Arc::downcast(self.cell(init).clone()).ok()
     }
 
+    /// The slot's value if it was made, without making it.
+    pub fn get_arc<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        Arc::downcast(self.0.get()?.clone()).ok()
+    }
+
     fn cell<T: Any + Send + Sync>(&self, init: impl FnOnce() -> T) -> &Arc<dyn Any + Send + Sync> {
         self.0.get_or_init(|| Arc::new(init()))
     }

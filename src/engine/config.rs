@@ -103,6 +103,13 @@ crate::settings::settings! {
              to another transport (`local`, the engine's own segment, is always allowed); \
              creating the engine installs the listed ones auto discovery left out (whatever \
              `MC_FORCE_TCP` and `MC_TE_SHM` say) and fails when it can have none of them";
+        /// `MC_TE_STALL_REPORT_SEC` (0 = off): a task still waiting this
+        /// long after its submission is logged once.
+        stall_report_secs: u64 = 10, ["MC_TE_STALL_REPORT_SEC"], Range(0u64, 86400),
+            "seconds (0: off): a task still waiting that long after its submission is logged \
+             once, with its peer, the transport carrying it, its outstanding slices and what \
+             they wait for (rails in flight or paused, a shared-memory target copying, a full \
+             ring)";
         /// `MC_SLICE_TIMEOUT` in seconds (0 = off): a
         /// task still waiting this long after its slices were posted reports
         /// `STATUS_TIMEOUT`.

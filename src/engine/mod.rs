@@ -29,6 +29,7 @@ mod metrics;
 mod peers;
 mod publish;
 mod route;
+mod stall;
 mod submit;
 mod ticker;
 pub mod wait;
@@ -337,9 +338,16 @@ impl Engine {
             0 => None,
             s => Some(std::time::Duration::from_secs(s)),
         };
-        if let Some(k) =
-            keeper::Keeper::start(Arc::downgrade(&engine), engine.store.is_some(), refresh)
-        {
+        let stall = match engine.config.engine.stall_report_secs {
+            0 => None,
+            s => Some(std::time::Duration::from_secs(s)),
+        };
+        if let Some(k) = keeper::Keeper::start(
+            Arc::downgrade(&engine),
+            engine.store.is_some(),
+            refresh,
+            stall,
+        ) {
             let _ = engine.keeper.set(k);
         }
         if engine.config.engine.metric {

@@ -192,7 +192,10 @@ impl Engine {
             });
         }
         let _plug = Plug::begin(&transports);
-        batch.append(requests.len(), |first, _| {
+        batch.append(requests.len(), |first, slots| {
+            for (t, r) in slots.iter().zip(requests) {
+                t.set_target(r.target_id);
+            }
             let memory = sync::read(&self.memory);
             for (i, (r, target)) in requests.iter().zip(&targets).enumerate() {
                 match target {

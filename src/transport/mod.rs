@@ -145,6 +145,13 @@ pub trait Transport: TransportBase {
         false
     }
 
+    /// What this transport's slices to `seg` wait for now, for the stall
+    /// report (bytes in flight on which rails, paused rails, a target
+    /// copying, a full queue); `None` when it holds none.
+    fn describe_waits(&self, _seg: &RemoteSegment) -> Option<String> {
+        None
+    }
+
     /// Withdraws the slices of cancelled tasks that it holds and has not
     /// begun to move, ending them as [`Outcome::Canceled`]: called by the
     /// thread that cancels, again while it waits for the slices under

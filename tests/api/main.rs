@@ -25,5 +25,6 @@ mod notify_flood;
 mod peer_death_bounds;
 mod require_transport;
 mod slice_timeout;
+mod stall_report;
 mod strict_local;
 mod wait_batch;

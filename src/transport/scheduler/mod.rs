@@ -238,6 +238,38 @@ impl<C: Carrier> Transport for Scheduler<C> {
         self.kind
     }
 
+    fn describe_waits(&self, seg: &RemoteSegment) -> Option<String> {
+        let route = seg
+            .routes
+            .slot(self.kind.index)
+            .get_arc::<route::Route<C::Target>>()?;
+        let parts: Vec<String> = route
+            .rails
+            .iter()
+            .zip(&route.cells)
+            .filter_map(|(rail, cell)| {
+                let (load, state) = (cell.load(), cell.state());
+                if load == 0 && state == rails::RailUse::Open {
+                    return None;
+                }
+                let state = match state {
+                    rails::RailUse::Open => "",
+                    rails::RailUse::Probe => ", back from a pause and untested",
+                    rails::RailUse::Closed => ", paused after errors",
+                };
+                let failure = self
+                    .carrier
+                    .failure(rail)
+                    .map_or_else(String::new, |f| format!(" (last failure: {f})"));
+                Some(format!(
+                    "rail {} has {load} B in flight{state}{failure}",
+                    rail.key
+                ))
+            })
+            .collect();
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
+
     fn publish(&self, desc: &mut SegmentDesc, memory: &MemoryRegistry) {
         self.carrier.publish(desc, memory, &self.matrix)
     }

@@ -309,6 +309,10 @@ impl Transport for Shm {
         self.core.withdraw_canceled()
     }
 
+    fn describe_waits(&self, seg: &RemoteSegment) -> Option<String> {
+        self.core.describe_waits(self.peer(seg)?)
+    }
+
     fn flush(&self) {
         self.core.flush()
     }

@@ -578,6 +578,11 @@ impl ShmTransport {
         peer.core().post(slice);
     }
 
+    /// What our slices to `peer` wait for ([`PeerCore::describe_waits`]).
+    pub fn describe_waits(&self, peer: &ShmPeer) -> Option<String> {
+        peer.core().describe_waits()
+    }
+
     /// Withdraws the WRITEs of cancelled tasks from every target's queue
     /// ([`PeerCore::withdraw_canceled`]).
     pub fn withdraw_canceled(&self) {

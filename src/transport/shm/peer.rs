@@ -646,6 +646,33 @@ impl PeerCore {
         freed || posted || closed
     }
 
+    /// What our slices to this target wait for, for the stall report;
+    /// `None` when it holds none.
+    pub fn describe_waits(&self) -> Option<String> {
+        let st = self.lock();
+        let (posted, full) = st
+            .queue
+            .as_ref()
+            .map_or((0, 0), |q| (q.held(), q.backlog.len()));
+        let attaching = st.waiting.len();
+        if posted + full + attaching == 0 {
+            return None;
+        }
+        let phase = match st.phase {
+            Phase::Attached(_) => "attached",
+            Phase::Idle | Phase::Attaching => "attaching",
+            Phase::Unreachable(_) => "unreachable by shared memory",
+            Phase::Dead => "exited",
+            Phase::Detached => "detached",
+        };
+        Some(format!(
+            "process {} ({phase}): {posted} WRITE slice(s) in its ring, which it claims and \
+             copies itself; {full} waiting for a free ring entry (the ring is full); \
+             {attaching} waiting for the attach",
+            self.target_pid
+        ))
+    }
+
     /// Withdraws the WRITEs of cancelled tasks that the target is not
     /// copying (posted, claimed between two pieces, or waiting for an
     /// entry or the attach): the target copies no byte of them afterwards
