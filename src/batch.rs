@@ -53,7 +53,7 @@ pub enum TaskStatus {
     Pending = STATUS_PENDING,
     /// Unused by this engine; kept for the C values.
     Invalid = STATUS_INVALID,
-    /// Cancelled ([`Batch::cancel`]): every slice ended, and at least one
+    /// Cancelled (`Engine::cancel_batch`): every slice ended, and at least one
     /// was withdrawn or failed after the cancel reached it.
     Canceled = STATUS_CANCELED,
     /// Every slice succeeded.

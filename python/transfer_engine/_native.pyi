@@ -194,6 +194,8 @@ class TransferEngine:
         """The NIC priority matrix as Mooncake's JSON."""
     def get_first_buffer_address(self, segment_name: str) -> int:
         """Lowest buffer address the segment offers, or 0."""
+    def get_segment_transport(self, segment_name: str) -> str:
+        """``"local"``, ``"shm"``, ``"rdma"`` or ``"tcp"``: what carries data to the segment now."""
     def warmup_efa_segment(self, segment_name: str) -> int:
         """0 (no EFA transport in this build)."""
     def get_notifies(self) -> list[TransferNotify]:

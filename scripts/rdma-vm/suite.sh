@@ -17,7 +17,8 @@
 #
 # Cases: the Rust tests of tests/rdma/rdma_transfers.rs, tests/rdma/rdma_pool.rs,
 # tests/rdma/rdma_handshake.rs (spoofed and flooding Connection frames from raw
-# sockets) and tests/rdma/rdma_connector.rs (a SIGSTOPped peer beside a running
+# sockets), tests/rdma/rdma_cancel.rs (cancels at random points) and
+# tests/rdma/rdma_connector.rs (a SIGSTOPped peer beside a running
 # one), each counted; two processes over one rail and over two rails (net_peer:
 # READ/WRITE 1 B .. 64 MiB at odd offsets, 8 threads, notifications, bad
 # ranges, every byte checked by both sides) with proof that RDMA carried
@@ -283,7 +284,7 @@ rust_tests() {
 }
 
 # The Rust tests: each one counted.
-for module in rdma_transfers rdma_pool rdma_handshake rdma_connector rdma_api_races rdma_fallback rdma_auth; do
+for module in rdma_transfers rdma_pool rdma_handshake rdma_connector rdma_api_races rdma_fallback rdma_auth rdma_cancel; do
   want rust || want "rust:$module" || continue
   rust_tests "$module" "rust:$module"
 done

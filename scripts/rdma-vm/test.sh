@@ -27,7 +27,10 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null || fail_setup "cmake c
 cmake --build build -j"$(nproc)" --target net_peer transfer_bench || fail_setup "building the C programs failed"
 # The test binary's path, for the guest: a newer rdma-* of another
 # configuration may appear beside it while the guest runs.
+# (The build also makes the crate's binaries, which the tests run: only the
+# test target's artifact is the binary wanted.)
 rdma_exe=$(cargo test --locked --no-run --test rdma --message-format=json-render-diagnostics |
+  grep '"kind":\["test"\]' | grep '"name":"rdma"' |
   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
 [ -x "$rdma_exe" ] || fail_setup "building the Rust RDMA tests failed"
 

@@ -7,6 +7,7 @@ mod rdma_support;
 
 mod rdma_api_races;
 mod rdma_auth;
+mod rdma_cancel;
 mod rdma_connector;
 mod rdma_fallback;
 mod rdma_handshake;
