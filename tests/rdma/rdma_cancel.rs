@@ -3,7 +3,7 @@
 //! caller reuses its buffer at once: no byte lands afterwards, at the
 //! target for a WRITE, in the local buffer for a READ. Posted work
 //! requests cannot be recalled: the cancel waits for their completions,
-//! and withdraws what was still queued. 20 rounds each (6 with `CI=true`).
+//! and withdraws what was still queued. 20 rounds each (4 with `CI=true`).
 //! Run with `--ignored --test-threads 1` inside the VM.
 
 use crate::common;
@@ -27,7 +27,7 @@ fn percentile(v: &mut [Duration], p: usize) -> Duration {
 fn a_transfer_cancelled_at_random_points_moves_no_byte_afterwards() {
     rdma::setup(&[("MC_RDMA_COMPLETION_TIMEOUT", "8")]);
     let rounds = if std::env::var("CI").is_ok_and(|v| v == "true") {
-        6
+        4
     } else {
         20
     };
@@ -51,11 +51,16 @@ fn a_transfer_cancelled_at_random_points_moves_no_byte_afterwards() {
             local.set(0, &vec![mine; LEN]);
             remote.set(0, &vec![theirs; LEN]);
         };
+        // A whole transfer, once the queue pairs are connected, sets the
+        // range of the random delays.
         fill();
-        let start = Instant::now();
-        let whole = run_within(&a, &[req()], Duration::from_secs(600));
-        assert_eq!(whole, vec![TaskStatus::Completed]);
-        let whole = start.elapsed();
+        let mut whole = Duration::ZERO;
+        for _ in 0..2 {
+            let start = Instant::now();
+            let done = run_within(&a, &[req()], Duration::from_secs(600));
+            assert_eq!(done, vec![TaskStatus::Completed]);
+            whole = start.elapsed();
+        }
         let mut rng = Rng::new(0xC0FFEE ^ opcode as u64);
         let (mut latencies, mut canceled) = (Vec::new(), 0);
         for _ in 0..rounds {
