@@ -869,6 +869,9 @@ impl Lane {
     fn exchange(&mut self, registry: &Registry) {
         let mut progress = false;
         loop {
+            // A long exchange (a stream of READ answers) notices a cancel
+            // between two rounds, not only at its next event.
+            self.withdraw_canceled();
             let sent = match self.send() {
                 Ok(n) => n,
                 Err(f) => return self.fail(registry, f),
@@ -878,10 +881,12 @@ impl Lane {
                 Err(f) => return self.fail(registry, f),
             };
             self.complete();
-            if sent == 0 && received == 0 {
+            // The socket is drained both ways (its readiness is edge
+            // triggered), unless a cancel cut the receive short.
+            if sent == 0 && received == 0 && batch::cancels() == self.cancels_seen {
                 break;
             }
-            progress = true;
+            progress |= sent > 0 || received > 0;
         }
         if progress {
             let now = Instant::now();
@@ -978,6 +983,10 @@ impl Lane {
         let fd = conn.stream.as_raw_fd();
         let mut total = 0;
         loop {
+            if batch::cancels() != self.cancels_seen {
+                // Back to the exchange, which withdraws first.
+                return Ok(total);
+            }
             while self.recv_at < self.send_at
                 && (!self.pipeline[self.recv_at].answered_by_peer()
                     || self.pipeline[self.recv_at].done())
