@@ -539,9 +539,6 @@ impl Engine {
         }
         let mut pause = NOTIFY_FIRST_PAUSE;
         loop {
-            if self.closed.load(Ordering::Acquire) {
-                return Err("the engine was destroyed before the peer took it".into());
-            }
             let why = match self.call_notify(segment, &request, deadline) {
                 Ok(()) => return Ok(()),
                 Err(Undelivered::Not(why)) => why,
@@ -556,6 +553,11 @@ impl Engine {
                     "the peer did not take it within MC_TE_NOTIFY_TIMEOUT_SEC ({}s): {why}",
                     self.config.notify.retry_secs
                 ));
+            }
+            // A destroyed engine sends what it had queued once, and stops
+            // trying again.
+            if self.closed.load(Ordering::Acquire) {
+                return Err(format!("the engine was destroyed before the peer took it: {why}"));
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(NOTIFY_LONGEST_PAUSE);
