@@ -9,9 +9,10 @@ use crate::codes::{
 };
 use crate::error::{Error, Result};
 use crate::sync;
+use crate::task_stats::{End, TaskStats};
 use once_cell::sync::Lazy;
 use parking_lot_core::{DEFAULT_PARK_TOKEN, DEFAULT_UNPARK_TOKEN};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -68,7 +69,25 @@ pub struct Task {
     /// A caller parked until it ends ([`Batch::park_on_waiting`]): its
     /// end then wakes the callers parked on it.
     parked: AtomicBool,
+    /// Its route and op for the statistics ([`Task::begin`]), and
+    /// [`ENDED`] once its end is counted.
+    tag: AtomicU8,
+    /// The bytes it asks to move ([`Task::begin`]).
+    len: AtomicU64,
+    /// Its peer's slot in the per-peer statistics + 1, 0 for none
+    /// ([`Task::begin`]).
+    peer: AtomicU32,
+    /// Where its submission and end are counted: its batch's
+    /// ([`Batch::counting`]).
+    stats: Option<Arc<TaskStats>>,
 }
+
+/// The bits of [`Task::tag`] that hold its route.
+const ROUTE_BITS: u8 = 0b111;
+/// [`Task::tag`]'s bit of a WRITE.
+const WRITE_BIT: u8 = 1 << 3;
+/// [`Task::tag`]'s bit of a task whose end was counted.
+const ENDED: u8 = 1 << 7;
 
 impl Task {
     /// Records one finished slice of `len` bytes.
@@ -83,11 +102,75 @@ impl Task {
         } else {
             self.failed.fetch_add(1, Ordering::SeqCst);
         }
+        if self.stats.is_some() {
+            self.count_end(self.status().0);
+        }
         if self.parked.load(Ordering::SeqCst) && self.status().0 != TaskStatus::Waiting {
             // SAFETY: the key is this task's address, which only
             // `Batch::park_on_waiting` parks on.
             unsafe { parking_lot_core::unpark_all(self.park_key(), DEFAULT_UNPARK_TOKEN) };
         }
+    }
+
+    /// Counts a submitted task in the statistics: a WRITE or READ of `len`
+    /// bytes, going to `route` (see [`crate::task_stats`]), to the peer
+    /// in slot `peer` (`TaskStats::peer_slot`; 0: none). Called once,
+    /// before its first slice is counted.
+    pub fn begin(&self, write: bool, route: usize, len: u64, peer: u32) {
+        let tag = (route as u8 & ROUTE_BITS) | if write { WRITE_BIT } else { 0 };
+        self.tag.store(tag, Ordering::Relaxed);
+        self.len.store(len, Ordering::Relaxed);
+        self.peer.store(peer, Ordering::Relaxed);
+        if let Some(stats) = &self.stats {
+            stats.submitted(len);
+        }
+    }
+
+    /// The task goes on over `route` (the transport it was handed to, or a
+    /// fallback that took a part of it over): its end is counted there.
+    pub fn set_route(&self, route: usize) {
+        let route = route as u8 & ROUTE_BITS;
+        if self.tag.load(Ordering::Relaxed) & ROUTE_BITS == route {
+            return;
+        }
+        let _ = self
+            .tag
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                Some(t & !ROUTE_BITS | route)
+            });
+    }
+
+    /// Counts the task's end in its statistics if `status` (its status,
+    /// just read) is terminal and its end was not counted yet: whoever
+    /// sees it end first (the thread finishing its last slice, or a
+    /// caller polling it) counts it, once.
+    pub fn count_end(&self, status: TaskStatus) {
+        let result = match status {
+            TaskStatus::Completed => 0,
+            TaskStatus::Failed => 1,
+            TaskStatus::Canceled => 2,
+            _ => return,
+        };
+        let Some(stats) = &self.stats else {
+            return;
+        };
+        if self.tag.load(Ordering::Acquire) & ENDED != 0 {
+            return;
+        }
+        let tag = self.tag.fetch_or(ENDED, Ordering::AcqRel);
+        if tag & ENDED != 0 {
+            return;
+        }
+        let posted = self.submitted.load(Ordering::Relaxed);
+        stats.ended(End {
+            route: usize::from(tag & ROUTE_BITS),
+            op: usize::from(tag & WRITE_BIT != 0),
+            result,
+            requested: self.len.load(Ordering::Relaxed),
+            moved: self.transferred.load(Ordering::Relaxed),
+            took: Duration::from_nanos(now_nanos().saturating_sub(posted)),
+            peer: self.peer.load(Ordering::Relaxed),
+        });
     }
 
     /// The key callers park on until this task ends.
@@ -130,6 +213,9 @@ impl Task {
         self.submitted.store(now_nanos(), Ordering::Relaxed);
         self.why.store(0, Ordering::Relaxed);
         self.parked.store(false, Ordering::Relaxed);
+        self.tag.store(0, Ordering::Relaxed);
+        self.len.store(0, Ordering::Relaxed);
+        self.peer.store(0, Ordering::Relaxed);
     }
 
     /// Marks that a caller has seen this task terminal (needed by
@@ -163,6 +249,8 @@ pub struct Batch {
     notify: Mutex<Option<PendingNotify>>,
     /// The distinct reasons its tasks failed for, at most [`MAX_REASONS`].
     reasons: Mutex<Vec<Arc<str>>>,
+    /// Where its tasks are counted ([`Batch::counting`]).
+    stats: Option<Arc<TaskStats>>,
 }
 
 impl Batch {
@@ -187,7 +275,22 @@ impl Batch {
             submit_lock: Mutex::new(()),
             notify: Mutex::new(None),
             reasons: Mutex::new(Vec::new()),
+            stats: None,
         })
+    }
+
+    /// The batch with its tasks counted in `stats`.
+    pub fn counting(mut self, stats: Arc<TaskStats>) -> Batch {
+        for t in self.tasks.iter_mut() {
+            t.stats = Some(stats.clone());
+        }
+        self.stats = Some(stats);
+        self
+    }
+
+    /// Where its tasks are counted, if they are.
+    pub fn stats(&self) -> Option<&TaskStats> {
+        self.stats.as_deref()
     }
 
     /// Reserves `count` task slots and runs `fill` on them (with their first
@@ -252,6 +355,7 @@ impl Batch {
         })?;
         let (mut status, bytes) = task.status();
         task.observe(status);
+        task.count_end(status);
         if let Some(limit) = self.slice_timeout {
             let posted = task.submitted.load(Ordering::Relaxed);
             let waited = Duration::from_nanos(now_nanos().saturating_sub(posted));
@@ -482,7 +586,70 @@ mod tests {
             None,
             "beyond the distinct reasons kept"
         );
-        assert_eq!(std::mem::size_of::<Task>(), 48);
+        assert_eq!(std::mem::size_of::<Task>(), 72);
+    }
+
+    #[test]
+    fn a_task_end_is_counted_once_after_its_last_slice() {
+        let stats = Arc::new(TaskStats::default());
+        let b = Batch::new(2, None).unwrap().counting(stats.clone());
+        b.append(2, |_, t| {
+            t[0].begin(true, 1, 30, 0);
+            t[0].add_slices(2);
+            t[1].begin(false, 0, 8, 0);
+            t[1].add_slices(1);
+            Ok(())
+        })
+        .unwrap();
+        let t = b.task(0).unwrap();
+        t.finish_slice(10, true);
+        // A fallback takes the second slice over: its two parts are
+        // counted before the slice it replaces ends.
+        t.add_slices(2);
+        t.finish_slice(0, true);
+        assert_eq!(stats.snapshot().inflight, 2, "not ended early");
+        t.finish_slice(15, true);
+        t.finish_slice(5, false);
+        assert_eq!(b.poll(0).unwrap().0, TaskStatus::Failed);
+        b.task(1).unwrap().finish_slice(8, true);
+        assert_eq!(b.poll(1).unwrap().0, TaskStatus::Completed);
+        let s = stats.snapshot();
+        assert_eq!((s.inflight, s.inflight_bytes), (0, 0));
+        assert_eq!(s.ended, [[1, 0, 0], [0, 1, 0]], "by op, then result");
+        assert_eq!((s.moved[1][1], s.moved[0][0]), (25, 8));
+        let ended: u64 = s.buckets.iter().flatten().flatten().sum();
+        assert_eq!(ended, 2, "one duration per task");
+    }
+
+    #[test]
+    fn racing_last_slices_and_polls_count_each_end_once() {
+        const TASKS: usize = 2000;
+        let stats = Arc::new(TaskStats::default());
+        let b = Batch::new(TASKS, None).unwrap().counting(stats.clone());
+        b.append(TASKS, |_, t| {
+            for task in t {
+                task.begin(true, 2, 2, 0);
+                task.add_slices(2);
+            }
+            Ok(())
+        })
+        .unwrap();
+        std::thread::scope(|s| {
+            for ok in [true, false] {
+                let b = &b;
+                s.spawn(move || (0..TASKS).for_each(|i| b.task(i).unwrap().finish_slice(1, ok)));
+            }
+            let b = &b;
+            s.spawn(move || {
+                for _ in 0..3 {
+                    (0..TASKS).for_each(|i| drop(b.poll(i)));
+                }
+            });
+        });
+        let s = stats.snapshot();
+        assert_eq!(s.ended[1], [0, TASKS as u64, 0]);
+        assert_eq!((s.inflight, s.inflight_bytes), (0, 0));
+        assert_eq!(s.moved[2][1], TASKS as u64);
     }
 
     #[test]

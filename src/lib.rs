@@ -70,7 +70,9 @@ pub(crate) mod segment;
 pub(crate) mod serve;
 pub(crate) mod settings;
 pub(crate) mod small_file;
+pub(crate) mod stripe;
 pub(crate) mod sync;
+pub(crate) mod task_stats;
 pub mod topology;
 pub(crate) mod transport;
 #[cfg(feature = "rdma")]

@@ -31,6 +31,9 @@ pub struct RemoteSegment {
     pub routes: RouteCache,
     /// Whether its descriptor should be refetched before the next use.
     pub freshness: Freshness,
+    /// Its peer's slot in the engine's per-peer task statistics, once
+    /// looked up (`TaskStats::peer_slot`).
+    pub stats_peer: OnceCell<u32>,
 }
 
 /// Slots of a [`RouteCache`]: one per transport of the transport table
@@ -85,6 +88,11 @@ impl RouteSlot {
         init: impl FnOnce() -> T,
     ) -> Option<Arc<T>> {
         Arc::downcast(self.cell(init).clone()).ok()
+    }
+
+    /// Whether its transport filled it.
+    pub fn is_set(&self) -> bool {
+        self.0.get().is_some()
     }
 
     fn cell<T: Any + Send + Sync>(&self, init: impl FnOnce() -> T) -> &Arc<dyn Any + Send + Sync> {
@@ -247,6 +255,16 @@ impl SegmentCache {
     /// Every cached name.
     pub fn names(&self) -> Vec<String> {
         sync::read(&self.table).by_name.keys().cloned().collect()
+    }
+
+    /// How many cached segments have slot `index` of their route cache
+    /// filled: the peers whose route the transport at `index` has set up.
+    pub fn routed_by(&self, index: usize) -> usize {
+        sync::read(&self.table)
+            .by_id
+            .values()
+            .filter(|s| s.routes.slot(index).is_set())
+            .count()
     }
 }
 

@@ -15,6 +15,7 @@ use crate::sync;
 use crate::transport::local::{CopyJob, copy_any};
 use crate::transport::plug::Plug;
 use crate::transport::scheduler::planner;
+use crate::task_stats::LOCAL_ROUTE;
 use crate::transport::{
     Fallback, LocalSide, NicLoad, Refresh, Refreshed, Submission, Transfer, Transport,
 };
@@ -89,6 +90,9 @@ fn dispatch(
     xfer: Transfer,
     refresh: Option<Refresh>,
 ) {
+    if let Some(t) = batch.slot(task) {
+        t.set_route(chain[i].kind().route());
+    }
     let fallback: Option<Fallback> = (i + 1 < chain.len()).then(|| {
         let (chain, batch, seg, local, refresh) = (
             chain.clone(),
@@ -159,9 +163,8 @@ impl Engine {
             0 => None,
             s => Some(std::time::Duration::from_secs(s)),
         };
-        Ok(self
-            .batches
-            .insert(Arc::new(Batch::new(capacity, timeout)?)))
+        let batch = Batch::new(capacity, timeout)?.counting(self.stats.clone());
+        Ok(self.batches.insert(Arc::new(batch)))
     }
 
     pub(super) fn batch(&self, id: u64) -> Result<Arc<Batch>> {
@@ -186,6 +189,10 @@ impl Engine {
         let batch = self.batch(batch_id)?;
         let transports = self.transports();
         let mut targets: Vec<Target> = Vec::with_capacity(requests.len());
+        // The route each task is counted on until a transport takes it
+        // (the most preferred that speaks its peer's descriptor),
+        // and the slot of its peer in the per-peer statistics.
+        let mut routes: Vec<(usize, u32)> = Vec::with_capacity(requests.len());
         let mut refetching: Vec<i32> = Vec::new();
         // The segment of the request before: a batch mostly goes to one
         // peer, and the cache's lock is shared by every submitting thread.
@@ -193,6 +200,7 @@ impl Engine {
         for r in requests {
             if r.target_id == LOCAL_SEGMENT_ID {
                 targets.push(Target::Local);
+                routes.push((LOCAL_ROUTE, 0));
                 continue;
             }
             let seg = match &last {
@@ -210,6 +218,10 @@ impl Engine {
                 refetching.push(r.target_id);
             }
             let speaking = Self::speaking(&transports, &seg)?;
+            let peer = *seg
+                .stats_peer
+                .get_or_init(|| self.stats.peer_slot(&seg.name));
+            routes.push((speaking[0].kind().route(), peer));
             if r.length > 0 && speaking.iter().all(|t| t.needs_registered_source()) {
                 // RDMA moves bytes from and to registered memory only.
                 let memory = sync::read(&self.memory);
@@ -238,9 +250,11 @@ impl Engine {
             });
         }
         let _plug = Plug::begin(&transports);
-        batch.append(requests.len(), |first, _| {
+        batch.append(requests.len(), |first, slots| {
             let memory = sync::read(&self.memory);
             for (i, (r, target)) in requests.iter().zip(&targets).enumerate() {
+                let (route, peer) = routes[i];
+                slots[i].begin(r.opcode == Opcode::Write, route, r.length, peer);
                 match target {
                     Target::Local => self.submit_local(&batch, first + i, r, &memory),
                     Target::Remote(seg) => {
