@@ -144,7 +144,13 @@ impl TaskStats {
             names: Mutex::new(Vec::new()),
             max: peers,
             stripes: (0..STRIPES)
-                .map(|_| Padded((0..(peers + 1) * OPS * 2).map(|_| AtomicU64::new(0)).collect()))
+                .map(|_| {
+                    Padded(
+                        (0..(peers + 1) * OPS * 2)
+                            .map(|_| AtomicU64::new(0))
+                            .collect(),
+                    )
+                })
                 .collect(),
         });
         TaskStats {

@@ -331,8 +331,11 @@ impl Engine {
         let engine = Arc::new(engine);
         let _ = engine.me.set(Arc::downgrade(&engine));
         if let Some(addr) = engine.config.engine.metrics_addr {
-            match exposition::MetricsServer::start(addr, Arc::downgrade(&engine), &engine.config.rpc)
-            {
+            match exposition::MetricsServer::start(
+                addr,
+                Arc::downgrade(&engine),
+                &engine.config.rpc,
+            ) {
                 Ok(server) => *sync::lock(&engine.exposition) = Some(server),
                 Err(e) => {
                     tracing::error!("{e}");

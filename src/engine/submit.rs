@@ -12,10 +12,10 @@ use crate::memory::{MemoryRegistry, Residence};
 use crate::peer_jobs::Finish;
 use crate::segment::RemoteSegment;
 use crate::sync;
+use crate::task_stats::LOCAL_ROUTE;
 use crate::transport::local::{CopyJob, copy_any};
 use crate::transport::plug::Plug;
 use crate::transport::scheduler::planner;
-use crate::task_stats::LOCAL_ROUTE;
 use crate::transport::{
     Fallback, LocalSide, NicLoad, Refresh, Refreshed, Submission, Transfer, Transport,
 };

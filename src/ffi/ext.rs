@@ -242,10 +242,8 @@ mod tests {
     fn metrics_text_refuses_a_null_engine_and_says_so() {
         let mut buf = [1 as c_char; 4];
         // SAFETY: a NULL engine is an invalid argument; `buf` holds 4 bytes.
-        assert_eq!(
-            unsafe { te_metrics_text(std::ptr::null_mut(), buf.as_mut_ptr(), buf.len()) },
-            0
-        );
+        let n = unsafe { te_metrics_text(std::ptr::null_mut(), buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(n, 0);
         assert_eq!(buf, [1; 4], "nothing written on failure");
         let msg = "te_metrics_text: engine handle 0x0 is NULL, unknown or destroyed";
         // SAFETY: NULL buffer with length 0 asks for the length only.

@@ -33,7 +33,9 @@ impl MetricsServer {
         rpc: &RpcConfig,
     ) -> Result<MetricsServer> {
         let listener = TcpListener::bind(addr).map_err(|e| {
-            Error::Socket(format!("MC_TE_METRICS_ADDR={addr}: cannot listen there: {e}"))
+            Error::Socket(format!(
+                "MC_TE_METRICS_ADDR={addr}: cannot listen there: {e}"
+            ))
         })?;
         let local = listener
             .local_addr()

@@ -19,9 +19,9 @@
 //! of its bandwidth for `getNicLoadStats`, in counters the slice path
 //! updates without a lock (the average is folded when it is read).
 
+use crate::stripe::{Padded, STRIPES, stripe};
 use crate::sync;
 use std::collections::{HashMap, VecDeque};
-use crate::stripe::{Padded, STRIPES, stripe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
