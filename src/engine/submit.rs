@@ -20,6 +20,7 @@ use crate::transport::{
     Fallback, LocalSide, NicLoad, Refresh, Refreshed, Submission, Transfer, Transport,
 };
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// What a caller waiting for a fetch of a segment's descriptor needs of it.
 #[derive(Debug, Clone, Copy)]
@@ -163,7 +164,10 @@ impl Engine {
             0 => None,
             s => Some(std::time::Duration::from_secs(s)),
         };
-        let batch = Batch::new(capacity, timeout)?.counting(self.stats.clone());
+        let mut batch = Batch::new(capacity, timeout)?;
+        if self.counting.load(Ordering::Relaxed) {
+            batch = batch.counting(self.stats.clone());
+        }
         Ok(self.batches.insert(Arc::new(batch)))
     }
 

@@ -180,6 +180,7 @@ fn counters_equal_what_moved_over_each_transport() {
 #[test]
 fn per_peer_series_are_bounded() {
     let initiator = common::engine_with(&[("MC_TE_METRICS_PEERS", "1")]);
+    initiator.metrics_text(); // counting from here
     let local = Buf::new(1 << 16, 2);
     register(&initiator, &local, true);
     let targets: Vec<_> = (0..3).map(|_| common::engine()).collect();
@@ -290,6 +291,25 @@ fn the_endpoint_serves_beside_hostile_clients_and_stops_with_its_engine() {
     drop(e);
     assert!(TcpStream::connect(addr).is_err(), "stopped with its engine");
     drop(silent);
+}
+
+#[test]
+fn tasks_are_counted_from_the_first_scrape_without_an_endpoint() {
+    let e = common::engine();
+    let b = Buf::new(8192, 1);
+    register(&e, &b, true);
+    let copy = [write_req(b.addr(), LOCAL_SEGMENT_ID, b.addr() + 4096, 4096)];
+    assert_eq!(run(&e, &copy), [TaskStatus::Completed]);
+    let bytes = |t: &str| {
+        value(
+            t,
+            "transfer_engine_transferred_bytes_total",
+            "transport=\"local\",op=\"write\"",
+        )
+    };
+    assert_eq!(bytes(&e.metrics_text()), 0, "not counted before");
+    assert_eq!(run(&e, &copy), [TaskStatus::Completed]);
+    assert_eq!(bytes(&settled(&e)), 4096);
 }
 
 #[test]

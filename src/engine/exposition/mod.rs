@@ -201,7 +201,13 @@ impl Engine {
     /// `GET /metrics` on `MC_TE_METRICS_ADDR` serves them: tasks, bytes,
     /// durations, retries, registered memory, peers and devices. The
     /// families are described in `docs/metrics.md`.
+    ///
+    /// Tasks are counted from the engine's creation when
+    /// `MC_TE_METRICS_ADDR` is set, else from the first call of this on
+    /// (the tasks of batches allocated from then on).
     pub fn metrics_text(&self) -> String {
+        self.counting
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let mut families = task_families(&self.stats.snapshot());
         let mut registered = Family::new(
             "transfer_engine_registered_bytes",
