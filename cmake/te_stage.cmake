@@ -9,10 +9,11 @@
 #   lib/.debug/libtransfer_engine.so.<VERSION>.debug
 #                                         the shared library's debug info
 #   bin/transfer-engine-metadata-server   our HTTP metadata server
+#   bin/transfer-engine-info              the diagnostic tool
 #
 # With SPLIT_DEBUG (the default) the shipped files carry no debug info: the
 # shared library's goes to the .debug file, which its .gnu_debuglink names
-# (gdb finds it there by itself); the static library and the server keep
+# (gdb finds it there by itself); the static library and the tools keep
 # their symbol tables only. Without SPLIT_DEBUG they are copied as built.
 #
 # Variables: CARGO_DIR (cargo's release directory), OUT_DIR, VERSION, MAJOR,
@@ -47,14 +48,16 @@ if(SPLIT_DEBUG)
   run("${OBJCOPY}" "--add-gnu-debuglink=${lib}/.debug/${real}.debug" "${lib}/${real}.tmp")
   file(RENAME "${lib}/${real}.tmp" "${lib}/${real}")
   run("${STRIP}" --strip-debug -o "${lib}/libtransfer_engine.a" "${CARGO_DIR}/libtransfer_engine.a")
-  run("${STRIP}" --strip-debug -o "${bin}/transfer-engine-metadata-server"
-      "${CARGO_DIR}/transfer-engine-metadata-server")
+  foreach(tool transfer-engine-metadata-server transfer-engine-info)
+    run("${STRIP}" --strip-debug -o "${bin}/${tool}" "${CARGO_DIR}/${tool}")
+  endforeach()
 else()
   file(REMOVE "${lib}/.debug/${real}.debug")
   run("${CMAKE_COMMAND}" -E copy "${CARGO_DIR}/libtransfer_engine.so" "${lib}/${real}")
   run("${CMAKE_COMMAND}" -E copy "${CARGO_DIR}/libtransfer_engine.a" "${lib}/libtransfer_engine.a")
-  run("${CMAKE_COMMAND}" -E copy "${CARGO_DIR}/transfer-engine-metadata-server"
-      "${bin}/transfer-engine-metadata-server")
+  foreach(tool transfer-engine-metadata-server transfer-engine-info)
+    run("${CMAKE_COMMAND}" -E copy "${CARGO_DIR}/${tool}" "${bin}/${tool}")
+  endforeach()
 endif()
 file(CREATE_LINK "${real}" "${lib}/${soname}" SYMBOLIC)
 file(CREATE_LINK "${soname}" "${lib}/libtransfer_engine.so" SYMBOLIC)

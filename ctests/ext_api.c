@@ -6,18 +6,23 @@
  * that made them, is cleared by a call that succeeds, is truncated like
  * snprintf and reports the full length; te_segment_buffers lists this
  * engine's own buffers (LOCAL_SEGMENT) and, over TCP, the buffers a second
- * engine in this process published, with the capacity / count protocol.
+ * engine in this process published, with the capacity / count protocol;
+ * te_segment_transport names "local" for LOCAL_SEGMENT and "tcp" for that
+ * engine, truncates like snprintf, and refuses a NULL engine or buffer and
+ * a segment not open.
  * A misspelled backend is refused with a suggestion, the lower-case one
  * accepted. te_allocate_buffer gives memory only with "shm" installed;
  * it is zeroed, registers and carries a local transfer, and
  * te_free_buffer refuses it while registered, frees it once, then refuses
- * it again. te_wait_batch, between two engines over TCP: COMPLETED once
+ * it again. te_wait_batch and te_cancel_batch, between two engines over
+ * TCP: COMPLETED once
  * every byte landed, TIMED_OUT when the timeout passes first, FAILED for
  * a WRITE into memory the target unregistered, COMPLETED for two callers
  * waiting on one batch at once, and each time the batch can be freed
  * without a getTransferStatus (a freeBatchID racing a wait is refused
- * until the waiter has seen every task end); a bad engine or batch is
- * refused.
+ * until the waiter has seen every task end); a batch cancelled at once
+ * is DONE, its tasks CANCELED or COMPLETED, and it can be freed; a bad
+ * engine or batch is refused.
  */
 #include "transfer_engine_ext.h"
 
@@ -170,6 +175,18 @@ static void check_remote_buffers(unsigned char *buf, size_t n) {
   CHECK_EQ_U64(info[0].length, n);
   /* A TCP descriptor does not say where its buffers live. */
   CHECK_EQ(info[0].location[0], 0);
+  char name[8];
+  CHECK_EQ(te_segment_transport(p.initiator, p.seg, name, sizeof name), 0);
+  CHECK(strcmp(name, "tcp") == 0);
+  CHECK_EQ(te_segment_transport(p.initiator, LOCAL_SEGMENT, name, sizeof name), 0);
+  CHECK(strcmp(name, "local") == 0);
+  CHECK_EQ(te_segment_transport(p.initiator, LOCAL_SEGMENT, name, 3), 0);
+  CHECK(strcmp(name, "lo") == 0);
+  CHECK_EQ(te_segment_transport(p.initiator, 4242, name, sizeof name), TE_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("segment id 4242 is not open");
+  CHECK_EQ(te_segment_transport(p.initiator, p.seg, NULL, 8), TE_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("buf is NULL");
+  CHECK_EQ(te_segment_transport(NULL, p.seg, name, sizeof name), TE_ERR_INVALID_ARGUMENT);
   close_pair(p);
 }
 
@@ -250,6 +267,26 @@ static void check_wait_batch(void) {
   CHECK_EQ(getTransferStatus(e, b, 0, &st), 0);
   CHECK_EQ(st.status, STATUS_FAILED);
   CHECK_EQ(freeBatchID(e, b), 0);
+
+  /* A 16 MiB WRITE cancelled at once: DONE, every task ended (CANCELED,
+     or COMPLETED if it had moved), the batch free to go; a later cancel of
+     the freed batch is refused. */
+  REQUIRE(registerLocalMemory(p.target, theirs, n, "cpu:0", 1) == 0);
+  b = allocateBatchID(e, 16);
+  REQUIRE(b != INVALID_BATCH);
+  CHECK_EQ(submitTransfer(e, b, w, 16), 0);
+  CHECK_EQ(te_cancel_batch(e, b, 10000), TE_CANCEL_DONE);
+  int canceled = 0;
+  for (int i = 0; i < 16; i++) {
+    CHECK_EQ(getTransferStatus(e, b, i, &st), 0);
+    CHECK(st.status == STATUS_CANCELED || st.status == STATUS_COMPLETED);
+    canceled += st.status == STATUS_CANCELED;
+  }
+  CHECK(canceled > 0);
+  CHECK_EQ(freeBatchID(e, b), 0);
+  CHECK_EQ(te_cancel_batch(e, b, 0), TE_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("te_cancel_batch");
+  CHECK_EQ(te_cancel_batch(NULL, 1, 0), TE_ERR_INVALID_ARGUMENT);
 
   /* Bad input. */
   CHECK_EQ(te_wait_batch(e, b, 0), TE_ERR_INVALID_ARGUMENT);

@@ -47,6 +47,7 @@ want=(
   "$libdir/cmake/transfer_engine/transfer_engineConfig.cmake"
   "$libdir/cmake/transfer_engine/transfer_engineConfigVersion.cmake"
   "$libdir/pkgconfig/transfer_engine.pc" bin/transfer-engine-metadata-server
+  bin/transfer-engine-info
 )
 [ "$split" = ON ] && want+=("$libdir/.debug/$real.debug")
 for f in "${want[@]}"; do grep -qxF "$f" "$NET_TMP/layout" || net_fail "$f is not installed"; done
@@ -66,7 +67,13 @@ if [ "$split" = ON ]; then
 fi
 echo "sizes (bytes):"
 du -b "$L/$real" "$L/libtransfer_engine.a" "$prefix/bin/transfer-engine-metadata-server" \
+  "$prefix/bin/transfer-engine-info" \
   $([ "$split" = ON ] && echo "$L/.debug/$real.debug") | sed "s|$prefix/||"
+
+echo "== the installed transfer-engine-info"
+"$prefix/bin/transfer-engine-info" --json >"$NET_TMP/info.json" 2>"$NET_TMP/info.err" ||
+  net_fail "transfer-engine-info failed: $(tail -5 "$NET_TMP/info.err")"
+grep -q '"transports"' "$NET_TMP/info.json" || net_fail "transfer-engine-info printed no transports"
 
 echo "== a program that loads the bare name libtransfer_engine.so"
 LD_LIBRARY_PATH=$L "$build/dlopen_cycle" libtransfer_engine.so >"$NET_TMP/dlopen.out" 2>&1 ||

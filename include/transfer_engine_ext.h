@@ -20,7 +20,8 @@
 #define TE_WAIT_COMPLETED (0)
 
 /**
- * `te_wait_batch`: every task ended, and one or more failed.
+ * `te_wait_batch`: every task ended, and one or more failed or were
+ * cancelled (`te_cancel_batch`).
  */
 #define TE_WAIT_FAILED (1)
 
@@ -29,6 +30,18 @@
  * reports TIMEOUT (`MC_SLICE_TIMEOUT`).
  */
 #define TE_WAIT_TIMED_OUT (2)
+
+/**
+ * `te_cancel_batch`: every task of the batch has ended, and none reads or
+ * writes a byte any more.
+ */
+#define TE_CANCEL_DONE (0)
+
+/**
+ * `te_cancel_batch`: a slice was still moving when the timeout passed;
+ * its task has not ended yet.
+ */
+#define TE_CANCEL_PENDING (1)
 
 /**
  * Invalid argument (NULL pointer, zero length, unknown handle).
@@ -186,6 +199,29 @@ int te_segment_buffers(transfer_engine_t engine,
                        size_t *count);
 
 /**
+ * Writes the name of the transport that carries data to an open segment
+ * now into `buf`, like `snprintf(buf, len, "%s", name)` (truncated and
+ * NUL-terminated; the names are at most 5 bytes, so 8 bytes always hold
+ * one): `"local"` for `LOCAL_SEGMENT` (copies within the process), else
+ * `"shm"`, `"rdma"` or `"tcp"`: the transport the segment's requests went
+ * to as last seen, which changes when one hands a part it cannot move on
+ * to the next (shared memory the kernel refuses, RDMA rails that all
+ * failed: TCP), and back when the most preferred one carries a whole
+ * request again; before the first request, the most preferred installed
+ * transport that speaks the segment. Each change is logged once, with its
+ * reason. With `MC_TE_REQUIRE_TRANSPORT` only the listed transports
+ * count.
+ *
+ * Returns 0, or -1 for a NULL or unknown engine, a segment id that is not
+ * open, a NULL `buf` or a `len` of 0, or a segment that no installed
+ * transport (that `MC_TE_REQUIRE_TRANSPORT` allows) speaks.
+ *
+ * # Safety
+ * `buf` must be NULL or valid for `len` bytes.
+ */
+int te_segment_transport(transfer_engine_t engine, segment_id_t segment, char *buf, size_t len);
+
+/**
  * Zeroed memory of `size` bytes that the engine moves faster than memory
  * from `malloc`, to register with `registerLocalMemory` like any buffer:
  * with the shared-memory transport installed, a memfd that peers on this
@@ -209,7 +245,7 @@ int te_free_buffer(transfer_engine_t engine, void *addr);
 
 /**
  * Waits until every task submitted to the batch so far has ended
- * (COMPLETED or FAILED), one reports TIMEOUT (as soon as the first one
+ * (COMPLETED, FAILED or CANCELED), one reports TIMEOUT (as soon as the first one
  * has waited `MC_SLICE_TIMEOUT` since its submission), or `timeout_ms`
  * milliseconds have passed (at most about 49 days), instead
  * of the caller polling `getTransferStatus`: for the first millisecond
@@ -244,6 +280,27 @@ int te_wait_batch(transfer_engine_t engine, batch_id_t batch_id, uint64_t timeou
  * `buf` must be NULL or valid for `len` bytes.
  */
 size_t te_metrics_text(transfer_engine_t engine, char *buf, size_t len);
+
+/**
+ * Cancels a batch: every task submitted to it that has not ended ends
+ * `STATUS_CANCELED` (3), as `getTransferStatus` then reports it (a task
+ * whose every byte had already moved ends COMPLETED, one that had failed
+ * FAILED). Slices not yet moving are withdrawn on every transport;
+ * slices a peer is already copying (a TCP WRITE it has not acknowledged,
+ * a shared-memory WRITE the target process is copying, an RDMA work
+ * request posted) are waited for up to `timeout_ms` milliseconds (at
+ * most about 49 days). Other batches, peers and threads are not
+ * disturbed.
+ *
+ * Returns `TE_CANCEL_DONE` (0) once every task of the batch has ended and
+ * no byte of any of them is read or written afterwards (the rule of
+ * FAILED tasks): the caller may reuse or free their memory, and
+ * `freeBatchID` succeeds. Returns `TE_CANCEL_PENDING` (1) when a slice
+ * was still held at the timeout: its task stays unended, and a later
+ * `te_cancel_batch` or `te_wait_batch` sees it end. Returns -1 for a
+ * NULL or unknown engine, or an unknown or freed batch.
+ */
+int te_cancel_batch(transfer_engine_t engine, batch_id_t batch_id, uint64_t timeout_ms);
 
 #ifdef __cplusplus
 }  // extern "C"

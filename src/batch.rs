@@ -24,6 +24,17 @@ fn now_nanos() -> u64 {
     u64::try_from(EPOCH.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// Cancels so far, in every engine of the process: a transport that holds
+/// queued slices looks for cancelled ones when this changed
+/// ([`cancels`]).
+static CANCELS: AtomicU64 = AtomicU64::new(0);
+
+/// How many cancels there have been in the process: a transport that saw
+/// the same number last time it looked has no cancelled slice to find.
+pub fn cancels() -> u64 {
+    CANCELS.load(Ordering::Acquire)
+}
+
 /// Largest `batch_size` accepted by `allocateBatchID`.
 pub const MAX_BATCH_SIZE: usize = 1 << 22;
 
@@ -41,7 +52,8 @@ pub enum TaskStatus {
     Pending = STATUS_PENDING,
     /// Unused by this engine; kept for the C values.
     Invalid = STATUS_INVALID,
-    /// Unused by this engine; kept for the C values.
+    /// Cancelled ([`Batch::cancel`]): every slice ended, and at least one
+    /// was withdrawn or failed after the cancel reached it.
     Canceled = STATUS_CANCELED,
     /// Every slice succeeded.
     Completed = STATUS_COMPLETED,
@@ -69,17 +81,22 @@ pub struct Task {
     /// A caller parked until it ends ([`Batch::park_on_waiting`]): its
     /// end then wakes the callers parked on it.
     parked: AtomicBool,
-    /// Its route and op for the statistics ([`Task::begin`]), and
+    /// Its route and op for the statistics ([`Task::count_submitted`]), and
     /// [`ENDED`] once its end is counted.
     tag: AtomicU8,
-    /// The bytes it asks to move ([`Task::begin`]).
+    /// The bytes it asks to move ([`Task::count_submitted`]).
     len: AtomicU64,
     /// Its peer's slot in the per-peer statistics + 1, 0 for none
-    /// ([`Task::begin`]).
+    /// ([`Task::count_submitted`]).
     peer: AtomicU32,
     /// Where its submission and end are counted: its batch's
     /// ([`Batch::counting`]).
     stats: Option<Arc<TaskStats>>,
+    /// [`Batch::cancel`] reached it before it ended: transports withdraw
+    /// its slices, and those that end unsuccessfully count as cancelled.
+    canceled: AtomicBool,
+    /// Slices that ended unsuccessfully after the cancel.
+    withdrawn: AtomicU32,
 }
 
 /// The bits of [`Task::tag`] that hold its route.
@@ -99,6 +116,11 @@ impl Task {
         if ok {
             self.transferred.fetch_add(len, Ordering::Relaxed);
             self.success.fetch_add(1, Ordering::SeqCst);
+        } else if self.canceled.load(Ordering::Acquire) {
+            // Counted before the slice is (both `SeqCst`): whoever sees
+            // the slice ended sees why.
+            self.withdrawn.fetch_add(1, Ordering::SeqCst);
+            self.failed.fetch_add(1, Ordering::SeqCst);
         } else {
             self.failed.fetch_add(1, Ordering::SeqCst);
         }
@@ -116,7 +138,7 @@ impl Task {
     /// bytes, going to `route` (see [`crate::task_stats`]), to the peer
     /// in slot `peer` (`TaskStats::peer_slot`; 0: none). Called once,
     /// before its first slice is counted.
-    pub fn begin(&self, write: bool, route: usize, len: u64, peer: u32) {
+    pub fn count_submitted(&self, write: bool, route: usize, len: u64, peer: u32) {
         let tag = (route as u8 & ROUTE_BITS) | if write { WRITE_BIT } else { 0 };
         self.tag.store(tag, Ordering::Relaxed);
         self.len.store(len, Ordering::Relaxed);
@@ -181,7 +203,45 @@ impl Task {
     /// Adds slices to a task before they are dispatched (a transport that
     /// splits a slice further announces the extra parts here first).
     pub fn add_slices(&self, n: u64) {
-        self.slice_count.fetch_add(n, Ordering::AcqRel);
+        // `SeqCst` pairs with `Task::cancel`: a task whose slices are not
+        // counted yet is either seen by the cancel with slices, or sees
+        // the cancel ([`Task::begin`]).
+        self.slice_count.fetch_add(n, Ordering::SeqCst);
+    }
+
+    /// Whether [`Batch::cancel`] reached this task before it ended: its
+    /// slices not yet moving are not to be moved, nor retried elsewhere.
+    pub fn is_canceled(&self) -> bool {
+        self.canceled.load(Ordering::Acquire)
+    }
+
+    /// Opens a task whose request goes to its transports later (after a
+    /// fetch of the peer's descriptor): counts one slice that holds it
+    /// open, and returns `false` (ending that slice) when the task was
+    /// cancelled meanwhile and must not be submitted. Otherwise the caller
+    /// submits it, then ends the slice with `finish_slice(0, true)`.
+    pub fn begin(&self) -> bool {
+        self.add_slices(1);
+        if self.canceled.load(Ordering::SeqCst) {
+            self.finish_slice(0, false);
+            return false;
+        }
+        true
+    }
+
+    /// Marks the task cancelled unless it has ended; whether it was still
+    /// running. A task with no slice counted yet (waiting for its peer's
+    /// descriptor) ends at once; [`Task::begin`] keeps it from starting.
+    fn cancel(&self) -> bool {
+        if self.status().0 != TaskStatus::Waiting {
+            return false;
+        }
+        self.canceled.store(true, Ordering::SeqCst);
+        if self.slice_count.load(Ordering::SeqCst) == 0 {
+            self.add_slices(1);
+            self.finish_slice(0, false);
+        }
+        true
     }
 
     /// The status and transferred bytes, as `getTransferStatus` reports them.
@@ -191,7 +251,9 @@ impl Task {
         let failed = self.failed.load(Ordering::Acquire);
         let bytes = self.transferred.load(Ordering::Relaxed);
         let status = if n > 0 && ok + failed >= n {
-            if failed > 0 {
+            if self.withdrawn.load(Ordering::Acquire) > 0 {
+                TaskStatus::Canceled
+            } else if failed > 0 {
                 TaskStatus::Failed
             } else {
                 TaskStatus::Completed
@@ -216,14 +278,39 @@ impl Task {
         self.tag.store(0, Ordering::Relaxed);
         self.len.store(0, Ordering::Relaxed);
         self.peer.store(0, Ordering::Relaxed);
+        self.canceled.store(false, Ordering::Relaxed);
+        self.withdrawn.store(0, Ordering::Relaxed);
     }
 
     /// Marks that a caller has seen this task terminal (needed by
     /// `freeBatchID`).
     fn observe(&self, status: TaskStatus) {
-        if matches!(status, TaskStatus::Completed | TaskStatus::Failed) {
+        if matches!(
+            status,
+            TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Canceled
+        ) {
             self.observed_terminal.store(true, Ordering::Release);
         }
+    }
+}
+
+/// A task as a slice of it refers to it: lets a transport holding the
+/// slice ask whether the task was cancelled.
+#[derive(Debug, Clone)]
+pub struct TaskRef {
+    batch: Arc<Batch>,
+    task: usize,
+}
+
+impl TaskRef {
+    /// Task `task` of `batch`.
+    pub fn new(batch: Arc<Batch>, task: usize) -> TaskRef {
+        TaskRef { batch, task }
+    }
+
+    /// Whether the task was cancelled ([`Task::is_canceled`]).
+    pub fn canceled(&self) -> bool {
+        self.batch.slot(self.task).is_some_and(Task::is_canceled)
     }
 }
 
@@ -463,6 +550,40 @@ impl Batch {
         }
     }
 
+    /// Cancels the submitted tasks that have not ended (a submit under way
+    /// to this batch finishes first; tasks it adds later are not
+    /// cancelled); returns how many tasks the batch holds, all of which
+    /// the cancel covers. Transports withdraw the slices of cancelled
+    /// tasks they have not begun to move, and do not retry the others
+    /// when they fail: each such task ends once its moving slices end.
+    pub fn cancel(&self) -> usize {
+        let _guard = sync::lock(&self.submit_lock);
+        let n = self.len.load(Ordering::Acquire);
+        let mut any = false;
+        for t in &self.tasks[..n] {
+            any |= t.cancel();
+        }
+        if any {
+            CANCELS.fetch_add(1, Ordering::AcqRel);
+        }
+        n
+    }
+
+    /// Whether every one of the first `tasks` tasks has ended; if so, each
+    /// counts as seen by a caller (the batch may be freed).
+    pub fn ended(&self, tasks: usize) -> bool {
+        let n = tasks.min(self.submitted());
+        let all = self.tasks[..n]
+            .iter()
+            .all(|t| t.status().0 != TaskStatus::Waiting);
+        if all {
+            for t in &self.tasks[..n] {
+                t.observe(t.status().0);
+            }
+        }
+        all
+    }
+
     /// Whether every submitted task has been seen terminal by a caller.
     pub fn all_observed(&self) -> bool {
         let n = self.len.load(Ordering::Acquire);
@@ -586,7 +707,7 @@ mod tests {
             None,
             "beyond the distinct reasons kept"
         );
-        assert_eq!(std::mem::size_of::<Task>(), 72);
+        assert_eq!(std::mem::size_of::<Task>(), 80);
     }
 
     #[test]
@@ -594,9 +715,9 @@ mod tests {
         let stats = Arc::new(TaskStats::default());
         let b = Batch::new(2, None).unwrap().counting(stats.clone());
         b.append(2, |_, t| {
-            t[0].begin(true, 1, 30, 0);
+            t[0].count_submitted(true, 1, 30, 0);
             t[0].add_slices(2);
-            t[1].begin(false, 0, 8, 0);
+            t[1].count_submitted(false, 0, 8, 0);
             t[1].add_slices(1);
             Ok(())
         })
@@ -628,7 +749,7 @@ mod tests {
         let b = Batch::new(TASKS, None).unwrap().counting(stats.clone());
         b.append(TASKS, |_, t| {
             for task in t {
-                task.begin(true, 2, 2, 0);
+                task.count_submitted(true, 2, 2, 0);
                 task.add_slices(2);
             }
             Ok(())

@@ -61,6 +61,7 @@ pub(crate) mod error;
 pub(crate) mod fd_limit;
 pub mod ffi;
 pub(crate) mod handle;
+pub mod info;
 pub(crate) mod log_limit;
 pub(crate) mod memory;
 pub mod metadata;
@@ -79,9 +80,12 @@ pub(crate) mod transport;
 pub(crate) mod verbs;
 
 pub use batch::TaskStatus;
-pub use engine::config::{Config, ConfigError, ConfigResult, LogLevel, config};
+pub use engine::cancel::CancelOutcome;
+pub use engine::config::{
+    Config, ConfigError, ConfigResult, LogLevel, Setting, SettingSource, config,
+};
 pub use engine::wait::{Backoff, BatchState, WaitOutcome};
-pub use engine::{Engine, EngineBuilder, LOCAL_SEGMENT_ID, Opcode, Request};
+pub use engine::{AutoChoice, Engine, EngineBuilder, LOCAL_SEGMENT_ID, Opcode, Request};
 pub use error::{Error, Result};
 pub use ffi::init_logging;
 pub use memory::device::{Vendor, residence};

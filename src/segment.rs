@@ -1,12 +1,13 @@
 //! The cache of remote segments: name <-> id <-> descriptor. Ids start at 1
 //! and are never reused; 0 is the engine's own segment.
 
+use crate::log_limit::LogLimit;
 use crate::metadata::descriptor::SegmentDesc;
 use crate::sync;
 use once_cell::sync::OnceCell;
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,50 @@ pub struct RemoteSegment {
     /// Its peer's slot in the engine's per-peer task statistics, once
     /// looked up (`TaskStats::peer_slot`).
     pub stats_peer: OnceCell<u32>,
+    /// The transport that carries its data now, shared by every
+    /// descriptor of the name (a refetch keeps it).
+    pub carrier: Arc<Carrier>,
+}
+
+/// Which transport carries a segment's data now: its index in the
+/// transport table, as the engine last saw a request go (none before the
+/// first). The engine sets it where it hands a request to a transport,
+/// and logs its changes at most once per interval per segment.
+#[derive(Default)]
+pub struct Carrier(AtomicUsize, LogLimit);
+
+impl std::fmt::Debug for Carrier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Carrier").field(&self.get()).finish()
+    }
+}
+
+impl Carrier {
+    /// The transport's index, if a request went to the segment yet.
+    pub fn get(&self) -> Option<usize> {
+        self.0.load(Ordering::Acquire).checked_sub(1)
+    }
+
+    /// Whether to log a change now ([`LogLimit::admit`]: with how many
+    /// were not logged since the last that was).
+    pub fn admit_log(&self) -> Option<u64> {
+        self.1.admit()
+    }
+
+    /// Records the transport at `index`; returns what it replaced, or
+    /// `None` when the segment was carried by it already (one caller sees
+    /// each change).
+    pub fn set(&self, index: usize) -> Option<Option<usize>> {
+        let new = index + 1;
+        let old = self.0.load(Ordering::Acquire);
+        if old == new {
+            return None;
+        }
+        self.0
+            .compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|old| old.checked_sub(1))
+    }
 }
 
 /// Slots of a [`RouteCache`]: one per transport of the transport table
@@ -227,12 +272,17 @@ impl SegmentCache {
         sync::read(&self.table).by_id.get(&id).cloned()
     }
 
-    /// Stores a segment: a cached name keeps its id and gets the new
-    /// descriptor; a new name gets the next id.
-    pub fn insert(&self, seg: RemoteSegment) -> i32 {
+    /// Stores a segment: a cached name keeps its id and its carrier, and
+    /// gets the new descriptor; a new name gets the next id.
+    pub fn insert(&self, mut seg: RemoteSegment) -> i32 {
         let mut t = sync::write(&self.table);
         let id = match t.by_name.get(&seg.name) {
-            Some(&id) => id,
+            Some(&id) => {
+                if let Some(old) = t.by_id.get(&id) {
+                    seg.carrier = old.carrier.clone();
+                }
+                id
+            }
             None => {
                 t.next_id += 1;
                 let id = t.next_id;
@@ -306,13 +356,25 @@ mod tests {
     }
 
     #[test]
+    fn a_carrier_reports_each_change_once() {
+        let c = Carrier::default();
+        assert_eq!(c.get(), None);
+        assert_eq!(c.set(1), Some(None), "the first");
+        assert_eq!(c.set(1), None, "no change");
+        assert_eq!(c.set(0), Some(Some(1)));
+        assert_eq!(c.get(), Some(0));
+    }
+
+    #[test]
     fn ids_are_stable_and_never_reused() {
         let c = SegmentCache::default();
         let a = c.insert(seg("a", 1));
         let b = c.insert(seg("b", 2));
         assert_eq!((a, b), (1, 2));
+        c.get(1).unwrap().carrier.set(2);
         assert_eq!(c.insert(seg("a", 3)), 1, "refresh keeps the id");
         assert_eq!(c.get(1).unwrap().desc.tcp_data_port, 3);
+        assert_eq!(c.get(1).unwrap().carrier.get(), Some(2), "and the carrier");
         c.remove("a");
         assert!(c.get(1).is_none());
         assert_eq!(c.id_of("a"), None);
@@ -321,6 +383,7 @@ mod tests {
             3,
             "a removed name comes back with a new id"
         );
+        assert_eq!(c.get(3).unwrap().carrier.get(), None, "and no carrier");
     }
 
     #[test]

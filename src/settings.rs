@@ -74,8 +74,23 @@ macro_rules! settings {
                 part
             }
 
+            /// This part's settings as in effect, in the order of its
+            /// table: each row's value as the docs write it, and the first of
+            /// its variables `r` finds set (`None`: the default).
+            pub(crate) fn effective(
+                &self,
+                r: &$crate::settings::Reader<'_>,
+            ) -> Vec<$crate::settings::Effective> {
+                vec![$(
+                    $crate::settings::Effective {
+                        vars: &[$($var),+],
+                        value: $crate::settings::Parse::<$fty>::show(&$parser, &self.$field),
+                        set_by: r.first(&[$($var),+]).map(|(var, _)| var),
+                    },
+                )*]
+            }
+
             /// This part's table in `docs/configuration.md`.
-            #[cfg_attr(not(test), allow(dead_code))]
             pub(crate) fn doc() -> $crate::settings::PartDoc {
                 $crate::settings::PartDoc {
                     name: $name,
@@ -109,10 +124,21 @@ macro_rules! settings {
 }
 pub(crate) use settings;
 
+/// One row of a part as in effect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Effective {
+    /// The row's variables, as in its [`RowDoc`].
+    pub vars: &'static [&'static str],
+    /// Its value as the docs write it ([`Parse::show`]; secrets as `<set>`).
+    pub value: String,
+    /// The first of its variables that is set; `None`: none is, the value
+    /// is the default.
+    pub set_by: Option<&'static str>,
+}
+
 /// The documentation of one part: its name (the marker of its table in
 /// `docs/configuration.md`) and one row per setting.
 #[derive(Debug, Clone)]
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) struct PartDoc {
     /// The part's name, as in `<!-- generated: NAME -->`.
     pub name: &'static str,
@@ -228,8 +254,8 @@ pub(crate) trait Parse<T> {
     /// What is allowed, as the end of "`VAR=value` is not ...".
     fn allowed(&self) -> String;
 
-    /// `v` as the docs write it.
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// `v` as the docs and `transfer-engine-info` write it (a secret as
+    /// `<set>`, never itself).
     fn show(&self, v: &T) -> String;
 
     /// The setting: `default` when none of `vars` is set, else the first
@@ -456,8 +482,8 @@ impl Parse<bool> for Set {
     fn allowed(&self) -> String {
         "any (set)".to_string()
     }
-    fn show(&self, _v: &bool) -> String {
-        "unset".to_string()
+    fn show(&self, v: &bool) -> String {
+        if *v == self.0 { "set" } else { "unset" }.to_string()
     }
 }
 

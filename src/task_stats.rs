@@ -6,7 +6,7 @@
 //! stripes up ([`TaskStats::snapshot`]).
 //!
 //! A task is counted submitted once ([`TaskStats::submitted`], from
-//! `Task::begin`) and ended once, when its status leaves WAITING
+//! `Task::count_submitted`) and ended once, when its status leaves WAITING
 //! (`Task::count_end`); in flight are those submitted and not ended.
 //! Routes are numbered by the engine: 0 its own segment's copies, then its
 //! transport table in order; this module names none.

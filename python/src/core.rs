@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use transfer_engine::Error;
-use transfer_engine::{Backoff, BatchState, WaitOutcome};
+use transfer_engine::{Backoff, BatchState, CancelOutcome, WaitOutcome};
 use transfer_engine::{Engine, Opcode, Request};
 
 /// A failed operation: Mooncake's return code and what went wrong.
@@ -479,6 +479,36 @@ impl Core {
             }
             BatchState::TimedOut => Ok(-2),
             BatchState::Waiting => Ok(0),
+        }
+    }
+}
+
+impl Core {
+    /// Cancels asynchronous batch `id` ([`Engine::cancel_batch`], the C
+    /// ABI's `te_cancel_batch`): 0 once every task has ended and none
+    /// touches memory any more (the batch is freed and its objects
+    /// released), 1 when a slice was still held at `timeout` (the batch
+    /// stays pending with its objects; cancel or wait again). An id that
+    /// is not a pending asynchronous batch gives -1.
+    pub fn cancel_batch(&self, id: u64, timeout: std::time::Duration) -> OpResult<i32> {
+        self.reap();
+        if !lock(&self.pending).contains_key(&id) {
+            return Err(Failure::new(
+                -1,
+                format!("batch id {id:#x} is not an asynchronous batch of this engine"),
+            ));
+        }
+        match self.engine.cancel_batch(id, timeout) {
+            Ok(CancelOutcome::Done) => {
+                let ended = lock(&self.pending).remove(&id);
+                let _ = self.engine.free_batch(id);
+                if let Some(p) = ended {
+                    self.retire(p.objects);
+                }
+                Ok(0)
+            }
+            Ok(CancelOutcome::Pending) => Ok(1),
+            Err(e) => Err(Failure::with_code(-1, "cancelling the batch", &e)),
         }
     }
 }

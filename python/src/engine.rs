@@ -836,6 +836,27 @@ impl TransferEngine {
         })
     }
 
+    /// Cancels an asynchronous batch (one that `batch_transfer_async*` or
+    /// `transfer_submit_write` returned): its tasks not yet ended end
+    /// cancelled, slices not yet moving are withdrawn, and those a peer is
+    /// copying are waited for up to `timeout_ms` milliseconds.
+    ///
+    /// Returns 0 once no byte of the batch is read or written any more
+    /// (the batch is freed and its buffer objects released: they are the
+    /// caller's again), 1 when a slice was still held at the timeout (the
+    /// batch stays pending: cancel or wait again), -1 (logged) for an id
+    /// that is not a pending asynchronous batch.
+    #[pyo3(signature = (batch_id, timeout_ms = 1000))]
+    fn cancel_batch(&self, py: Python<'_>, batch_id: u64, timeout_ms: u64) -> PyResult<i32> {
+        let timeout = std::time::Duration::from_millis(timeout_ms);
+        Ok(
+            match self.run(py, |core| core.cancel_batch(batch_id, timeout))? {
+                Ok(code) => code,
+                Err(f) => code_of("cancel_batch", &f),
+            },
+        )
+    }
+
     /// Copies the first `length` bytes of `src` (bytes, str as UTF-8, or
     /// any buffer) to `dest_address`.
     ///
@@ -1006,6 +1027,34 @@ impl TransferEngine {
                 .and_then(|b| b.first().map(|b| b.addr))
                 .unwrap_or(0)
         }))
+    }
+
+    /// The name of the transport that carries data to segment
+    /// `segment_name` now (opening it if needed): `"local"` for this
+    /// engine's own name, else `"shm"`, `"rdma"` or `"tcp"`, as the last
+    /// requests to it went (a fallback, such as shared memory the kernel
+    /// refuses, changes it; `te_segment_transport` in C).
+    ///
+    /// Raises `TransferError` when the segment cannot be opened or no
+    /// installed transport (allowed by `MC_TE_REQUIRE_TRANSPORT`) speaks
+    /// it.
+    fn get_segment_transport(&self, py: Python<'_>, segment_name: &str) -> PyResult<String> {
+        let core = self.core()?;
+        py.detach(|| {
+            let engine = &core.engine;
+            engine
+                .open_segment(segment_name)
+                .and_then(|id| engine.segment_transport(id))
+                .map(str::to_string)
+                .map_err(|e| {
+                    Failure::with_code(
+                        e.err_code(),
+                        &format!("get_segment_transport({segment_name:?})"),
+                        &e,
+                    )
+                })
+        })
+        .map_err(raise)
     }
 
     /// Pre-connects EFA endpoints; this build has no EFA transport.

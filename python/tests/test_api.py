@@ -3,11 +3,13 @@ process (P2P handshake, loopback TCP), bytes verified, return codes as
 Mooncake's binding gives them."""
 
 import ctypes
+import hashlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import pattern, unique
@@ -241,6 +243,33 @@ def test_async_batches_and_status(pair):
     assert bad and a.get_batch_transfer_status([bad]) == -1
 
 
+def test_cancel_batch_ends_an_async_batch_and_releases_its_buffers(make_engine):
+    a, b = make_engine(), make_engine()
+    size = 64 * MiB
+    mem = Memory(b, size)
+    src = bytearray(pattern(size, 3))
+    for _ in range(5):
+        bid = a.batch_transfer_async_write(b.local_name, [src], [mem.addr], [size])
+        assert bid
+        assert a.cancel_batch(bid, 5000) == 0
+        # Freed with its objects: the id is no longer known.
+        assert a.cancel_batch(bid, 0) == -1
+        assert a.transfer_check_status(bid) == -1
+        # The buffer is the caller's again: what it holds now never lands.
+        src[:] = b"\xee" * size
+        snapshot = mem.bytes()
+        time.sleep(0.05)
+        assert mem.bytes() == snapshot
+        assert b"\xee" not in snapshot
+        src[:] = pattern(size, 3)
+    assert a.cancel_batch(12345, 0) == -1
+    # A batch that may have ended already cancels as done, and is freed.
+    small = bytearray(pattern(4096, 4))
+    bid = a.batch_transfer_async_write(b.local_name, [small], [mem.addr], [4096])
+    assert a.cancel_batch(bid) == 0
+    assert a.transfer_check_status(bid) == -1
+
+
 def test_submit_write_and_check_status(pair):
     a, b, mem = pair
     src = bytearray(pattern(MiB, 3))
@@ -383,3 +412,24 @@ def test_close_and_context_manager():
     e.close()
     assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
     e.close()
+
+
+def test_segment_transport_names_the_transport_carrying_each_segment(pair, spawn_peer):
+    a, b, mem = pair
+    # Shared memory reaches other processes only: an engine of this
+    # process is reached by TCP, before and after a transfer.
+    assert a.get_segment_transport(a.local_name) == "local"
+    assert a.get_segment_transport(b.local_name) == "tcp"
+    src = Memory(a, MiB, seed=5)
+    assert a.transfer_sync_write(b.local_name, src.addr, mem.addr, MiB) == 0
+    assert mem.bytes(0, MiB) == pattern(MiB, 5)
+    assert a.get_segment_transport(b.local_name) == "tcp"
+    # A peer process of this host is reached by shared memory.
+    peer = spawn_peer("ours", "P2PHANDSHAKE")
+    assert a.get_segment_transport(peer.name) == "shm"
+    assert a.transfer_sync_write(peer.name, src.addr, peer.addr, MiB) == 0
+    assert peer.sha(0, MiB) == hashlib.sha256(pattern(MiB, 5)).hexdigest()
+    assert a.get_segment_transport(peer.name) == "shm"
+    with pytest.raises(transfer_engine.TransferError) as err:
+        a.get_segment_transport("127.0.0.1:1")
+    assert "get_segment_transport" in str(err.value)

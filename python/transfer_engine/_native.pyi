@@ -177,6 +177,8 @@ class TransferEngine:
         """Submits one WRITE; the batch id, or 0. The batch keeps the buffer object."""
     def transfer_check_status(self, batch_id: int) -> int:
         """1 completed, -1 failed, 0 running, -2 running past its deadline."""
+    def cancel_batch(self, batch_id: int, timeout_ms: int = 1000) -> int:
+        """Cancels an asynchronous batch: 0 done (freed), 1 still held, -1 unknown."""
     def write_bytes_to_buffer(self, dest_address: int, src: bytes | str | Buffer, length: int) -> int:
         """Copies ``length`` bytes of ``src`` to ``dest_address``; 0."""
     def read_bytes_from_buffer(self, source_address: int, length: int) -> bytes:

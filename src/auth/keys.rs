@@ -60,7 +60,6 @@ impl AuthConfig {
     /// The documentation of the peer-authentication settings, read by
     /// [`AuthConfig::from_vars`] (two variables that make one
     /// setting, with their own warnings).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn doc() -> crate::settings::PartDoc {
         crate::settings::PartDoc {
             name: "auth",
@@ -85,6 +84,36 @@ impl AuthConfig {
                 },
             ],
         }
+    }
+
+    /// The peer-authentication settings as in effect, in the order of
+    /// [`AuthConfig::doc`]: the key files' paths, and whether a key is
+    /// given itself (never the key).
+    pub(crate) fn effective(
+        &self,
+        r: &crate::settings::Reader<'_>,
+    ) -> Vec<crate::settings::Effective> {
+        let set_by = |var: &'static str| r.raw(var).map(|_| var);
+        vec![
+            crate::settings::Effective {
+                vars: &["MC_TE_AUTH_KEY_FILE"],
+                value: self
+                    .key_files
+                    .clone()
+                    .unwrap_or_else(|| "unset".to_string()),
+                set_by: set_by("MC_TE_AUTH_KEY_FILE"),
+            },
+            crate::settings::Effective {
+                vars: &["MC_TE_AUTH_KEY"],
+                value: if self.key_value.is_some() {
+                    "<set>"
+                } else {
+                    "unset"
+                }
+                .to_string(),
+                set_by: set_by("MC_TE_AUTH_KEY"),
+            },
+        ]
     }
 
     /// From the values of `MC_TE_AUTH_KEY_FILE` and `MC_TE_AUTH_KEY`, and

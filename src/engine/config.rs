@@ -32,7 +32,7 @@ use crate::auth::AuthConfig;
 use crate::metadata::{PeerLimits, StoreConfig};
 use crate::rpc::RpcConfig;
 pub use crate::settings::ConfigError;
-use crate::settings::Reader;
+use crate::settings::{Effective, PartDoc, Reader};
 use crate::topology::TopologyConfig;
 use crate::transport::TransportConfig;
 use crate::transport::endpoint::EndpointConfig;
@@ -55,6 +55,8 @@ pub enum LogLevel {
     Error,
 }
 
+use super::route::TransportNames;
+pub use super::route::TransportSet;
 use crate::settings::{AtLeast, FilePath, OnWords, Range, SockAddr, Switch, Words};
 use std::path::PathBuf;
 
@@ -91,6 +93,16 @@ crate::settings::settings! {
         strict_local: bool = false, ["MC_TE_STRICT_LOCAL"], Switch,
             "a request whose local `source` is not inside one registered buffer FAILS, on \
              every transport (default: as Mooncake, a TCP request's source is not checked)";
+        /// `MC_TE_REQUIRE_TRANSPORT`: the only transports requests to
+        /// peers may go by (unset: any), and one of which the engine must
+        /// have.
+        require_transport: TransportSet = TransportSet::default(), ["MC_TE_REQUIRE_TRANSPORT"],
+            TransportNames,
+            "the only transports requests to peers may go by: a request none of them reaches \
+             FAILS at submit, and a part the last of them cannot move FAILS instead of going \
+             to another transport (`local`, the engine's own segment, is always allowed); \
+             creating the engine installs the listed ones auto discovery left out (whatever \
+             `MC_FORCE_TCP` and `MC_TE_SHM` say) and fails when it can have none of them";
         /// `MC_SLICE_TIMEOUT` in seconds (0 = off): a
         /// task still waiting this long after its slices were posted reports
         /// `STATUS_TIMEOUT`.
@@ -170,7 +182,100 @@ pub struct Config {
     pub unsupported: Vec<&'static str>,
 }
 
+/// Where the value of a [`Setting`] comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettingSource {
+    /// None of its variables is set: the default.
+    Default,
+    /// This variable is set (in the process environment, for
+    /// [`Config::from_env`]).
+    Environment(&'static str),
+}
+
+/// One setting of a [`Config`] as an engine built from it uses it (what
+/// `transfer-engine-info` prints).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setting {
+    /// The part of the configuration it belongs to (`engine`, `tcp`, ...:
+    /// the tables of `docs/configuration.md`; `unsupported` for a Mooncake
+    /// variable this engine does not read).
+    pub part: &'static str,
+    /// Its variable, then the others read when it is unset (or those that
+    /// make one setting together).
+    pub variables: &'static [&'static str],
+    /// Its value as `docs/configuration.md` writes values; a secret as
+    /// `<set>`, never itself.
+    pub value: String,
+    /// Its default, as the docs write it.
+    pub default: String,
+    /// Where the value comes from.
+    pub source: SettingSource,
+    /// What it means; for a variable this engine does not read, why not.
+    pub meaning: &'static str,
+    /// Whether this engine reads it: false for a Mooncake variable it
+    /// ignores (listed only when set).
+    pub supported: bool,
+}
+
 impl Config {
+    /// Every part's documentation with its settings as in effect, in the
+    /// order of `docs/configuration.md`; `r` tells which variables are set.
+    pub(crate) fn parts(&self, r: &Reader<'_>) -> Vec<(PartDoc, Vec<Effective>)> {
+        vec![
+            (EngineConfig::doc(), self.engine.effective(r)),
+            (SchedConfig::doc(), self.sched.effective(r)),
+            (RpcConfig::doc(), self.rpc.effective(r)),
+            (NotifyLimits::doc(), self.notify.effective(r)),
+            (StoreConfig::doc(), self.store.effective(r)),
+            (PeerLimits::doc(), self.peers.effective(r)),
+            (AuthConfig::doc(), self.auth.effective(r)),
+            (TopologyConfig::doc(), self.topology.effective(r)),
+            (EndpointConfig::doc(), self.endpoints.effective(r)),
+            (TcpConfig::doc(), self.tcp.effective(r)),
+            (ShmConfig::doc(), self.shm.effective(r)),
+            (RdmaConfig::doc(), self.rdma.effective(r)),
+        ]
+    }
+
+    /// Every setting of this configuration with its value, its default and
+    /// where it comes from, `lookup` being the variables it was read from
+    /// (the environment, for [`Config::from_env`]); then each Mooncake
+    /// variable this engine does not read that is set.
+    pub fn settings(&self, lookup: impl Fn(&str) -> Option<String>) -> Vec<Setting> {
+        let r = Reader::new(&lookup);
+        let mut out = Vec::new();
+        for (doc, values) in self.parts(&r) {
+            for (row, value) in doc.rows.into_iter().zip(values) {
+                debug_assert_eq!(row.vars, value.vars, "part {}", doc.name);
+                out.push(Setting {
+                    part: doc.name,
+                    variables: row.vars,
+                    value: value.value,
+                    default: row.default,
+                    source: value
+                        .set_by
+                        .map_or(SettingSource::Default, SettingSource::Environment),
+                    meaning: row.doc,
+                    supported: true,
+                });
+            }
+        }
+        for u in unsupported::UNSUPPORTED {
+            if let Some(value) = lookup(u.var) {
+                out.push(Setting {
+                    part: "unsupported",
+                    variables: std::slice::from_ref(&u.var),
+                    value,
+                    default: "-".to_string(),
+                    source: SettingSource::Environment(u.var),
+                    meaning: u.reason,
+                    supported: false,
+                });
+            }
+        }
+        out
+    }
+
     /// The parts the transports read.
     pub fn transports(&self) -> TransportConfig<'_> {
         TransportConfig {

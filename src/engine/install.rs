@@ -16,6 +16,38 @@ use tracing::warn;
 /// Largest `MC_CUSTOM_TOPO_JSON` file read (a matrix is a few KiB).
 const MAX_TOPO_FILE: u64 = 1 << 20;
 
+/// What auto discovery did with one transport ([`Engine::auto_discovery`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AutoChoice {
+    /// The transport's protocol name (`shm`, `rdma`, `tcp`).
+    pub protocol: &'static str,
+    /// Whether it was installed.
+    pub installed: bool,
+    /// Why it was left out (`no RDMA device with an active port`, `tcp is
+    /// installed (one network transport)`, `could not be set up: ...`), or
+    /// why it had to be installed (`MC_FORCE_HCA is set`); empty for one
+    /// installed because it wanted to be.
+    pub why: String,
+}
+
+impl AutoChoice {
+    fn installed(protocol: &'static str, why: &str) -> AutoChoice {
+        AutoChoice {
+            protocol,
+            installed: true,
+            why: why.to_string(),
+        }
+    }
+
+    fn left_out(protocol: &'static str, why: String) -> AutoChoice {
+        AutoChoice {
+            protocol,
+            installed: false,
+            why,
+        }
+    }
+}
+
 impl Engine {
     /// Installs the transports for an auto-discovered machine, as the
     /// transport table says: the first network transport, in the table's
@@ -35,30 +67,46 @@ impl Engine {
             force_hca: self.config.engine.force_hca,
             force_tcp: self.config.engine.force_tcp,
         };
+        let mut choices = Vec::new();
+        let mut network: Option<&'static str> = None;
         let mut failed = None;
-        let network = TRANSPORTS.iter().filter_map(|e| match e.auto {
-            Auto::Network(want) => Some((e, want)),
-            Auto::Beside(_) => None,
-        });
-        for (entry, want) in network {
+        for entry in TRANSPORTS {
+            let Auto::Network(want) = entry.auto else {
+                continue;
+            };
             let protocol = entry.protocol;
+            if let Some(first) = network {
+                choices.push(AutoChoice::left_out(
+                    protocol,
+                    format!("{first} is installed (one network transport)"),
+                ));
+                continue;
+            }
             match want(&found) {
-                Want::No => continue,
+                Want::No(why) => choices.push(AutoChoice::left_out(protocol, why.to_string())),
                 Want::Must(why) => {
                     self.install_transport(protocol, None).map_err(|e| {
                         Error::DeviceNotFound(format!("{why} and {protocol} cannot be used: {e}"))
                     })?;
+                    choices.push(AutoChoice::installed(protocol, why));
+                    network = Some(protocol);
                 }
-                Want::Try => {
-                    if let Err(e) = self.install_transport(protocol, None) {
-                        warn!("auto discovery: {protocol} could not be installed ({e})");
-                        failed = Some(e);
-                        continue;
+                Want::Try => match self.install_transport(protocol, None) {
+                    Ok(_) => {
+                        choices.push(AutoChoice::installed(protocol, ""));
+                        network = Some(protocol);
+                        failed = None;
                     }
-                }
+                    Err(e) => {
+                        warn!("auto discovery: {protocol} could not be installed ({e})");
+                        choices.push(AutoChoice::left_out(
+                            protocol,
+                            format!("could not be set up: {e}"),
+                        ));
+                        failed = Some(e);
+                    }
+                },
             }
-            failed = None;
-            break;
         }
         if let Some(e) = failed {
             return Err(e);
@@ -67,17 +115,35 @@ impl Engine {
             let Auto::Beside(want) = entry.auto else {
                 continue;
             };
-            if want(&found) == Want::No {
+            let protocol = entry.protocol;
+            if let Want::No(why) = want(&found) {
+                choices.push(AutoChoice::left_out(protocol, why.to_string()));
                 continue;
             }
-            if let Err(e) = self.install_transport(entry.protocol, None) {
-                warn!(
-                    "auto discovery: {} could not be installed ({e}); the engine goes on without it",
-                    entry.protocol
-                );
+            match self.install_transport(protocol, None) {
+                Ok(_) => choices.push(AutoChoice::installed(protocol, "")),
+                Err(e) => {
+                    warn!(
+                        "auto discovery: {protocol} could not be installed ({e}); the engine \
+                         goes on without it"
+                    );
+                    choices.push(AutoChoice::left_out(
+                        protocol,
+                        format!("could not be set up: {e}"),
+                    ));
+                }
             }
         }
+        choices.sort_by_key(|c| TRANSPORTS.iter().position(|e| e.protocol == c.protocol));
+        *sync::lock(&self.auto_choices) = choices;
         Ok(())
+    }
+
+    /// What auto discovery did with each transport of this build, most
+    /// preferred first: installed or left out, and why; empty for an
+    /// engine built without auto discovery.
+    pub fn auto_discovery(&self) -> Vec<AutoChoice> {
+        sync::lock(&self.auto_choices).clone()
     }
 
     /// Scans the machine's topology and keeps it with its priority matrix
@@ -99,8 +165,15 @@ impl Engine {
 
     /// The NIC report of `showLinks`.
     pub fn show_links(&self, json: bool) -> String {
+        let (topo, matrix) = self.known_topology();
+        crate::topology::show_links(&topo, &matrix, json)
+    }
+
+    /// The topology as last discovered (discovering it now if it never
+    /// was) and the priority matrix kept with it.
+    fn known_topology(&self) -> (Topology, PriorityMatrix) {
         let mut slot = sync::lock(&self.topology);
-        let (topo, matrix) = slot.get_or_insert_with(|| {
+        slot.get_or_insert_with(|| {
             let topo = Topology::discover(
                 &self.device_filter,
                 &self.config.topology,
@@ -108,8 +181,17 @@ impl Engine {
             );
             let m = PriorityMatrix::from_topology(&topo);
             (topo, m)
-        });
-        crate::topology::show_links(topo, matrix, json)
+        })
+        .clone()
+    }
+
+    /// The machine's topology as this engine sees it (its device filter and
+    /// `MC_TE_FILTERS` applied) and the NIC priority matrix its transports
+    /// start from and RDMA publishes: `MC_CUSTOM_TOPO_JSON`'s when set, else
+    /// the discovered one. Errors: that file cannot be read or parsed.
+    pub fn topology_and_matrix(&self) -> Result<(Topology, PriorityMatrix)> {
+        let (topo, discovered) = self.known_topology();
+        Ok((topo, self.custom_matrix()?.unwrap_or(discovered)))
     }
 
     /// The priority matrix of `MC_CUSTOM_TOPO_JSON`, if set.

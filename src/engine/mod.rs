@@ -15,16 +15,22 @@
 //!   text format (`MC_TE_METRICS_ADDR`); background work (sending notifications,
 //!   refetching descriptors) waits on peers in lanes
 //!   ([`crate::peer_jobs`]), off the callers' threads;
+//! * [`route`]: the transports a request to a peer goes to
+//!   (`MC_TE_REQUIRE_TRANSPORT`), and which one carries a segment's data
+//!   now;
 //! * [`wait`]: waiting for a whole batch without spinning.
 
+pub mod cancel;
 pub mod config;
 pub mod control;
 mod exposition;
 mod install;
+pub use install::AutoChoice;
 mod keeper;
 mod metrics;
 mod peers;
 mod publish;
+mod route;
 mod submit;
 mod ticker;
 pub mod wait;
@@ -109,6 +115,8 @@ pub struct Engine {
     local: LocalCopier,
     /// The installed transports, most preferred first.
     transports: RwLock<Vec<Arc<dyn Transport>>>,
+    /// What auto discovery did with each transport.
+    auto_choices: Mutex<Vec<install::AutoChoice>>,
     topology: Mutex<Option<(Topology, PriorityMatrix)>>,
     keeper: OnceCell<keeper::Keeper>,
     /// A store write of our entries failed; the keeper retries it.
@@ -307,6 +315,7 @@ impl Engine {
             batches: HandleTable::new(),
             local: LocalCopier::default(),
             transports: RwLock::default(),
+            auto_choices: Mutex::default(),
             topology: Mutex::new(None),
             keeper: OnceCell::new(),
             publish_pending: AtomicBool::new(false),
@@ -375,6 +384,10 @@ impl Engine {
                 engine.discard(true);
                 return Err(e);
             }
+        }
+        if let Err(e) = engine.require_transports() {
+            engine.discard(true);
+            return Err(e);
         }
         info!(
             name = %engine.local_name,

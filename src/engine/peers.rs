@@ -317,6 +317,38 @@ impl Engine {
             .ok_or_else(|| Error::InvalidArgument(format!("segment id {id} is not open")))
     }
 
+    /// The buffers of open segment `id` ([`Engine::segment_buffers`]),
+    /// each with the installed transport that a request to the whole buffer
+    /// from registered host memory goes to first: the most preferred one
+    /// that speaks the segment's descriptor and reaches the buffer (`None`:
+    /// none does); `local` for the engine's own segment.
+    pub fn segment_carriers(&self, id: i32) -> Result<Vec<(SegmentBuffer, Option<&'static str>)>> {
+        if id == LOCAL_SEGMENT_ID {
+            let local = Some("local");
+            return Ok(self
+                .segment_buffers(id)?
+                .into_iter()
+                .map(|b| (b, local))
+                .collect());
+        }
+        let seg = self
+            .segments
+            .get(id)
+            .ok_or_else(|| Error::InvalidArgument(format!("segment id {id} is not open")))?;
+        let transports = self.transports();
+        Ok(seg
+            .buffers(located(&seg.desc))
+            .into_iter()
+            .map(|b| {
+                let carrier = transports
+                    .iter()
+                    .find(|t| t.speaks(&seg) && t.reaches(&seg, b.addr, b.length))
+                    .map(|t| t.kind().protocol);
+                (b, carrier)
+            })
+            .collect())
+    }
+
     /// Refetches the descriptor of `name` if it is cached.
     /// A descriptor that changed (new buffers, a restarted owner: a new
     /// generation) replaces the cached one, so stale buffers are never used;

@@ -1,10 +1,10 @@
 //! Batches, and the requests submitted to them: the engine's own segment
 //! is copied here; a request to a peer goes to the most preferred installed
 //! transport that reaches its target, and what that one cannot move goes to
-//! the next ([`Fallback`]).
+//! the next (the chain of [`route`]).
 
-use super::{Engine, LOCAL_SEGMENT_ID, Opcode, Request, refused};
-use crate::batch::{Batch, PendingNotify, TaskStatus};
+use super::{Engine, LOCAL_SEGMENT_ID, Opcode, Request, refused, route};
+use crate::batch::{Batch, PendingNotify, TaskRef, TaskStatus};
 use crate::error::{Error, Result};
 use crate::memory::fence::Fence;
 use crate::memory::staging;
@@ -16,9 +16,7 @@ use crate::task_stats::LOCAL_ROUTE;
 use crate::transport::local::{CopyJob, copy_any};
 use crate::transport::plug::Plug;
 use crate::transport::scheduler::planner;
-use crate::transport::{
-    Fallback, LocalSide, NicLoad, Refresh, Refreshed, Submission, Transfer, Transport,
-};
+use crate::transport::{LocalSide, NicLoad, Refresh, Refreshed, Transfer, Transport};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -78,53 +76,6 @@ enum Target {
 /// (beyond one per change of its descriptor), and a request to memory the
 /// peer never registered fails within this plus one fetch.
 const UNLISTED_LOOKUP_GAP: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// Hands `xfer` to `chain[i]`, with the rest of the chain as its fallback.
-#[allow(clippy::too_many_arguments)]
-fn dispatch(
-    chain: Arc<[Arc<dyn Transport>]>,
-    i: usize,
-    batch: Arc<Batch>,
-    task: usize,
-    seg: Arc<RemoteSegment>,
-    local: LocalSide,
-    xfer: Transfer,
-    refresh: Option<Refresh>,
-) {
-    if let Some(t) = batch.slot(task) {
-        t.set_route(chain[i].kind().route());
-    }
-    let fallback: Option<Fallback> = (i + 1 < chain.len()).then(|| {
-        let (chain, batch, seg, local, refresh) = (
-            chain.clone(),
-            batch.clone(),
-            seg.clone(),
-            local.clone(),
-            refresh.clone(),
-        );
-        Arc::new(move |part: Transfer| {
-            dispatch(
-                chain.clone(),
-                i + 1,
-                batch.clone(),
-                task,
-                seg.clone(),
-                local.clone(),
-                part,
-                refresh.clone(),
-            )
-        }) as Fallback
-    });
-    chain[i].submit(Submission {
-        batch,
-        task,
-        seg,
-        xfer,
-        local,
-        fallback,
-        refresh,
-    });
-}
 
 /// The background job that fetches the descriptor of segment `name` for
 /// the callers waiting for it. Dropped, it calls them: after its fetch,
@@ -258,7 +209,7 @@ impl Engine {
             let memory = sync::read(&self.memory);
             for (i, (r, target)) in requests.iter().zip(&targets).enumerate() {
                 let (route, peer) = routes[i];
-                slots[i].begin(r.opcode == Opcode::Write, route, r.length, peer);
+                slots[i].count_submitted(r.opcode == Opcode::Write, route, r.length, peer);
                 match target {
                     Target::Local => self.submit_local(&batch, first + i, r, &memory),
                     Target::Remote(seg) => {
@@ -340,6 +291,11 @@ impl Engine {
         r: &Request,
         fetched: Option<Arc<RemoteSegment>>,
     ) {
+        // Held open while it is submitted; a task cancelled while it
+        // waited ends here instead.
+        let Some(t) = batch.slot(task).filter(|t| t.begin()) else {
+            return;
+        };
         let seg = fetched.and_then(|_| self.segments.get(r.target_id));
         let installed = self.transports();
         let problem = match &seg {
@@ -357,6 +313,7 @@ impl Engine {
                 Self::fail_task(batch, task, format_args!("{}", problem.unwrap_or_default()))
             }
         }
+        t.finish_slice(0, true);
     }
 
     /// Calls `then`, in the background lane of the peer, once a fetch of
@@ -438,7 +395,7 @@ impl Engine {
     }
 
     /// Fails a task that never reached a transport.
-    fn fail_task(batch: &Batch, id: usize, why: std::fmt::Arguments<'_>) {
+    pub(super) fn fail_task(batch: &Batch, id: usize, why: std::fmt::Arguments<'_>) {
         crate::log_limit::warn_limited!("task {id}: {why}");
         batch.note_failure(id, &why.to_string());
         if let Some(task) = batch.slot(id) {
@@ -450,11 +407,14 @@ impl Engine {
     /// A slice of a copy within the process failed: the driver refused
     /// to copy GPU memory.
     fn copy_failed(batch: &Batch, id: usize, why: &str) {
-        crate::log_limit::warn_limited!("task {id}: {why}");
-        batch.note_failure(id, why);
-        if let Some(task) = batch.slot(id) {
-            task.finish_slice(0, false);
+        let Some(task) = batch.slot(id) else {
+            return;
+        };
+        if !task.is_canceled() {
+            crate::log_limit::warn_limited!("task {id}: {why}");
+            batch.note_failure(id, why);
         }
+        task.finish_slice(0, false);
     }
 
     /// Why a request's local `source` range cannot be used: NULL, wrapping
@@ -552,6 +512,7 @@ impl Engine {
                 len: len as usize,
                 gpu,
                 fences: fences.clone(),
+                task: Some(TaskRef::new(batch.clone(), id)),
                 done: Box::new(move |copied| match copied {
                     Ok(()) => {
                         if let Some(task) = batch.slot(id) {
@@ -654,6 +615,10 @@ impl Engine {
                 ),
             );
         }
+        let chain = match self.chain(installed, seg, chain) {
+            Ok(chain) => chain,
+            Err(why) => return Self::fail_task(batch, id, format_args!("{why}")),
+        };
         let xfer = Transfer {
             local: r.source,
             remote: r.target_offset,
@@ -666,8 +631,8 @@ impl Engine {
         };
         let local = LocalSide::of(memory, r.source, gpu);
         let refresh = self.refresher();
-        dispatch(
-            chain.into(),
+        route::dispatch(
+            chain,
             0,
             batch.clone(),
             id,

@@ -22,7 +22,7 @@ pub enum BatchState {
     TimedOut,
     /// Every task completed.
     Completed,
-    /// Every task ended and at least one failed.
+    /// Every task ended and at least one failed or was cancelled.
     Failed,
 }
 
@@ -31,7 +31,7 @@ pub enum BatchState {
 pub enum WaitOutcome {
     /// Every task completed.
     Completed,
-    /// Every task ended and one failed.
+    /// Every task ended and one failed or was cancelled.
     Failed,
     /// A task is still running at the deadline, or past `MC_SLICE_TIMEOUT`.
     TimedOut,
@@ -59,7 +59,7 @@ impl Engine {
         for task in 0..tasks {
             match self.poll_task(batch_id, batch, task)?.0 {
                 TaskStatus::Completed => {}
-                TaskStatus::Failed => failed = true,
+                TaskStatus::Failed | TaskStatus::Canceled => failed = true,
                 TaskStatus::Timeout => timed_out = true,
                 _ => waiting = true,
             }

@@ -1,13 +1,14 @@
 //! Our own functions beyond Mooncake's 27, declared in
 //! `include/transfer_engine_ext.h` and prefixed `te_`: the library version,
-//! the text of this thread's last error, the buffers of a segment,
-//! memory the engine moves fastest, a wait for a whole batch, and the
-//! engine's metrics.
+//! the text of this thread's last error, the buffers of a segment and the
+//! transport that carries its data, memory the engine moves fastest, a
+//! wait for a whole batch, its cancel, and the engine's metrics.
 #![allow(non_camel_case_types)]
 
 use super::boundary::{guard, guard_keeping_last_error, with_last_error, write_c_string};
 use super::types::{ERR_INVALID_ARGUMENT, batch_id_t, segment_id_t, transfer_engine_t};
 use crate::codes::OK;
+use crate::engine::cancel::CancelOutcome;
 use crate::engine::wait::WaitOutcome;
 use std::ffi::{c_char, c_int, c_void};
 use std::time::{Duration, Instant};
@@ -112,6 +113,43 @@ pub unsafe extern "C" fn te_segment_buffers(
     })
 }
 
+/// Writes the name of the transport that carries data to an open segment
+/// now into `buf`, like `snprintf(buf, len, "%s", name)` (truncated and
+/// NUL-terminated; the names are at most 5 bytes, so 8 bytes always hold
+/// one): `"local"` for `LOCAL_SEGMENT` (copies within the process), else
+/// `"shm"`, `"rdma"` or `"tcp"`: the transport the segment's requests went
+/// to as last seen, which changes when one hands a part it cannot move on
+/// to the next (shared memory the kernel refuses, RDMA rails that all
+/// failed: TCP), and back when the most preferred one carries a whole
+/// request again; before the first request, the most preferred installed
+/// transport that speaks the segment. Each change is logged once, with its
+/// reason. With `MC_TE_REQUIRE_TRANSPORT` only the listed transports
+/// count.
+///
+/// Returns 0, or -1 for a NULL or unknown engine, a segment id that is not
+/// open, a NULL `buf` or a `len` of 0, or a segment that no installed
+/// transport (that `MC_TE_REQUIRE_TRANSPORT` allows) speaks.
+///
+/// # Safety
+/// `buf` must be NULL or valid for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn te_segment_transport(
+    engine: transfer_engine_t,
+    segment: segment_id_t,
+    buf: *mut c_char,
+    len: usize,
+) -> c_int {
+    guard("te_segment_transport", ERR_INVALID_ARGUMENT, |call| {
+        let e = call.engine(engine)?;
+        if buf.is_null() || len == 0 {
+            return Err(call.fail("buf is NULL or len is 0"));
+        }
+        let name = call.err_code(e.segment_transport(segment))?;
+        write_c_string(name, buf, len);
+        Ok(OK)
+    })
+}
+
 /// Zeroed memory of `size` bytes that the engine moves faster than memory
 /// from `malloc`, to register with `registerLocalMemory` like any buffer:
 /// with the shared-memory transport installed, a memfd that peers on this
@@ -150,7 +188,8 @@ pub extern "C" fn te_free_buffer(engine: transfer_engine_t, addr: *mut c_void) -
 
 /// `te_wait_batch`: every task completed.
 pub const TE_WAIT_COMPLETED: c_int = 0;
-/// `te_wait_batch`: every task ended, and one or more failed.
+/// `te_wait_batch`: every task ended, and one or more failed or were
+/// cancelled (`te_cancel_batch`).
 pub const TE_WAIT_FAILED: c_int = 1;
 /// `te_wait_batch`: a task was still running when the timeout passed, or
 /// reports TIMEOUT (`MC_SLICE_TIMEOUT`).
@@ -160,7 +199,7 @@ pub const TE_WAIT_TIMED_OUT: c_int = 2;
 const LONGEST_WAIT_MS: u64 = u32::MAX as u64;
 
 /// Waits until every task submitted to the batch so far has ended
-/// (COMPLETED or FAILED), one reports TIMEOUT (as soon as the first one
+/// (COMPLETED, FAILED or CANCELED), one reports TIMEOUT (as soon as the first one
 /// has waited `MC_SLICE_TIMEOUT` since its submission), or `timeout_ms`
 /// milliseconds have passed (at most about 49 days), instead
 /// of the caller polling `getTransferStatus`: for the first millisecond
@@ -220,6 +259,46 @@ pub unsafe extern "C" fn te_metrics_text(
         let text = e.metrics_text();
         write_c_string(&text, buf, len);
         Ok(text.len())
+    })
+}
+
+/// `te_cancel_batch`: every task of the batch has ended, and none reads or
+/// writes a byte any more.
+pub const TE_CANCEL_DONE: c_int = 0;
+/// `te_cancel_batch`: a slice was still moving when the timeout passed;
+/// its task has not ended yet.
+pub const TE_CANCEL_PENDING: c_int = 1;
+
+/// Cancels a batch: every task submitted to it that has not ended ends
+/// `STATUS_CANCELED` (3), as `getTransferStatus` then reports it (a task
+/// whose every byte had already moved ends COMPLETED, one that had failed
+/// FAILED). Slices not yet moving are withdrawn on every transport;
+/// slices a peer is already copying (a TCP WRITE it has not acknowledged,
+/// a shared-memory WRITE the target process is copying, an RDMA work
+/// request posted) are waited for up to `timeout_ms` milliseconds (at
+/// most about 49 days). Other batches, peers and threads are not
+/// disturbed.
+///
+/// Returns `TE_CANCEL_DONE` (0) once every task of the batch has ended and
+/// no byte of any of them is read or written afterwards (the rule of
+/// FAILED tasks): the caller may reuse or free their memory, and
+/// `freeBatchID` succeeds. Returns `TE_CANCEL_PENDING` (1) when a slice
+/// was still held at the timeout: its task stays unended, and a later
+/// `te_cancel_batch` or `te_wait_batch` sees it end. Returns -1 for a
+/// NULL or unknown engine, or an unknown or freed batch.
+#[unsafe(no_mangle)]
+pub extern "C" fn te_cancel_batch(
+    engine: transfer_engine_t,
+    batch_id: batch_id_t,
+    timeout_ms: u64,
+) -> c_int {
+    guard("te_cancel_batch", ERR_INVALID_ARGUMENT, |call| {
+        let e = call.engine(engine)?;
+        let timeout = Duration::from_millis(timeout_ms.min(LONGEST_WAIT_MS));
+        Ok(match call.err_code(e.cancel_batch(batch_id, timeout))? {
+            CancelOutcome::Done => TE_CANCEL_DONE,
+            CancelOutcome::Pending => TE_CANCEL_PENDING,
+        })
     })
 }
 

@@ -374,8 +374,16 @@ impl Parse<TlsFiles> for Tls {
     fn allowed(&self) -> String {
         "paths (a certificate with its key)".to_string()
     }
-    fn show(&self, _v: &TlsFiles) -> String {
-        "unset".to_string()
+    fn show(&self, v: &TlsFiles) -> String {
+        let files: Vec<String> = [&v.cacert, &v.cert, &v.key]
+            .into_iter()
+            .map(|f| FilePath.show(f))
+            .collect();
+        if files.iter().all(|f| f == "unset") {
+            "unset".to_string()
+        } else {
+            files.join(",")
+        }
     }
     fn read(&self, r: &Reader<'_>, vars: &[&'static str], _default: TlsFiles) -> TlsFiles {
         let path = |v: &str| FilePath.parse(&r.raw(v)?).flatten();

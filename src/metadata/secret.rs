@@ -105,8 +105,8 @@ impl Parse<Option<Secret>> for Password {
     fn allowed(&self) -> String {
         "text".to_string()
     }
-    fn show(&self, _v: &Option<Secret>) -> String {
-        "unset".to_string()
+    fn show(&self, v: &Option<Secret>) -> String {
+        if v.is_some() { "<set>" } else { "unset" }.to_string()
     }
 }
 
@@ -121,8 +121,9 @@ impl Parse<Option<(String, Secret)>> for Credentials {
     fn allowed(&self) -> String {
         "text (both or neither)".to_string()
     }
-    fn show(&self, _v: &Option<(String, Secret)>) -> String {
-        "unset".to_string()
+    fn show(&self, v: &Option<(String, Secret)>) -> String {
+        v.as_ref()
+            .map_or("unset".to_string(), |(user, _)| format!("{user}:<set>"))
     }
     fn read(
         &self,

@@ -14,6 +14,7 @@
 //! copied by the submitting thread under the registry's read lock, which
 //! unregistering waits for.)
 
+use crate::batch::TaskRef;
 use crate::memory::fence::Fence;
 use crate::memory::staging;
 use crate::sync;
@@ -36,6 +37,8 @@ pub struct CopyJob {
     pub gpu: Option<u32>,
     /// The fences of the registered buffers either side overlaps.
     pub fences: Arc<[Arc<Fence>]>,
+    /// Its task: the slice of a cancelled one is not copied.
+    pub task: Option<TaskRef>,
     /// Called once, after the copy, with why it failed if it did.
     pub done: Box<dyn FnOnce(Result<(), String>) + Send>,
 }
@@ -123,8 +126,14 @@ pub unsafe fn copy_fenced(
 }
 
 impl CopyJob {
-    /// Copies the bytes inside their fences and reports the slice done.
+    /// Copies the bytes inside their fences and reports the slice done
+    /// (a slice of a cancelled task is not copied, and fails).
     pub fn run(self) {
+        if self.task.as_ref().is_some_and(TaskRef::canceled) {
+            return (self.done)(Err(
+                "the task was cancelled before this slice was copied".into()
+            ));
+        }
         // SAFETY: the engine built this job from a destination or source
         // range it checked against the registry, and from the caller's
         // source pointer, which the C API requires to stay valid until the

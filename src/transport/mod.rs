@@ -23,7 +23,7 @@ pub mod scheduler;
 pub mod shm;
 pub mod tcp;
 
-use crate::batch::Batch;
+use crate::batch::{Batch, TaskRef};
 use crate::error::Result;
 use crate::memory::{Fence, MemoryRegistry, Region};
 use crate::metadata::descriptor::SegmentDesc;
@@ -152,6 +152,13 @@ pub trait Transport: TransportBase {
     fn help(&self) -> bool {
         false
     }
+
+    /// Withdraws the slices of cancelled tasks that it holds and has not
+    /// begun to move, ending them as [`Outcome::Canceled`]: called by the
+    /// thread that cancels, again while it waits for the slices under
+    /// way. (A transport that finds them itself when it next looks at its
+    /// queue, as TCP does, needs nothing here.)
+    fn withdraw_canceled(&self) {}
 
     /// The calling thread, which lent a hand, stops doing so (it parks
     /// until its tasks end): work the transport left to such callers goes
@@ -388,8 +395,9 @@ pub struct Discovery<'a> {
 /// Whether auto discovery installs a transport.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Want {
-    /// Not on this machine, or not with this configuration.
-    No,
+    /// Not on this machine, or not with this configuration, for the
+    /// reason given (`MC_FORCE_TCP is set`).
+    No(&'static str),
     /// Yes; if it cannot be set up, the engine goes on without it.
     Try,
     /// Yes, and the engine fails if it cannot be set up, for the reason
@@ -438,6 +446,9 @@ pub enum Outcome {
     /// the kernel refused the address (EFAULT). No rail or peer is to
     /// blame, and nothing elsewhere can help: the slice fails.
     Local,
+    /// Its task was cancelled ([`crate::batch::Batch::cancel`]) before
+    /// the slice began to move: it was withdrawn, and no byte of it moves.
+    Canceled,
 }
 
 /// One slice handed to a transport: a contiguous range to move, and what
@@ -459,11 +470,20 @@ pub struct Slice {
     /// that range (a system call or the CPU's), so that unregistering the
     /// buffer waits for the copy, and the slice fails once it is revoked.
     pub local_fence: Option<Arc<Fence>>,
+    /// Its task, when it has one: a transport that holds the slice before
+    /// moving it withdraws it once the task is cancelled.
+    pub task: Option<TaskRef>,
     /// Called once with the outcome.
     pub done: Box<dyn FnOnce(Outcome) + Send>,
 }
 
 impl Slice {
+    /// Whether its task was cancelled: a slice not begun is then finished
+    /// with [`Outcome::Canceled`] instead of moved.
+    pub fn canceled(&self) -> bool {
+        self.task.as_ref().is_some_and(TaskRef::canceled)
+    }
+
     /// Reports the slice's outcome.
     pub fn finish(self, outcome: Outcome) {
         (self.done)(outcome)

@@ -282,3 +282,86 @@ fn the_builder_without_a_config_refuses_the_environment_s_bad_value() {
     assert!(transfer_engine::config().is_err());
     println!("{CHILD_DONE}");
 }
+
+/// Whether this host has an RDMA device (the kernel lists it).
+fn has_rdma_device() -> bool {
+    std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
+}
+
+#[test]
+fn mc_te_require_transport_refuses_an_unknown_name_and_accepts_local_alone() {
+    let e = build_error(&[("MC_TE_REQUIRE_TRANSPORT", "tcp,nvlink")]);
+    assert_eq!(
+        e.to_string(),
+        "invalid argument: bad configuration: MC_TE_REQUIRE_TRANSPORT=tcp,nvlink is not a \
+         comma list of `local`, `shm`, `rdma`, `tcp`"
+    );
+    let c = lookup(&[("MC_TE_REQUIRE_TRANSPORT", "local")]).expect("allowed");
+    assert_eq!(c.engine.require_transport.to_string(), "local");
+    let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+        .config(c)
+        .build()
+        .expect("copies within the process are always provided");
+    e.shutdown();
+}
+
+#[test]
+fn mc_te_require_transport_rdma_without_rdma_devices_fails_creation_with_the_reason() {
+    const TEST: &str =
+        "mc_te_require_transport_rdma_without_rdma_devices_fails_creation_with_the_reason";
+    if has_rdma_device() {
+        return common::skip("this host has RDMA devices");
+    }
+    if std::env::var_os(CHILD_VAR).is_none() {
+        for auto in [true, false] {
+            let e = match Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+                .auto_discover(auto)
+                .config(lookup(&[("MC_TE_REQUIRE_TRANSPORT", "rdma")]))
+                .build()
+            {
+                Ok(e) => {
+                    e.shutdown();
+                    panic!("an engine pinned to rdma was built without RDMA devices")
+                }
+                Err(e) => e,
+            };
+            assert!(matches!(e, Error::DeviceNotFound(_)), "{e:?}");
+            let text = e.to_string();
+            let why = if cfg!(feature = "rdma") {
+                "no RDMA device with an active port on this machine"
+            } else {
+                "not available in this build"
+            };
+            assert!(
+                text.contains("MC_TE_REQUIRE_TRANSPORT=rdma: rdma cannot be used (")
+                    && text.contains(why),
+                "{text}"
+            );
+        }
+        // With shared memory listed beside it, the engine has one of them.
+        let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+            .auto_discover(true)
+            .config(lookup(&[("MC_TE_REQUIRE_TRANSPORT", "shm,rdma")]))
+            .build()
+            .expect("shm is provided");
+        assert!(common::descriptor(&e).get("shm").is_some());
+        e.shutdown();
+        in_child(TEST, &[("MC_TE_REQUIRE_TRANSPORT", "rdma")]);
+        return;
+    }
+    // The C ABI, with and without auto discovery: NULL, and why.
+    let conn = CString::new("P2PHANDSHAKE").unwrap();
+    let name = CString::new("127.0.0.1").unwrap();
+    for auto in [1, 0] {
+        // SAFETY: valid NUL-terminated strings.
+        let e =
+            unsafe { createTransferEngine(conn.as_ptr(), name.as_ptr(), name.as_ptr(), 0, auto) };
+        assert!(e.is_null(), "an engine pinned to rdma was created");
+        let why = last_error();
+        assert!(
+            why.contains("MC_TE_REQUIRE_TRANSPORT=rdma: rdma cannot be used ("),
+            "{why}"
+        );
+    }
+    println!("{CHILD_DONE}");
+}

@@ -16,6 +16,13 @@
 //! * A peer running as another user (`setpriv` to `nobody`): the kernel
 //!   refuses cross-memory attach, and the bytes go over TCP.
 //! * Auto discovery installs shared memory beside TCP, `MC_TE_SHM=0` not.
+//! * `MC_TE_REQUIRE_TRANSPORT=shm`: a request to a peer that publishes no
+//!   shared memory FAILS at submit with the reason, and one to a peer the
+//!   kernel refuses to attach to (another user) FAILS where shared memory
+//!   hands it on; neither moves a byte. A peer here is served by shared
+//!   memory, which `Engine::segment_transport` names; unset, the refused
+//!   one is served by TCP, and the segment's transport changes from `shm`
+//!   to `tcp` with one log line.
 //! * A 64 MiB WRITE to a peer stopped (SIGSTOP) mid-copy: once its task
 //!   reports FAILED the caller refills its source, and after the peer
 //!   resumes not one byte of the new pattern reaches it (the slices that
@@ -50,6 +57,9 @@ const HOST_VAR: &str = "TE_SHM_HOST";
 /// and, with a store, its name (`TE_SHM_NAME`).
 const CONN_VAR: &str = "TE_SHM_CONN";
 const NAME_VAR: &str = "TE_SHM_NAME";
+/// Set (to anything) in the peer's environment: it installs TCP only, and
+/// publishes no shared memory.
+const TCP_ONLY_VAR: &str = "TE_SHM_TCP_ONLY";
 /// The pattern seed of the peer's buffer; WRITEs bring [`SEED_WRITE`].
 const SEED_PEER: u8 = 7;
 const SEED_WRITE: u8 = 3;
@@ -77,7 +87,9 @@ fn child_main() {
     let name = std::env::var(NAME_VAR).unwrap_or_else(|_| format!("{host}:0"));
     let e = Engine::new(&conn, &name, false).expect("engine");
     e.install_transport("tcp", None).expect("tcp");
-    e.install_transport("shm", None).expect("shm");
+    if std::env::var_os(TCP_ONLY_VAR).is_none() {
+        e.install_transport("shm", None).expect("shm");
+    }
     let buf = Buf::new(len, SEED_PEER);
     let region = Region {
         addr: buf.addr(),
@@ -255,6 +267,11 @@ impl Peer {
 
     /// As [`Peer::start`], its engine named by `host`.
     fn start_on(test: &str, len: usize, wrap: &[&str], host: &str) -> Peer {
+        Peer::start_with(test, len, wrap, &[(HOST_VAR, host)])
+    }
+
+    /// As [`Peer::start`], with `env` set in its environment.
+    fn start_with(test: &str, len: usize, wrap: &[&str], env: &[(&str, &str)]) -> Peer {
         let exe = std::env::current_exe().unwrap();
         let mut cmd = match wrap.split_first() {
             Some((first, rest)) => {
@@ -272,7 +289,7 @@ impl Peer {
         ])
         .env(CHILD, test)
         .env(LEN_VAR, len.to_string())
-        .env(HOST_VAR, host)
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn the peer");
@@ -1525,5 +1542,482 @@ fn a_large_buffer_in_small_pages_is_reported_once_and_one_in_huge_pages_not() {
         "memory in huge pages is not reported: {log}"
     );
     e.unregister(&[huge.addr as u64]).expect("unregister");
+    e.shutdown();
+}
+
+// Cancelling transfers to a peer of this host: a 64 MiB WRITE and READ
+// cancelled at random points, 20 rounds each, from caller and from engine
+// memory; once the cancel returns DONE the caller refills its buffer at
+// once, and no byte of the refill reaches the peer (WRITE) nor does any
+// byte land in it (READ). A peer stopped while it copies a WRITE holds
+// the cancel PENDING until it runs again, by shared memory and by TCP.
+
+#[test]
+fn a_transfer_cancelled_at_random_points_moves_no_byte_afterwards_caller() {
+    cancel_case(
+        "a_transfer_cancelled_at_random_points_moves_no_byte_afterwards_caller",
+        false,
+    );
+}
+
+#[test]
+fn a_transfer_cancelled_at_random_points_moves_no_byte_afterwards_engine() {
+    cancel_case(
+        "a_transfer_cancelled_at_random_points_moves_no_byte_afterwards_engine",
+        true,
+    );
+}
+
+/// The p-th percentile of `v` (sorted here).
+fn percentile(v: &mut [Duration], p: usize) -> Duration {
+    v.sort();
+    v[(v.len() * p / 100).min(v.len() - 1)]
+}
+
+/// An initiator with shared memory and TCP (auto discovery), and its
+/// 64 MiB buffer: the engine's own (memfd) or the caller's heap (`heap`).
+fn cancel_initiator(engine_memory: bool, heap: &Buf, extra: &[(&str, &str)]) -> (Arc<Engine>, u64) {
+    let set: Vec<(String, String)> = extra
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let cfg = Config::from_lookup(|k| set.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()));
+    let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+        .auto_discover(true)
+        .config(cfg)
+        .build()
+        .expect("engine");
+    let mine = if engine_memory {
+        e.allocate_buffer(heap.len())
+            .expect("the engine allocates memory")
+            .expect("allocate")
+    } else {
+        heap.addr()
+    };
+    e.register(&[Region {
+        addr: mine,
+        length: heap.len() as u64,
+        location: Location::Any,
+        remote_accessible: true,
+    }])
+    .expect("register");
+    (e, mine)
+}
+
+/// Sets `len` bytes at `addr` to pattern `seed`.
+fn fill_at(addr: u64, len: usize, seed: u8) {
+    // SAFETY: the test's registered buffer, which no transfer uses now
+    // (its task ended, or none was submitted).
+    let b = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
+    b.iter_mut()
+        .enumerate()
+        .for_each(|(i, x)| *x = pattern_byte(i, seed));
+}
+
+/// How many of `len` bytes at `addr` differ from pattern `seed`.
+fn differing(addr: u64, len: usize, seed: u8) -> usize {
+    // SAFETY: as in `fill_at`.
+    let b = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+    b.iter()
+        .enumerate()
+        .filter(|&(i, x)| *x != pattern_byte(i, seed))
+        .count()
+}
+
+fn cancel_case(test: &str, engine_memory: bool) {
+    if is_child(test) {
+        return child_main();
+    }
+    const LEN: usize = 64 << 20;
+    const ROUNDS: usize = 20;
+    let mut peer = Peer::start(test, LEN, &[]);
+    let heap = Buf::zeroed(LEN);
+    let (e, mine) = cancel_initiator(engine_memory, &heap, &[]);
+    let seg = e.open_segment(&peer.name).expect("open");
+    let target = peer.addr;
+    let req = |opcode| Request {
+        opcode,
+        source: mine,
+        target_id: seg,
+        target_offset: target,
+        length: LEN as u64,
+    };
+    let memory = if engine_memory { "engine" } else { "caller" };
+    for opcode in [Opcode::Write, Opcode::Read] {
+        fill_at(mine, LEN, SEED_WRITE);
+        let start = Instant::now();
+        assert_eq!(run(&e, &[req(opcode)]), vec![TaskStatus::Completed]);
+        let whole = start.elapsed();
+        let mut rng = common::Rng::new(0x5EED ^ opcode as u64);
+        let (mut latencies, mut canceled) = (Vec::new(), 0);
+        for _ in 0..ROUNDS {
+            fill_at(mine, LEN, SEED_WRITE);
+            let b = submit_one(&e, req(opcode));
+            std::thread::sleep(whole.mul_f64((rng.next() % 1000) as f64 / 1000.0));
+            let t = Instant::now();
+            let outcome = e.cancel_batch(b, HANG).expect("cancel");
+            latencies.push(t.elapsed());
+            assert_eq!(outcome, transfer_engine::CancelOutcome::Done);
+            fill_at(mine, LEN, SEED_REUSED);
+            let (status, _) = e.status(b, 0).unwrap();
+            assert!(
+                matches!(status, TaskStatus::Canceled | TaskStatus::Completed),
+                "{status:?}"
+            );
+            canceled += usize::from(status == TaskStatus::Canceled);
+            e.free_batch(b).expect("a cancelled batch can be freed");
+            let before = peer.call(json!({"op": "digest"}));
+            std::thread::sleep(Duration::from_millis(100));
+            match opcode {
+                Opcode::Write => {
+                    assert_eq!(
+                        peer.call(json!({"op": "digest"})),
+                        before,
+                        "the peer's buffer changed after the cancel returned"
+                    );
+                    assert_eq!(
+                        peer.call(json!({"op": "late", "seed": SEED_REUSED}))["late"],
+                        0,
+                        "bytes read after the cancel reached the peer"
+                    );
+                }
+                Opcode::Read => assert_eq!(
+                    differing(mine, LEN, SEED_REUSED),
+                    0,
+                    "a READ wrote the local buffer after the cancel returned"
+                ),
+            }
+        }
+        println!(
+            "{opcode:?} by shm, {memory} memory: {canceled} of {ROUNDS} cancelled mid-transfer \
+             (a whole transfer: {whole:?}); cancel took p50 {:?}, p99 {:?}",
+            percentile(&mut latencies, 50),
+            percentile(&mut latencies, 99)
+        );
+        assert!(canceled > 0, "every transfer ended before its cancel");
+    }
+    e.unregister(&[mine]).expect("unregister");
+    if engine_memory {
+        e.free_buffer(mine).expect("free");
+    }
+    e.shutdown();
+}
+
+#[test]
+fn a_cancel_waits_for_a_stopped_peer_copying_a_write_by_shm() {
+    cancel_pending_case(
+        "a_cancel_waits_for_a_stopped_peer_copying_a_write_by_shm",
+        true,
+    );
+}
+
+#[test]
+fn a_cancel_waits_for_a_stopped_peer_taking_a_write_by_tcp() {
+    cancel_pending_case(
+        "a_cancel_waits_for_a_stopped_peer_taking_a_write_by_tcp",
+        false,
+    );
+}
+
+/// A 64 MiB WRITE to a peer that is stopped (SIGSTOP) once bytes move:
+/// cancelling it with a short bound returns PENDING while the peer holds
+/// a slice (shared memory: an entry it is copying; TCP: a WRITE partly
+/// sent), and DONE once the peer runs again; after DONE, no byte of the
+/// refilled source reaches the peer.
+fn cancel_pending_case(test: &str, shm: bool) {
+    if is_child(test) {
+        return child_main();
+    }
+    const LEN: usize = 64 << 20;
+    const TRIES: usize = 20;
+    let mut peer = Peer::start(test, LEN, &[]);
+    let heap = Buf::zeroed(LEN);
+    let (e, mine) = if shm {
+        cancel_initiator(false, &heap, &[("MC_SHM_SLICE_SIZE", "1048576")])
+    } else {
+        let e = Engine::new("P2PHANDSHAKE", "127.0.0.1:0", false).expect("engine");
+        e.install_transport("tcp", None).expect("tcp");
+        register(&e, &heap);
+        (e, heap.addr())
+    };
+    let seg = e.open_segment(&peer.name).expect("open");
+    let way = if shm { "shm" } else { "tcp" };
+    let write = Request {
+        opcode: Opcode::Write,
+        source: mine,
+        target_id: seg,
+        target_offset: peer.addr,
+        length: LEN as u64,
+    };
+    // The peer is stopped at a random moment within a whole transfer.
+    fill_at(mine, LEN, SEED_WRITE);
+    let start = Instant::now();
+    assert_eq!(run(&e, &[write]), vec![TaskStatus::Completed]);
+    let whole = start.elapsed();
+    let mut rng = common::Rng::new(0x5709 ^ u64::from(shm));
+    for attempt in 1..=TRIES {
+        fill_at(mine, LEN, SEED_WRITE);
+        let b = submit_one(&e, write);
+        std::thread::sleep(whole.mul_f64((rng.next() % 900) as f64 / 1000.0));
+        peer.signal(libc::SIGSTOP);
+        let t = Instant::now();
+        let first = e
+            .cancel_batch(b, Duration::from_millis(300))
+            .expect("cancel");
+        let waited = t.elapsed();
+        let (status, _) = e.status(b, 0).unwrap();
+        peer.signal(libc::SIGCONT);
+        if first == transfer_engine::CancelOutcome::Done {
+            // The stop came between two slices: nothing was held.
+            assert_ne!(status, TaskStatus::Waiting);
+            e.free_batch(b).expect("free");
+            continue;
+        }
+        assert!(
+            waited >= Duration::from_millis(300),
+            "PENDING before the bound"
+        );
+        assert_eq!(status, TaskStatus::Waiting, "a held task has not ended");
+        let t = Instant::now();
+        assert_eq!(
+            e.cancel_batch(b, HANG).expect("cancel"),
+            transfer_engine::CancelOutcome::Done
+        );
+        let resumed = t.elapsed();
+        fill_at(mine, LEN, SEED_REUSED);
+        e.free_batch(b).expect("a cancelled batch can be freed");
+        let before = peer.call(json!({"op": "digest"}));
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(peer.call(json!({"op": "digest"})), before);
+        assert_eq!(
+            peer.call(json!({"op": "late", "seed": SEED_REUSED}))["late"],
+            0,
+            "bytes read after the cancel reached the peer"
+        );
+        println!(
+            "{way}: PENDING after {waited:?} with the peer stopped (attempt {attempt}), DONE \
+             {resumed:?} after it resumed"
+        );
+        e.shutdown();
+        return;
+    }
+    panic!("{way}: the peer never held a slice when it was stopped, in {TRIES} tries");
+}
+
+/// An engine of this process with `tcp` and `shm`, and
+/// `MC_TE_REQUIRE_TRANSPORT=pins`.
+fn pinned_engine(pins: &str) -> Arc<Engine> {
+    let e = Engine::builder("P2PHANDSHAKE", "127.0.0.1:0")
+        .config(common::config_with(&[("MC_TE_REQUIRE_TRANSPORT", pins)]))
+        .build()
+        .expect("engine");
+    e.install_transport("tcp", None).expect("tcp");
+    e.install_transport("shm", None).expect("shm");
+    e
+}
+
+/// Runs `r` as a batch of one: its status and why it failed (empty when
+/// it did not).
+fn run_one(e: &Engine, r: Request) -> (TaskStatus, String) {
+    let b = e.allocate_batch(1).unwrap();
+    e.submit(b, &[r]).unwrap();
+    let s = common::wait_task(e, b, 0, HANG);
+    let why = e.failure_reason(b, 0).unwrap().unwrap_or_default();
+    e.free_batch(b).unwrap();
+    (s, why)
+}
+
+/// A request of `len` bytes between `local` and `remote` of `seg`.
+fn request(opcode: Opcode, local: u64, seg: i32, remote: u64, len: u64) -> Request {
+    Request {
+        opcode,
+        source: local,
+        target_id: seg,
+        target_offset: remote,
+        length: len,
+    }
+}
+
+#[test]
+fn pinned_to_shm_a_peer_without_shm_fails_at_submit_and_one_with_shm_is_served() {
+    const TEST: &str =
+        "pinned_to_shm_a_peer_without_shm_fails_at_submit_and_one_with_shm_is_served";
+    const LEN: u64 = (2 << 20) + 5;
+    if is_child(TEST) {
+        return child_main();
+    }
+    let e = pinned_engine("shm");
+    let src = Buf::new(LEN as usize, SEED_WRITE);
+    let dst = Buf::zeroed(LEN as usize);
+    register(&e, &src);
+    register(&e, &dst);
+    let mut plain = Peer::start_with(TEST, 4 << 20, &[], &[(TCP_ONLY_VAR, "1")]);
+    let seg = e.open_segment(&plain.name).expect("open");
+    for opcode in [Opcode::Write, Opcode::Read] {
+        let local = if opcode == Opcode::Write {
+            src.addr()
+        } else {
+            dst.addr()
+        };
+        let (status, why) = run_one(&e, request(opcode, local, seg, plain.addr, LEN));
+        assert_eq!(status, TaskStatus::Failed, "{opcode:?}");
+        assert!(
+            why.contains(&format!(
+                "MC_TE_REQUIRE_TRANSPORT=shm: segment {:?} is reached only by tcp here",
+                plain.name
+            )),
+            "{why}"
+        );
+    }
+    assert_eq!(plain.call(json!({"op": "check", "ranges": []}))["bad"], 0);
+    assert!(dst.snapshot().iter().all(|&b| b == 0), "a byte came back");
+    let err = e.segment_transport(seg).unwrap_err();
+    assert!(
+        err.to_string().contains("MC_TE_REQUIRE_TRANSPORT=shm"),
+        "{err}"
+    );
+    // Unset, the same requests go over TCP.
+    let free = engine();
+    register(&free, &src);
+    let seg_free = free.open_segment(&plain.name).expect("open");
+    let write = request(Opcode::Write, src.addr(), seg_free, plain.addr, LEN);
+    assert_eq!(run_one(&free, write).0, TaskStatus::Completed);
+    assert_eq!(
+        plain.call(json!({"op": "check", "ranges": [[0, LEN]]}))["bad"],
+        0
+    );
+    assert_eq!(free.segment_transport(seg_free).unwrap(), "tcp");
+    free.shutdown();
+    // A peer with shared memory is served by it, both ways.
+    let mut here = Peer::start(TEST, 4 << 20, &[]);
+    let seg = e.open_segment(&here.name).expect("open");
+    assert_eq!(
+        e.segment_transport(seg).unwrap(),
+        "shm",
+        "before any request"
+    );
+    let write = request(Opcode::Write, src.addr(), seg, here.addr, LEN);
+    assert_eq!(run_one(&e, write), (TaskStatus::Completed, String::new()));
+    let read = request(Opcode::Read, dst.addr(), seg, here.addr, LEN);
+    assert_eq!(run_one(&e, read), (TaskStatus::Completed, String::new()));
+    assert_eq!(
+        here.call(json!({"op": "check", "ranges": [[0, LEN]]}))["bad"],
+        0
+    );
+    assert_eq!(dst.snapshot(), pattern(LEN as usize, SEED_WRITE));
+    let c = counters(&e);
+    assert_eq!(
+        (c["written"].as_u64(), c["read"].as_u64()),
+        (Some(LEN), Some(LEN)),
+        "{c}"
+    );
+    assert_eq!(e.segment_transport(seg).unwrap(), "shm");
+    e.shutdown();
+}
+
+/// Everything logged in this process, on every thread, from the first
+/// call on (the process's global subscriber).
+fn global_log() -> Arc<std::sync::Mutex<Vec<u8>>> {
+    static LOG: std::sync::OnceLock<Arc<std::sync::Mutex<Vec<u8>>>> = std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let sink = LogSink::default();
+        let writer = sink.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("no other global subscriber");
+        sink.0.clone()
+    })
+    .clone()
+}
+
+#[test]
+fn shared_memory_the_kernel_refuses_goes_over_tcp_unless_pinned_and_the_change_is_logged_once() {
+    const TEST: &str = "shared_memory_the_kernel_refuses_goes_over_tcp_unless_pinned_and_the_change_is_logged_once";
+    const LEN: u64 = 1 << 20;
+    const ROUNDS: u64 = 3;
+    if is_child(TEST) {
+        return child_main();
+    }
+    // SAFETY: a plain system call.
+    if unsafe { libc::geteuid() } != 0 || Command::new("setpriv").arg("--version").output().is_err()
+    {
+        return common::skip("needs root and setpriv to run the peer as nobody");
+    }
+    let log = global_log();
+    let mut peer = Peer::start(
+        TEST,
+        8 << 20,
+        &[
+            "setpriv",
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "--",
+        ],
+    );
+    let data_port = peer.data_port();
+    // Pinned to shared memory: the attach is refused, and the parts shared
+    // memory hands on fail instead of going over TCP.
+    let pinned = pinned_engine("shm");
+    let src = Buf::new((ROUNDS * LEN) as usize, SEED_WRITE);
+    let dst = Buf::zeroed(LEN as usize);
+    register(&pinned, &src);
+    register(&pinned, &dst);
+    let seg = pinned.open_segment(&peer.name).expect("open");
+    let beyond = peer.addr + ROUNDS * LEN;
+    for (opcode, local) in [(Opcode::Write, src.addr()), (Opcode::Read, dst.addr())] {
+        let (status, why) = run_one(&pinned, request(opcode, local, seg, beyond, LEN));
+        assert_eq!(status, TaskStatus::Failed, "{opcode:?}");
+        assert!(
+            why.contains("MC_TE_REQUIRE_TRANSPORT=shm: shm could not move")
+                && why.contains("tcp (which would have carried them) is not allowed"),
+            "{why}"
+        );
+    }
+    assert_eq!(pinned.segment_transport(seg).unwrap(), "shm");
+    assert_eq!(tcp_connections_on(data_port), 0, "a connection reached TCP");
+    assert!(dst.snapshot().iter().all(|&b| b == 0), "a byte came back");
+    assert_eq!(peer.call(json!({"op": "check", "ranges": []}))["bad"], 0);
+    pinned.shutdown();
+    // Unset: TCP carries every request, and the segment's transport says
+    // so from the first fallback on, logged once.
+    let e = engine();
+    register(&e, &src);
+    register(&e, &dst);
+    let seg = e.open_segment(&peer.name).expect("open");
+    assert_eq!(
+        e.segment_transport(seg).unwrap(),
+        "shm",
+        "before any request"
+    );
+    for k in 0..ROUNDS {
+        let write = request(
+            Opcode::Write,
+            src.addr() + k * LEN,
+            seg,
+            peer.addr + k * LEN,
+            LEN,
+        );
+        assert_eq!(run_one(&e, write), (TaskStatus::Completed, String::new()));
+        assert_eq!(e.segment_transport(seg).unwrap(), "tcp", "round {k}");
+    }
+    let read = request(Opcode::Read, dst.addr(), seg, peer.addr, LEN);
+    assert_eq!(run_one(&e, read), (TaskStatus::Completed, String::new()));
+    assert_eq!(dst.snapshot(), src.get(0, LEN as usize));
+    assert_eq!(
+        peer.call(json!({"op": "check", "ranges": [[0, ROUNDS * LEN]]}))["bad"],
+        0
+    );
+    assert!(tcp_connections_on(data_port) > 0, "TCP carried nothing");
+    let text = String::from_utf8(log.lock().unwrap().clone()).unwrap();
+    let said = format!(
+        "segment {:?}: its data goes by tcp now, not shm: shm could not move part of a request",
+        peer.name
+    );
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(&said)).collect();
+    assert_eq!(lines.len(), 1, "{said:?} not logged once: {text}");
+    assert!(lines[0].contains("WARN"), "{}", lines[0]);
     e.shutdown();
 }

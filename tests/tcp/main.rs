@@ -6,6 +6,7 @@
 mod common;
 
 mod auth_peers;
+mod cancel;
 mod data_port_bounds;
 mod data_port_min_rate;
 mod data_port_slow_readers;

@@ -142,21 +142,14 @@ fn unsupported_part() -> PartDoc {
 
 /// Every part's documentation, in the order of `docs/configuration.md`.
 fn all_parts() -> Vec<PartDoc> {
-    vec![
-        EngineConfig::doc(),
-        SchedConfig::doc(),
-        RpcConfig::doc(),
-        NotifyLimits::doc(),
-        StoreConfig::doc(),
-        PeerLimits::doc(),
-        AuthConfig::doc(),
-        TopologyConfig::doc(),
-        EndpointConfig::doc(),
-        TcpConfig::doc(),
-        ShmConfig::doc(),
-        RdmaConfig::doc(),
-        unsupported_part(),
-    ]
+    let r = Reader::new(&|_| None);
+    let mut parts: Vec<PartDoc> = Config::default()
+        .parts(&r)
+        .into_iter()
+        .map(|(doc, _)| doc)
+        .collect();
+    parts.push(unsupported_part());
+    parts
 }
 
 /// Whether `row` is supported: "yes" for a variable of Mooncake's (or one

@@ -723,3 +723,61 @@ fn cuda_variables_are_read_as_set() {
         Some("1,0")
     );
 }
+
+#[test]
+fn settings_give_each_row_once_with_its_source_and_no_secret() {
+    let vars = [
+        ("MC_SLICE_SIZE", "131072"),
+        ("MC_MIN_PRC_PORT", "15100"),
+        ("MC_REDIS_PASSWORD", "hunter2"),
+        ("MC_ETCD_USERNAME", "root"),
+        ("MC_ETCD_PASSWORD", "hunter3"),
+        (
+            "MC_TE_AUTH_KEY",
+            "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
+        ),
+        ("MC_USE_TENT", "1"),
+    ];
+    let lookup = |k: &str| {
+        vars.iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.to_string())
+    };
+    let config = Config::from_lookup(lookup).unwrap();
+    let settings = config.settings(lookup);
+    let rows: usize = config
+        .parts(&Reader::new(&|_| None))
+        .iter()
+        .map(|(doc, _)| doc.rows.len())
+        .sum();
+    assert_eq!(settings.iter().filter(|s| s.supported).count(), rows);
+    let of = |var: &str| {
+        settings
+            .iter()
+            .find(|s| s.variables.contains(&var))
+            .unwrap_or_else(|| panic!("no {var}"))
+    };
+    assert_eq!(
+        of("MC_SLICE_SIZE").source,
+        SettingSource::Environment("MC_SLICE_SIZE")
+    );
+    assert_eq!(of("MC_SLICE_SIZE").value, "131072 (128 KiB)");
+    // An alias names itself as the source.
+    assert_eq!(
+        of("MC_MIN_RPC_PORT").source,
+        SettingSource::Environment("MC_MIN_PRC_PORT")
+    );
+    assert_eq!(of("MC_MIN_RPC_PORT").value, "15100");
+    assert_eq!(of("MC_RETRY_CNT").source, SettingSource::Default);
+    assert_eq!(of("MC_REDIS_PASSWORD").value, "<set>");
+    assert_eq!(of("MC_ETCD_PASSWORD").value, "root:<set>");
+    assert_eq!(of("MC_TE_AUTH_KEY").value, "<set>");
+    let tent = of("MC_USE_TENT");
+    assert!(!tent.supported);
+    assert_eq!(tent.source, SettingSource::Environment("MC_USE_TENT"));
+    let all = format!("{settings:?}");
+    assert!(
+        !all.contains("hunter") && !all.contains("00112233"),
+        "{all}"
+    );
+}

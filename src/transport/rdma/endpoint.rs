@@ -12,6 +12,7 @@
 use super::handshake::HandshakeDesc;
 use super::registry::MrGuard;
 use super::wr_id::WrId;
+use crate::batch;
 use crate::sync;
 use crate::transport::endpoint::Endpoint;
 use crate::transport::{Outcome, Slice};
@@ -154,6 +155,9 @@ struct Queue {
     /// The queue pair the next post starts with: posts of a few requests
     /// each still spread over all of them.
     next_slot: usize,
+    /// [`batch::cancels`] when the queue was last looked through for
+    /// requests of cancelled tasks.
+    cancels_seen: u64,
 }
 
 /// The queue pairs to one peer NIC path.
@@ -264,6 +268,7 @@ impl RdmaEndpoint {
                 jobs: VecDeque::new(),
                 scheduled: false,
                 next_slot: 0,
+                cancels_seen: batch::cancels(),
             }),
             peer_rpc: Mutex::new(None),
             give_up,
@@ -580,6 +585,16 @@ impl RdmaEndpoint {
         let mut ended = Vec::new();
         let mut q = sync::lock(&self.queue);
         q.scheduled = false;
+        // Requests of cancelled tasks are withdrawn before they are posted
+        // (posted ones cannot be: their completions end them).
+        let cancels = batch::cancels();
+        if cancels != q.cancels_seen {
+            q.cancels_seen = cancels;
+            let (gone, kept): (VecDeque<PostJob>, VecDeque<PostJob>) =
+                q.jobs.drain(..).partition(|j| j.slice.canceled());
+            q.jobs = kept;
+            ended.extend(gone.into_iter().map(|j| (j.slice, Outcome::Canceled)));
+        }
         match self.phase() {
             Phase::Connected => {}
             Phase::Failed => {

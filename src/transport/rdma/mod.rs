@@ -126,8 +126,10 @@ pub fn auto(found: &Discovery<'_>) -> Want {
         .iter()
         .filter(|d| d.ports_active)
         .count();
-    if usable == 0 || found.force_tcp {
-        Want::No
+    if found.force_tcp {
+        Want::No("MC_FORCE_TCP is set")
+    } else if usable == 0 {
+        Want::No("no RDMA device with an active port")
     } else if cfg!(feature = "rdma") {
         Want::Try
     } else {
@@ -135,7 +137,7 @@ pub fn auto(found: &Discovery<'_>) -> Want {
             "{usable} RDMA device(s) found, but this build has no RDMA transport \
              (feature \"rdma\"); using another transport"
         );
-        Want::No
+        Want::No("this build has no RDMA transport (feature \"rdma\")")
     }
 }
 

@@ -368,6 +368,7 @@ impl RdmaTransport {
             write: true,
             local_gpu: None,
             local_fence: None,
+            task: None,
             done: Box::new(move |o| done(o == Outcome::Done)),
         };
         match self.nic(device) {

@@ -5,6 +5,7 @@
 
 use super::job::{Job, RailSet, Request};
 use super::{Carrier, Scheduler};
+use crate::batch::Task;
 use crate::segment::RemoteSegment;
 use crate::transport::{Outcome, Submission, Transfer};
 use once_cell::sync::OnceCell;
@@ -23,6 +24,16 @@ impl<C: Carrier> Scheduler<C> {
         device.finish(job.len, moved);
         route.cells[job.rail].finish(job.len);
         let task = req.batch.slot(req.task);
+        // A cancelled task's slice that did not move is neither retried
+        // nor handed on: it ends, and with it, once the rest end, the task.
+        let withdrawn = outcome == Outcome::Canceled
+            || (outcome != Outcome::Done && task.is_some_and(Task::is_canceled));
+        if withdrawn {
+            if let Some(t) = task {
+                t.finish_slice(job.len, false);
+            }
+            return;
+        }
         let charge = match outcome {
             Outcome::Done => {
                 route.cells[job.rail].record_success();
@@ -69,7 +80,7 @@ impl<C: Carrier> Scheduler<C> {
             // The rail's transport cannot reach the peer: as a rail that
             // cannot connect.
             Outcome::Unreachable => Some(true),
-            Outcome::Interrupted => None,
+            Outcome::Interrupted | Outcome::Canceled => None,
         };
         if let Some(hard) = charge {
             route.cells[job.rail].record_error(hard);

@@ -6,8 +6,9 @@ use super::choice::Candidates;
 use super::job::{Job, RailSet, Request};
 use super::route::{Group, slot_of};
 use super::{Carrier, Scheduler, planner};
+use crate::batch::TaskRef;
 use crate::metadata::descriptor::SegmentDesc;
-use crate::transport::{Slice, Submission, Transfer};
+use crate::transport::{Outcome, Slice, Submission, Transfer};
 use once_cell::sync::OnceCell;
 use std::sync::Arc;
 
@@ -154,8 +155,12 @@ impl<C: Carrier> Scheduler<C> {
             write: req.write,
             local_gpu: req.gpu,
             local_fence: req.local.fence_for(job.local, job.len),
+            task: Some(TaskRef::new(req.batch.clone(), req.task)),
             done: Box::new(move |o| Scheduler::finished(job, o)),
         };
+        if slice.canceled() {
+            return slice.finish(Outcome::Canceled);
+        }
         self.carrier.post(rail, slice, remote_key);
     }
 }

@@ -10,6 +10,7 @@
 //! this process's GPU memory, go to the next transport (TCP stages them).
 
 use super::{AttachFn, ShmOptions, ShmPeer, ShmTransport};
+use crate::batch::TaskRef;
 use crate::error::Result;
 use crate::memory::{MemoryRegistry, Region, RemoteMemory, Residence};
 use crate::metadata::descriptor::SegmentDesc;
@@ -87,7 +88,7 @@ pub fn auto(found: &Discovery<'_>) -> Want {
     if found.config.shm.auto_install {
         Want::Try
     } else {
-        Want::No
+        Want::No("MC_TE_SHM is off")
     }
 }
 
@@ -236,6 +237,7 @@ impl Transport for Shm {
                 len,
                 write: xfer.write,
             };
+            let of_task = TaskRef::new(batch.clone(), task);
             let (batch, fallback) = (batch.clone(), fallback.clone());
             let done = Box::new(move |outcome: Outcome| {
                 let Some(t) = batch.slot(task) else {
@@ -255,6 +257,10 @@ impl Transport for Shm {
                         );
                         t.finish_slice(0, false)
                     }
+                    // Withdrawn, or not moved and its task cancelled: the
+                    // slice ends, handed to no other transport.
+                    Outcome::Canceled => t.finish_slice(0, false),
+                    _ if t.is_canceled() => t.finish_slice(0, false),
                     // Unreachable by shared memory, or the link failed:
                     // the next transport moves the slice, if there is one.
                     Outcome::Unreachable | Outcome::Failed { .. } | Outcome::Interrupted => {
@@ -276,6 +282,7 @@ impl Transport for Shm {
                     } else {
                         side.fence_for(part.local, len)
                     },
+                    task: Some(of_task),
                     done,
                 },
             );
@@ -296,6 +303,10 @@ impl Transport for Shm {
 
     fn stop_helping(&self) {
         self.core.stop_helping()
+    }
+
+    fn withdraw_canceled(&self) {
+        self.core.withdraw_canceled()
     }
 
     fn flush(&self) {

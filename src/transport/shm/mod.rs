@@ -578,6 +578,18 @@ impl ShmTransport {
         peer.core().post(slice);
     }
 
+    /// Withdraws the WRITEs of cancelled tasks from every target's queue
+    /// ([`PeerCore::withdraw_canceled`]).
+    pub fn withdraw_canceled(&self) {
+        let cores: Vec<Arc<PeerCore>> = crate::sync::lock(&self.peers)
+            .values()
+            .map(|p| p.core().clone())
+            .collect();
+        for core in cores {
+            core.withdraw_canceled(&self.shared);
+        }
+    }
+
     /// One round of the threads' work on the calling thread (READs queued,
     /// rings to serve, results to take): a caller that polls for its
     /// tasks moves them on instead of waiting for a thread. Returns whether

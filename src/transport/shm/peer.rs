@@ -102,11 +102,26 @@ impl Queue {
     /// ones the target is copying now stay held, unless `dead` (the target
     /// exited, so it copies nothing any more).
     fn withdraw_all(&mut self, ring: &Ring, outcome: Outcome, dead: bool) -> Vec<(Slice, Outcome)> {
+        self.withdraw(ring, outcome, dead, |_| true)
+    }
+
+    /// [`Queue::withdraw_all`] of the slices `which` picks only.
+    fn withdraw(
+        &mut self,
+        ring: &Ring,
+        outcome: Outcome,
+        dead: bool,
+        which: impl Fn(&Slice) -> bool,
+    ) -> Vec<(Slice, Outcome)> {
         let mut out = Vec::new();
         for pos in self.tail..self.head {
             let Some(held) = self.slot(pos).take() else {
                 continue;
             };
+            if held.as_ref().is_some_and(|s| !which(s)) {
+                *self.slot(pos) = Some(held);
+                continue;
+            }
             // The entry is free again (`None`), or busy until the target
             // completes it (`Some(None)`), or still ours to wait for.
             let (ended, entry) = match ring.withdraw(pos) {
@@ -126,7 +141,15 @@ impl Queue {
             }
         }
         self.advance_tail();
-        out.extend(self.backlog.drain(..).map(|(s, _)| (s, outcome)));
+        let mut kept = VecDeque::new();
+        for (s, backing) in self.backlog.drain(..) {
+            if which(&s) {
+                out.push((s, outcome));
+            } else {
+                kept.push_back((s, backing));
+            }
+        }
+        self.backlog = kept;
         out
     }
 
@@ -623,6 +646,31 @@ impl PeerCore {
         freed || posted || closed
     }
 
+    /// Withdraws the WRITEs of cancelled tasks that the target is not
+    /// copying (posted, claimed between two pieces, or waiting for an
+    /// entry or the attach): the target copies no byte of them afterwards
+    /// (see [`super::ring`]), and they end as [`Outcome::Canceled`]. One
+    /// it is copying is left to end, or to a later call.
+    pub fn withdraw_canceled(self: &Arc<Self>, shared: &Shared) {
+        let mut st = self.lock();
+        let (mut out, waiting): (Vec<Slice>, Vec<Slice>) = std::mem::take(&mut st.waiting)
+            .into_iter()
+            .partition(Slice::canceled);
+        st.waiting = waiting;
+        let mut ended: Vec<(Slice, Outcome)> =
+            out.drain(..).map(|s| (s, Outcome::Canceled)).collect();
+        if let Phase::Attached(link) = &st.phase {
+            let link = link.clone();
+            if let Some(q) = st.queue.as_mut() {
+                ended.extend(q.withdraw(&link.ring, Outcome::Canceled, false, Slice::canceled));
+            }
+        }
+        drop(st);
+        for (s, o) in ended {
+            finish(shared, s, o);
+        }
+    }
+
     /// Fails the WRITEs in flight if the target completed none for the
     /// timeout: each one is withdrawn first (see [`super::ring`]), so the
     /// target copies nothing of it afterwards. A WRITE the target is
@@ -761,6 +809,10 @@ fn read_group(shared: &Shared, mut job: ReadJob, scan: Scan<'_>) -> Option<ReadJ
     let mut later = Vec::new();
     let mut unknown = false;
     for slice in slices {
+        if slice.canceled() {
+            finish(shared, slice, Outcome::Canceled);
+            continue;
+        }
         let view = match index.lookup(slice.remote, slice.len, job.asked) {
             Lookup::Found(v) if v.accessible() => v,
             Lookup::Found(_) | Lookup::Missing => {

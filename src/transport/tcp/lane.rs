@@ -39,6 +39,7 @@ use super::wire::{
     iovec, send_some, status_valid,
 };
 use crate::auth::{ClientAuth, Gate, Keys, Port, Standing};
+use crate::batch;
 use crate::log_limit::{LogLimit, Suppressed};
 use crate::sync;
 use crate::transport::{Outcome, Slice};
@@ -290,6 +291,15 @@ impl LaneShared {
     }
 }
 
+impl Drop for LaneShared {
+    /// A lane dropped with slices in its inbox (a submit that pushed to it
+    /// as the transport shut down, after its I/O thread stopped) fails
+    /// them: a slice never ended would leave its task waiting forever.
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
 /// A slice on its way: the header, how much of header and payload went
 /// out, and what came back.
 struct Req {
@@ -305,6 +315,10 @@ struct Req {
     requeued: u32,
     /// When the lane took it.
     taken: Instant,
+    /// A READ of a cancelled task whose answer was on its way: the slice
+    /// ended ([`Lane::withdraw_canceled`]), and its payload is received
+    /// and dropped, never written to the local memory.
+    discard: bool,
 }
 
 impl Req {
@@ -326,6 +340,7 @@ impl Req {
             resent: false,
             requeued: 0,
             taken: Instant::now(),
+            discard: false,
         }
     }
 
@@ -445,6 +460,9 @@ pub struct Lane {
     /// Index of the first request whose answer is not complete.
     recv_at: usize,
     last_used: Instant,
+    /// [`batch::cancels`] when the lane last looked for cancelled
+    /// requests.
+    cancels_seen: u64,
 }
 
 /// Starts a non-blocking connect to `addr`, bound to `bind`.
@@ -500,6 +518,7 @@ impl Lane {
             send_at: 0,
             recv_at: 0,
             last_used: Instant::now(),
+            cancels_seen: batch::cancels(),
         }
     }
 
@@ -541,6 +560,7 @@ impl Lane {
     /// close; `held_up` if the I/O thread was held up since the last sweep
     /// (the time is not counted against the peer's rate).
     pub fn sweep(&mut self, registry: &Registry, now: Instant, held_up: bool) {
+        self.withdraw_canceled();
         let Some(conn) = &self.conn else {
             return;
         };
@@ -617,10 +637,51 @@ impl Lane {
     pub fn stop(&mut self, registry: &Registry) {
         self.disconnect(registry, true);
         for r in std::mem::take(&mut self.pipeline) {
-            self.shared.finish(r.slice, Outcome::Failed { hard: true });
+            self.end(r, Outcome::Failed { hard: true });
         }
         self.send_at = 0;
         self.recv_at = 0;
+    }
+
+    /// Ends a request's slice with `outcome`, unless it ended already (a
+    /// discarded READ).
+    fn end(&self, r: Req, outcome: Outcome) {
+        if !r.discard {
+            self.shared.finish(r.slice, outcome);
+        }
+    }
+
+    /// Once a task was cancelled since the last look: its requests not
+    /// sent at all leave the pipeline, withdrawn; its READs sent whose
+    /// answers are still coming end now, their payload dropped as it
+    /// arrives. A WRITE that is partly sent, or sent and not yet
+    /// acknowledged, is waited for: the peer stores what it receives.
+    fn withdraw_canceled(&mut self) {
+        let now = batch::cancels();
+        if now == self.cancels_seen {
+            return;
+        }
+        self.cancels_seen = now;
+        let unsent =
+            self.send_at + usize::from(self.pipeline.get(self.send_at).is_some_and(|r| r.sent > 0));
+        let rest = self.pipeline.split_off(unsent.min(self.pipeline.len()));
+        for r in rest {
+            if r.slice.canceled() {
+                self.shared.finish(r.slice, Outcome::Canceled);
+            } else {
+                self.pipeline.push_back(r);
+            }
+        }
+        for r in self.pipeline.iter_mut().take(self.send_at) {
+            if r.discard || r.slice.write || r.done() || !r.slice.canceled() {
+                continue;
+            }
+            r.discard = true;
+            r.slice.local_fence = None;
+            self.shared.load.fetch_sub(r.slice.len, Ordering::Relaxed);
+            let done = std::mem::replace(&mut r.slice.done, Box::new(|_| {}));
+            done(Outcome::Canceled);
+        }
     }
 
     fn disconnect(&mut self, registry: &Registry, reset: bool) {
@@ -634,6 +695,7 @@ impl Lane {
 
     /// Connects if needed, then moves bytes until the socket would block.
     fn pump(&mut self, registry: &Registry) {
+        self.withdraw_canceled();
         if self.pipeline.is_empty() {
             return;
         }
@@ -797,7 +859,7 @@ impl Lane {
     /// reached the wire on this connection.
     fn fail_unsent_hard(&mut self) {
         for r in std::mem::take(&mut self.pipeline) {
-            self.shared.finish(r.slice, Outcome::Failed { hard: true });
+            self.end(r, Outcome::Failed { hard: true });
         }
         self.send_at = 0;
         self.recv_at = 0;
@@ -985,11 +1047,16 @@ impl Lane {
                 Some(None) => return Err(Failure::Local(self.recv_at, UNREGISTERED.into())),
                 inside => inside.flatten(),
             };
-            let n = if !conn.rbuf.is_empty() {
+            let n = if r.discard && !conn.rbuf.is_empty() {
+                // A cancelled READ's bytes go nowhere.
+                let n = want.min(conn.rbuf.len());
+                conn.rbuf.consume(n);
+                n
+            } else if !conn.rbuf.is_empty() {
                 // SAFETY: the caller's READ destination is valid for `len`
                 // bytes until its task is terminal, which this lane decides.
                 unsafe { conn.rbuf.take_into(dst, want) }
-            } else if r.slice.len >= DIRECT_RECV_MIN as u64 {
+            } else if !r.discard && r.slice.len >= DIRECT_RECV_MIN as u64 {
                 // What the buffer does not hold of a large payload comes
                 // straight into its destination, to its end, and the next
                 // answer's status word behind it in the same receive.
@@ -1035,7 +1102,7 @@ impl Lane {
                     c.finished += 1;
                     c.broke |= self.pipeline.is_empty();
                 }
-                self.shared.finish(r.slice, Outcome::Done);
+                self.end(r, Outcome::Done);
             }
         }
     }
@@ -1053,6 +1120,10 @@ impl Lane {
         let within = self.shared.timeouts.stall;
         let mut again = VecDeque::new();
         for (i, mut r) in std::mem::take(&mut self.pipeline).into_iter().enumerate() {
+            if r.discard {
+                // Its slice ended when its task was cancelled.
+                continue;
+            }
             let cut_off = matches!(&failure, Failure::Closed(_) | Failure::Local(..));
             let outcome = match &failure {
                 _ if r.done() => Some(Outcome::Done),

@@ -10,6 +10,7 @@
 //! the other half to the others until it is given up on.
 
 use super::{LaneTarget, TcpTransport};
+use crate::batch::TaskRef;
 use crate::memory::Fence;
 use crate::memory::staging::{self, Lent, StagingPool};
 use crate::sync;
@@ -89,6 +90,7 @@ pub fn post(
         len,
         write,
         local_fence,
+        task,
         done,
         ..
     } = slice;
@@ -108,6 +110,7 @@ pub fn post(
             write,
             gpu,
             fence: local_fence.clone(),
+            task: task.clone(),
         };
         let (route, join) = (route.clone(), join.clone());
         pool.lend(
@@ -131,6 +134,9 @@ struct Piece {
     /// The fence of the registered GPU buffer it moves, held across each
     /// driver copy of it.
     fence: Option<Arc<Fence>>,
+    /// The slice's task: a piece of a cancelled one is not begun, and a
+    /// READ piece's bytes are not copied to the GPU then.
+    task: Option<TaskRef>,
 }
 
 /// Copies `len` bytes from `src` to `dst` with the driver, inside `fence`
@@ -168,7 +174,12 @@ impl Piece {
             write,
             gpu,
             fence,
+            task,
         } = self;
+        let canceled = |t: &Option<TaskRef>| t.as_ref().is_some_and(TaskRef::canceled);
+        if canceled(&task) {
+            return join.piece(Outcome::Canceled);
+        }
         if write {
             // SAFETY: the caller's GPU source stays valid until its task
             // ends, as the C API requires (and registered, inside its
@@ -182,8 +193,10 @@ impl Piece {
                 }
             }
         }
+        let inner = task.clone();
         let done = Box::new(move |outcome: Outcome| {
             let outcome = match (outcome, write) {
+                (Outcome::Done, false) if canceled(&task) => Outcome::Canceled,
                 (Outcome::Done, false) => {
                     // SAFETY: the READ's bytes are in the lent buffer; the
                     // GPU destination stays valid until its task ends (and
@@ -215,6 +228,7 @@ impl Piece {
                 local_gpu: None,
                 // The staging buffer is the transport's own.
                 local_fence: None,
+                task: inner,
                 done,
             },
         );

@@ -156,6 +156,7 @@ impl Local {
                 write,
                 local_gpu: None,
                 local_fence,
+                task: None,
                 done: Box::new(done),
             },
         );
@@ -769,6 +770,7 @@ fn stream(
                 write: spec.write,
                 local_gpu: None,
                 local_fence: None,
+                task: None,
                 done: Box::new(move |o| {
                     let _ = tx.send((j, o));
                 }),
