@@ -74,6 +74,7 @@ pub(crate) mod small_file;
 pub(crate) mod stripe;
 pub(crate) mod sync;
 pub(crate) mod task_stats;
+pub(crate) mod thread_counters;
 pub mod topology;
 pub(crate) mod transport;
 #[cfg(feature = "rdma")]

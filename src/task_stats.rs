@@ -1,21 +1,30 @@
 //! What an engine's tasks did, for its Prometheus metrics: tasks submitted
 //! and ended (by op and result), bytes they moved and how long they took
-//! (by route and op), and slices retried (by route). Each counter is
-//! striped ([`crate::stripe`]): the submitting and completing threads bump
-//! their own cache line with a relaxed add, no lock, and a scrape adds the
-//! stripes up ([`TaskStats::snapshot`]).
+//! (by route and op), and slices retried (by route). Every thread that
+//! counts has a block of its own ([`crate::thread_counters`]): an update is
+//! a relaxed load and store on a cache line no other thread writes, and a
+//! scrape adds the blocks up ([`TaskStats::snapshot`]).
 //!
-//! A task is counted submitted once ([`TaskStats::submitted`], from
-//! `Task::count_submitted`) and ended once, when its status leaves WAITING
-//! (`Task::count_end`); in flight are those submitted and not ended.
+//! A task end counts one duration bucket (by route, op and result), its
+//! duration, the bytes it moved and the bytes it asked for; the tasks
+//! ended by op and result and the histogram by route and op are sums of
+//! those buckets, and in flight are those submitted (counted once per
+//! submit call) less those ended, all derived at scrape time.
+//!
+//! The ends of tasks that finish on the thread submitting them, within
+//! the submit call (copies within the process, refusals), are counted
+//! when the call returns ([`TaskStats::defer_ends`]): the status of a
+//! task is visible only from then on, so that is the end its caller can
+//! see, and one clock read serves all of them.
+//!
 //! Routes are numbered by the engine: 0 its own segment's copies, then its
 //! transport table in order; this module names none.
 
 use crate::stripe::{Padded, STRIPES, stripe};
 use crate::sync;
+use crate::thread_counters::{PerThread, Writer};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 /// Routes a task may take: the local copies and each transport of the
 /// table (checked against the table where the engine names them).
@@ -38,28 +47,73 @@ pub(crate) const BUCKETS_US: [u64; 19] = [
     500_000, 1_000_000, 2_000_000, 5_000_000, 10_000_000,
 ];
 
+/// Duration buckets, the last one beyond [`BUCKETS_US`].
+const BUCKETS: usize = BUCKETS_US.len() + 1;
+
 /// The bucket of a duration of `us` microseconds.
 pub(crate) fn bucket_of(us: u64) -> usize {
     BUCKETS_US.partition_point(|&b| b < us)
 }
 
-/// One stripe of every counter.
-#[derive(Default)]
-struct Stripe {
+/// [`Block::scope`] when no submit call defers ends.
+const NO_SCOPE: u64 = u64::MAX;
+
+/// One thread's counters.
+#[repr(align(64))]
+struct Block {
     submitted: AtomicU64,
     submitted_bytes: AtomicU64,
-    ended: [[AtomicU64; RESULTS]; OPS],
     /// Bytes requested by the tasks that ended.
     ended_bytes: AtomicU64,
     moved: [[AtomicU64; OPS]; ROUTES],
-    buckets: [[[AtomicU64; BUCKETS_US.len() + 1]; OPS]; ROUTES],
     nanos: [[AtomicU64; OPS]; ROUTES],
     retries: [AtomicU64; ROUTES],
+    buckets: [[[[AtomicU64; BUCKETS]; RESULTS]; OPS]; ROUTES],
+    /// The owner's own state, never summed: the submission time of the
+    /// tasks of the submit call in progress on the thread
+    /// ([`TaskStats::defer_ends`]), or [`NO_SCOPE`].
+    scope: AtomicU64,
+    /// Ends deferred to the scope's close, by route, op and result.
+    deferred: [[[AtomicU64; RESULTS]; OPS]; ROUTES],
+}
+
+impl Default for Block {
+    fn default() -> Self {
+        Block {
+            submitted: AtomicU64::default(),
+            submitted_bytes: AtomicU64::default(),
+            ended_bytes: AtomicU64::default(),
+            moved: Default::default(),
+            nanos: Default::default(),
+            retries: Default::default(),
+            buckets: Default::default(),
+            scope: AtomicU64::new(NO_SCOPE),
+            deferred: Default::default(),
+        }
+    }
+}
+
+impl Block {
+    /// Counts `count` tasks of `route`, `op` and `result` that took
+    /// `nanos` each.
+    fn add_durations(
+        &self,
+        w: &Writer<'_, Block>,
+        (route, op, result): (usize, usize, usize),
+        count: u64,
+        nanos: u64,
+    ) {
+        w.add(
+            &self.buckets[route][op][result][bucket_of(nanos / 1000)],
+            count,
+        );
+        w.add(&self.nanos[route][op], nanos.wrapping_mul(count));
+    }
 }
 
 /// The counters of one engine's tasks.
 pub(crate) struct TaskStats {
-    stripes: Box<[Padded<Stripe>; STRIPES]>,
+    blocks: PerThread<Block>,
     /// Per-peer counters, when some peers get series of their own.
     peers: Option<PeerStats>,
 }
@@ -67,7 +121,8 @@ pub(crate) struct TaskStats {
 /// Bytes moved and tasks ended by peer, for the first peers that asked
 /// for a slot; the others share the last slot ("other"). A peer's slot
 /// is looked up once per descriptor of its segment (the segment keeps
-/// it), so the hot path only adds.
+/// it), so the hot path only adds (striped atomic adds: per-peer series
+/// are opt-in).
 struct PeerStats {
     /// The names of the peers with a slot of their own, by slot.
     names: Mutex<Vec<String>>,
@@ -108,8 +163,8 @@ pub(crate) struct End {
     pub requested: u64,
     /// Bytes it moved.
     pub moved: u64,
-    /// From its submission to its end.
-    pub took: Duration,
+    /// When it was submitted (`batch::now_nanos`).
+    pub submitted: u64,
     /// Its peer's slot + 1 ([`TaskStats::peer_slot`]), 0 for none.
     pub peer: u32,
 }
@@ -127,7 +182,7 @@ pub(crate) struct Snapshot {
     pub moved: [[u64; OPS]; ROUTES],
     /// Task durations, by route and op: the count in each bucket (not
     /// cumulative), the last one beyond [`BUCKETS_US`].
-    pub buckets: [[[u64; BUCKETS_US.len() + 1]; OPS]; ROUTES],
+    pub buckets: [[[u64; BUCKETS]; OPS]; ROUTES],
     /// The sum of those durations in seconds, by route and op.
     pub seconds: [[f64; OPS]; ROUTES],
     /// Slices retried, by route.
@@ -135,6 +190,66 @@ pub(crate) struct Snapshot {
     /// By peer (its name, `other` last): bytes moved and tasks ended, by
     /// op.
     pub peers: Vec<(String, [[u64; 2]; OPS])>,
+}
+
+/// Ends deferred on this thread until the submit call returns: dropped,
+/// it counts them, with one clock read ([`TaskStats::defer_ends`]).
+pub(crate) struct DeferredEnds<'a> {
+    stats: &'a TaskStats,
+    /// When the call's tasks were submitted.
+    submitted: u64,
+    /// The thread's block (it closes on the thread that opened it).
+    w: Writer<'a, Block>,
+}
+
+impl DeferredEnds<'_> {
+    /// Whether it defers the ends of tasks counted in `stats` and
+    /// submitted at `submitted`.
+    pub(crate) fn holds(&self, stats: &TaskStats, submitted: u64) -> bool {
+        std::ptr::eq(self.stats, stats) && self.submitted == submitted
+    }
+
+    /// Counts the end of a task it [holds](DeferredEnds::holds), its
+    /// duration when it is dropped.
+    #[inline]
+    pub(crate) fn end(&self, end: End) {
+        let (r, o, res) = (
+            end.route % ROUTES,
+            end.op % OPS,
+            end.result.min(RESULTS - 1),
+        );
+        let b = self.w.block;
+        self.w.add(&b.ended_bytes, end.requested);
+        self.w.add(&b.moved[r][o], end.moved);
+        self.w.add(&b.deferred[r][o][res], 1);
+        if self.stats.peers.is_some() {
+            self.stats.ended_by_peer(o, &end);
+        }
+    }
+}
+
+impl Drop for DeferredEnds<'_> {
+    fn drop(&mut self) {
+        let w = &self.w;
+        let b = w.block;
+        b.scope.store(NO_SCOPE, Ordering::Relaxed);
+        let mut took = None;
+        for (r, by_route) in b.deferred.iter().enumerate() {
+            for (o, by_op) in by_route.iter().enumerate() {
+                for (res, deferred) in by_op.iter().enumerate() {
+                    let count = deferred.load(Ordering::Relaxed);
+                    if count == 0 {
+                        continue;
+                    }
+                    deferred.store(0, Ordering::Relaxed);
+                    let took = *took.get_or_insert_with(|| {
+                        crate::batch::now_nanos().saturating_sub(self.submitted)
+                    });
+                    b.add_durations(w, (r, o, res), count, took);
+                }
+            }
+        }
+    }
 }
 
 impl TaskStats {
@@ -154,7 +269,7 @@ impl TaskStats {
                 .collect(),
         });
         TaskStats {
-            stripes: Box::default(),
+            blocks: PerThread::default(),
             peers,
         }
     }
@@ -178,30 +293,65 @@ impl TaskStats {
         slot as u32 + 1
     }
 
-    fn mine(&self) -> &Stripe {
-        &self.stripes[stripe()].0
+    /// Counts `tasks` tasks of `bytes` in all submitted.
+    pub(crate) fn submitted(&self, tasks: u64, bytes: u64) {
+        let w = self.blocks.writer();
+        w.add(&w.block.submitted, tasks);
+        w.add(&w.block.submitted_bytes, bytes);
     }
 
-    /// Counts a task of `bytes` submitted.
-    pub(crate) fn submitted(&self, bytes: u64) {
-        let s = self.mine();
-        s.submitted.fetch_add(1, Ordering::Relaxed);
-        s.submitted_bytes.fetch_add(bytes, Ordering::Relaxed);
+    /// Defers the ends of the tasks submitted at `submitted` that end on
+    /// this thread until the returned guard is dropped (when the submit
+    /// call returns); `None` (ends counted as they come) when a deferral
+    /// is open already on this thread, or the thread has no block of its
+    /// own.
+    pub(crate) fn defer_ends(&self, submitted: u64) -> Option<DeferredEnds<'_>> {
+        let w = self.blocks.writer();
+        let scope = &w.block.scope;
+        let free = w.owned() && scope.load(Ordering::Relaxed) == NO_SCOPE && submitted != NO_SCOPE;
+        if !free {
+            return None;
+        }
+        scope.store(submitted, Ordering::Relaxed);
+        Some(DeferredEnds {
+            stats: self,
+            submitted,
+            w,
+        })
     }
 
     /// Counts a task's end.
+    #[inline]
     pub(crate) fn ended(&self, end: End) {
-        let s = self.mine();
-        let (r, o) = (end.route.min(ROUTES - 1), end.op.min(OPS - 1));
-        s.ended[o][end.result.min(RESULTS - 1)].fetch_add(1, Ordering::Relaxed);
-        s.ended_bytes.fetch_add(end.requested, Ordering::Relaxed);
-        if end.moved > 0 {
-            s.moved[r][o].fetch_add(end.moved, Ordering::Relaxed);
+        let (r, o, res) = (
+            end.route % ROUTES,
+            end.op % OPS,
+            end.result.min(RESULTS - 1),
+        );
+        let w = self.blocks.writer();
+        let b = w.block;
+        w.add(&b.ended_bytes, end.requested);
+        w.add(&b.moved[r][o], end.moved);
+        if w.owned() && b.scope.load(Ordering::Relaxed) == end.submitted {
+            w.add(&b.deferred[r][o][res], 1);
+        } else {
+            Self::ended_now(&w, (r, o, res), end.submitted);
         }
-        let us = u64::try_from(end.took.as_micros()).unwrap_or(u64::MAX);
-        s.buckets[r][o][bucket_of(us)].fetch_add(1, Ordering::Relaxed);
-        let nanos = u64::try_from(end.took.as_nanos()).unwrap_or(u64::MAX);
-        s.nanos[r][o].fetch_add(nanos, Ordering::Relaxed);
+        if self.peers.is_some() {
+            self.ended_by_peer(o, &end);
+        }
+    }
+
+    /// Counts the duration of a task that ended now.
+    #[inline(never)]
+    fn ended_now(w: &Writer<'_, Block>, key: (usize, usize, usize), submitted: u64) {
+        let took = crate::batch::now_nanos().saturating_sub(submitted);
+        w.block.add_durations(w, key, 1, took);
+    }
+
+    /// Counts a task's end in the per-peer counters.
+    #[cold]
+    fn ended_by_peer(&self, o: usize, end: &End) {
         if let (Some(p), Some(slot)) = (&self.peers, (end.peer as usize).checked_sub(1)) {
             let counts = &p.stripes[stripe()].0;
             let slot = slot.min(p.max);
@@ -213,33 +363,42 @@ impl TaskStats {
     /// Counts a slice retried on `route` (another rail, the same one, or
     /// the peer's refetched descriptor).
     pub(crate) fn retried(&self, route: usize) {
-        self.mine().retries[route.min(ROUTES - 1)].fetch_add(1, Ordering::Relaxed);
+        let w = self.blocks.writer();
+        w.add(&w.block.retries[route.min(ROUTES - 1)], 1);
     }
 
-    /// The sums over the stripes. The ends are read before the
+    /// The sums over the threads' blocks. The ends are read before the
     /// submissions, so a task that ends meanwhile is never in flight
     /// less than zero.
     pub(crate) fn snapshot(&self) -> Snapshot {
-        let sum = |f: &dyn Fn(&Stripe) -> &AtomicU64| -> u64 {
-            self.stripes.iter().fold(0u64, |acc, s| {
-                acc.wrapping_add(f(&s.0).load(Ordering::Relaxed))
-            })
-        };
         let mut out = Snapshot::default();
-        let ended_bytes = sum(&|s| &s.ended_bytes);
-        for o in 0..OPS {
-            for res in 0..RESULTS {
-                out.ended[o][res] = sum(&|s| &s.ended[o][res]);
-            }
-        }
-        for r in 0..ROUTES {
-            out.retries[r] = sum(&|s| &s.retries[r]);
-            for o in 0..OPS {
-                out.moved[r][o] = sum(&|s| &s.moved[r][o]);
-                out.seconds[r][o] = sum(&|s| &s.nanos[r][o]) as f64 / 1e9;
-                for b in 0..=BUCKETS_US.len() {
-                    out.buckets[r][o][b] = sum(&|s| &s.buckets[r][o][b]);
+        let (mut submitted, mut submitted_bytes, mut ended_bytes) = (0u64, 0u64, 0u64);
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut nanos = [[0u64; OPS]; ROUTES];
+        self.blocks.each(|b| {
+            ended_bytes = ended_bytes.wrapping_add(get(&b.ended_bytes));
+            for r in 0..ROUTES {
+                out.retries[r] = out.retries[r].wrapping_add(get(&b.retries[r]));
+                for o in 0..OPS {
+                    out.moved[r][o] = out.moved[r][o].wrapping_add(get(&b.moved[r][o]));
+                    nanos[r][o] = nanos[r][o].wrapping_add(get(&b.nanos[r][o]));
+                    for res in 0..RESULTS {
+                        for (k, c) in b.buckets[r][o][res].iter().enumerate() {
+                            let n = get(c);
+                            out.buckets[r][o][k] = out.buckets[r][o][k].wrapping_add(n);
+                            out.ended[o][res] = out.ended[o][res].wrapping_add(n);
+                        }
+                    }
                 }
+            }
+        });
+        self.blocks.each(|b| {
+            submitted = submitted.wrapping_add(get(&b.submitted));
+            submitted_bytes = submitted_bytes.wrapping_add(get(&b.submitted_bytes));
+        });
+        for r in 0..ROUTES {
+            for o in 0..OPS {
+                out.seconds[r][o] = nanos[r][o] as f64 / 1e9;
             }
         }
         if let Some(p) = &self.peers {
@@ -263,8 +422,8 @@ impl TaskStats {
                 .collect();
         }
         let ended: u64 = out.ended.iter().flatten().sum();
-        out.inflight = sum(&|s| &s.submitted).saturating_sub(ended);
-        out.inflight_bytes = sum(&|s| &s.submitted_bytes).saturating_sub(ended_bytes);
+        out.inflight = submitted.saturating_sub(ended);
+        out.inflight_bytes = submitted_bytes.saturating_sub(ended_bytes);
         out
     }
 }
@@ -272,6 +431,7 @@ impl TaskStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn the_first_peers_get_slots_and_the_rest_share_other() {
@@ -288,7 +448,7 @@ mod tests {
                 result: 0,
                 requested: moved,
                 moved,
-                took: Duration::ZERO,
+                submitted: crate::batch::now_nanos(),
                 peer,
             });
         }
@@ -313,13 +473,13 @@ mod tests {
     #[test]
     fn counts_from_many_threads_add_up() {
         let stats = TaskStats::default();
+        crate::batch::now_nanos();
+        std::thread::sleep(Duration::from_millis(1));
         std::thread::scope(|s| {
             for t in 0..12 {
                 let stats = &stats;
                 s.spawn(move || {
-                    for _ in 0..1000 {
-                        stats.submitted(10);
-                    }
+                    stats.submitted(1000, 10_000);
                     for _ in 0..999 {
                         stats.ended(End {
                             route: t % ROUTES,
@@ -327,7 +487,7 @@ mod tests {
                             result: t % RESULTS,
                             requested: 10,
                             moved: 4,
-                            took: Duration::from_micros(15),
+                            submitted: crate::batch::now_nanos() - 15_000,
                             peer: 0,
                         });
                     }
@@ -341,9 +501,18 @@ mod tests {
         assert_eq!(snap.ended.iter().flatten().sum::<u64>(), 12 * 999);
         assert_eq!(snap.moved.iter().flatten().sum::<u64>(), 12 * 999 * 4);
         assert_eq!(snap.retries.iter().sum::<u64>(), 12);
-        let in_second_bucket: u64 = snap.buckets.iter().flatten().map(|b| b[1]).sum();
-        assert_eq!(in_second_bucket, 12 * 999);
+        let at_least_15us: u64 = snap
+            .buckets
+            .iter()
+            .flatten()
+            .map(|b| b[1..].iter().sum::<u64>())
+            .sum();
+        assert_eq!(
+            at_least_15us,
+            12 * 999,
+            "one duration each, none under 15 us"
+        );
         let secs: f64 = snap.seconds.iter().flatten().sum();
-        assert!((secs - 12.0 * 999.0 * 15e-6).abs() < 1e-9);
+        assert!(secs >= 12.0 * 999.0 * 15e-6, "{secs}");
     }
 }

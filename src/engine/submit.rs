@@ -12,7 +12,7 @@ use crate::memory::{MemoryRegistry, Residence};
 use crate::peer_jobs::Finish;
 use crate::segment::RemoteSegment;
 use crate::sync;
-use crate::task_stats::LOCAL_ROUTE;
+use crate::task_stats::{DeferredEnds, LOCAL_ROUTE};
 use crate::transport::local::{CopyJob, copy_any};
 use crate::transport::plug::Plug;
 use crate::transport::scheduler::planner;
@@ -206,12 +206,21 @@ impl Engine {
         }
         let _plug = Plug::begin(&transports);
         batch.append(requests.len(), |first, slots| {
+            // The ends of the tasks that finish within the call are
+            // counted when it returns (before they are published).
+            let ends = batch.stats().and_then(|stats| {
+                let bytes = requests.iter().fold(0u64, |n, r| n.wrapping_add(r.length));
+                stats.submitted(requests.len() as u64, bytes);
+                stats.defer_ends(slots.first()?.submitted_at())
+            });
             let memory = sync::read(&self.memory);
             for (i, (r, target)) in requests.iter().zip(&targets).enumerate() {
                 let (route, peer) = routes[i];
                 slots[i].count_submitted(r.opcode == Opcode::Write, route, r.length, peer);
                 match target {
-                    Target::Local => self.submit_local(&batch, first + i, r, &memory),
+                    Target::Local => {
+                        self.submit_local(&batch, first + i, r, &memory, ends.as_ref())
+                    }
                     Target::Remote(seg) => {
                         self.submit_remote(&transports, &batch, first + i, r, seg, &memory)
                     }
@@ -429,7 +438,14 @@ impl Engine {
     }
 
     /// Runs one request against this process's own registered memory.
-    fn submit_local(&self, batch: &Arc<Batch>, id: usize, r: &Request, memory: &MemoryRegistry) {
+    fn submit_local(
+        &self,
+        batch: &Arc<Batch>,
+        id: usize,
+        r: &Request,
+        memory: &MemoryRegistry,
+        ends: Option<&DeferredEnds<'_>>,
+    ) {
         let Some(task) = batch.slot(id) else {
             return;
         };
@@ -486,7 +502,7 @@ impl Engine {
             // the registry's read lock, which unregistering waits for: no
             // buffer either side overlaps goes away during the copy.
             match unsafe { copy_any(src, dst, r.length, gpu) } {
-                Ok(()) => task.finish_slice(r.length, true),
+                Ok(()) => task.finish_slice_within(r.length, true, ends),
                 Err(why) => Self::copy_failed(batch, id, &why),
             }
             return;
