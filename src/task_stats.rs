@@ -375,30 +375,33 @@ impl TaskStats {
         let (mut submitted, mut submitted_bytes, mut ended_bytes) = (0u64, 0u64, 0u64);
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let mut nanos = [[0u64; OPS]; ROUTES];
+        let add = |to: &mut u64, c: &AtomicU64| *to = to.wrapping_add(get(c));
         self.blocks.each(|b| {
-            ended_bytes = ended_bytes.wrapping_add(get(&b.ended_bytes));
-            for r in 0..ROUTES {
-                out.retries[r] = out.retries[r].wrapping_add(get(&b.retries[r]));
-                for o in 0..OPS {
-                    out.moved[r][o] = out.moved[r][o].wrapping_add(get(&b.moved[r][o]));
-                    nanos[r][o] = nanos[r][o].wrapping_add(get(&b.nanos[r][o]));
-                    for res in 0..RESULTS {
-                        for (k, c) in b.buckets[r][o][res].iter().enumerate() {
-                            let n = get(c);
-                            out.buckets[r][o][k] = out.buckets[r][o][k].wrapping_add(n);
-                            out.ended[o][res] = out.ended[o][res].wrapping_add(n);
+            add(&mut ended_bytes, &b.ended_bytes);
+            out.retries
+                .iter_mut()
+                .zip(&b.retries)
+                .for_each(|(t, c)| add(t, c));
+            for (r, by_route) in b.buckets.iter().enumerate() {
+                for (o, by_op) in by_route.iter().enumerate() {
+                    add(&mut out.moved[r][o], &b.moved[r][o]);
+                    add(&mut nanos[r][o], &b.nanos[r][o]);
+                    for (res, buckets) in by_op.iter().enumerate() {
+                        for (k, c) in buckets.iter().enumerate() {
+                            add(&mut out.buckets[r][o][k], c);
+                            add(&mut out.ended[o][res], c);
                         }
                     }
                 }
             }
         });
         self.blocks.each(|b| {
-            submitted = submitted.wrapping_add(get(&b.submitted));
-            submitted_bytes = submitted_bytes.wrapping_add(get(&b.submitted_bytes));
+            add(&mut submitted, &b.submitted);
+            add(&mut submitted_bytes, &b.submitted_bytes);
         });
-        for r in 0..ROUTES {
-            for o in 0..OPS {
-                out.seconds[r][o] = nanos[r][o] as f64 / 1e9;
+        for (seconds, nanos) in out.seconds.iter_mut().zip(&nanos) {
+            for (s, n) in seconds.iter_mut().zip(nanos) {
+                *s = *n as f64 / 1e9;
             }
         }
         if let Some(p) = &self.peers {
