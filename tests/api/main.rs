@@ -23,6 +23,7 @@ mod loopback;
 mod metrics_text;
 mod notify_flood;
 mod peer_death_bounds;
+mod prometheus_scrape;
 mod require_transport;
 mod slice_timeout;
 mod strict_local;

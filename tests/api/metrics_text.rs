@@ -35,8 +35,8 @@ fn value(text: &str, name: &str, labels: &str) -> u64 {
 }
 
 /// The metrics once no task is in flight: a task's end is counted by
-/// whoever sees it first, the thread of its last slice or the caller
-/// polling it, a moment after the other may have seen it.
+/// the thread that finishes its last slice, a moment after its status
+/// shows it ended.
 fn settled(e: &Engine) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
