@@ -35,8 +35,8 @@ def test_counters_equal_what_moved(make_engine):
     bad = ctypes.addressof(remote) + (64 << 20)
     assert a.transfer_sync_write(b.local_name, ctypes.addressof(src), bad, 4096) < 0
 
-    # An end is counted by whoever sees it first (the thread of the last
-    # slice, or the caller polling), a moment after the other may see it.
+    # An end is counted by the thread finishing the task's last slice, a
+    # moment after the caller may see the task ended.
     deadline = time.monotonic() + 10
     m = samples(a)
     while m[("transfer_engine_inflight_tasks", ())] and time.monotonic() < deadline:
