@@ -55,7 +55,7 @@ printf '%s\n' TRANSFER_ENGINE_C segment_handle_t segment_id_t batch_id_t LOCAL_S
   STATUS_CANCELED STATUS_COMPLETED STATUS_TIMEOUT STATUS_FAILED | sort > "$tmp/mooncake_macros"
 
 # The te_* functions other code is written against.
-printf '%s\n' te_allocate_buffer te_cancel_batch te_free_buffer te_last_error te_notify_status te_segment_buffers te_segment_transport te_version te_wait_batch > "$tmp/ext_documented"
+printf '%s\n' te_allocate_buffer te_cancel_batch te_free_buffer te_last_error te_metrics_text te_notify_status te_segment_buffers te_segment_transport te_version te_wait_batch > "$tmp/ext_documented"
 
 # Declarations start in column 0: "<type> [*]name(" (comments start with
 # "/" or " *", preprocessor lines with "#").

@@ -310,6 +310,21 @@ static void check_wait_batch(void) {
   CHECK_EQ(te_notify_status(e, b), TE_ERR_INVALID_ARGUMENT);
   CHECK_EQ(te_notify_status(NULL, 1), TE_ERR_INVALID_ARGUMENT);
 
+  /* The metrics text, snprintf-style: the full length, truncated copies
+     NUL-terminated, the families named; 0 for a NULL engine. */
+  size_t full = te_metrics_text(e, NULL, 0);
+  CHECK(full > 0);
+  char *text = malloc(full + 1);
+  REQUIRE(text);
+  CHECK_EQ(te_metrics_text(e, text, full + 1), full);
+  CHECK(strstr(text, "transfer_engine_transferred_bytes_total") != NULL);
+  CHECK(strstr(text, "transfer_engine_inflight_tasks") != NULL);
+  char small[8];
+  CHECK_EQ(te_metrics_text(e, small, sizeof small), full);
+  CHECK_EQ(strlen(small), sizeof small - 1);
+  free(text);
+  CHECK_EQ(te_metrics_text(NULL, small, sizeof small), 0);
+
   /* Bad input. */
   CHECK_EQ(te_wait_batch(e, b, 0), TE_ERR_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("te_wait_batch");

@@ -288,6 +288,23 @@ int te_free_buffer(transfer_engine_t engine, void *addr);
 int te_wait_batch(transfer_engine_t engine, batch_id_t batch_id, uint64_t timeout_ms);
 
 /**
+ * Copies the engine's metrics in the Prometheus text exposition format
+ * (version 0.0.4, what `GET /metrics` on `MC_TE_METRICS_ADDR` serves;
+ * the families are described in `docs/metrics.md`) into `buf`, like
+ * `snprintf(buf, len, "%s", text)`: truncated and NUL-terminated; nothing
+ * is written when `buf` is NULL or `len` is 0 (to ask for the length).
+ *
+ * Returns the full length of the text (without the NUL): call again
+ * with a buffer of at least that plus 1 when it was larger than `len - 1`.
+ * Returns 0, with the reason in `te_last_error`, for a NULL or unknown
+ * engine.
+ *
+ * # Safety
+ * `buf` must be NULL or valid for `len` bytes.
+ */
+size_t te_metrics_text(transfer_engine_t engine, char *buf, size_t len);
+
+/**
  * Cancels a batch: every task submitted to it that has not ended ends
  * `STATUS_CANCELED` (3), as `getTransferStatus` then reports it (a task
  * whose every byte had already moved ends COMPLETED, one that had failed

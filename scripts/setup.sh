@@ -3,7 +3,7 @@
 # the C libraries behind the rdma and hwloc features (with hwloc's plugins,
 # as most machines have them, so the tests see the libpciaccess component
 # the engine must leave out), CMake, pkg-config and binutils (the install
-# test), the servers and tools the tests start (etcd, redis, iperf3,
+# test), the servers and tools the tests start (etcd, redis, prometheus, iperf3,
 # iproute2, strace), and the libraries Mooncake's Python wheel (the interop peer of
 # the Python tests) loads besides libibverbs (libnuma, libcurl).
 # Idempotent. It never stops, starts or
@@ -14,7 +14,7 @@ set -euo pipefail
 packages=(
   build-essential binutils pkg-config cmake libclang-dev
   libibverbs-dev librdmacm-dev libhwloc-dev libhwloc-plugins libudev-dev
-  etcd-server redis-server iperf3 iproute2 procps strace
+  etcd-server redis-server iperf3 iproute2 procps strace prometheus
   libnuma1 libcurl4
 )
 

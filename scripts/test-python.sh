@@ -33,6 +33,7 @@ venv=${TE_PY_VENV:-$root/build/pyvenv}
 # of the interop tests.
 pytest_req="pytest==9.2.0"
 numpy_req="numpy==2.4.6"
+prometheus_req="prometheus_client==0.26.0"
 mooncake_req="mooncake-transfer-engine-non-cuda==0.3.13.post1"
 
 export RUST_BACKTRACE=1
@@ -69,7 +70,7 @@ echo "== python: clean virtualenv $venv ($("$python" --version)), wheels install
 rm -rf "$venv"
 "$python" -m venv "$venv"
 PATH=$no_rust_path "$venv/bin/python" -m pip install --only-binary :all: "$wheels"/*.whl
-"$venv/bin/python" -m pip install --quiet "$pytest_req" "$numpy_req"
+"$venv/bin/python" -m pip install --quiet "$pytest_req" "$numpy_req" "$prometheus_req"
 # A second environment without Mooncake, for the tests of the
 # `mooncake.engine` alias where no real Mooncake is installed.
 alias_venv=$venv-alias

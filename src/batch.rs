@@ -9,10 +9,13 @@ use crate::codes::{
 };
 use crate::error::{Error, Result};
 use crate::sync;
+#[cfg(test)]
+use crate::task_stats::bucket_of;
+use crate::task_stats::{DeferredEnds, End, TaskStats};
 use once_cell::sync::Lazy;
 use parking_lot_core::{DEFAULT_PARK_TOKEN, DEFAULT_UNPARK_TOKEN};
 use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
+    AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
 };
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,7 +24,7 @@ use std::time::{Duration, Instant};
 static EPOCH: Lazy<Instant> = Lazy::new(Instant::now);
 
 /// Nanoseconds since [`EPOCH`].
-fn now_nanos() -> u64 {
+pub(crate) fn now_nanos() -> u64 {
     u64::try_from(EPOCH.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
@@ -69,8 +72,10 @@ pub enum TaskStatus {
 #[derive(Debug, Default)]
 pub struct Task {
     slice_count: AtomicU64,
-    success: AtomicU64,
-    failed: AtomicU64,
+    /// Slices finished: those that succeeded in the low 32 bits, those
+    /// that failed in the high 32 (one counter, so that exactly one
+    /// thread finishes the last slice: [`Task::finish_slice`]).
+    done: AtomicU64,
     transferred: AtomicU64,
     observed_terminal: AtomicBool,
     /// Its completion was counted ([`Batch::first_completion`]).
@@ -82,6 +87,15 @@ pub struct Task {
     /// A caller parked until it ends ([`Batch::park_on_waiting`]): its
     /// end then wakes the callers parked on it.
     parked: AtomicBool,
+    /// Its route and op for the statistics ([`Task::count_submitted`]).
+    tag: AtomicU8,
+    /// The bytes it asks to move ([`Task::count_submitted`]).
+    len: AtomicU64,
+    /// Its peer's slot in the per-peer statistics + 1, 0 for none
+    /// ([`Task::count_submitted`]).
+    peer: AtomicU32,
+    /// Where its end is counted: its batch's ([`Batch::counting`]).
+    stats: StatsRef,
     /// [`Batch::cancel`] reached it before it ended: transports withdraw
     /// its slices, and those that end unsuccessfully count as cancelled.
     canceled: AtomicBool,
@@ -93,29 +107,132 @@ pub struct Task {
     reported: AtomicBool,
 }
 
+/// The statistics a counting batch's tasks count their ends in: its
+/// [`Batch::stats`], which the batch keeps alive as long as its tasks.
+#[derive(Debug, Default, Clone, Copy)]
+struct StatsRef(Option<std::ptr::NonNull<TaskStats>>);
+
+// SAFETY: it points to a `TaskStats`, which is `Send + Sync`, kept alive by
+// the batch that holds the tasks holding the pointer.
+unsafe impl Send for StatsRef {}
+// SAFETY: as for `Send`; it is only read.
+unsafe impl Sync for StatsRef {}
+
+impl StatsRef {
+    fn get(&self) -> Option<&TaskStats> {
+        // SAFETY: set by `Batch::counting` to the batch's `stats`, an
+        // `Arc` the batch holds until its tasks are dropped with it.
+        self.0.map(|p| unsafe { p.as_ref() })
+    }
+}
+
+/// The bits of [`Task::tag`] that hold its route.
+const ROUTE_BITS: u8 = 0b111;
+/// [`Task::tag`]'s bit of a WRITE.
+const WRITE_BIT: u8 = 1 << 3;
+
+/// One failed slice in [`Task::done`].
+const FAILED_ONE: u64 = 1 << 32;
+
+/// The slices that succeeded and failed in a value of [`Task::done`].
+fn split_done(done: u64) -> (u64, u64) {
+    (done & (FAILED_ONE - 1), done >> 32)
+}
+
 impl Task {
-    /// Records one finished slice of `len` bytes.
+    /// Records one finished slice of `len` bytes. The call that finishes
+    /// the task's last slice (exactly one: each gets a distinct count of
+    /// finished slices, and slices are added only while one is still
+    /// unfinished) counts its end in the statistics and wakes the callers
+    /// parked on it.
     pub fn finish_slice(&self, len: u64, ok: bool) {
+        self.finish_slice_within(len, ok, None);
+    }
+
+    /// [`Task::finish_slice`] within the submit call of the task, whose
+    /// end is then counted in `ends` when it is the deferral of that call.
+    pub fn finish_slice_within(&self, len: u64, ok: bool, ends: Option<&DeferredEnds<'_>>) {
         // The count and the flag's load are `SeqCst` to pair with the
         // fence in `Batch::park_on_waiting`: either a caller about to park
         // sees this slice finished, or this sees it parked. (On x86 the
         // locked add is a full barrier anyway, so this costs no fence.)
         if ok {
             self.transferred.fetch_add(len, Ordering::Relaxed);
-            self.success.fetch_add(1, Ordering::SeqCst);
         } else if self.canceled.load(Ordering::Acquire) {
             // Counted before the slice is (both `SeqCst`): whoever sees
             // the slice ended sees why.
             self.withdrawn.fetch_add(1, Ordering::SeqCst);
-            self.failed.fetch_add(1, Ordering::SeqCst);
-        } else {
-            self.failed.fetch_add(1, Ordering::SeqCst);
         }
-        if self.parked.load(Ordering::SeqCst) && self.status().0 != TaskStatus::Waiting {
+        let one = if ok { 1 } else { FAILED_ONE };
+        let done = self.done.fetch_add(one, Ordering::SeqCst).wrapping_add(one);
+        let (succeeded, failed) = split_done(done);
+        if succeeded + failed != self.slice_count.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Some(stats) = self.stats.get() {
+            let result = if self.withdrawn.load(Ordering::Acquire) > 0 {
+                2
+            } else {
+                usize::from(failed > 0)
+            };
+            self.count_end(stats, result, ends);
+        }
+        if self.parked.load(Ordering::SeqCst) {
             // SAFETY: the key is this task's address, which only
             // `Batch::park_on_waiting` parks on.
             unsafe { parking_lot_core::unpark_all(self.park_key(), DEFAULT_UNPARK_TOKEN) };
         }
+    }
+
+    /// Notes what the statistics count at the task's end: a WRITE or
+    /// READ of `len` bytes, going to `route` (see [`crate::task_stats`]),
+    /// to the peer in slot `peer` (`TaskStats::peer_slot`; 0: none).
+    /// Called once, before its first slice is counted (its submission is
+    /// counted with its submit call's, [`TaskStats::submitted`]).
+    pub fn count_submitted(&self, write: bool, route: usize, len: u64, peer: u32) {
+        let tag = (route as u8 & ROUTE_BITS) | if write { WRITE_BIT } else { 0 };
+        self.tag.store(tag, Ordering::Relaxed);
+        self.len.store(len, Ordering::Relaxed);
+        self.peer.store(peer, Ordering::Relaxed);
+    }
+
+    /// The task goes on over `route` (the transport it was handed to, or a
+    /// fallback that took a part of it over): its end is counted there.
+    pub fn set_route(&self, route: usize) {
+        let route = route as u8 & ROUTE_BITS;
+        if self.tag.load(Ordering::Relaxed) & ROUTE_BITS == route {
+            return;
+        }
+        let _ = self
+            .tag
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                Some(t & !ROUTE_BITS | route)
+            });
+    }
+
+    /// Counts the task's end (`result`: 0 COMPLETED, 1 FAILED, 2 CANCELED)
+    /// in `stats`; called once, by the call that finished its last slice.
+    fn count_end(&self, stats: &TaskStats, result: usize, ends: Option<&DeferredEnds<'_>>) {
+        let tag = self.tag.load(Ordering::Acquire);
+        let end = End {
+            route: usize::from(tag & ROUTE_BITS),
+            op: usize::from(tag & WRITE_BIT != 0),
+            result,
+            requested: self.len.load(Ordering::Relaxed),
+            moved: self.transferred.load(Ordering::Relaxed),
+            submitted: self.submitted.load(Ordering::Relaxed),
+            peer: self.peer.load(Ordering::Relaxed),
+        };
+        match ends {
+            Some(ends) if ends.holds(stats, end.submitted) => ends.end(end),
+            _ => stats.ended(end),
+        }
+    }
+
+    /// When the task was submitted ([`now_nanos`]), for
+    /// [`TaskStats::defer_ends`].
+    pub fn submitted_at(&self) -> u64 {
+        self.submitted.load(Ordering::Relaxed)
     }
 
     /// The key callers park on until this task ends.
@@ -170,8 +287,7 @@ impl Task {
     /// The status and transferred bytes, as `getTransferStatus` reports them.
     pub fn status(&self) -> (TaskStatus, u64) {
         let n = self.slice_count.load(Ordering::Acquire);
-        let ok = self.success.load(Ordering::Acquire);
-        let failed = self.failed.load(Ordering::Acquire);
+        let (ok, failed) = split_done(self.done.load(Ordering::Acquire));
         let bytes = self.transferred.load(Ordering::Relaxed);
         let status = if n > 0 && ok + failed >= n {
             if self.withdrawn.load(Ordering::Acquire) > 0 {
@@ -188,16 +304,18 @@ impl Task {
     }
 
     /// Clears a slot before it is filled again.
-    fn reset(&self) {
+    fn reset(&self, now: u64) {
         self.slice_count.store(0, Ordering::Relaxed);
-        self.success.store(0, Ordering::Relaxed);
-        self.failed.store(0, Ordering::Relaxed);
+        self.done.store(0, Ordering::Relaxed);
         self.transferred.store(0, Ordering::Relaxed);
         self.observed_terminal.store(false, Ordering::Relaxed);
         self.counted.store(false, Ordering::Relaxed);
-        self.submitted.store(now_nanos(), Ordering::Relaxed);
+        self.submitted.store(now, Ordering::Relaxed);
         self.why.store(0, Ordering::Relaxed);
         self.parked.store(false, Ordering::Relaxed);
+        self.tag.store(0, Ordering::Relaxed);
+        self.len.store(0, Ordering::Relaxed);
+        self.peer.store(0, Ordering::Relaxed);
         self.canceled.store(false, Ordering::Relaxed);
         self.withdrawn.store(0, Ordering::Relaxed);
         self.target.store(0, Ordering::Relaxed);
@@ -304,6 +422,8 @@ pub struct Batch {
     notify: Mutex<Notify>,
     /// The distinct reasons its tasks failed for, at most [`MAX_REASONS`].
     reasons: Mutex<Vec<Arc<str>>>,
+    /// Where its tasks are counted ([`Batch::counting`]).
+    stats: Option<Arc<TaskStats>>,
 }
 
 impl Batch {
@@ -328,7 +448,23 @@ impl Batch {
             submit_lock: Mutex::new(()),
             notify: Mutex::new(Notify::None),
             reasons: Mutex::new(Vec::new()),
+            stats: None,
         })
+    }
+
+    /// The batch with its tasks counted in `stats`.
+    pub fn counting(mut self, stats: Arc<TaskStats>) -> Batch {
+        let at = StatsRef(Some(std::ptr::NonNull::from(&*stats)));
+        for t in self.tasks.iter_mut() {
+            t.stats = at;
+        }
+        self.stats = Some(stats);
+        self
+    }
+
+    /// Where its tasks are counted, if they are.
+    pub fn stats(&self) -> Option<&TaskStats> {
+        self.stats.as_deref()
     }
 
     /// Reserves `count` task slots and runs `fill` on them (with their first
@@ -343,7 +479,8 @@ impl Batch {
         let start = self.len.load(Ordering::Acquire);
         self.room_after(start, count)?;
         let slots = &self.tasks[start..start + count];
-        slots.iter().for_each(Task::reset);
+        let now = now_nanos();
+        slots.iter().for_each(|t| t.reset(now));
         let out = fill(start, slots)?;
         self.len.store(start + count, Ordering::Release);
         Ok(out)
@@ -568,7 +705,10 @@ impl Batch {
                     task: id,
                     target: t.target.load(Ordering::Relaxed),
                     slices: t.slice_count.load(Ordering::Acquire),
-                    ended: t.success.load(Ordering::Acquire) + t.failed.load(Ordering::Acquire),
+                    ended: {
+                        let (ok, failed) = split_done(t.done.load(Ordering::Acquire));
+                        ok + failed
+                    },
                     waited: Duration::from_nanos(waited),
                 })
             })
@@ -758,7 +898,115 @@ mod tests {
             None,
             "beyond the distinct reasons kept"
         );
-        assert_eq!(std::mem::size_of::<Task>(), 64);
+        assert_eq!(std::mem::size_of::<Task>(), 80);
+    }
+
+    #[test]
+    fn a_task_end_is_counted_once_after_its_last_slice() {
+        let stats = Arc::new(TaskStats::default());
+        let b = Batch::new(2, None).unwrap().counting(stats.clone());
+        b.append(2, |_, t| {
+            stats.submitted(2, 38);
+            t[0].count_submitted(true, 1, 30, 0);
+            t[0].add_slices(2);
+            t[1].count_submitted(false, 0, 8, 0);
+            t[1].add_slices(1);
+            Ok(())
+        })
+        .unwrap();
+        let t = b.task(0).unwrap();
+        t.finish_slice(10, true);
+        // A fallback takes the second slice over: its two parts are
+        // counted before the slice it replaces ends.
+        t.add_slices(2);
+        t.finish_slice(0, true);
+        assert_eq!(stats.snapshot().inflight, 2, "not ended early");
+        t.finish_slice(15, true);
+        t.finish_slice(5, false);
+        assert_eq!(b.poll(0).unwrap().0, TaskStatus::Failed);
+        b.task(1).unwrap().finish_slice(8, true);
+        assert_eq!(b.poll(1).unwrap().0, TaskStatus::Completed);
+        let s = stats.snapshot();
+        assert_eq!((s.inflight, s.inflight_bytes), (0, 0));
+        assert_eq!(s.ended, [[1, 0, 0], [0, 1, 0]], "by op, then result");
+        assert_eq!((s.moved[1][1], s.moved[0][0]), (25, 8));
+        let ended: u64 = s.buckets.iter().flatten().flatten().sum();
+        assert_eq!(ended, 2, "one duration per task");
+    }
+
+    #[test]
+    fn ends_within_the_submit_are_counted_when_it_returns() {
+        let stats = Arc::new(TaskStats::default());
+        let b = Batch::new(4, None).unwrap().counting(stats.clone());
+        b.append(3, |_, t| {
+            stats.submitted(3, 12);
+            let ends = stats.defer_ends(t[0].submitted_at());
+            assert!(ends.is_some());
+            for (i, task) in t.iter().enumerate() {
+                task.count_submitted(true, 0, 4, 0);
+                task.add_slices(1);
+                // Through the deferral, or found by the thread's.
+                task.finish_slice_within(4, i != 1, ends.as_ref().filter(|_| i == 0));
+            }
+            let s = stats.snapshot();
+            assert_eq!((s.inflight, s.moved[0][1]), (3, 8), "bytes now, ends later");
+            std::thread::sleep(Duration::from_millis(2));
+            drop(ends);
+            Ok(())
+        })
+        .unwrap();
+        let s = stats.snapshot();
+        assert_eq!((s.inflight, s.ended[1]), (0, [2, 1, 0]));
+        let at_least_2ms = bucket_of(2_000);
+        let slow: u64 = s.buckets[0][1][at_least_2ms..].iter().sum();
+        assert_eq!(slow, 3, "each took the whole submit call");
+        assert!(s.seconds[0][1] >= 3.0 * 0.002, "{}", s.seconds[0][1]);
+        // A task cancelled later ends CANCELED, counted as it ends.
+        b.append(1, |_, t| {
+            stats.submitted(1, 4);
+            t[0].count_submitted(false, 1, 4, 0);
+            t[0].add_slices(1);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(stats.snapshot().inflight, 1);
+        assert!(b.task(3).unwrap().cancel());
+        b.task(3).unwrap().finish_slice(0, false);
+        assert_eq!(b.poll(3).unwrap().0, TaskStatus::Canceled);
+        let s = stats.snapshot();
+        assert_eq!((s.inflight, s.ended[0]), (0, [0, 0, 1]));
+    }
+
+    #[test]
+    fn racing_last_slices_and_polls_count_each_end_once() {
+        const TASKS: usize = 2000;
+        let stats = Arc::new(TaskStats::default());
+        let b = Batch::new(TASKS, None).unwrap().counting(stats.clone());
+        b.append(TASKS, |_, t| {
+            stats.submitted(TASKS as u64, 2 * TASKS as u64);
+            for task in t {
+                task.count_submitted(true, 2, 2, 0);
+                task.add_slices(2);
+            }
+            Ok(())
+        })
+        .unwrap();
+        std::thread::scope(|s| {
+            for ok in [true, false] {
+                let b = &b;
+                s.spawn(move || (0..TASKS).for_each(|i| b.task(i).unwrap().finish_slice(1, ok)));
+            }
+            let b = &b;
+            s.spawn(move || {
+                for _ in 0..3 {
+                    (0..TASKS).for_each(|i| drop(b.poll(i)));
+                }
+            });
+        });
+        let s = stats.snapshot();
+        assert_eq!(s.ended[1], [0, TASKS as u64, 0]);
+        assert_eq!((s.inflight, s.inflight_bytes), (0, 0));
+        assert_eq!(s.moved[2][1], TASKS as u64);
     }
 
     #[test]

@@ -71,7 +71,10 @@ pub(crate) mod segment;
 pub(crate) mod serve;
 pub(crate) mod settings;
 pub(crate) mod small_file;
+pub(crate) mod stripe;
 pub(crate) mod sync;
+pub(crate) mod task_stats;
+pub(crate) mod thread_counters;
 pub mod topology;
 pub(crate) mod transport;
 #[cfg(feature = "rdma")]

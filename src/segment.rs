@@ -32,6 +32,9 @@ pub struct RemoteSegment {
     pub routes: RouteCache,
     /// Whether its descriptor should be refetched before the next use.
     pub freshness: Freshness,
+    /// Its peer's slot in the engine's per-peer task statistics, once
+    /// looked up (`TaskStats::peer_slot`).
+    pub stats_peer: OnceCell<u32>,
     /// The transport that carries its data now, shared by every
     /// descriptor of the name (a refetch keeps it).
     pub carrier: Arc<Carrier>,
@@ -135,6 +138,11 @@ impl RouteSlot {
     /// The slot's value if it was made, without making it.
     pub fn get_arc<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
         Arc::downcast(self.0.get()?.clone()).ok()
+    }
+
+    /// Whether its transport filled it.
+    pub fn is_set(&self) -> bool {
+        self.0.get().is_some()
     }
 
     fn cell<T: Any + Send + Sync>(&self, init: impl FnOnce() -> T) -> &Arc<dyn Any + Send + Sync> {
@@ -302,6 +310,16 @@ impl SegmentCache {
     /// Every cached name.
     pub fn names(&self) -> Vec<String> {
         sync::read(&self.table).by_name.keys().cloned().collect()
+    }
+
+    /// How many cached segments have slot `index` of their route cache
+    /// filled: the peers whose route the transport at `index` has set up.
+    pub fn routed_by(&self, index: usize) -> usize {
+        sync::read(&self.table)
+            .by_id
+            .values()
+            .filter(|s| s.routes.slot(index).is_set())
+            .count()
     }
 }
 

@@ -502,6 +502,25 @@ impl Parse<Option<String>> for Text {
     }
 }
 
+/// A socket address, `ip:port` (`[ip6]:port`); empty is the same as
+/// unset.
+pub(crate) struct SockAddr;
+
+impl Parse<Option<std::net::SocketAddr>> for SockAddr {
+    fn parse(&self, raw: &str) -> Option<Option<std::net::SocketAddr>> {
+        if raw.is_empty() {
+            return Some(None);
+        }
+        raw.parse().ok().map(Some)
+    }
+    fn allowed(&self) -> String {
+        "an address ip:port (e.g. 127.0.0.1:9100, [::1]:9100, 0.0.0.0:9100)".to_string()
+    }
+    fn show(&self, v: &Option<std::net::SocketAddr>) -> String {
+        v.map_or("unset".to_string(), |a| a.to_string())
+    }
+}
+
 /// Text kept as set, empty included (`CUDA_VISIBLE_DEVICES=` shows no GPU).
 pub(crate) struct SetText;
 

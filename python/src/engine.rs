@@ -474,6 +474,14 @@ impl TransferEngine {
         }
     }
 
+    /// The engine's metrics in the Prometheus text exposition format
+    /// (version 0.0.4), as `GET /metrics` on `MC_TE_METRICS_ADDR` serves
+    /// them (see the project's docs/metrics.md).
+    fn get_metrics_text(&self, py: Python<'_>) -> PyResult<String> {
+        let core = self.core()?;
+        Ok(py.detach(|| core.engine.metrics_text()))
+    }
+
     /// The port of the engine's handshake (RPC) listener. In P2P mode peers
     /// open this engine as `"<host>:<port>"`.
     fn get_rpc_port(&self) -> PyResult<i32> {

@@ -71,6 +71,9 @@ class TransferEngine:
         file(s) ``new[,old]`` (as ``MC_TE_AUTH_KEY_FILE``); 0, or -1."""
     def get_rpc_port(self) -> int:
         """Port of the handshake listener (P2P names are ``host:port``)."""
+    def get_metrics_text(self) -> str:
+        """The engine's metrics in the Prometheus text format (0.0.4), as
+        ``GET /metrics`` on ``MC_TE_METRICS_ADDR`` serves them."""
     def allocate_managed_buffer(self, length: int) -> int:
         """Address of registered memory of at least ``length`` bytes, or 0."""
     def free_managed_buffer(self, buffer_addr: int, length: int) -> int:

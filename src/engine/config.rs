@@ -57,7 +57,7 @@ pub enum LogLevel {
 
 use super::route::TransportNames;
 pub use super::route::TransportSet;
-use crate::settings::{AtLeast, FilePath, OnWords, Range, Switch, Words};
+use crate::settings::{AtLeast, FilePath, OnWords, Range, SockAddr, Switch, Words};
 use std::path::PathBuf;
 
 const LOG_LEVELS: Words<LogLevel> = Words(&[
@@ -138,6 +138,17 @@ crate::settings::settings! {
         /// `MC_TE_METRIC_INTERVAL_SECONDS`.
         metric_interval_secs: u64 = 5, ["MC_TE_METRIC_INTERVAL_SECONDS"], Range(1u64, 86400),
             "seconds between those lines";
+        /// `MC_TE_METRICS_ADDR`: where the engine serves its metrics in
+        /// the Prometheus text format (`GET /metrics`); off when unset.
+        metrics_addr: Option<std::net::SocketAddr> = None, ["MC_TE_METRICS_ADDR"], SockAddr,
+            "`ip:port` where the engine serves `GET /metrics` in the Prometheus text format \
+             ([metrics.md](metrics.md)); port 0 picks a free one. An address that cannot be \
+             listened on fails the engine's creation";
+        /// `MC_TE_METRICS_PEERS`: per-peer series for at most this many
+        /// peers (0: none).
+        metrics_peers: usize = 0, ["MC_TE_METRICS_PEERS"], Range(0usize, 256),
+            "peers that get series of their own in the metrics (`peer` label), the first \
+             ones moved to; the others are summed as `peer=\"other\"`; 0: no per-peer series";
     };
 }
 

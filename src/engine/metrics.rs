@@ -11,19 +11,13 @@
 use super::Engine;
 use super::ticker::Ticker;
 use crate::sync;
+use crate::task_stats::{BUCKETS_US, bucket_of};
 use crate::transport::NicLoad;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
 use std::time::Duration;
 use tracing::{info, warn};
-
-/// Upper bounds of the latency buckets in microseconds (Mooncake's); one
-/// more bucket holds what is slower.
-const BUCKETS_US: [u64; 19] = [
-    10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000,
-    500_000, 1_000_000, 2_000_000, 5_000_000, 10_000_000,
-];
 
 /// Counters of completed tasks, and the reporter thread.
 #[derive(Default)]
@@ -44,11 +38,7 @@ impl Metrics {
     pub(super) fn record(&self, bytes: u64, latency: Duration) {
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
         let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
-        let bucket = BUCKETS_US
-            .iter()
-            .position(|&b| us <= b)
-            .unwrap_or(BUCKETS_US.len());
-        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.buckets[bucket_of(us)].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Takes what was counted since the last call.
@@ -166,6 +156,8 @@ mod tests {
             device: "mlx5_0".into(),
             inflight_bytes: 4096,
             ewma_bandwidth_bps: 2.0 * 1024.0 * 1024.0,
+            moved_bytes: 0,
+            pauses: 0,
         }];
         let line = report(Duration::from_secs(5), &m.take(), &nics).unwrap();
         assert_eq!(

@@ -11,7 +11,8 @@
 //!   notifications and probes;
 //! * [`control`]: what the handshake listener answers; [`keeper`]: the
 //!   store kept up to date; [`metrics`]: `MC_TE_METRIC`'s lines (both on
-//!   a [`ticker`] thread); background work (sending notifications,
+//!   a [`ticker`] thread); [`exposition`]: the metrics in the Prometheus
+//!   text format (`MC_TE_METRICS_ADDR`); background work (sending notifications,
 //!   refetching descriptors) waits on peers in lanes
 //!   ([`crate::peer_jobs`]), off the callers' threads;
 //! * [`route`]: the transports a request to a peer goes to
@@ -22,6 +23,7 @@
 pub mod cancel;
 pub mod config;
 pub mod control;
+mod exposition;
 mod install;
 pub use install::AutoChoice;
 mod keeper;
@@ -125,6 +127,14 @@ pub struct Engine {
     republish_wanted: AtomicBool,
     /// `MC_TE_METRIC`'s counters and reporter thread.
     metrics: metrics::Metrics,
+    /// What its tasks did, for [`Engine::metrics_text`]: the batches
+    /// allocated while [`Engine::counting`] is on count their tasks there.
+    stats: Arc<crate::task_stats::TaskStats>,
+    /// Tasks are counted: from the start with `MC_TE_METRICS_ADDR`, else
+    /// from the first [`Engine::metrics_text`] on.
+    counting: AtomicBool,
+    /// The metrics endpoint (`MC_TE_METRICS_ADDR`), while it serves.
+    exposition: Mutex<Option<exposition::MetricsServer>>,
     /// Random per process: with `revision`, the descriptor's generation.
     boot_id: u64,
     revision: std::sync::atomic::AtomicU64,
@@ -294,6 +304,8 @@ impl Engine {
             },
         )
         .map_err(|e| Error::Socket(format!("handshake listener could not start: {e}")))?;
+        let peer_series = config.engine.metrics_peers;
+        let count_from_start = config.engine.metrics_addr.is_some();
         let engine = Engine {
             given_name: local_name.clone(),
             local_name: binding.name,
@@ -314,6 +326,9 @@ impl Engine {
             publish_pending: AtomicBool::new(false),
             republish_wanted: AtomicBool::new(false),
             metrics: metrics::Metrics::default(),
+            stats: Arc::new(crate::task_stats::TaskStats::new(peer_series)),
+            exposition: Mutex::new(None),
+            counting: AtomicBool::new(count_from_start),
             boot_id,
             revision: Default::default(),
             loopback,
@@ -334,6 +349,20 @@ impl Engine {
         }
         let engine = Arc::new(engine);
         let _ = engine.me.set(Arc::downgrade(&engine));
+        if let Some(addr) = engine.config.engine.metrics_addr {
+            match exposition::MetricsServer::start(
+                addr,
+                Arc::downgrade(&engine),
+                &engine.config.rpc,
+            ) {
+                Ok(server) => *sync::lock(&engine.exposition) = Some(server),
+                Err(e) => {
+                    tracing::error!("{e}");
+                    engine.discard(true);
+                    return Err(e);
+                }
+            }
+        }
         let refresh = match engine.config.store.refresh_interval_secs {
             0 => None,
             s => Some(std::time::Duration::from_secs(s)),
@@ -397,6 +426,14 @@ impl Engine {
     /// `ip:port` of the handshake listener (no brackets, as Mooncake).
     pub fn local_ip_and_port(&self) -> String {
         format!("{}:{}", self.rpc_ip, self.rpc.port())
+    }
+
+    /// The address the metrics endpoint listens on (`MC_TE_METRICS_ADDR`,
+    /// with the real port when it asked for port 0); `None` when off.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        sync::lock(&self.exposition)
+            .as_ref()
+            .map(exposition::MetricsServer::local_addr)
     }
 
     /// Port of the handshake listener (Mooncake's `getRpcPort`).
@@ -482,6 +519,9 @@ impl Engine {
             k.stop();
         }
         self.metrics.stop();
+        if let Some(server) = sync::lock(&self.exposition).take() {
+            server.shutdown();
+        }
         self.control.clear_handshakes();
         for t in self.transports() {
             t.shutdown();

@@ -557,7 +557,9 @@ impl Engine {
             // A destroyed engine sends what it had queued once, and stops
             // trying again.
             if self.closed.load(Ordering::Acquire) {
-                return Err(format!("the engine was destroyed before the peer took it: {why}"));
+                return Err(format!(
+                    "the engine was destroyed before the peer took it: {why}"
+                ));
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(NOTIFY_LONGEST_PAUSE);

@@ -209,6 +209,9 @@ pub(super) fn dispatch(
 ) {
     let here = chain.transports[i].clone();
     let from = here.kind();
+    if let Some(t) = batch.slot(task) {
+        t.set_route(from.route());
+    }
     let last = i + 1 == chain.transports.len();
     if last && i == 0 && chain.primary {
         note(&seg, from, Why::Carried);

@@ -12,11 +12,13 @@ use crate::memory::{MemoryRegistry, Residence};
 use crate::peer_jobs::Finish;
 use crate::segment::RemoteSegment;
 use crate::sync;
+use crate::task_stats::{DeferredEnds, LOCAL_ROUTE};
 use crate::transport::local::{CopyJob, copy_any};
 use crate::transport::plug::Plug;
 use crate::transport::scheduler::planner;
 use crate::transport::{LocalSide, NicLoad, Refresh, Refreshed, Transfer, Transport};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// What a caller waiting for a fetch of a segment's descriptor needs of it.
 #[derive(Debug, Clone, Copy)]
@@ -113,9 +115,11 @@ impl Engine {
             0 => None,
             s => Some(std::time::Duration::from_secs(s)),
         };
-        Ok(self
-            .batches
-            .insert(Arc::new(Batch::new(capacity, timeout)?)))
+        let mut batch = Batch::new(capacity, timeout)?;
+        if self.counting.load(Ordering::Relaxed) {
+            batch = batch.counting(self.stats.clone());
+        }
+        Ok(self.batches.insert(Arc::new(batch)))
     }
 
     pub(super) fn batch(&self, id: u64) -> Result<Arc<Batch>> {
@@ -140,6 +144,10 @@ impl Engine {
         let batch = self.batch(batch_id)?;
         let transports = self.transports();
         let mut targets: Vec<Target> = Vec::with_capacity(requests.len());
+        // The route each task is counted on until a transport takes it
+        // (the most preferred that speaks its peer's descriptor),
+        // and the slot of its peer in the per-peer statistics.
+        let mut routes: Vec<(usize, u32)> = Vec::with_capacity(requests.len());
         let mut refetching: Vec<i32> = Vec::new();
         // The segment of the request before: a batch mostly goes to one
         // peer, and the cache's lock is shared by every submitting thread.
@@ -147,6 +155,7 @@ impl Engine {
         for r in requests {
             if r.target_id == LOCAL_SEGMENT_ID {
                 targets.push(Target::Local);
+                routes.push((LOCAL_ROUTE, 0));
                 continue;
             }
             let seg = match &last {
@@ -164,6 +173,10 @@ impl Engine {
                 refetching.push(r.target_id);
             }
             let speaking = Self::speaking(&transports, &seg)?;
+            let peer = *seg
+                .stats_peer
+                .get_or_init(|| self.stats.peer_slot(&seg.name));
+            routes.push((speaking[0].kind().route(), peer));
             if r.length > 0 && speaking.iter().all(|t| t.needs_registered_source()) {
                 // RDMA moves bytes from and to registered memory only.
                 let memory = sync::read(&self.memory);
@@ -196,10 +209,21 @@ impl Engine {
             for (t, r) in slots.iter().zip(requests) {
                 t.set_target(r.target_id);
             }
+            // The ends of the tasks that finish within the call are
+            // counted when it returns (before they are published).
+            let ends = batch.stats().and_then(|stats| {
+                let bytes = requests.iter().fold(0u64, |n, r| n.wrapping_add(r.length));
+                stats.submitted(requests.len() as u64, bytes);
+                stats.defer_ends(slots.first()?.submitted_at())
+            });
             let memory = sync::read(&self.memory);
             for (i, (r, target)) in requests.iter().zip(&targets).enumerate() {
+                let (route, peer) = routes[i];
+                slots[i].count_submitted(r.opcode == Opcode::Write, route, r.length, peer);
                 match target {
-                    Target::Local => self.submit_local(&batch, first + i, r, &memory),
+                    Target::Local => {
+                        self.submit_local(&batch, first + i, r, &memory, ends.as_ref())
+                    }
                     Target::Remote(seg) => {
                         self.submit_remote(&transports, &batch, first + i, r, seg, &memory)
                     }
@@ -417,7 +441,14 @@ impl Engine {
     }
 
     /// Runs one request against this process's own registered memory.
-    fn submit_local(&self, batch: &Arc<Batch>, id: usize, r: &Request, memory: &MemoryRegistry) {
+    fn submit_local(
+        &self,
+        batch: &Arc<Batch>,
+        id: usize,
+        r: &Request,
+        memory: &MemoryRegistry,
+        ends: Option<&DeferredEnds<'_>>,
+    ) {
         let Some(task) = batch.slot(id) else {
             return;
         };
@@ -474,7 +505,7 @@ impl Engine {
             // the registry's read lock, which unregistering waits for: no
             // buffer either side overlaps goes away during the copy.
             match unsafe { copy_any(src, dst, r.length, gpu) } {
-                Ok(()) => task.finish_slice(r.length, true),
+                Ok(()) => task.finish_slice_within(r.length, true, ends),
                 Err(why) => Self::copy_failed(batch, id, &why),
             }
             return;

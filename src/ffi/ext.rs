@@ -2,7 +2,8 @@
 //! `include/transfer_engine_ext.h` and prefixed `te_`: the library version,
 //! the text of this thread's last error, the buffers of a segment and the
 //! transport that carries its data, memory the engine moves fastest, a
-//! wait for a whole batch, its cancel, and where its notification stands.
+//! wait for a whole batch, its cancel, where its notification stands,
+//! and the engine's metrics.
 #![allow(non_camel_case_types)]
 
 use super::boundary::{guard, guard_keeping_last_error, with_last_error, write_c_string};
@@ -242,6 +243,33 @@ pub extern "C" fn te_wait_batch(
     })
 }
 
+/// Copies the engine's metrics in the Prometheus text exposition format
+/// (version 0.0.4, what `GET /metrics` on `MC_TE_METRICS_ADDR` serves;
+/// the families are described in `docs/metrics.md`) into `buf`, like
+/// `snprintf(buf, len, "%s", text)`: truncated and NUL-terminated; nothing
+/// is written when `buf` is NULL or `len` is 0 (to ask for the length).
+///
+/// Returns the full length of the text (without the NUL): call again
+/// with a buffer of at least that plus 1 when it was larger than `len - 1`.
+/// Returns 0, with the reason in `te_last_error`, for a NULL or unknown
+/// engine.
+///
+/// # Safety
+/// `buf` must be NULL or valid for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn te_metrics_text(
+    engine: transfer_engine_t,
+    buf: *mut c_char,
+    len: usize,
+) -> usize {
+    guard("te_metrics_text", 0, |call| {
+        let e = call.engine(engine)?;
+        let text = e.metrics_text();
+        write_c_string(&text, buf, len);
+        Ok(text.len())
+    })
+}
+
 /// `te_cancel_batch`: every task of the batch has ended, and none reads or
 /// writes a byte any more.
 pub const TE_CANCEL_DONE: c_int = 0;
@@ -337,6 +365,18 @@ mod tests {
             ERR_INVALID_ARGUMENT
         );
         let msg = "te_wait_batch: engine handle 0x0 is NULL, unknown or destroyed";
+        // SAFETY: NULL buffer with length 0 asks for the length only.
+        assert_eq!(unsafe { te_last_error(std::ptr::null_mut(), 0) }, msg.len());
+    }
+
+    #[test]
+    fn metrics_text_refuses_a_null_engine_and_says_so() {
+        let mut buf = [1 as c_char; 4];
+        // SAFETY: a NULL engine is an invalid argument; `buf` holds 4 bytes.
+        let n = unsafe { te_metrics_text(std::ptr::null_mut(), buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(n, 0);
+        assert_eq!(buf, [1; 4], "nothing written on failure");
+        let msg = "te_metrics_text: engine handle 0x0 is NULL, unknown or destroyed";
         // SAFETY: NULL buffer with length 0 asks for the length only.
         assert_eq!(unsafe { te_last_error(std::ptr::null_mut(), 0) }, msg.len());
     }

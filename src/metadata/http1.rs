@@ -1,4 +1,4 @@
-//! HTTP/1.1 for the metadata server: requests cut incrementally out of the
+//! HTTP/1.1 for the metadata server and the metrics endpoint: requests cut incrementally out of the
 //! bytes a connection receives (head parsed with `httparse`, bodies by
 //! `Content-Length` or chunked), and responses.
 //!
@@ -13,7 +13,7 @@
 use crate::serve::Parse;
 
 /// Largest request head (request line and header fields).
-pub(super) const MAX_HEAD: usize = 16 << 10;
+pub(crate) const MAX_HEAD: usize = 16 << 10;
 /// Most header fields in a request head.
 const MAX_HEADERS: usize = 64;
 /// Longest chunk-size line (with extensions) or trailer section.
@@ -26,7 +26,7 @@ const FRAMING_ALLOWANCE: usize = 64 << 10;
 
 /// Request bounds.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Limits {
+pub(crate) struct Limits {
     /// Largest body accepted; a larger one is answered 413.
     pub max_body: usize,
     /// Largest request as sent (head, body, chunk framing and trailers);
@@ -38,7 +38,7 @@ impl Limits {
     /// The bounds for bodies of at most `max_body` bytes: a request may
     /// add a head of [`MAX_HEAD`], and chunk framing of an eighth of
     /// `max_body` plus [`FRAMING_ALLOWANCE`].
-    pub(super) const fn new(max_body: usize) -> Limits {
+    pub(crate) const fn new(max_body: usize) -> Limits {
         Limits {
             max_body,
             max_request: max_body
@@ -51,7 +51,7 @@ impl Limits {
 
 /// One complete request.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) struct Request {
+pub(crate) struct Request {
     /// The method, as sent (`GET`, `PUT`, ...).
     pub method: String,
     /// The request target (`/metadata?key=...`).
@@ -97,7 +97,7 @@ struct Head {
 /// Per-connection parsing state: the head once it is parsed (its bytes
 /// are then gone from the buffer, which holds only the body).
 #[derive(Debug, Default)]
-pub(super) struct Parser {
+pub(crate) struct Parser {
     head: Option<Head>,
 }
 
@@ -121,17 +121,21 @@ fn reason(status: u16) -> &'static str {
 
 /// Encodes a response with a JSON content type (as Mooncake's Go server
 /// sends), `Allow` on 405, and `Connection: close` unless `keep_alive`.
-pub(super) fn response(status: u16, body: &[u8], keep_alive: bool) -> Vec<u8> {
+pub(crate) fn response(status: u16, body: &[u8], keep_alive: bool) -> Vec<u8> {
     let mut out = response_head(status, body.len(), keep_alive);
     out.extend_from_slice(body);
     out
 }
 
 /// The head of a [`response`] whose body of `len` bytes is sent apart.
-pub(super) fn response_head(status: u16, len: usize, keep_alive: bool) -> Vec<u8> {
+pub(crate) fn response_head(status: u16, len: usize, keep_alive: bool) -> Vec<u8> {
+    typed_head(status, "application/json; charset=utf-8", len, keep_alive)
+}
+
+/// The head of a response of `content_type`, as [`response_head`].
+pub(crate) fn typed_head(status: u16, content_type: &str, len: usize, keep_alive: bool) -> Vec<u8> {
     let mut out = format!(
-        "HTTP/1.1 {status} {}\r\nContent-Type: application/json; charset=utf-8\r\n\
-         Content-Length: {len}\r\n",
+        "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {len}\r\n",
         reason(status),
     )
     .into_bytes();
@@ -389,11 +393,11 @@ fn next_chunks(buf: &mut [u8], c: &mut Chunks, limits: Limits) -> Result<bool, P
 /// Decides once a request's head is parsed, before its body is read,
 /// whether it may go on: from its method and its `Authorization` header's
 /// value; `Err` says why not (for the log: it must not quote the header).
-pub(super) type Gate<'a> = &'a dyn Fn(&str, Option<&[u8]>) -> Result<(), String>;
+pub(crate) type Gate<'a> = &'a dyn Fn(&str, Option<&[u8]>) -> Result<(), String>;
 
 /// Parses the request at the front of `buf`. A request refused by `gate`
 /// is answered 401 (its body unread) and its connection closed.
-pub(super) fn parse(
+pub(crate) fn parse(
     parser: &mut Parser,
     buf: &mut Vec<u8>,
     limits: Limits,

@@ -18,7 +18,7 @@ pub mod conn;
 pub mod descriptor;
 pub mod etcd;
 pub mod http;
-mod http1;
+pub(crate) mod http1;
 pub mod keys;
 pub mod redis;
 pub mod secret;

@@ -57,6 +57,14 @@ pub struct Kind {
     pub names_descriptor: bool,
 }
 
+impl Kind {
+    /// Its route in the engine's task statistics: after the local copies'
+    /// ([`crate::task_stats::LOCAL_ROUTE`]), in table order.
+    pub(crate) fn route(&self) -> usize {
+        1 + self.index
+    }
+}
+
 /// What every transport has, whether the engine drives it directly
 /// ([`Transport`]) or through the slice scheduler
 /// ([`scheduler::Carrier`]): its registration hooks, the handshake it
@@ -413,6 +421,11 @@ pub struct NicLoad {
     pub inflight_bytes: u64,
     /// Exponentially weighted bandwidth, bytes per second.
     pub ewma_bandwidth_bps: f64,
+    /// Bytes it moved successfully since the transport was installed.
+    pub moved_bytes: u64,
+    /// Times it left selection since then (paused after failing slices,
+    /// or a failed probe).
+    pub pauses: u64,
 }
 
 /// How a slice ended, as its transport saw it.

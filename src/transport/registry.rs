@@ -120,6 +120,9 @@ pub const TRANSPORTS: &[Entry] = &[
 // Every transport has a slot in a segment's route cache, and one is left
 // for the scheduler's test carrier.
 const _: () = assert!(TRANSPORTS.len() < ROUTE_SLOTS);
+// The task statistics count each transport's tasks apart, after the
+// local copies'.
+const _: () = assert!(TRANSPORTS.len() < crate::task_stats::ROUTES);
 
 impl Entry {
     /// The kind a transport of this entry, at `index` of the table, is

@@ -3,7 +3,7 @@
 //! slot, background work that never blocks a caller, introspection,
 //! GPU memory detection (with a driver double), loopback and local
 //! transfers, unregister fences, slice timeouts, refused settings,
-//! notification floods and a peer's death.
+//! notification floods, a peer's death, and the Prometheus metrics.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -20,9 +20,11 @@ mod gpu_staging_stall;
 mod header;
 mod local_copy_fence;
 mod loopback;
+mod metrics_text;
 mod notify_delivery;
 mod notify_flood;
 mod peer_death_bounds;
+mod prometheus_scrape;
 mod require_transport;
 mod slice_timeout;
 mod stall_report;

@@ -190,6 +190,8 @@ impl<C: Carrier> Scheduler<C> {
                 device: d.name.clone(),
                 inflight_bytes: d.inflight(),
                 ewma_bandwidth_bps: d.ewma_bps(),
+                moved_bytes: d.moved(),
+                pauses: d.pauses(),
             })
             .collect()
     }

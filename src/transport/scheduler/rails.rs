@@ -19,9 +19,10 @@
 //! of its bandwidth for `getNicLoadStats`, in counters the slice path
 //! updates without a lock (the average is folded when it is read).
 
+use crate::stripe::{Padded, STRIPES, stripe};
 use crate::sync;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::warn;
@@ -64,6 +65,8 @@ pub struct Gate {
     pause: Duration,
     /// Neither paused nor on probation.
     open: AtomicBool,
+    /// Pauses so far.
+    pauses: AtomicU64,
     state: Mutex<GateState>,
 }
 
@@ -73,6 +76,7 @@ impl Gate {
             name,
             pause,
             open: AtomicBool::new(true),
+            pauses: AtomicU64::new(0),
             state: Mutex::new(GateState::default()),
         }
     }
@@ -141,6 +145,7 @@ impl Gate {
         s.errors.clear();
         s.probation = false;
         s.probing = false;
+        self.pauses.fetch_add(1, Ordering::Relaxed);
         self.open.store(false, Ordering::Release);
     }
 
@@ -183,9 +188,7 @@ pub struct RailCell {
 
 /// One stripe of a rail's in-flight bytes (it alone may wrap; the sum
 /// over the stripes does not).
-#[derive(Default)]
-#[repr(align(64))]
-struct Counter(AtomicU64);
+type Counter = Padded<AtomicU64>;
 
 impl RailCell {
     /// Whether the rail may carry slices now.
@@ -260,10 +263,6 @@ impl RailHealth {
     }
 }
 
-/// Stripes of the byte counters of devices and rails: threads update
-/// their own stripe (on its own cache line), readers add them up.
-const STRIPES: usize = 8;
-
 /// One stripe of a device's byte counters. Its `inflight` alone may wrap
 /// (a slice may start on one thread and finish on another); the sum over
 /// the stripes does not.
@@ -273,19 +272,6 @@ struct Stripe {
     inflight: AtomicU64,
     /// Bytes moved successfully, ever.
     moved: AtomicU64,
-}
-
-thread_local! {
-    /// This thread's stripe of every device's and rail's counters.
-    static STRIPE: usize = {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES
-    };
-}
-
-/// This thread's stripe.
-fn stripe() -> usize {
-    STRIPE.with(|s| *s)
 }
 
 /// In-flight bytes, bandwidth and health of one local device.
@@ -416,6 +402,17 @@ impl DeviceLoad {
     /// Bytes in flight now.
     pub fn inflight(&self) -> u64 {
         self.total(|s| &s.inflight)
+    }
+
+    /// Bytes moved successfully, ever.
+    pub fn moved(&self) -> u64 {
+        self.total(|s| &s.moved)
+    }
+
+    /// Times the device left selection (paused after failing slices or
+    /// a failed probe).
+    pub fn pauses(&self) -> u64 {
+        self.gate.pauses.load(Ordering::Relaxed)
     }
 
     /// Bandwidth average in bytes per second (decays while idle): the
@@ -562,6 +559,7 @@ mod tests {
         d.finish(50, 50);
         assert!(d.ewma_bps() > 0.0);
         assert_eq!(d.inflight(), 0);
+        assert_eq!(d.moved(), 150);
     }
 
     #[test]
@@ -582,8 +580,10 @@ mod tests {
             d.record_failure_at(stale, t);
         }
         assert_eq!(d.state(), RailUse::Open);
+        assert_eq!(d.pauses(), 0);
         d.record_failure_at(d.round(), t);
         assert_eq!(d.gate.state_at(t + Duration::from_secs(1)), RailUse::Closed);
+        assert_eq!(d.pauses(), 1);
         // Back from the pause: one probe; a failed probe pauses it again.
         let back = t + Duration::from_secs(3);
         assert_eq!(d.gate.state_at(back), RailUse::Probe);

@@ -148,6 +148,7 @@ impl<C: Carrier> Scheduler<C> {
             return;
         };
         job.rail = next;
+        me.count_retry(&req);
         debug!(
             "retrying a slice on rail {} (attempt {})",
             route.rails[job.rail].key, job.attempt
@@ -204,6 +205,7 @@ impl<C: Carrier> Scheduler<C> {
     /// descriptor does not hold its range in one buffer or no rail is left.
     pub(super) fn move_to(job: Job<C>, next: Arc<Request<C>>) {
         let me = next.sched.clone();
+        me.count_retry(&next);
         let route = &next.route;
         let buffer = next.seg.desc.find_buffer(job.remote, job.len);
         let rail = buffer.and_then(|b| {
@@ -221,6 +223,13 @@ impl<C: Carrier> Scheduler<C> {
             dead: RailSet::default(),
             ..job
         });
+    }
+
+    /// Counts a slice of `req` posted again in its batch's statistics.
+    fn count_retry(&self, req: &Request<C>) {
+        if let Some(stats) = req.batch.stats() {
+            stats.retried(self.kind.route());
+        }
     }
 
     /// Fails a slice the peer refused.
