@@ -60,6 +60,16 @@ pub use super::route::TransportSet;
 use crate::settings::{AtLeast, FilePath, OnWords, Range, SockAddr, Switch, Words};
 use std::path::PathBuf;
 
+/// `MC_TE_METRICS`: counting on or off.
+const COUNTING: Words<bool> = Words(&[
+    ("1", true),
+    ("on", true),
+    ("true", true),
+    ("0", false),
+    ("off", false),
+    ("false", false),
+]);
+
 const LOG_LEVELS: Words<LogLevel> = Words(&[
     ("INFO", LogLevel::Info),
     ("TRACE", LogLevel::Trace),
@@ -144,6 +154,12 @@ crate::settings::settings! {
             "`ip:port` where the engine serves `GET /metrics` in the Prometheus text format \
              ([metrics.md](metrics.md)); port 0 picks a free one. An address that cannot be \
              listened on fails the engine's creation";
+        /// `MC_TE_METRICS` (`0` or `off`): no task is counted for the
+        /// metrics (they then report none); on by default.
+        metrics: bool = true, ["MC_TE_METRICS"], COUNTING,
+            "`0` or `off`: tasks are not counted for the metrics (`GET /metrics`, \
+             `te_metrics_text` then report none); counting costs no measurable request rate \
+             ([metrics.md](metrics.md))";
         /// `MC_TE_METRICS_PEERS`: per-peer series for at most this many
         /// peers (0: none).
         metrics_peers: usize = 0, ["MC_TE_METRICS_PEERS"], Range(0usize, 256),

@@ -127,12 +127,9 @@ pub struct Engine {
     republish_wanted: AtomicBool,
     /// `MC_TE_METRIC`'s counters and reporter thread.
     metrics: metrics::Metrics,
-    /// What its tasks did, for [`Engine::metrics_text`]: the batches
-    /// allocated while [`Engine::counting`] is on count their tasks there.
+    /// What its tasks did, for [`Engine::metrics_text`]: every batch
+    /// counts its tasks there.
     stats: Arc<crate::task_stats::TaskStats>,
-    /// Tasks are counted: from the start with `MC_TE_METRICS_ADDR`, else
-    /// from the first [`Engine::metrics_text`] on.
-    counting: AtomicBool,
     /// The metrics endpoint (`MC_TE_METRICS_ADDR`), while it serves.
     exposition: Mutex<Option<exposition::MetricsServer>>,
     /// Random per process: with `revision`, the descriptor's generation.
@@ -305,7 +302,6 @@ impl Engine {
         )
         .map_err(|e| Error::Socket(format!("handshake listener could not start: {e}")))?;
         let peer_series = config.engine.metrics_peers;
-        let count_from_start = config.engine.metrics_addr.is_some();
         let engine = Engine {
             given_name: local_name.clone(),
             local_name: binding.name,
@@ -328,7 +324,6 @@ impl Engine {
             metrics: metrics::Metrics::default(),
             stats: Arc::new(crate::task_stats::TaskStats::new(peer_series)),
             exposition: Mutex::new(None),
-            counting: AtomicBool::new(count_from_start),
             boot_id,
             revision: Default::default(),
             loopback,

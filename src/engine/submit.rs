@@ -18,7 +18,6 @@ use crate::transport::plug::Plug;
 use crate::transport::scheduler::planner;
 use crate::transport::{LocalSide, NicLoad, Refresh, Refreshed, Transfer, Transport};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 /// What a caller waiting for a fetch of a segment's descriptor needs of it.
 #[derive(Debug, Clone, Copy)]
@@ -116,7 +115,7 @@ impl Engine {
             s => Some(std::time::Duration::from_secs(s)),
         };
         let mut batch = Batch::new(capacity, timeout)?;
-        if self.counting.load(Ordering::Relaxed) {
+        if self.config.engine.metrics {
             batch = batch.counting(self.stats.clone());
         }
         Ok(self.batches.insert(Arc::new(batch)))

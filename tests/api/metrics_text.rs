@@ -303,12 +303,7 @@ fn the_endpoint_serves_beside_hostile_clients_and_stops_with_its_engine() {
 }
 
 #[test]
-fn tasks_are_counted_from_the_first_scrape_without_an_endpoint() {
-    let e = common::engine();
-    let b = Buf::new(8192, 1);
-    register(&e, &b, true);
-    let copy = [write_req(b.addr(), LOCAL_SEGMENT_ID, b.addr() + 4096, 4096)];
-    assert_eq!(run(&e, &copy), [TaskStatus::Completed]);
+fn tasks_are_counted_from_the_engine_creation_unless_counting_is_off() {
     let bytes = |t: &str| {
         value(
             t,
@@ -316,9 +311,17 @@ fn tasks_are_counted_from_the_first_scrape_without_an_endpoint() {
             "transport=\"local\",op=\"write\"",
         )
     };
-    assert_eq!(bytes(&e.metrics_text()), 0, "not counted before");
-    assert_eq!(run(&e, &copy), [TaskStatus::Completed]);
-    assert_eq!(bytes(&settled(&e)), 4096);
+    for (counting, want) in [("1", 8192), ("0", 0)] {
+        let e = common::engine_with(&[("MC_TE_METRICS", counting)]);
+        let b = Buf::new(8192, 1);
+        register(&e, &b, true);
+        let copy = [write_req(b.addr(), LOCAL_SEGMENT_ID, b.addr() + 4096, 4096)];
+        // Moved before anything asked for the text: counted all the same.
+        assert_eq!(run(&e, &copy), [TaskStatus::Completed]);
+        assert_eq!(run(&e, &copy), [TaskStatus::Completed]);
+        assert_eq!(bytes(&settled(&e)), want, "MC_TE_METRICS={counting}");
+        e.shutdown();
+    }
 }
 
 #[test]

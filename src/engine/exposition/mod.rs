@@ -202,12 +202,8 @@ impl Engine {
     /// durations, retries, registered memory, peers and devices. The
     /// families are described in `docs/metrics.md`.
     ///
-    /// Tasks are counted from the engine's creation when
-    /// `MC_TE_METRICS_ADDR` is set, else from the first call of this on
-    /// (the tasks of batches allocated from then on).
+    /// Every task is counted, from the engine's creation on.
     pub fn metrics_text(&self) -> String {
-        self.counting
-            .store(true, std::sync::atomic::Ordering::Relaxed);
         let mut families = task_families(&self.stats.snapshot());
         let mut registered = Family::new(
             "transfer_engine_registered_bytes",
