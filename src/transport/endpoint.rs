@@ -82,12 +82,19 @@ pub struct EndpointStore<K, V> {
     tail: usize,
     /// SIEVE's hand: the next entry it looks at ([`NIL`]: the tail).
     hand: usize,
+    /// Endpoints evicted to make room since the store was made.
+    evictions: u64,
 }
 
 impl<K: Clone + Eq + Hash, V> EndpointStore<K, V> {
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    /// How many endpoints it holds.
+    pub fn len(&self) -> usize {
         self.index.len()
+    }
+
+    /// How many it evicted to make room so far.
+    pub fn evictions(&self) -> u64 {
+        self.evictions
     }
 
     /// An empty store holding at most `capacity` (≥ 1) endpoints.
@@ -101,6 +108,7 @@ impl<K: Clone + Eq + Hash, V> EndpointStore<K, V> {
             head: NIL,
             tail: NIL,
             hand: NIL,
+            evictions: 0,
         }
     }
 
@@ -213,6 +221,7 @@ impl<K: Clone + Eq + Hash, V> EndpointStore<K, V> {
         };
         // The hand moves on to the victim's newer neighbour.
         self.hand = victim;
+        self.evictions += 1;
         let key = self.node(victim).key.clone();
         self.index.remove(&key);
         Some(self.unlink(victim))

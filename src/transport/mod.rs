@@ -153,6 +153,11 @@ pub trait Transport: TransportBase {
         false
     }
 
+    /// Its endpoint pools, if it keeps endpoints (TCP, RDMA).
+    fn endpoint_pool(&self) -> Option<EndpointPool> {
+        None
+    }
+
     /// What this transport's slices to `seg` wait for now, for the stall
     /// report (bytes in flight on which rails, paused rails, a target
     /// copying, a full queue); `None` when it holds none.
@@ -426,6 +431,15 @@ pub struct NicLoad {
     /// Times it left selection since then (paused after failing slices,
     /// or a failed probe).
     pub pauses: u64,
+}
+
+/// The endpoint pools of a transport, all devices together.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EndpointPool {
+    /// Endpoints held now.
+    pub size: u64,
+    /// Endpoints evicted to make room since the transport was installed.
+    pub evictions: u64,
 }
 
 /// How a slice ended, as its transport saw it.

@@ -348,3 +348,34 @@ fn an_address_that_cannot_be_listened_on_fails_the_engine() {
         "{bad}"
     );
 }
+
+#[test]
+fn endpoint_pools_report_their_size_and_evictions() {
+    // One endpoint per device: a second peer evicts the first one's.
+    let me = common::engine_with(&[("MC_MAX_EP_PER_CTX", "1")]);
+    let src = Buf::new(4096, 2);
+    register(&me, &src, false);
+    let pools = |t: &str| {
+        (
+            value(t, "transfer_engine_endpoints", "transport=\"tcp\""),
+            value(
+                t,
+                "transfer_engine_endpoint_evictions_total",
+                "transport=\"tcp\"",
+            ),
+        )
+    };
+    assert_eq!(pools(&me.metrics_text()), (0, 0));
+    let peers: Vec<_> = (0..3).map(|_| common::engine()).collect();
+    for (i, peer) in peers.iter().enumerate() {
+        let dst = Buf::zeroed(4096);
+        register(peer, &dst, true);
+        let seg = me.open_segment(peer.local_name()).expect("open");
+        let w = [write_req(src.addr(), seg, dst.addr(), 4096)];
+        assert_eq!(run(&me, &w), [TaskStatus::Completed]);
+        assert_eq!(dst.snapshot(), src.snapshot());
+        assert_eq!(pools(&me.metrics_text()), (1, i as u64), "after peer {i}");
+        peer.shutdown();
+    }
+    me.shutdown();
+}

@@ -240,6 +240,17 @@ impl Engine {
              probe.",
             MetricType::COUNTER,
         );
+        let mut endpoints = Family::new(
+            "transfer_engine_endpoints",
+            "Endpoints (connections to peer devices) the transport's pools hold.",
+            MetricType::GAUGE,
+        );
+        let mut evictions = Family::new(
+            "transfer_engine_endpoint_evictions_total",
+            "Endpoints the transport's pools evicted to make room (MC_MAX_EP_PER_CTX, the \
+             passive endpoint bounds).",
+            MetricType::COUNTER,
+        );
         for t in self.transports() {
             let protocol = t.kind().protocol;
             for n in t.nic_loads() {
@@ -248,12 +259,22 @@ impl Engine {
                 device_inflight.value(&pairs, n.inflight_bytes as f64);
                 device_pauses.value(&pairs, n.pauses as f64);
             }
+            if let Some(pool) = t.endpoint_pool() {
+                endpoints.value(&[("transport", protocol)], pool.size as f64);
+                evictions.value(&[("transport", protocol)], pool.evictions as f64);
+            }
         }
         families.extend(
-            [device_bytes, device_inflight, device_pauses]
-                .into_iter()
-                .filter(|f| !f.metrics.is_empty())
-                .map(Family::done),
+            [
+                device_bytes,
+                device_inflight,
+                device_pauses,
+                endpoints,
+                evictions,
+            ]
+            .into_iter()
+            .filter(|f| !f.metrics.is_empty())
+            .map(Family::done),
         );
         let mut text = String::new();
         if let Err(e) = prometheus::TextEncoder::new().encode_utf8(&families, &mut text) {

@@ -298,6 +298,10 @@ impl Carrier for RdmaCarrier {
             .collect()
     }
 
+    fn endpoint_pool(&self) -> Option<crate::transport::EndpointPool> {
+        Some(self.rdma.endpoint_pool())
+    }
+
     fn post(&self, rail: &Rail<RdmaTarget>, slice: Slice, remote_key: u32) {
         match rail.device {
             Some(i) => self.rdma.post(i, &rail.target, slice, remote_key),

@@ -108,6 +108,8 @@ pub struct Pool {
     store: EndpointStore<String, RdmaEndpoint>,
     retiring: Retiring<RdmaEndpoint>,
     passive: Passive,
+    /// Passive endpoints that left to make room for a peer's handshake.
+    passive_evictions: u64,
 }
 
 impl Pool {
@@ -117,6 +119,15 @@ impl Pool {
             store: EndpointStore::new(capacity, policy),
             retiring: Retiring::default(),
             passive: Passive::default(),
+            passive_evictions: 0,
+        }
+    }
+
+    /// Endpoints held, and those evicted to make room so far.
+    pub fn stats(&self) -> crate::transport::EndpointPool {
+        crate::transport::EndpointPool {
+            size: self.store.len() as u64,
+            evictions: self.store.evictions() + self.passive_evictions,
         }
     }
 
@@ -209,6 +220,7 @@ impl Pool {
             self.store.remove(&victim);
             self.passive.remove(&victim);
             self.retiring.retire([ep.clone()]);
+            self.passive_evictions += 1;
             evicted.push(ep);
         }
         Ok(evicted)

@@ -360,6 +360,19 @@ impl RdmaTransport {
     /// Tests the rail from device `device` to `target` in the background:
     /// connects an endpoint if there is none and completes a zero-length
     /// RDMA WRITE on it; reports whether that worked.
+    /// Its endpoint pools, every device together.
+    pub fn endpoint_pool(&self) -> crate::transport::EndpointPool {
+        crate::sync::read(&self.nics)
+            .iter()
+            .map(|n| n.endpoint_pool())
+            .fold(Default::default(), |sum, p| {
+                crate::transport::EndpointPool {
+                    size: sum.size + p.size,
+                    evictions: sum.evictions + p.evictions,
+                }
+            })
+    }
+
     pub fn probe(&self, device: usize, target: &RdmaTarget, done: Box<dyn FnOnce(bool) + Send>) {
         let slice = Slice {
             local: 0,

@@ -51,6 +51,12 @@ pub trait Carrier: TransportBase + 'static {
         None
     }
 
+    /// Its endpoint pools, if it keeps endpoints
+    /// ([`Transport::endpoint_pool`](crate::transport::Transport::endpoint_pool)).
+    fn endpoint_pool(&self) -> Option<crate::transport::EndpointPool> {
+        None
+    }
+
     /// Moves one slice over `rail`; `remote_key` is the peer's key for
     /// the target buffer on the rail's peer device (0 where none).
     fn post(&self, rail: &Rail<Self::Target>, slice: Slice, remote_key: u32);

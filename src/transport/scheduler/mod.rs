@@ -240,6 +240,10 @@ impl<C: Carrier> Transport for Scheduler<C> {
         self.kind
     }
 
+    fn endpoint_pool(&self) -> Option<crate::transport::EndpointPool> {
+        self.carrier.endpoint_pool()
+    }
+
     fn describe_waits(&self, seg: &RemoteSegment) -> Option<String> {
         let route = seg
             .routes

@@ -283,6 +283,10 @@ impl Carrier for TcpCarrier {
         rails
     }
 
+    fn endpoint_pool(&self) -> Option<crate::transport::EndpointPool> {
+        Some(self.tcp.endpoint_pool())
+    }
+
     fn post(&self, rail: &Rail<LaneTarget>, slice: Slice, _remote_key: u32) {
         let device = rail.device.map(|i| self.names[i].as_str());
         match slice.local_gpu {

@@ -351,6 +351,17 @@ impl TcpTransport {
         slice.finish(Outcome::Failed { hard: true });
     }
 
+    /// Its endpoint pools, every device together.
+    pub fn endpoint_pool(&self) -> crate::transport::EndpointPool {
+        let pools = self.lock();
+        pools.by_device.values().fold(Default::default(), |sum, p| {
+            crate::transport::EndpointPool {
+                size: sum.size + p.len() as u64,
+                evictions: sum.evictions + p.evictions(),
+            }
+        })
+    }
+
     /// Why the endpoint of the rail from `device` to `target` last failed
     /// to connect (or to authenticate), until a connection succeeds.
     pub fn connect_failure(&self, device: Option<&str>, target: &LaneTarget) -> Option<String> {

@@ -113,6 +113,11 @@ pub struct Nic {
 }
 
 impl Nic {
+    /// Its endpoint pool: endpoints held and evicted so far.
+    pub fn endpoint_pool(&self) -> crate::transport::EndpointPool {
+        crate::sync::lock(&self.pool).stats()
+    }
+
     /// Opens rail `name` (a device's port `MC_IB_PORT`, or `<device>:<port>`)
     /// and sets it up: the port must be active; GID, MTU and limits are chosen and logged. Threads start
     /// with [`Nic::start`]; its handshakes run on `connector`.
