@@ -2021,3 +2021,108 @@ fn shared_memory_the_kernel_refuses_goes_over_tcp_unless_pinned_and_the_change_i
     assert!(lines[0].contains("WARN"), "{}", lines[0]);
     e.shutdown();
 }
+
+/// The value of the sample `name{labels}` in a metrics text.
+fn metric(text: &str, name: &str, labels: &str) -> u64 {
+    let prefix = if labels.is_empty() {
+        format!("{name} ")
+    } else {
+        format!("{name}{{{labels}}} ")
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {prefix}in:\n{text}")) as u64
+}
+
+#[test]
+fn the_metrics_count_exactly_what_shared_memory_moved() {
+    const TEST: &str = "the_metrics_count_exactly_what_shared_memory_moved";
+    if is_child(TEST) {
+        return child_main();
+    }
+    const LEN: usize = 4 << 20;
+    let peer = Peer::start(TEST, LEN, &[]);
+    let e = engine();
+    let local = Buf::new(LEN, SEED_WRITE);
+    register(&e, &local);
+    let seg = e.open_segment(&peer.name).expect("open");
+    let (writes, reads) = ([4096u64, 65536, 1 << 20], [8192u64, 3 << 20]);
+    let mut reqs: Vec<Request> = writes
+        .iter()
+        .map(|&n| Request {
+            opcode: Opcode::Write,
+            source: local.addr(),
+            target_id: seg,
+            target_offset: peer.addr,
+            length: n,
+        })
+        .collect();
+    reqs.extend(reads.iter().map(|&n| Request {
+        opcode: Opcode::Read,
+        source: local.addr(),
+        target_id: seg,
+        target_offset: peer.addr,
+        length: n,
+    }));
+    for r in &reqs {
+        assert_eq!(
+            run(&e, std::slice::from_ref(r)),
+            vec![TaskStatus::Completed]
+        );
+    }
+    // A task's end is counted by the thread finishing its last slice, a
+    // moment after the caller saw it.
+    let deadline = Instant::now() + HANG;
+    let text = loop {
+        let t = e.metrics_text();
+        if metric(&t, "transfer_engine_inflight_tasks", "") == 0 {
+            break t;
+        }
+        assert!(Instant::now() < deadline, "tasks still in flight:\n{t}");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let sum = |v: &[u64]| v.iter().sum::<u64>();
+    assert_eq!(
+        metric(
+            &text,
+            "transfer_engine_transferred_bytes_total",
+            "transport=\"shm\",op=\"write\""
+        ),
+        sum(&writes)
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "transfer_engine_transferred_bytes_total",
+            "transport=\"shm\",op=\"read\""
+        ),
+        sum(&reads)
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "transfer_engine_transferred_bytes_total",
+            "transport=\"tcp\",op=\"write\""
+        ),
+        0,
+        "shared memory carried every byte"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "transfer_engine_tasks_total",
+            "op=\"write\",result=\"completed\""
+        ),
+        writes.len() as u64
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "transfer_engine_tasks_total",
+            "op=\"read\",result=\"completed\""
+        ),
+        reads.len() as u64
+    );
+    e.shutdown();
+}
