@@ -898,7 +898,7 @@ mod tests {
             None,
             "beyond the distinct reasons kept"
         );
-        assert_eq!(std::mem::size_of::<Task>(), 80);
+        assert_eq!(std::mem::size_of::<Task>(), 72);
     }
 
     #[test]
