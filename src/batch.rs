@@ -3,6 +3,7 @@
 //! exactly as Mooncake does (spec §1.3), with `MC_SLICE_TIMEOUT` applied
 //! when it is polled.
 
+use crate::clock::{EPOCH, now_nanos};
 use crate::codes::{
     STATUS_CANCELED, STATUS_COMPLETED, STATUS_FAILED, STATUS_INVALID, STATUS_PENDING,
     STATUS_TIMEOUT, STATUS_WAITING,
@@ -12,21 +13,12 @@ use crate::sync;
 #[cfg(test)]
 use crate::task_stats::bucket_of;
 use crate::task_stats::{DeferredEnds, End, TaskStats};
-use once_cell::sync::Lazy;
 use parking_lot_core::{DEFAULT_PARK_TOKEN, DEFAULT_UNPARK_TOKEN};
 use std::sync::atomic::{
     AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
 };
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// The origin of task submission times.
-static EPOCH: Lazy<Instant> = Lazy::new(Instant::now);
-
-/// Nanoseconds since [`EPOCH`].
-pub(crate) fn now_nanos() -> u64 {
-    u64::try_from(EPOCH.elapsed().as_nanos()).unwrap_or(u64::MAX)
-}
 
 /// Cancels so far, in every engine of the process: a transport that holds
 /// queued slices looks for cancelled ones when this changed

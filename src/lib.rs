@@ -55,6 +55,7 @@
 
 pub(crate) mod auth;
 pub(crate) mod batch;
+pub(crate) mod clock;
 pub mod codes;
 pub(crate) mod engine;
 pub(crate) mod error;

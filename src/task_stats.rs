@@ -163,7 +163,7 @@ pub(crate) struct End {
     pub requested: u64,
     /// Bytes it moved.
     pub moved: u64,
-    /// When it was submitted (`batch::now_nanos`).
+    /// When it was submitted (`clock::now_nanos`).
     pub submitted: u64,
     /// Its peer's slot + 1 ([`TaskStats::peer_slot`]), 0 for none.
     pub peer: u32,
@@ -243,7 +243,7 @@ impl Drop for DeferredEnds<'_> {
                     }
                     deferred.store(0, Ordering::Relaxed);
                     let took = *took.get_or_insert_with(|| {
-                        crate::batch::now_nanos().saturating_sub(self.submitted)
+                        crate::clock::now_nanos().saturating_sub(self.submitted)
                     });
                     b.add_durations(w, (r, o, res), count, took);
                 }
@@ -345,7 +345,7 @@ impl TaskStats {
     /// Counts the duration of a task that ended now.
     #[inline(never)]
     fn ended_now(w: &Writer<'_, Block>, key: (usize, usize, usize), submitted: u64) {
-        let took = crate::batch::now_nanos().saturating_sub(submitted);
+        let took = crate::clock::now_nanos().saturating_sub(submitted);
         w.block.add_durations(w, key, 1, took);
     }
 
@@ -451,7 +451,7 @@ mod tests {
                 result: 0,
                 requested: moved,
                 moved,
-                submitted: crate::batch::now_nanos(),
+                submitted: crate::clock::now_nanos(),
                 peer,
             });
         }
@@ -476,7 +476,7 @@ mod tests {
     #[test]
     fn counts_from_many_threads_add_up() {
         let stats = TaskStats::default();
-        crate::batch::now_nanos();
+        crate::clock::now_nanos();
         std::thread::sleep(Duration::from_millis(1));
         std::thread::scope(|s| {
             for t in 0..12 {
@@ -490,7 +490,7 @@ mod tests {
                             result: t % RESULTS,
                             requested: 10,
                             moved: 4,
-                            submitted: crate::batch::now_nanos() - 15_000,
+                            submitted: crate::clock::now_nanos() - 15_000,
                             peer: 0,
                         });
                     }
