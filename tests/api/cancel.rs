@@ -133,24 +133,9 @@ fn a_local_copy_cancelled_writes_nothing_afterwards() {
     e.shutdown();
 }
 
-/// A server that serves the first half of its memory and takes requests
-/// to the second without ever answering them.
-fn hanging_peer() -> (FakeServer, HandshakeResponder) {
-    let server = FakeServer::start(vec![0u8; LEN as usize], BASE, false, |s| {
-        if s.header.addr >= HUNG {
-            Action::Hang
-        } else {
-            Action::Serve
-        }
-    });
-    let port = server.port;
-    let hs = HandshakeResponder::start(move |rpc| tcp_descriptor(rpc, port, 2, BASE, LEN));
-    (server, hs)
-}
-
 #[test]
 fn an_unacknowledged_write_holds_the_cancel_and_an_unanswered_read_does_not() {
-    let (_server, hs) = hanging_peer();
+    let (_server, hs) = hanging_peer(BASE, LEN, HUNG);
     let e = engine();
     let buf = Buf::new(64 << 10, 9);
     register(&e, &buf, false);

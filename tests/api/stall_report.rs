@@ -22,15 +22,7 @@ const HUNG: u64 = BASE + LEN / 2;
 /// three seconds of waiting with the report at one second.
 fn child() {
     transfer_engine::init_logging();
-    let server = FakeServer::start(vec![0u8; LEN as usize], BASE, false, |s| {
-        if s.header.addr >= HUNG {
-            Action::Hang
-        } else {
-            Action::Serve
-        }
-    });
-    let port = server.port;
-    let hs = HandshakeResponder::start(move |rpc| tcp_descriptor(rpc, port, 2, BASE, LEN));
+    let (_server, hs) = hanging_peer(BASE, LEN, HUNG);
     let e = engine_with(&[("MC_TE_STALL_REPORT_SEC", "1")]);
     let buf = Buf::new(64 << 10, 3);
     register(&e, &buf, false);

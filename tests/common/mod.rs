@@ -582,6 +582,22 @@ impl Drop for HandshakeResponder {
     }
 }
 
+/// A hand-written Mooncake server of `len` bytes at `base` (v2 framing)
+/// that serves requests below `hung` and takes those from `hung` on
+/// without ever answering them, and its handshake responder.
+pub fn hanging_peer(base: u64, len: u64, hung: u64) -> (FakeServer, HandshakeResponder) {
+    let server = FakeServer::start(vec![0u8; len as usize], base, false, move |s| {
+        if s.header.addr >= hung {
+            Action::Hang
+        } else {
+            Action::Serve
+        }
+    });
+    let port = server.port;
+    let hs = HandshakeResponder::start(move |rpc| tcp_descriptor(rpc, port, 2, base, len));
+    (server, hs)
+}
+
 /// A TCP descriptor as a Mooncake peer publishes it.
 pub fn tcp_descriptor(rpc_port: u16, data_port: u16, version: u32, base: u64, len: u64) -> Value {
     json!({
